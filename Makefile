@@ -1,0 +1,32 @@
+# Two commands do all the set-up:  `make demo`  and  `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.heedful-installed
+
+.PHONY: demo test test-all lint bench clean-venv
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet -e ".[test]"
+	touch $(STAMP)
+
+demo: $(STAMP)  ## set up, build the default model on first use, explain a sentence
+	$(BIN)/heedful explain "a charming and often affecting journey" --method normxlogit --method integrated_gradients --method leave_one_out
+
+test: $(STAMP)  ## set up and run the default test suite
+	$(BIN)/python -m pytest -q
+
+test-all: $(STAMP)  ## every suite, slow ones included
+	$(BIN)/python -m pytest -q -m "slow or not slow"
+
+lint: $(STAMP)
+	$(BIN)/ruff check heedful tests benchmarks
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/core_methods.py
+
+clean-venv:
+	rm -rf $(VENV)

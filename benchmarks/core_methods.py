@@ -1,0 +1,405 @@
+"""Speed of heedful's core methods against one forward pass, and against Captum.
+
+For the first ``--n`` held-out sentences of the movies test split and the zoo model
+``minilm-sentiment`` (issue 2, item 12) this script
+
+1. times one plain batched forward pass of all sentences (no grad, one batch, the model as
+   heedful loads it) -- the unit every method is measured in;
+2. times every registered method through ``model.explain(texts, method, batch_size=n)``
+   (integrated gradients with 50 steps, SmoothGrad with its defaults) and gives its ratio to
+   the forward pass;
+3. runs Captum on the same ``transformers`` model and the same encoded batch for saliency
+   (``Saliency``), gradient x input (``InputXGradient``), integrated gradients
+   (``LayerIntegratedGradients`` on the word-embedding layer, same steps, rule and baseline)
+   and leave-one-out (``FeatureAblation`` with one feature per content token, ``[MASK]`` as
+   baseline), and gives the speed ratio Captum / heedful and the largest absolute difference
+   between the two attributions on real tokens;
+4. writes a markdown table with machine information to ``--out`` and prints it.
+
+Timing: ``torch.set_num_threads`` is fixed for both sides; each measurement has a warm-up run,
+then ``--repeats`` timed runs whose median is reported. Runs of the two sides being compared
+are interleaved (alternating order), so that load from other processes falls on both alike.
+
+heedful's time is the whole ``model.explain`` call (tokenization, the reference forward that
+resolves the predicted class, the method, building the Explanations). Captum's time is its
+``attribute`` call alone, with the target classes handed to it -- the comparison leans towards
+Captum, not heedful.
+
+    python benchmarks/core_methods.py [--model minilm-sentiment] [--n 64] [--repeats 3]
+                                      [--out benchmarks/results/core_methods.md] [--tiny]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib.metadata
+import os
+import platform
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from captum.attr import FeatureAblation, InputXGradient, LayerIntegratedGradients, Saliency
+from rich.console import Console
+from rich.markdown import Markdown
+
+import heedful
+from heedful.batch import Batch
+from heedful.datasets import load_split
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+
+IG_STEPS = 50
+IG_RULE = "gausslegendre"
+METHOD_OPTIONS: dict[str, dict[str, Any]] = {
+    "integrated_gradients": {"n_steps": IG_STEPS, "baseline": "pad", "rule": IG_RULE},
+    "smoothgrad": {},
+}
+NORMXLOGIT_TARGET = 1.3  # normxlogit <= 1.3 x a forward pass
+IG_TARGET = 1.5  # heedful IG >= 1.5 x faster than Captum's LayerIntegratedGradients
+
+
+# ---------------------------------------------------------------------------------- timing
+@dataclass
+class Timing:
+    """Wall times (seconds) of the timed runs, and the last run's result."""
+
+    times: list[float] = field(default_factory=list)
+    result: Any = None
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.times)
+
+    @property
+    def spread(self) -> str:
+        return f"{min(self.times):.3g}-{max(self.times):.3g}"
+
+
+def measure(fns: dict[str, Callable[[], Any]], repeats: int, warmup: int = 1) -> dict[str, Timing]:
+    """Time each function ``repeats`` times after ``warmup`` untimed runs.
+
+    The functions are interleaved, and their order is reversed on every other round, so that a
+    burst of load from elsewhere on the machine is shared between them.
+    """
+    names = list(fns)
+    for _ in range(warmup):
+        for name in names:
+            fns[name]()
+    timings = {name: Timing() for name in names}
+    for round_ in range(repeats):
+        for name in names if round_ % 2 == 0 else names[::-1]:
+            began = time.perf_counter()
+            result = fns[name]()
+            timings[name].times.append(time.perf_counter() - began)
+            timings[name].result = result
+    return timings
+
+
+# ---------------------------------------------------------------------------------- setup
+def load_model(args: argparse.Namespace) -> heedful.Model:
+    if args.tiny:
+        sys.path.insert(0, str(ROOT / "tests"))
+        from tiny import tiny_model  # type: ignore[import-not-found]
+
+        return tiny_model("bert")
+    return heedful.load(args.model)
+
+
+def load_texts(n: int) -> list[str]:
+    frame = load_split("movies", "test")
+    if len(frame) < n:
+        raise SystemExit(f"the movies test split has {len(frame)} sentences, fewer than --n {n}")
+    return frame["text"].iloc[:n].tolist()
+
+
+def model_inputs(batch: Batch) -> dict[str, torch.Tensor]:
+    inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask}
+    if batch.token_type_ids is not None:
+        inputs["token_type_ids"] = batch.token_type_ids
+    return inputs
+
+
+def scores_matrix(explanations: list[heedful.Explanation], batch: Batch) -> torch.Tensor:
+    """heedful's per-token scores as a right-padded ``[B, N]`` tensor (float64)."""
+    out = torch.zeros(batch.input_ids.shape, dtype=torch.float64)
+    for b, e in enumerate(explanations):
+        row = torch.as_tensor(np.asarray(e.scores, dtype=np.float64))
+        out[b, : row.shape[-1]] = row
+    return out
+
+
+# ---------------------------------------------------------------------------------- Captum
+class CaptumSide:
+    """The standard Captum recipes for text, on heedful's ``transformers`` model and batch."""
+
+    def __init__(self, model: heedful.Model, batch: Batch) -> None:
+        self.hf = model.hf_model
+        self.adapter = model.adapter
+        self.batch = batch
+        self.ids = batch.input_ids
+        self.mask = batch.attention_mask
+        self.types = batch.token_type_ids
+        self.embedding = self.hf.get_input_embeddings()
+        with torch.no_grad():
+            logits = self.hf(**model_inputs(batch)).logits
+        self.target = logits.argmax(dim=-1)  # heedful's default target: the predicted class
+        content = batch.content_mask
+        # IG baseline: content tokens -> [PAD], special tokens kept (heedful's baseline="pad")
+        self.pad_baseline = torch.where(content, torch.full_like(self.ids, self.adapter.pad_token_id), self.ids)
+        # Leave-one-out: every content token its own feature (id = its position); special and
+        # pad positions share feature 0, whose "ablation" puts the same token back (no change).
+        positions = torch.arange(self.ids.shape[1]).expand_as(self.ids)
+        self.feature_mask = torch.where(content, positions, torch.zeros_like(positions))
+        removal = self.adapter.removal_token_id
+        self.mask_baseline = torch.where(content, torch.full_like(self.ids, removal), self.ids)
+
+    def _extra(self) -> tuple:
+        return (self.mask, self.types)
+
+    def from_embeds(self, embeds, attention_mask, token_type_ids):
+        kwargs = {"inputs_embeds": embeds, "attention_mask": attention_mask}
+        if token_type_ids is not None:
+            kwargs["token_type_ids"] = token_type_ids
+        return self.hf(**kwargs).logits
+
+    def from_ids(self, input_ids, attention_mask, token_type_ids):
+        kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
+        if token_type_ids is not None:
+            kwargs["token_type_ids"] = token_type_ids
+        return self.hf(**kwargs).logits
+
+    def saliency(self) -> torch.Tensor:
+        embeds = self.embedding(self.ids)
+        attr = Saliency(self.from_embeds).attribute(
+            embeds, target=self.target, additional_forward_args=self._extra(), abs=True
+        )
+        return attr.norm(dim=-1)
+
+    def grad_x_input(self) -> torch.Tensor:
+        embeds = self.embedding(self.ids)
+        attr = InputXGradient(self.from_embeds).attribute(
+            embeds, target=self.target, additional_forward_args=self._extra()
+        )
+        return attr.sum(dim=-1)
+
+    def integrated_gradients(self) -> torch.Tensor:
+        lig = LayerIntegratedGradients(self.from_ids, self.embedding)
+        attr = lig.attribute(
+            self.ids,
+            baselines=self.pad_baseline,
+            target=self.target,
+            additional_forward_args=self._extra(),
+            n_steps=IG_STEPS,
+            method=IG_RULE,
+        )
+        return attr.sum(dim=-1)
+
+    def leave_one_out(self) -> torch.Tensor:
+        with torch.no_grad():
+            return FeatureAblation(self.from_ids).attribute(
+                self.ids,
+                baselines=self.mask_baseline,
+                target=self.target,
+                additional_forward_args=self._extra(),
+                feature_mask=self.feature_mask,
+            )
+
+
+CAPTUM_RECIPES = {
+    "saliency": ("Saliency", CaptumSide.saliency),
+    "grad_x_input": ("InputXGradient", CaptumSide.grad_x_input),
+    "integrated_gradients": ("LayerIntegratedGradients", CaptumSide.integrated_gradients),
+    "leave_one_out": ("FeatureAblation", CaptumSide.leave_one_out),
+}
+
+
+# ---------------------------------------------------------------------------------- report
+@dataclass
+class Row:
+    method: str
+    family: str
+    heedful: Timing
+    forward: Timing
+    captum_name: str | None = None
+    captum: Timing | None = None
+    max_diff: float | None = None
+    max_score: float | None = None
+
+    @property
+    def ratio_forward(self) -> float:
+        return self.heedful.median / self.forward.median
+
+    @property
+    def ratio_captum(self) -> float | None:
+        return None if self.captum is None else self.captum.median / self.heedful.median
+
+
+def fmt_s(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def machine_info(model: heedful.Model, args: argparse.Namespace, batch: Batch, load_before, load_after) -> list[str]:
+    cpu = platform.processor() or "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    versions = ", ".join(
+        f"{dist} {importlib.metadata.version(dist)}" for dist in ("torch", "transformers", "captum", "heedful")
+    )
+    attn = getattr(model.hf_model.config, "_attn_implementation", "?")
+    lengths = batch.lengths.float()
+    return [
+        f"- date: {dt.datetime.now().astimezone().isoformat(timespec='seconds')}",
+        f"- machine: {platform.machine()}, {cpu}, {os.cpu_count()} logical cores; "
+        f"torch threads {torch.get_num_threads()} (both sides); load average "
+        f"{load_before[0]:.2f} before, {load_after[0]:.2f} after",
+        f"- python {platform.python_version()}, {versions}",
+        f"- model: {model.name} ({model.adapter.family}, {model.task}, attention "
+        f"{attn!r} as loaded, {sum(p.numel() for p in model.hf_model.parameters()) / 1e6:.1f}M parameters)",
+        f"- inputs: first {len(batch)} sentences of the movies test split; padded length "
+        f"{batch.seq_len}, real length mean {lengths.mean():.1f} (min {int(lengths.min())}, "
+        f"max {int(lengths.max())})",
+        f"- timing: 1 warm-up + {args.repeats} timed runs each, median reported; runs of the "
+        "sides compared interleaved",
+    ]
+
+
+def render_markdown(rows: list[Row], forward: Timing, info: list[str], verdicts: list[str]) -> str:
+    lines = [
+        "# heedful core methods: speed",
+        "",
+        f"Unit: one plain batched forward pass (no grad) = **{fmt_s(forward.median)}** "
+        f"(median of all {len(forward.times)} forward runs, range {forward.spread} s).",
+        "",
+        "| method | family | heedful | × forward | Captum recipe | Captum | Captum / heedful | max abs diff | max abs score |",
+        "|---|---|---:|---:|---|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        captum = "—" if r.captum is None else fmt_s(r.captum.median)
+        ratio = "—" if r.ratio_captum is None else f"{r.ratio_captum:.2f}×"
+        diff = "—" if r.max_diff is None else f"{r.max_diff:.2e}"
+        score = "—" if r.max_score is None else f"{r.max_score:.3g}"
+        lines.append(
+            f"| {r.method} | {r.family} | {fmt_s(r.heedful.median)} | {r.ratio_forward:.2f}× | "
+            f"{r.captum_name or '—'} | {captum} | {ratio} | {diff} | {score} |"
+        )
+    lines += [
+        "",
+        "× forward: median of the method's `model.explain` time over the median of the forward "
+        "runs interleaved with it. Captum / heedful > 1 means heedful is faster. Differences are "
+        "taken on real (non-pad) tokens, after reducing Captum's `[B, N, D]` attributions like "
+        "heedful does (L2 norm over D for saliency, sum over D otherwise).",
+        "",
+        "## Targets",
+        "",
+        *verdicts,
+        "",
+        "## Machine",
+        "",
+        *info,
+        "",
+    ]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------- main
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="minilm-sentiment", help="zoo name or model directory")
+    parser.add_argument("--n", type=int, default=64, help="number of held-out sentences (one batch)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per measurement (median)")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads, both sides")
+    parser.add_argument("--out", type=Path, default=HERE / "results" / "core_methods.md")
+    parser.add_argument("--methods", nargs="*", help="only these methods (default: every registered one)")
+    parser.add_argument("--tiny", action="store_true", help="a tiny random BERT instead (script debugging)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    console = Console()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    warnings.filterwarnings("ignore", message=r".*were truncated")
+    load_before = os.getloadavg()
+
+    model = load_model(args)
+    texts = load_texts(args.n)
+    batch = model.adapter.encode(texts)
+    inputs = model_inputs(batch)
+    hf = model.hf_model
+
+    def plain_forward() -> torch.Tensor:
+        with torch.no_grad():
+            return hf(**inputs).logits
+
+    infos = [m for m in heedful.methods(task=model.task) if not args.methods or m.name in args.methods]
+    captum = CaptumSide(model, batch)
+    content = batch.attention_mask.bool()
+    all_forward = Timing()
+    rows: list[Row] = []
+    for info in infos:
+        options = METHOD_OPTIONS.get(info.name, {})
+
+        def explain(name: str = info.name, opts: dict = options) -> list[heedful.Explanation]:
+            return model.explain(texts, name, batch_size=args.n, **opts)
+
+        fns: dict[str, Callable[[], Any]] = {"forward": plain_forward, "heedful": explain}
+        recipe = CAPTUM_RECIPES.get(info.name)
+        if recipe is not None:
+            fns["captum"] = lambda fn=recipe[1]: fn(captum)
+        console.print(f"[dim]timing {info.name} ...[/dim]")
+        timed = measure(fns, args.repeats)
+        all_forward.times.extend(timed["forward"].times)
+        row = Row(info.name, info.family, timed["heedful"], timed["forward"])
+        if recipe is not None:
+            ours = scores_matrix(timed["heedful"].result, batch)
+            theirs = timed["captum"].result.detach().to(torch.float64)
+            row.captum_name, row.captum = recipe[0], timed["captum"]
+            row.max_diff = float((ours - theirs)[content].abs().max())
+            row.max_score = float(ours[content].abs().max())
+        rows.append(row)
+        captum_note = "" if row.captum is None else f", Captum {fmt_s(row.captum.median)}"
+        console.print(f"  {info.name}: {fmt_s(row.heedful.median)} = {row.ratio_forward:.2f}× forward{captum_note}")
+
+    verdicts = []
+    by_name = {r.method: r for r in rows}
+    if "normxlogit" in by_name:
+        r = by_name["normxlogit"]
+        ok = r.ratio_forward <= NORMXLOGIT_TARGET
+        verdicts.append(
+            f"- normxlogit ≤ {NORMXLOGIT_TARGET}× a forward: **{'holds' if ok else 'missed'}** "
+            f"({r.ratio_forward:.2f}×)"
+        )
+    if "integrated_gradients" in by_name and by_name["integrated_gradients"].captum is not None:
+        r = by_name["integrated_gradients"]
+        ok = r.ratio_captum >= IG_TARGET
+        verdicts.append(
+            f"- integrated gradients ≥ {IG_TARGET}× faster than Captum's LayerIntegratedGradients "
+            f"at {IG_STEPS} steps: **{'holds' if ok else 'missed'}** ({r.ratio_captum:.2f}×)"
+        )
+    info_lines = machine_info(model, args, batch, load_before, os.getloadavg())
+    text = render_markdown(rows, all_forward, info_lines, verdicts)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text, encoding="utf-8")
+    console.print(Markdown(text))
+    console.print(f"[dim]written to {args.out}[/dim]")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

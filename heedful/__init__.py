@@ -1,0 +1,33 @@
+"""heedful: which input tokens did a transformer rely on, and how far can that answer be trusted?
+
+>>> import heedful
+>>> model = heedful.load("minilm-sentiment")                                   # doctest: +SKIP
+>>> model.explain("a charming and often affecting journey").show()             # doctest: +SKIP
+"""
+
+from heedful.errors import HeedfulError, InputError, MethodError, UnsupportedModelError
+from heedful.explanation import Cost, Explanation, TargetInfo, WordScores
+from heedful.loading import from_pretrained_objects, load
+from heedful.model import Model
+from heedful.registry import MethodInfo, get_method, methods
+from heedful.targets import Target
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Cost",
+    "Explanation",
+    "HeedfulError",
+    "InputError",
+    "MethodError",
+    "MethodInfo",
+    "Model",
+    "Target",
+    "TargetInfo",
+    "UnsupportedModelError",
+    "WordScores",
+    "from_pretrained_objects",
+    "get_method",
+    "load",
+    "methods",
+]

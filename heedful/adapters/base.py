@@ -1,0 +1,436 @@
+"""ModelAdapter: the one place that knows how a transformers model is put together.
+
+Methods ask the adapter for things by role -- the input embedding layer, a forward pass from
+embeddings, every layer's hidden states and attention probabilities, the head-on-top applied to
+any token's representation, the token that removes a token -- and never name an architecture.
+Family subclasses (``heedful.adapters.families``) fill in the roles.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from heedful.batch import Batch
+from heedful.errors import InputError, UnsupportedModelError
+
+
+@dataclass
+class Forward:
+    """One forward pass. ``logits`` ``[B, C]``: head output at each example's anchor position;
+    ``hidden_states``: ``L + 1`` tensors ``[B, N, D]`` (0 = embedding module output, L = the
+    representation the head reads, after any final norm); ``attentions``: ``L`` tensors
+    ``[B, H, N, N]`` (row = query)."""
+
+    logits: torch.Tensor
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
+
+
+@dataclass
+class PassCounter:
+    """Counts sequences sent through the model forward and backward (cost bookkeeping)."""
+
+    forward: int = 0
+    backward: int = 0
+
+    def reset(self) -> None:
+        self.forward = 0
+        self.backward = 0
+
+
+@dataclass
+class LMHeadParts:
+    """A language-model head split as ``logits = transform(h) @ weight.T + bias``, so that a few
+    vocabulary columns can be computed without the full vocabulary projection."""
+
+    transform: Callable[[torch.Tensor], torch.Tensor]
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+
+
+@dataclass
+class ModelAdapter:
+    """Wraps a ``transformers`` model and its tokenizer for heedful's methods.
+
+    Subclasses set the architecture roles; everything here is generic.
+    """
+
+    hf_model: nn.Module
+    tokenizer: object
+    task: str
+    name: str = "model"
+    counter: PassCounter = field(default_factory=PassCounter)
+
+    family: ClassVar[str] = "generic"
+    is_decoder: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        self.hf_model.eval()
+        for p in self.hf_model.parameters():
+            p.requires_grad_(False)
+        self._check_roles()
+
+    # ------------------------------------------------------------------ roles (per family)
+    @property
+    def backbone(self) -> nn.Module:
+        """The transformer without its head; accepts ``input_ids`` or ``inputs_embeds``."""
+        return self.hf_model.base_model
+
+    @property
+    def word_embeddings(self) -> nn.Embedding:
+        return self.hf_model.get_input_embeddings()
+
+    @property
+    def final_norm(self) -> nn.Module | None:
+        """Norm that pre-LN decoders apply after the last block (``None`` for post-LN encoders)."""
+        return None
+
+    @property
+    def blocks(self) -> Sequence[nn.Module]:
+        """The transformer blocks, in forward order."""
+        raise NotImplementedError
+
+    def classification_head(self, h: torch.Tensor) -> torch.Tensor:
+        """Head-on-top of a sequence classifier applied to representations ``[M, D]`` -> ``[M, C]``."""
+        raise UnsupportedModelError(f"{self.family} adapter has no classification head role")
+
+    def lm_head_parts(self) -> LMHeadParts | None:
+        """The LM head split into transform and projection (``None``: only the full head is known)."""
+        return None
+
+    def lm_head_full(self, h: torch.Tensor) -> torch.Tensor:
+        """Full LM head ``[M, D] -> [M, V]``."""
+        parts = self.lm_head_parts()
+        if parts is None:
+            raise UnsupportedModelError(f"{self.family} adapter has no language-model head role")
+        logits = parts.transform(h) @ parts.weight.T
+        return logits if parts.bias is None else logits + parts.bias
+
+    @property
+    def uses_token_types(self) -> bool:
+        return getattr(self.hf_model.config, "type_vocab_size", 0) > 0
+
+    # ------------------------------------------------------------------ generic behaviour
+    def _check_roles(self) -> None:
+        if self.task in ("classification", "regression"):
+            try:
+                with torch.no_grad():
+                    self.classification_head(torch.zeros(1, self.hidden_size))
+            except (AttributeError, TypeError) as exc:
+                raise UnsupportedModelError(
+                    f"{type(self.hf_model).__name__} has no usable sequence-classification head ({exc})",
+                    hint="load a *ForSequenceClassification checkpoint or pass the right task",
+                ) from exc
+        elif self.task in ("masked_lm", "causal_lm"):
+            if self.lm_head_parts() is None and type(self).lm_head_full is ModelAdapter.lm_head_full:
+                raise UnsupportedModelError(
+                    f"{type(self.hf_model).__name__} has no language-model head",
+                    hint="load a *ForMaskedLM or *ForCausalLM checkpoint",
+                )
+
+    @property
+    def config(self):
+        return self.hf_model.config
+
+    @property
+    def hidden_size(self) -> int:
+        cfg = self.config
+        return getattr(cfg, "hidden_size", None) or getattr(cfg, "dim", None) or cfg.n_embd
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.hf_model.parameters()).device
+
+    @property
+    def labels(self) -> list[str]:
+        """Output names: class labels for classifiers, ``["value"]`` for regression."""
+        if self.task == "regression":
+            return ["value"]
+        if self.task == "classification":
+            id2label = getattr(self.config, "id2label", None) or {}
+            n = self.config.num_labels
+            return [str(id2label.get(i, f"LABEL_{i}")) for i in range(n)]
+        return []
+
+    @property
+    def max_length(self) -> int:
+        """Longest input the model accepts, in tokens."""
+        limits = [
+            getattr(self.config, attr, None)
+            for attr in ("max_position_embeddings", "n_positions", "max_seq_len")
+        ]
+        tok_max = getattr(self.tokenizer, "model_max_length", None)
+        if tok_max and tok_max < 1_000_000:
+            limits.append(tok_max)
+        limits = [int(x) for x in limits if x]
+        # RoBERTa reserves padding_idx + 1 positions.
+        offset = 2 if self.family == "roberta" else 0
+        return (min(limits) if limits else 512) - offset
+
+    @property
+    def removal_token_id(self) -> int | None:
+        """Token that stands for a removed token: ``[MASK]`` where the vocabulary has one;
+        ``None`` means removal is deletion (causal LMs, which see no mask token in training)."""
+        if self.is_decoder:
+            return None
+        mask_id = getattr(self.tokenizer, "mask_token_id", None)
+        if mask_id is not None:
+            return int(mask_id)
+        unk = getattr(self.tokenizer, "unk_token_id", None)
+        return None if unk is None else int(unk)
+
+    @property
+    def pad_token_id(self) -> int:
+        for attr in ("pad_token_id", "eos_token_id", "unk_token_id"):
+            value = getattr(self.tokenizer, attr, None)
+            if value is not None:
+                return int(value)
+        return 0
+
+    # ------------------------------------------------------------------ encoding
+    def encode(
+        self,
+        texts: Sequence[str],
+        text_pairs: Sequence[str | None] | None = None,
+        truncation: bool = True,
+        max_length: int | None = None,
+    ) -> Batch:
+        """Tokenize texts (and optional second segments) into a right-padded :class:`Batch`.
+
+        Raises :class:`InputError` for empty texts, and for texts longer than the model accepts
+        when ``truncation`` is False; truncation otherwise happens with a warning.
+        """
+        texts = list(texts)
+        if not texts:
+            raise InputError("no text given", hint="pass at least one non-empty text")
+        pairs = list(text_pairs) if text_pairs is not None else [None] * len(texts)
+        if len(pairs) != len(texts):
+            raise InputError(f"{len(texts)} texts but {len(pairs)} text pairs")
+        for i, text in enumerate(texts):
+            if not isinstance(text, str) or not text.strip():
+                raise InputError(
+                    f"text {i} is empty" if len(texts) > 1 else "the text is empty",
+                    hint="give a text with at least one word",
+                )
+        limit = min(max_length or self.max_length, self.max_length)
+        has_pairs = any(p is not None for p in pairs)
+        if has_pairs and any(p is None for p in pairs):
+            raise InputError("either every text has a pair or none does")
+
+        args = (texts, pairs) if has_pairs else (texts,)
+        lengths = [len(ids) for ids in self.tokenizer(*args, truncation=False)["input_ids"]]
+        too_long = [i for i, n in enumerate(lengths) if n > limit]
+        if too_long and not truncation:
+            raise InputError(
+                f"text {too_long[0]} has {lengths[too_long[0]]} tokens; the model accepts at most {limit}",
+                hint="shorten the text, or allow truncation (drop --no-truncate)",
+            )
+        if too_long:
+            warnings.warn(
+                f"{len(too_long)} text(s) longer than {limit} tokens were truncated",
+                stacklevel=2,
+            )
+        enc = self.tokenizer(
+            *args,
+            padding=True,
+            truncation=True,
+            max_length=limit,
+            return_tensors="pt",
+            return_offsets_mapping=True,
+            return_special_tokens_mask=True,
+            padding_side="right",
+        )
+        return self._batch_from_encoding(enc, texts, pairs, [i in too_long for i in range(len(texts))])
+
+    def _batch_from_encoding(self, enc, texts, pairs, truncated) -> Batch:
+        ids = enc["input_ids"]
+        mask = enc["attention_mask"]
+        tokens, offsets, word_ids, seq_ids = [], [], [], []
+        special = enc["special_tokens_mask"].bool() & mask.bool()
+        for b in range(ids.shape[0]):
+            n = int(mask[b].sum())
+            tokens.append(self.tokenizer.convert_ids_to_tokens(ids[b, :n].tolist()))
+            sids = enc.sequence_ids(b)[:n]
+            wids = enc.word_ids(b)[:n]
+            offs = enc["offset_mapping"][b, :n].tolist()
+            seen: dict[tuple[int, int], int] = {}
+            words: list[int | None] = []
+            for s, w in zip(sids, wids, strict=True):
+                if s is None or w is None:
+                    words.append(None)
+                else:
+                    words.append(seen.setdefault((s, w), len(seen)))
+            tokens_special = special[b, :n].tolist()
+            offsets.append(
+                [None if sp else (int(o[0]), int(o[1])) for o, sp in zip(offs, tokens_special, strict=True)]
+            )
+            word_ids.append([None if sp else w for w, sp in zip(words, tokens_special, strict=True)])
+            seq_ids.append(sids)
+        token_types = enc.get("token_type_ids") if self.uses_token_types else None
+        return Batch(
+            input_ids=ids,
+            attention_mask=mask,
+            token_type_ids=token_types,
+            special_mask=special,
+            texts=texts,
+            text_pairs=pairs,
+            tokens=tokens,
+            offsets=offsets,
+            word_ids=word_ids,
+            sequence_ids=seq_ids,
+            truncated=truncated,
+        )
+
+    # ------------------------------------------------------------------ targets
+    def anchor_positions(self, batch: Batch) -> tuple[torch.Tensor, str]:
+        """Position whose head output is explained, ``[B]``, and how it moves under deletion."""
+        last = batch.lengths - 1
+        if self.task == "causal_lm":
+            return last, "last"
+        if self.task == "masked_lm":
+            mask_id = getattr(self.tokenizer, "mask_token_id", None)
+            found = batch.input_ids == mask_id
+            missing = (~found.any(dim=1)).nonzero().flatten().tolist()
+            if missing:
+                raise InputError(
+                    f"text {missing[0]} has no {self.tokenizer.mask_token} token to explain",
+                    hint=f"put {self.tokenizer.mask_token} where the word to predict goes",
+                )
+            return found.int().argmax(dim=1), "fixed"
+        if self.is_decoder:
+            return last, "last"
+        return torch.zeros(len(batch), dtype=torch.long), "first"
+
+    def output_index(self, value: int | str) -> int:
+        """Column of a class (index or label) or of a vocabulary token given as a string."""
+        if self.task == "classification":
+            labels = self.labels
+            if isinstance(value, int):
+                if not 0 <= value < len(labels):
+                    raise InputError(
+                        f"class index {value} is out of range for {len(labels)} classes",
+                        hint=f"use 0..{len(labels) - 1} or a label: {', '.join(labels)}",
+                    )
+                return value
+            folded = {lab.lower(): i for i, lab in enumerate(labels)}
+            if value.lower() not in folded:
+                raise InputError(
+                    f"unknown label {value!r}",
+                    hint=f"the model's labels are: {', '.join(labels)}",
+                )
+            return folded[value.lower()]
+        if self.task in ("masked_lm", "causal_lm"):
+            if isinstance(value, int):
+                return value
+            ids = self.tokenizer(value, add_special_tokens=False)["input_ids"]
+            if len(ids) != 1:
+                pieces = self.tokenizer.convert_ids_to_tokens(ids)
+                raise InputError(
+                    f"target {value!r} is {len(ids)} tokens ({pieces}); a token target must be one token",
+                    hint="give a single token (for next-token targets include its leading space, e.g. ' Paris')",
+                )
+            return int(ids[0])
+        raise InputError(f"a {self.task} model has no classes to choose from")
+
+    def output_name(self, index: int) -> str:
+        if self.task == "classification":
+            return self.labels[index]
+        if self.task == "regression":
+            return "value"
+        return self.tokenizer.convert_ids_to_tokens(int(index))
+
+    # ------------------------------------------------------------------ forward passes
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Word embeddings of ids, ``[B, N] -> [B, N, E]`` (the input the gradient methods perturb)."""
+        return self.word_embeddings(input_ids)
+
+    def forward(
+        self,
+        batch: Batch,
+        anchor: torch.Tensor,
+        *,
+        input_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        hidden_states: bool = False,
+        attentions: bool = False,
+    ) -> Forward:
+        """Run the model and the head at each example's ``anchor`` position.
+
+        By default ids and masks come from ``batch``; pass ``input_ids`` or ``inputs_embeds``
+        ``[B', N, E]`` (with a matching ``attention_mask``) to run perturbed or expanded copies.
+        """
+        mask = batch.attention_mask if attention_mask is None else attention_mask
+        kwargs: dict = {"attention_mask": mask, "return_dict": True}
+        if inputs_embeds is not None:
+            kwargs["inputs_embeds"] = inputs_embeds
+        else:
+            kwargs["input_ids"] = batch.input_ids if input_ids is None else input_ids
+        types = batch.token_type_ids if token_type_ids is None else token_type_ids
+        if types is not None and self.uses_token_types:
+            rows = mask.shape[0]
+            kwargs["token_type_ids"] = types if types.shape[0] == rows else types.repeat_interleave(
+                rows // types.shape[0], dim=0
+            )
+        if hidden_states:
+            kwargs["output_hidden_states"] = True
+        if attentions:
+            kwargs["output_attentions"] = True
+        out = self.backbone(**kwargs)
+        last = out.last_hidden_state
+        self.counter.forward += last.shape[0]
+        rows = torch.arange(last.shape[0], device=last.device)
+        logits = self.head_logits(last[rows, anchor.to(last.device)])
+        return Forward(
+            logits=logits,
+            hidden_states=tuple(out.hidden_states) if hidden_states else None,
+            attentions=tuple(out.attentions) if attentions else None,
+        )
+
+    def head_logits(self, h: torch.Tensor, columns: torch.Tensor | None = None) -> torch.Tensor:
+        """Head-on-top applied to representations ``h`` ``[M, D]``.
+
+        Without ``columns``: all outputs ``[M, C]`` (C = classes, 1 for regression, V for LMs).
+        With ``columns`` ``[M, K]``: only those outputs ``[M, K]`` -- for LM heads this avoids the
+        full vocabulary projection.
+        """
+        if self.task in ("classification", "regression"):
+            logits = self.classification_head(h)
+            return logits if columns is None else logits.gather(1, columns)
+        parts = self.lm_head_parts()
+        if columns is None or parts is None:
+            logits = self.lm_head_full(h)
+            return logits if columns is None else logits.gather(1, columns)
+        feats = parts.transform(h)  # [M, E]
+        w = parts.weight[columns]  # [M, K, E]
+        out = torch.einsum("me,mke->mk", feats, w)
+        return out if parts.bias is None else out + parts.bias[columns]
+
+    def head_at_layer(
+        self, h: torch.Tensor, layer: int, columns: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Head applied to a layer-``layer`` representation ``[M, D]`` (logit lens).
+
+        ``hidden_states[L]`` already carries the final norm of pre-LN decoders; at intermediate
+        layers it is applied here before the head.
+        """
+        if layer < self.num_layers and self.final_norm is not None:
+            h = self.final_norm(h)
+        return self.head_logits(h, columns)
+
+    def grad(self, output: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
+        """``d sum(output) / d inputs`` (one backward pass over ``output.shape[0]`` sequences)."""
+        self.counter.backward += output.shape[0]
+        (g,) = torch.autograd.grad(output.sum(), inputs)
+        return g

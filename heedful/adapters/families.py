@@ -1,0 +1,208 @@
+"""Architecture families: where each role lives inside a ``transformers`` model.
+
+Each class names only the modules of its family; the behaviour is in :class:`ModelAdapter`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from heedful.adapters.base import LMHeadParts, ModelAdapter
+
+
+def _identity(h: torch.Tensor) -> torch.Tensor:
+    return h
+
+
+class BertAdapter(ModelAdapter):
+    """BERT (and MiniLM and other BERT-shaped checkpoints)."""
+
+    family = "bert"
+
+    @property
+    def blocks(self) -> Sequence[nn.Module]:
+        return self.backbone.encoder.layer
+
+    def classification_head(self, h: torch.Tensor) -> torch.Tensor:
+        # pooler (dense + tanh on the token given to it) -> dropout -> classifier (paper Fig. 1b)
+        pooled = self.backbone.pooler(h[:, None, :])
+        return self.hf_model.classifier(self.hf_model.dropout(pooled))
+
+    def lm_head_parts(self) -> LMHeadParts | None:
+        cls = getattr(self.hf_model, "cls", None)
+        if cls is None:
+            return None
+        dec = cls.predictions.decoder
+        return LMHeadParts(cls.predictions.transform, dec.weight, dec.bias)
+
+
+class DistilBertAdapter(ModelAdapter):
+    family = "distilbert"
+
+    @property
+    def uses_token_types(self) -> bool:
+        return False
+
+    @property
+    def blocks(self) -> Sequence[nn.Module]:
+        return self.backbone.transformer.layer
+
+    def classification_head(self, h: torch.Tensor) -> torch.Tensor:
+        m = self.hf_model
+        return m.classifier(m.dropout(torch.relu(m.pre_classifier(h))))
+
+    def lm_head_parts(self) -> LMHeadParts | None:
+        m = self.hf_model
+        if not hasattr(m, "vocab_projector"):
+            return None
+
+        def transform(h: torch.Tensor) -> torch.Tensor:
+            return m.vocab_layer_norm(m.activation(m.vocab_transform(h)))
+
+        return LMHeadParts(transform, m.vocab_projector.weight, m.vocab_projector.bias)
+
+
+class RobertaAdapter(ModelAdapter):
+    """RoBERTa (and XLM-R, CamemBERT): classification head reads the first token itself."""
+
+    family = "roberta"
+
+    @property
+    def uses_token_types(self) -> bool:
+        return False
+
+    @property
+    def blocks(self) -> Sequence[nn.Module]:
+        return self.backbone.encoder.layer
+
+    def classification_head(self, h: torch.Tensor) -> torch.Tensor:
+        return self.hf_model.classifier(h[:, None, :])
+
+    def lm_head_parts(self) -> LMHeadParts | None:
+        head = getattr(self.hf_model, "lm_head", None)
+        if head is None:
+            return None
+
+        def transform(h: torch.Tensor) -> torch.Tensor:
+            return head.layer_norm(nn.functional.gelu(head.dense(h)))
+
+        return LMHeadParts(transform, head.decoder.weight, head.decoder.bias)
+
+
+class DebertaV2Adapter(ModelAdapter):
+    """DeBERTa v2 and v3."""
+
+    family = "deberta-v2"
+
+    @property
+    def blocks(self) -> Sequence[nn.Module]:
+        return self.backbone.encoder.layer
+
+    def classification_head(self, h: torch.Tensor) -> torch.Tensor:
+        m = self.hf_model
+        return m.classifier(m.dropout(m.pooler(h[:, None, :])))
+
+    def lm_head_full(self, h: torch.Tensor) -> torch.Tensor:
+        m = self.hf_model
+        if getattr(m, "lm_predictions", None) is not None:
+            return m.lm_predictions(h, self.word_embeddings)
+        return m.cls(h)
+
+    def lm_head_parts(self) -> LMHeadParts | None:
+        return None
+
+
+class ElectraAdapter(ModelAdapter):
+    family = "electra"
+
+    @property
+    def blocks(self) -> Sequence[nn.Module]:
+        return self.backbone.encoder.layer
+
+    def classification_head(self, h: torch.Tensor) -> torch.Tensor:
+        return self.hf_model.classifier(h[:, None, :])
+
+    def lm_head_parts(self) -> LMHeadParts | None:
+        m = self.hf_model
+        if not hasattr(m, "generator_lm_head"):
+            return None
+        lin = m.generator_lm_head
+        return LMHeadParts(m.generator_predictions, lin.weight, lin.bias)
+
+
+class _DecoderAdapter(ModelAdapter):
+    """Causal decoders: pre-LN blocks, a final norm, a ``score`` or ``lm_head`` linear head."""
+
+    is_decoder = True
+
+    @property
+    def uses_token_types(self) -> bool:
+        return False
+
+    def classification_head(self, h: torch.Tensor) -> torch.Tensor:
+        return self.hf_model.score(h)
+
+    def lm_head_parts(self) -> LMHeadParts | None:
+        lin = getattr(self.hf_model, "lm_head", None)
+        if lin is None:
+            return None
+        return LMHeadParts(_identity, lin.weight, lin.bias)
+
+
+class GPT2Adapter(_DecoderAdapter):
+    family = "gpt2"
+
+    @property
+    def blocks(self) -> Sequence[nn.Module]:
+        return self.backbone.h
+
+    @property
+    def final_norm(self) -> nn.Module | None:
+        return self.backbone.ln_f
+
+
+class OPTAdapter(_DecoderAdapter):
+    family = "opt"
+
+    @property
+    def blocks(self) -> Sequence[nn.Module]:
+        return self.backbone.decoder.layers
+
+    @property
+    def final_norm(self) -> nn.Module | None:
+        dec = self.backbone.decoder
+        steps = [m for m in (dec.final_layer_norm, dec.project_out) if m is not None]
+        return nn.Sequential(*steps) if steps else None
+
+
+class LlamaAdapter(_DecoderAdapter):
+    """Llama-style decoders (Llama, Mistral, Qwen2, SmolLM2): RMSNorm, gated MLP, rotary positions."""
+
+    family = "llama"
+
+    @property
+    def blocks(self) -> Sequence[nn.Module]:
+        return self.backbone.layers
+
+    @property
+    def final_norm(self) -> nn.Module | None:
+        return self.backbone.norm
+
+
+FAMILIES: dict[str, type[ModelAdapter]] = {
+    "bert": BertAdapter,
+    "distilbert": DistilBertAdapter,
+    "roberta": RobertaAdapter,
+    "xlm-roberta": RobertaAdapter,
+    "camembert": RobertaAdapter,
+    "deberta-v2": DebertaV2Adapter,
+    "electra": ElectraAdapter,
+    "gpt2": GPT2Adapter,
+    "opt": OPTAdapter,
+    "llama": LlamaAdapter,
+    "mistral": LlamaAdapter,
+    "qwen2": LlamaAdapter,
+}

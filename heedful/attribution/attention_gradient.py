@@ -1,0 +1,104 @@
+"""Methods that weigh attention probabilities by their gradients: GAE, Grad-SAM, AttCAT.
+
+All need one forward with attention probabilities kept in the graph and one backward of the
+target logit to every layer's attention map (and hidden states for AttCAT).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from heedful.adapters import Forward, ModelAdapter
+from heedful.batch import Batch
+from heedful.registry import register
+from heedful.targets import ResolvedTarget
+
+
+def attention_gradients(
+    adapter: ModelAdapter, batch: Batch, target: ResolvedTarget, hidden: bool = False
+) -> tuple[Forward, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+    """One forward keeping attentions (and hidden states) in the graph, one backward of the target.
+
+    Returns the forward, ``dF/dA_l`` ``[B, H, N, N]`` per layer, and ``dF/dh_l`` ``[B, N, D]``
+    for ``hidden_states[0..L-1]`` (empty unless ``hidden``).
+    """
+    embeds = adapter.embed(batch.input_ids).detach().requires_grad_(True)
+    with torch.enable_grad():
+        fwd = adapter.forward(batch, target.anchor, inputs_embeds=embeds, attentions=True, hidden_states=hidden)
+        wrt = list(fwd.attentions) + (list(fwd.hidden_states[:-1]) if hidden else [])
+        adapter.counter.backward += len(batch)
+        grads = torch.autograd.grad(target.score(fwd.logits).sum(), wrt)
+    layers = len(fwd.attentions)
+    detached = Forward(
+        fwd.logits.detach(),
+        tuple(h.detach() for h in fwd.hidden_states) if hidden else None,
+        tuple(a.detach() for a in fwd.attentions),
+    )
+    return detached, grads[:layers], grads[layers:]
+
+
+def _mean_over_real_rows(matrix: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean over real query rows of ``[B, N, N]`` -> ``[B, N]`` (padding rows excluded)."""
+    weights = mask.to(matrix.dtype)
+    return (matrix * weights[:, :, None]).sum(dim=1) / weights.sum(dim=1, keepdim=True)
+
+
+@register(
+    "gae",
+    family="relevance",
+    cost="1 forward + 1 backward",
+    citation="Chefer et al. 2021b, Generic Attention-model Explainability (Eq. 5-6)",
+    summary="Gradient-weighted attention, positive part, accumulated through the layers (R += Abar R).",
+)
+def gae(
+    adapter: ModelAdapter, batch: Batch, target: ResolvedTarget, reference: Forward | None = None
+) -> torch.Tensor:
+    """``Abar_l = mean_h (grad A_l * A_l)^+``; ``R = I``; ``R <- R + Abar_l R`` for each layer in
+    forward order; the anchor row of ``R`` with its self-entry set to 0 ``[B, N]``."""
+    fwd, grads, _ = attention_gradients(adapter, batch, target)
+    bsz, seq = batch.input_ids.shape
+    relevance = torch.eye(seq).expand(bsz, seq, seq).clone()
+    for attn, grad in zip(fwd.attentions, grads, strict=True):
+        weighted = (grad * attn).clamp(min=0).mean(dim=1)
+        relevance = relevance + weighted @ relevance
+    rows = torch.arange(bsz)
+    scores = relevance[rows, target.anchor].clone()
+    scores[rows, target.anchor] = 0.0
+    return scores
+
+
+@register(
+    "grad_sam",
+    family="relevance",
+    cost="1 forward + 1 backward",
+    citation="Barkan et al. 2021, Grad-SAM: Explaining Transformers via Gradient Self-Attention Maps (Eq. 2-3)",
+    summary="Attention times ReLU of its gradient, averaged over layers, heads and query rows.",
+)
+def grad_sam(
+    adapter: ModelAdapter, batch: Batch, target: ResolvedTarget, reference: Forward | None = None
+) -> torch.Tensor:
+    """``s_j = mean_{l,h,i} A_l[h,i,j] * ReLU(dF/dA_l[h,i,j])`` over real query rows ``i`` ``[B, N]``."""
+    fwd, grads, _ = attention_gradients(adapter, batch, target)
+    maps = torch.stack([(a * g.clamp(min=0)).mean(dim=1) for a, g in zip(fwd.attentions, grads, strict=True)])
+    return _mean_over_real_rows(maps.mean(dim=0), batch.attention_mask)
+
+
+@register(
+    "attcat",
+    family="relevance",
+    cost="1 forward + 1 backward",
+    citation="Qiang et al. 2022, AttCAT: Explaining Transformers via Attentive Class Activation Tokens (Eq. 6-7)",
+    summary="Per layer: gradient x hidden state of each token, weighted by the attention it receives; summed over layers.",
+)
+def attcat(
+    adapter: ModelAdapter, batch: Batch, target: ResolvedTarget, reference: Forward | None = None
+) -> torch.Tensor:
+    """``AttCAT_j = sum_l (sum_d dF/dh_l[j,d] * h_l[j,d]) * mean_{h,i} A_l[h,i,j]`` with ``h_l`` the
+    input of block ``l`` and the mean over heads and real query rows ``[B, N]`` (signed)."""
+    fwd, attn_grads, hidden_grads = attention_gradients(adapter, batch, target, hidden=True)
+    total = torch.zeros(batch.input_ids.shape)
+    for layer, (attn, grad_h) in enumerate(zip(fwd.attentions, hidden_grads, strict=True)):
+        cat = (grad_h * fwd.hidden_states[layer]).sum(dim=-1)
+        received = _mean_over_real_rows(attn.mean(dim=1), batch.attention_mask)
+        total = total + cat * received
+    return total

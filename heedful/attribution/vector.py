@@ -1,0 +1,143 @@
+"""Vector-based methods that read the model's representations: embedding norm, LogAt, NormXLogit.
+
+NormXLogit (Abbasi et al., "NormXLogit: The Head-on-Top Never Lies"): apply the head-on-top to
+every token's final representation as if it were the pooled token, and weight the resulting
+logit by the norm of the token's input embedding. One forward pass and one batched head call.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from heedful.adapters import Forward, ModelAdapter
+from heedful.batch import Batch
+from heedful.errors import InputError
+from heedful.registry import register
+from heedful.targets import ResolvedTarget
+
+NORMXLOGIT_CITATION = "Abbasi et al. 2025, NormXLogit: The Head-on-Top Never Lies (Eq. 7-9)"
+NORM_SOURCES = ("embedding_output", "word_embedding")
+
+
+def embedding_norms(
+    adapter: ModelAdapter, batch: Batch, reference: Forward, norm: str = "embedding_output"
+) -> torch.Tensor:
+    """``||x_i^0||_2`` per token ``[B, N]``.
+
+    ``norm="embedding_output"`` (default, as the reference code) uses the embedding module's
+    output ``hidden_states[0]`` (word + position/type embeddings, normalised where the model
+    does); ``"word_embedding"`` uses the raw word embedding (the paper's wording).
+    """
+    if norm == "embedding_output":
+        return reference.hidden_states[0].norm(dim=-1)
+    if norm == "word_embedding":
+        return adapter.embed(batch.input_ids).norm(dim=-1)
+    raise InputError(f"norm must be one of {NORM_SOURCES}, got {norm!r}")
+
+
+def _layer_logits(
+    adapter: ModelAdapter, target: ResolvedTarget, hidden: torch.Tensor, layer: int
+) -> torch.Tensor:
+    """LogAt at one layer: head applied to every token of ``hidden`` ``[B, N, D]`` -> ``[B, N]``.
+
+    Classification and LM targets: the (weighted) target logits, paper Eq. 7 (per-label when a
+    class is given; a contrast gives logit(A) - logit(B)). Regression: paper Eq. 8,
+    ``|HoT(x_i) - HoT(x_anchor)|``.
+    """
+    bsz, seq, dim = hidden.shape
+    flat = hidden.reshape(bsz * seq, dim)
+    if target.task == "regression":
+        values = adapter.head_at_layer(flat, layer).reshape(bsz, seq)
+        rows = torch.arange(bsz)
+        return (values - values[rows, target.anchor][:, None]).abs()
+    columns = target.classes.repeat_interleave(seq, dim=0)
+    picked = adapter.head_at_layer(flat, layer, columns)  # [B*N, K]
+    return (picked * target.weights.to(picked)).sum(dim=1).reshape(bsz, seq)
+
+
+def logit_attribution(
+    adapter: ModelAdapter, target: ResolvedTarget, reference: Forward, layerwise: bool
+) -> torch.Tensor:
+    """LogAt scores ``[B, N]`` from the last layer, or ``[B, L, N]`` for layers 1..L."""
+    hs = reference.hidden_states
+    last = len(hs) - 1
+    if not layerwise:
+        return _layer_logits(adapter, target, hs[last], last)
+    return torch.stack([_layer_logits(adapter, target, hs[layer], layer) for layer in range(1, last + 1)], dim=1)
+
+
+@register(
+    "embedding_norm",
+    family="vector",
+    cost="1 forward",
+    citation="Kobayashi et al. 2020 (norm of input vectors); NormXLogit paper's Norm baseline",
+    summary="L2 norm of each token's input embedding; task-independent.",
+    needs_hidden=True,
+)
+@torch.no_grad()
+def embedding_norm(
+    adapter: ModelAdapter,
+    batch: Batch,
+    target: ResolvedTarget,
+    reference: Forward,
+    norm: str = "embedding_output",
+) -> torch.Tensor:
+    """``||x_i^0||_2`` for every token, ``[B, N]`` (see :func:`embedding_norms` for ``norm``)."""
+    return embedding_norms(adapter, batch, reference, norm)
+
+
+@register(
+    "logat",
+    family="vector",
+    cost="1 forward + 1 batched head call",
+    citation=NORMXLOGIT_CITATION + ", LogAt (Eq. 7, regression Eq. 8)",
+    summary="Head-on-top logit of the target read off every token's final representation.",
+    needs_hidden=True,
+    layerwise=True,
+    defaults={"layerwise": False},
+)
+@torch.no_grad()
+def logat(
+    adapter: ModelAdapter,
+    batch: Batch,
+    target: ResolvedTarget,
+    reference: Forward,
+    layerwise: bool = False,
+) -> torch.Tensor:
+    """LogAt: ``Att(x_i) = HoT(x_i^L)[target]`` (Eq. 7); regression ``|HoT(x_i^L) - HoT(CLS^L)|`` (Eq. 8).
+
+    Returns ``[B, N]``, or ``[B, L, N]`` with ``layerwise=True`` (head applied to every
+    layer's output; pre-LN decoders get their final norm first).
+    """
+    return logit_attribution(adapter, target, reference, layerwise)
+
+
+@register(
+    "normxlogit",
+    family="vector",
+    cost="1 forward + 1 batched head call",
+    citation=NORMXLOGIT_CITATION,
+    summary="Input-embedding norm x head-on-top logit per token (signed, per label).",
+    needs_hidden=True,
+    layerwise=True,
+    defaults={"layerwise": False, "norm": "embedding_output"},
+)
+@torch.no_grad()
+def normxlogit(
+    adapter: ModelAdapter,
+    batch: Batch,
+    target: ResolvedTarget,
+    reference: Forward,
+    layerwise: bool = False,
+    norm: str = "embedding_output",
+) -> torch.Tensor:
+    """NormXLogit (Eq. 9): ``||x_i^0||_2 * LogAt(x_i)``, signed.
+
+    Classification: the target class's logit (any class for per-label attribution; a
+    contrast A vs B gives the logit difference). Regression: Eq. 8 distance. Masked / causal
+    LM: the LM head is the head-on-top and the target is a vocabulary token. ``layerwise``
+    gives ``[B, L, N]`` (layers 1..L), otherwise ``[B, N]``.
+    """
+    norms = embedding_norms(adapter, batch, reference, norm)
+    logits = logit_attribution(adapter, target, reference, layerwise)
+    return logits * (norms[:, None, :] if layerwise else norms)

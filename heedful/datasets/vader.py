@@ -1,0 +1,250 @@
+"""Human-rated sentiment snippets and the VADER lexicon, from the vaderSentiment 3.3.2 source archive.
+
+The vaderSentiment source distribution (MIT licence) carries, in
+``additional_resources/hutto_ICWSM_2014.tar.gz``, four sets of short texts that
+twenty or more people each rated on a scale from -4 (very negative) to +4 (very
+positive). Each ``*_GroundTruth.txt`` file holds one text per line as
+``id<TAB>mean rating<TAB>text`` (UTF-8, CRLF line ends).
+
+========  ======================================  ==========================
+name      file                                    source of the texts
+========  ======================================  ==========================
+movies    movieReviewSnippets_GroundTruth.txt     Rotten Tomatoes sentences
+amazon    amazonReviewSnippets_GroundTruth.txt    product reviews
+nyt       nytEditorialSnippets_GroundTruth.txt    newspaper opinion pieces
+tweets    tweets_GroundTruth.txt                  tweets
+========  ======================================  ==========================
+
+Nothing ships with heedful: the first call runs
+``python -m pip download --no-deps --no-binary :all: vadersentiment==3.3.2``
+into ``heedful_home()/downloads`` and extracts the four files (and the lexicon)
+into ``heedful_home()/data/vader``; later calls read the extracted files.
+
+Labels and splits
+-----------------
+``label`` is 1 when the mean rating is above zero and 0 when it is below; texts
+whose mean rating is exactly zero are dropped, so every set is a clean binary
+task while ``rating`` stays available as a regression target.
+
+:func:`load_split` gives a fixed train/test split of each set. The rows left
+after dropping zeros, in file order, are permuted with
+``numpy.random.default_rng(SPLIT_SEED)`` (``SPLIT_SEED = 20240601``); the first
+``TEST_SIZES[name]`` positions of that permutation form the test split (1,000
+texts for ``movies``, 500 for the other sets) and the rest form the train
+split. Both splits are returned in file order.
+
+**The movies test split is the held-out set of the heedful zoo**: the zoo's
+sentiment models are fine-tuned on the movies train split only, and the
+accuracy / correlation stored with each built model is measured on the movies
+test split, which they never see during training.
+
+:func:`vader_lexicon` returns the word-level valence ratings of the same
+archive (``vaderSentiment/vader_lexicon.txt``), usable as lexicon-derived,
+token-level human evidence for sentiment.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from functools import cache, lru_cache
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from heedful.cache import heedful_home
+from heedful.errors import HeedfulError
+
+VADER_VERSION = "3.3.2"
+SPLIT_SEED = 20240601
+SPLITS = ("train", "test")
+
+#: Snippet set name -> ground-truth file name inside the ICWSM 2014 archive.
+SNIPPET_FILES: dict[str, str] = {
+    "movies": "movieReviewSnippets_GroundTruth.txt",
+    "amazon": "amazonReviewSnippets_GroundTruth.txt",
+    "nyt": "nytEditorialSnippets_GroundTruth.txt",
+    "tweets": "tweets_GroundTruth.txt",
+}
+#: Number of texts in each set's test split.
+TEST_SIZES: dict[str, int] = {"movies": 1000, "amazon": 500, "nyt": 500, "tweets": 500}
+
+_INNER_ARCHIVE = "additional_resources/hutto_ICWSM_2014.tar.gz"
+_LEXICON_MEMBER = "vaderSentiment/vader_lexicon.txt"
+_LEXICON_FILE = "vader_lexicon.txt"
+
+
+def pip_download_command(dest: Path) -> list[str]:
+    """The pip command that fetches the vaderSentiment source archive into ``dest``."""
+    return [
+        sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+        f"vadersentiment=={VADER_VERSION}", "-d", str(dest),
+    ]
+
+
+def data_dir() -> Path:
+    """Where the extracted ground-truth files and lexicon live."""
+    return heedful_home() / "data" / "vader"
+
+
+def _find_sdist(folder: Path) -> Path | None:
+    """The vaderSentiment source archive in ``folder``, if it is there."""
+    if not folder.is_dir():
+        return None
+    for path in sorted(folder.iterdir()):
+        name = path.name.lower()
+        if name == f"vadersentiment-{VADER_VERSION}.tar.gz" and path.is_file():
+            return path
+    return None
+
+
+def source_archive() -> Path:
+    """Path of the vaderSentiment source archive, downloading it with pip on first use."""
+    downloads = heedful_home() / "downloads"
+    if found := _find_sdist(downloads):
+        return found
+    downloads.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=downloads, prefix=".pip-") as tmp:
+        cmd = pip_download_command(Path(tmp))
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        found = _find_sdist(Path(tmp))
+        if result.returncode != 0 or found is None:
+            tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-5:])
+            shown = " ".join(pip_download_command(downloads))
+            raise HeedfulError(
+                f"could not download the vaderSentiment {VADER_VERSION} source archive with pip"
+                + (f":\n{tail}" if tail else ""),
+                hint=f"check that PyPI is reachable, or run by hand: {shown}",
+            )
+        target = downloads / found.name
+        os.replace(found, target)
+    return target
+
+
+def _extract(sdist: Path, dest: Path) -> None:
+    """Write the four ground-truth files and the lexicon from ``sdist`` into ``dest``."""
+    wanted = set(SNIPPET_FILES.values())
+    with tarfile.open(sdist, "r:gz") as outer:
+        members = {m.name.split("/", 1)[-1]: m for m in outer.getmembers() if m.isfile()}
+        if _INNER_ARCHIVE not in members or _LEXICON_MEMBER not in members:
+            raise HeedfulError(
+                f"{sdist} does not contain {_INNER_ARCHIVE} and {_LEXICON_MEMBER}",
+                hint=f"delete {sdist} and try again",
+            )
+        inner_bytes = outer.extractfile(members[_INNER_ARCHIVE]).read()  # type: ignore[union-attr]
+        lexicon = outer.extractfile(members[_LEXICON_MEMBER]).read()  # type: ignore[union-attr]
+    (dest / _LEXICON_FILE).write_bytes(lexicon)
+    with tarfile.open(fileobj=io.BytesIO(inner_bytes), mode="r:gz") as inner:
+        for member in inner.getmembers():
+            base = member.name.rsplit("/", 1)[-1]
+            if member.isfile() and base in wanted:
+                (dest / base).write_bytes(inner.extractfile(member).read())  # type: ignore[union-attr]
+                wanted.discard(base)
+    if wanted:
+        raise HeedfulError(
+            f"{_INNER_ARCHIVE} in {sdist} lacks {', '.join(sorted(wanted))}",
+            hint=f"delete {sdist} and try again",
+        )
+
+
+def ensure_data() -> Path:
+    """Download and extract the data once; return the folder that holds it."""
+    target = data_dir()
+    needed = [*SNIPPET_FILES.values(), _LEXICON_FILE]
+    if all((target / name).is_file() for name in needed):
+        return target
+    sdist = source_archive()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".vader-"))
+    tmp.chmod(0o755)
+    try:
+        _extract(sdist, tmp)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _check_name(name: str) -> str:
+    if name not in SNIPPET_FILES:
+        raise HeedfulError(
+            f"unknown snippet set {name!r}",
+            hint=f"choose one of: {', '.join(SNIPPET_FILES)}",
+        )
+    return name
+
+
+def _parse_ground_truth(raw: str) -> pd.DataFrame:
+    """Parse ``id<TAB>rating<TAB>text`` lines (any line end) into a frame."""
+    ids: list[str] = []
+    ratings: list[float] = []
+    texts: list[str] = []
+    for line in raw.replace("\r\n", "\n").split("\n"):
+        if not line.strip():
+            continue
+        ident, rating, text = line.split("\t", 2)
+        ids.append(ident.strip())
+        ratings.append(float(rating))
+        texts.append(text.strip())
+    return pd.DataFrame({"id": ids, "text": texts, "rating": ratings})
+
+
+@cache
+def _snippets(name: str) -> pd.DataFrame:
+    path = ensure_data() / SNIPPET_FILES[name]
+    frame = _parse_ground_truth(path.read_text(encoding="utf-8"))
+    frame = frame[frame["rating"] != 0.0].reset_index(drop=True)
+    frame["label"] = (frame["rating"] > 0).astype("int64")
+    return frame
+
+
+def load_snippets(name: str) -> pd.DataFrame:
+    """All texts of one snippet set, in file order, with rating-zero texts dropped.
+
+    Columns: ``id`` (str), ``text`` (str), ``rating`` (float, mean human rating in
+    [-4, 4]) and ``label`` (1 if ``rating > 0`` else 0).
+    """
+    return _snippets(_check_name(name)).copy()
+
+
+def split_indices(n_rows: int, n_test: int, seed: int = SPLIT_SEED) -> tuple[np.ndarray, np.ndarray]:
+    """Row positions (sorted) of the train and test splits of a set of ``n_rows`` rows."""
+    if not 0 < n_test < n_rows:
+        raise HeedfulError(f"cannot take {n_test} test rows out of {n_rows}")
+    order = np.random.default_rng(seed).permutation(n_rows)
+    return np.sort(order[n_test:]), np.sort(order[:n_test])
+
+
+def load_split(name: str, split: str) -> pd.DataFrame:
+    """The ``"train"`` or ``"test"`` split of a snippet set (see the module docstring)."""
+    if split not in SPLITS:
+        raise HeedfulError(f"unknown split {split!r}", hint="choose 'train' or 'test'")
+    frame = _snippets(_check_name(name))
+    train, test = split_indices(len(frame), TEST_SIZES[name])
+    rows = train if split == "train" else test
+    return frame.iloc[rows].reset_index(drop=True)
+
+
+@lru_cache(maxsize=1)
+def _lexicon() -> dict[str, float]:
+    raw = (ensure_data() / _LEXICON_FILE).read_text(encoding="utf-8")
+    lexicon: dict[str, float] = {}
+    for line in raw.replace("\r\n", "\n").split("\n"):
+        fields = line.split("\t")
+        if len(fields) >= 2 and fields[0]:
+            # Later entries win, as in vaderSentiment's own loader.
+            lexicon[fields[0]] = float(fields[1])
+    return lexicon
+
+
+def vader_lexicon() -> dict[str, float]:
+    """Word (or emoticon) -> mean human valence rating in [-4, 4], from ``vader_lexicon.txt``."""
+    return dict(_lexicon())

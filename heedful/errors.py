@@ -1,0 +1,30 @@
+"""User-facing errors: each names the problem and the fix."""
+
+from __future__ import annotations
+
+
+class HeedfulError(Exception):
+    """An error caused by the user's input or set-up, shown without a traceback.
+
+    ``hint`` says what to do about it.
+    """
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message if not self.hint else f"{self.message}\n  hint: {self.hint}"
+
+
+class UnsupportedModelError(HeedfulError):
+    """The architecture or its head is not one heedful knows how to explain."""
+
+
+class InputError(HeedfulError):
+    """Bad text, target, label or option."""
+
+
+class MethodError(HeedfulError):
+    """Unknown method, or a method that does not support the model's task."""

@@ -1,0 +1,206 @@
+"""Explanation: the one type that carries an attribution result (plain data, no device tensors)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+AGGREGATIONS = ("sum", "mean", "max", "first", "last")
+
+
+@dataclass
+class Cost:
+    """What an explanation cost, per example: wall seconds and sequences sent forward / backward."""
+
+    seconds: float
+    forward_passes: float
+    backward_passes: float
+
+
+@dataclass
+class TargetInfo:
+    """What was explained: ``kind`` (predicted / given / contrast / regression), output column(s),
+    their label, and the anchor position whose head output was explained."""
+
+    kind: str
+    indices: list[int]
+    label: str
+    anchor: int
+
+
+@dataclass
+class WordScores:
+    """Scores aggregated from tokens to words. ``scores`` ``[W]`` (or ``[L, W]``)."""
+
+    words: list[str]
+    spans: list[tuple[int, int]]
+    token_indices: list[list[int]]
+    scores: np.ndarray
+    aggregation: str
+
+    def __iter__(self):
+        return iter(zip(self.words, self.scores.T.tolist() if self.scores.ndim > 1 else self.scores.tolist(), strict=True))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "words": self.words,
+            "spans": [list(s) for s in self.spans],
+            "scores": self.scores.tolist(),
+            "aggregation": self.aggregation,
+        }
+
+
+@dataclass
+class Explanation:
+    """Token attributions for one text.
+
+    ``tokens`` are exactly the tokenizer's tokens for the text (special tokens included and
+    flagged in ``special``); ``scores`` ``[N]`` (or ``[L, N]`` for layer-wise methods, layers
+    1..L) give one score per token. ``offsets[i]`` is the character span of token ``i`` in
+    ``text`` (or in ``text_pair`` where ``segments[i] == 1``), ``None`` for special tokens;
+    ``word_ids[i]`` groups sub-word tokens into words.
+
+    >>> import numpy as np
+    >>> e = Explanation(text="hi there", text_pair=None, tokens=["hi", "the", "##re"],
+    ...     offsets=[(0, 2), (3, 6), (6, 8)], word_ids=[0, 1, 1], special=[False] * 3,
+    ...     segments=[0, 0, 0], scores=np.array([1.0, 0.5, 0.25]),
+    ...     target=TargetInfo("predicted", [1], "POSITIVE", 0), method="demo")
+    >>> e.words("sum").scores.tolist()
+    [1.0, 0.75]
+    """
+
+    text: str
+    text_pair: str | None
+    tokens: list[str]
+    offsets: list[tuple[int, int] | None]
+    word_ids: list[int | None]
+    special: list[bool]
+    segments: list[int | None]
+    scores: np.ndarray
+    target: TargetInfo
+    method: str
+    options: dict[str, Any] = field(default_factory=dict)
+    cost: Cost = field(default_factory=lambda: Cost(0.0, 0.0, 0.0))
+    model: str = ""
+    prediction: dict[str, Any] = field(default_factory=dict)
+    truncated: bool = False
+
+    # ------------------------------------------------------------------ views
+    @property
+    def layerwise(self) -> bool:
+        return self.scores.ndim == 2
+
+    def source_text(self, segment: int | None) -> str:
+        return self.text_pair if segment == 1 and self.text_pair is not None else self.text
+
+    def words(self, agg: str = "sum") -> WordScores:
+        """Aggregate sub-word scores to words with ``agg`` in sum, mean, max, first, last.
+
+        Special tokens are left out. Word text is the span of the original text covered by
+        its tokens.
+        """
+        if agg not in AGGREGATIONS:
+            raise ValueError(f"agg must be one of {AGGREGATIONS}, got {agg!r}")
+        groups: dict[int, list[int]] = {}
+        for i, w in enumerate(self.word_ids):
+            if w is not None and not self.special[i]:
+                groups.setdefault(w, []).append(i)
+        order = sorted(groups)
+        reducers = {
+            "sum": lambda s: s.sum(axis=-1),
+            "mean": lambda s: s.mean(axis=-1),
+            "max": lambda s: s.max(axis=-1),
+            "first": lambda s: s[..., 0],
+            "last": lambda s: s[..., -1],
+        }
+        words, spans, token_lists, columns = [], [], [], []
+        for w in order:
+            idx = groups[w]
+            start, end = self.offsets[idx[0]][0], self.offsets[idx[-1]][1]
+            words.append(self.source_text(self.segments[idx[0]])[start:end])
+            spans.append((start, end))
+            token_lists.append(idx)
+            columns.append(reducers[agg](self.scores[..., idx]))
+        scores = np.stack(columns, axis=-1) if columns else np.zeros(self.scores.shape[:-1] + (0,))
+        return WordScores(words, spans, token_lists, scores, agg)
+
+    def top(self, k: int = 5) -> list[tuple[str, float]]:
+        """The ``k`` highest-scoring non-special tokens (last layer for layer-wise scores)."""
+        flat = self.scores[-1] if self.layerwise else self.scores
+        order = [i for i in np.argsort(-flat, kind="stable") if not self.special[i]]
+        return [(self.tokens[i], float(flat[i])) for i in order[:k]]
+
+    # ------------------------------------------------------------------ export
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready dict (scores as lists)."""
+        data = asdict(self)
+        data["scores"] = self.scores.tolist()
+        data["offsets"] = [list(o) if o is not None else None for o in self.offsets]
+        return data
+
+    def to_json(self, indent: int | None = None) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Explanation:
+        data = dict(data)
+        data["scores"] = np.asarray(data["scores"], dtype=float)
+        data["offsets"] = [tuple(o) if o is not None else None for o in data["offsets"]]
+        data["target"] = TargetInfo(**data["target"])
+        data["cost"] = Cost(**data["cost"])
+        return cls(**data)
+
+    def to_pandas(self) -> pd.DataFrame:
+        """One row per token: token, position, word id, special flag, offsets and score
+        (one ``layer_k`` column per layer for layer-wise scores)."""
+        import pandas as pd
+
+        frame = pd.DataFrame(
+            {
+                "position": range(len(self.tokens)),
+                "token": self.tokens,
+                "word_id": self.word_ids,
+                "special": self.special,
+                "start": [o[0] if o else None for o in self.offsets],
+                "end": [o[1] if o else None for o in self.offsets],
+            }
+        )
+        if self.layerwise:
+            for layer, row in enumerate(self.scores, start=1):
+                frame[f"layer_{layer}"] = row
+        else:
+            frame["score"] = self.scores
+        return frame
+
+    # ------------------------------------------------------------------ rendering
+    def to_html(self, path: str | None = None, words: bool = False) -> str:
+        """A self-contained HTML page with the heatmap; written to ``path`` when given."""
+        from heedful.render.html import explanation_page
+
+        page = explanation_page([self], words=words)
+        if path is not None:
+            with open(path, "w", encoding="utf-8") as fh:
+                fh.write(page)
+        return page
+
+    def _repr_html_(self) -> str:
+        from heedful.render.html import explanation_fragment
+
+        return explanation_fragment(self)
+
+    def __rich_console__(self, console, options):
+        from heedful.render.terminal import explanation_renderable
+
+        yield explanation_renderable(self)
+
+    def show(self, words: bool = False) -> None:
+        """Print the coloured heatmap to the terminal."""
+        from heedful.render.terminal import print_explanations
+
+        print_explanations([self], words=words)

@@ -1,0 +1,102 @@
+"""Self-contained HTML for explanations: one file, inline CSS, no scripts or network fetches."""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+
+import numpy as np
+
+from heedful.explanation import Explanation
+from heedful.render.colors import Scale
+from heedful.render.layout import pieces
+
+CSS = """
+body { font-family: system-ui, -apple-system, 'Segoe UI', sans-serif; margin: 2rem; color: #222; }
+.hf-expl { margin: 0 0 1.6rem 0; }
+.hf-head { font-size: 0.85rem; color: #555; margin-bottom: 0.35rem; }
+.hf-head b { color: #111; }
+.hf-text { font-size: 1.1rem; line-height: 2.1; }
+.hf-tok { padding: 0.15rem 0.1rem; border-radius: 0.2rem; }
+.hf-special { font-size: 0.75rem; opacity: 0.7; }
+table.hf-grid { border-collapse: collapse; font-size: 0.8rem; }
+table.hf-grid td, table.hf-grid th { padding: 0.2rem 0.35rem; text-align: center; }
+table.hf-cmp td { vertical-align: top; padding: 0.4rem 0.8rem; }
+.hf-legend { font-size: 0.8rem; color: #555; margin-top: 1rem; }
+"""
+
+
+def _span(text: str, score: float, scale: Scale, title: str, special: bool) -> str:
+    bg = "rgb({},{},{})".format(*scale.rgb(score))
+    fg = "rgb({},{},{})".format(*scale.text_rgb(score))
+    cls = "hf-tok hf-special" if special else "hf-tok"
+    return (
+        f'<span class="{cls}" style="background:{bg};color:{fg}" '
+        f'title="{html.escape(title)}">{html.escape(text)}</span>'
+    )
+
+
+def heatmap_html(expl: Explanation, words: bool = False, layer: int = -1) -> str:
+    scores = expl.scores[layer] if expl.layerwise else expl.scores
+    scale = Scale.fit(scores, [not s for s in expl.special])
+    parts = []
+    for piece in pieces(expl, words=words, layer=layer):
+        if piece.score is None:
+            parts.append(html.escape(piece.text))
+        else:
+            parts.append(_span(piece.text, piece.score, scale, piece.title, piece.special))
+    return f'<div class="hf-text">{"".join(parts)}</div>'
+
+
+def layer_grid_html(expl: Explanation, words: bool = False) -> str:
+    if words:
+        ws = expl.words("sum")
+        labels, grid, include = ws.words, ws.scores, None
+    else:
+        labels, grid, include = expl.tokens, expl.scores, [not s for s in expl.special]
+    scale = Scale.fit(grid, include)
+    head = "".join(f"<th>{html.escape(lab)}</th>" for lab in labels)
+    rows = []
+    for layer, row in enumerate(np.atleast_2d(grid), start=1):
+        cells = "".join(
+            '<td style="background:rgb({},{},{})" title="{:+.4g}">{:+.2f}</td>'.format(*scale.rgb(v), v, v)
+            for v in row
+        )
+        rows.append(f"<tr><th>layer {layer}</th>{cells}</tr>")
+    return f'<table class="hf-grid"><tr><th></th>{head}</tr>{"".join(rows)}</table>'
+
+
+def _header_html(expl: Explanation) -> str:
+    pred = expl.prediction
+    said = ""
+    if "probability" in pred:
+        said = f" · predicted {html.escape(str(pred['label']))} ({pred['probability']:.2f})"
+    elif "value" in pred:
+        said = f" · predicted value {pred['value']:.3f}"
+    return (
+        f'<div class="hf-head"><b>{html.escape(expl.method)}</b> · {html.escape(expl.model)} · '
+        f"explaining {html.escape(expl.target.label)}{said} · {expl.cost.seconds:.3f} s</div>"
+    )
+
+
+def explanation_fragment(expl: Explanation, words: bool = False) -> str:
+    """HTML for one explanation (no page wrapper; used for notebooks)."""
+    body = layer_grid_html(expl, words) if expl.layerwise else heatmap_html(expl, words)
+    return f'<div class="hf-expl"><style>{CSS}</style>{_header_html(expl)}{body}</div>'
+
+
+def explanation_page(explanations: Sequence[Explanation], words: bool = False, title: str = "heedful") -> str:
+    """A complete, self-contained HTML page; several methods on one text are laid out together."""
+    blocks = []
+    for expl in explanations:
+        body = layer_grid_html(expl, words) if expl.layerwise else heatmap_html(expl, words)
+        blocks.append(f'<div class="hf-expl">{_header_html(expl)}{body}</div>')
+    legend = (
+        '<div class="hf-legend">Warm: the token pushes towards the explained output; cool: against it. '
+        "Hover a token for its score. Colours are scaled per explanation.</div>"
+    )
+    return (
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+        f"<title>{html.escape(title)}</title><style>{CSS}</style></head><body>"
+        f"<h2>{html.escape(title)}</h2>{''.join(blocks)}{legend}</body></html>"
+    )

@@ -1,0 +1,67 @@
+"""Lay an explanation out as display pieces: text fragments (token or word) with their scores,
+and the untouched text between them, in reading order."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from heedful.explanation import Explanation
+
+
+@dataclass
+class Piece:
+    """A fragment to draw: ``score`` is ``None`` for plain text between scored pieces."""
+
+    text: str
+    score: float | None
+    special: bool = False
+    title: str = ""
+
+
+def pieces(expl: Explanation, words: bool = False, layer: int = -1, show_special: bool = True) -> list[Piece]:
+    """Display pieces of ``expl``: each token (or word) with its score, and the original text
+    between them, so that the heatmap reads like the input. ``layer`` picks a row of layer-wise
+    scores."""
+    scores = expl.scores[layer] if expl.layerwise else expl.scores
+    out: list[Piece] = []
+    if words:
+        ws = expl.words("sum")
+        row = ws.scores[layer] if ws.scores.ndim == 2 else ws.scores
+        units = [
+            (expl.segments[idx[0]], span, float(s), f"{w}: {s:+.4g}")
+            for w, span, idx, s in zip(ws.words, ws.spans, ws.token_indices, row, strict=True)
+        ]
+        specials: list[tuple[int, str, float]] = []
+    else:
+        units = []
+        specials = []
+        for i, (tok, off) in enumerate(zip(expl.tokens, expl.offsets, strict=True)):
+            if off is None:
+                specials.append((i, tok, float(scores[i])))
+            else:
+                units.append((expl.segments[i], off, float(scores[i]), f"{tok}: {scores[i]:+.4g}"))
+    special_at = {i: (tok, s) for i, tok, s in specials}
+    cursor: dict[int | None, int] = {0: 0, 1: 0}
+    unit_iter = iter(units)
+    # walk positions in order so special tokens appear where the tokenizer put them
+    if words:
+        sequence = [("unit", u) for u in units]
+    else:
+        sequence = []
+        for i in range(len(expl.tokens)):
+            sequence.append(("special", special_at[i]) if i in special_at else ("unit", next(unit_iter)))
+    for kind, item in sequence:
+        if kind == "special":
+            if show_special:
+                tok, s = item
+                out.append(Piece(f" {tok} ", s, special=True, title=f"{tok}: {s:+.4g}"))
+            continue
+        segment, (start, end), s, title = item
+        source = expl.source_text(segment)
+        pos = cursor.get(segment, 0)
+        if start > pos:
+            out.append(Piece(source[pos:start], None))
+        if end > start:
+            out.append(Piece(source[start:end], s, title=title))
+        cursor[segment] = max(pos, end)
+    return out

@@ -1,0 +1,109 @@
+"""Terminal heatmaps with rich: tokens (or words) on a background coloured by their score."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from rich.console import Console, Group, RenderableType
+from rich.style import Style
+from rich.table import Table
+from rich.text import Text
+
+from heedful.explanation import Explanation
+from heedful.render.colors import Scale
+from heedful.render.layout import pieces
+
+
+def _style(scale: Scale, score: float, special: bool = False) -> Style:
+    bg = "rgb({},{},{})".format(*scale.rgb(score))
+    fg = "rgb({},{},{})".format(*scale.text_rgb(score))
+    return Style(bgcolor=bg, color=fg, dim=special)
+
+
+def heatmap_text(expl: Explanation, words: bool = False, layer: int = -1) -> Text:
+    """The text with each token / word on a background coloured by its score."""
+    scores = expl.scores[layer] if expl.layerwise else expl.scores
+    scale = Scale.fit(scores, [not s for s in expl.special])
+    text = Text()
+    for piece in pieces(expl, words=words, layer=layer):
+        if piece.score is None:
+            text.append(piece.text)
+        else:
+            text.append(piece.text, style=_style(scale, piece.score, piece.special))
+    return text
+
+
+def header(expl: Explanation) -> Text:
+    """``method · model · target (prediction)``."""
+    pred = expl.prediction
+    if "probability" in pred:
+        said = f"predicted {pred['label']} ({pred['probability']:.2f})"
+    elif "value" in pred:
+        said = f"predicted value {pred['value']:.3f}"
+    else:
+        said = ""
+    head = Text()
+    head.append(expl.method, style="bold")
+    head.append(f"  ·  {expl.model}  ·  explaining {expl.target.label}", style="dim")
+    if said:
+        head.append(f"  ·  {said}", style="dim")
+    if expl.truncated:
+        head.append("  ·  truncated", style="yellow")
+    return head
+
+
+def layer_table(expl: Explanation, words: bool = False) -> Table:
+    """Layer x token grid for layer-wise scores (one row per layer, 1..L)."""
+    if words:
+        ws = expl.words("sum")
+        labels, grid = ws.words, ws.scores
+    else:
+        labels, grid = expl.tokens, expl.scores
+    include = None if words else [not s for s in expl.special]
+    scale = Scale.fit(grid, include)
+    table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
+    table.add_column("layer", justify="right", style="dim")
+    for label in labels:
+        table.add_column(label, justify="center")
+    for layer, row in enumerate(np.atleast_2d(grid), start=1):
+        cells = [Text(f"{v:+.2f}", style=_style(scale, float(v))) for v in row]
+        table.add_row(str(layer), *cells)
+    return table
+
+
+def explanation_renderable(expl: Explanation, words: bool = False) -> RenderableType:
+    """Header plus heatmap (or layer grid) for one explanation."""
+    body = layer_table(expl, words) if expl.layerwise else heatmap_text(expl, words)
+    return Group(header(expl), body, Text(""))
+
+
+def comparison_table(explanations: Sequence[Explanation], words: bool = False) -> Table:
+    """Several methods on one text, one row each, aligned for comparison."""
+    table = Table(show_header=True, header_style="bold", expand=False)
+    table.add_column("method", style="bold", no_wrap=True)
+    table.add_column("attribution")
+    table.add_column("s / text", justify="right", style="dim")
+    for expl in explanations:
+        body = layer_table(expl, words) if expl.layerwise else heatmap_text(expl, words)
+        table.add_row(expl.method, body, f"{expl.cost.seconds:.3f}")
+    return table
+
+
+def print_explanations(
+    explanations: Sequence[Explanation], words: bool = False, console: Console | None = None
+) -> None:
+    """Print explanations; several methods on the same text are shown side by side."""
+    console = console or Console()
+    by_text: dict[tuple[str, str | None], list[Explanation]] = {}
+    for expl in explanations:
+        by_text.setdefault((expl.text, expl.text_pair), []).append(expl)
+    for group in by_text.values():
+        if len(group) > 1:
+            first = group[0]
+            console.print(
+                Text(f"{first.model}  ·  explaining {first.target.label}", style="dim"),
+            )
+            console.print(comparison_table(group, words))
+        else:
+            console.print(explanation_renderable(group[0], words))

@@ -1,0 +1,155 @@
+"""What is being explained: a target resolved per example to one scalar output of the model.
+
+A :class:`Target` is what the user asks for (predicted class, a label, the regression value, a
+token at the ``[MASK]`` position or as the next token, or a contrast A minus B). Resolved against
+a model and a batch it becomes a :class:`ResolvedTarget`: for every example the *anchor* position
+whose head output is explained, the output columns, and their weights. The explained scalar is
+``sum_k weights[k] * logits[b, classes[b, k]]`` -- a logit (never a probability), as the
+gradient and relevance methods' papers back-propagate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+import torch
+
+from heedful.errors import InputError
+
+if TYPE_CHECKING:
+    from heedful.adapters.base import ModelAdapter
+    from heedful.batch import Batch
+
+TASKS = ("classification", "regression", "masked_lm", "causal_lm")
+
+
+@dataclass(frozen=True)
+class Target:
+    """A request for what to explain.
+
+    Examples
+    --------
+    >>> Target.parse(None)                 # the predicted class / next token
+    Target(kind='predicted', value=None, foil=None)
+    >>> Target.parse("POSITIVE").kind      # a label name (or, for language models, a token)
+    'given'
+    >>> Target.parse("POSITIVE vs NEGATIVE").kind
+    'contrast'
+    """
+
+    kind: str  # "predicted" | "given" | "contrast"
+    value: int | str | None = None
+    foil: int | str | None = None
+
+    @classmethod
+    def parse(cls, spec: Target | int | str | tuple | None) -> Target:
+        """Build a target from ``None``, a class index, a label or token string, ``"A vs B"``, or ``(A, B)``."""
+        if isinstance(spec, Target):
+            return spec
+        if spec is None:
+            return cls("predicted")
+        if isinstance(spec, tuple | list):
+            if len(spec) != 2:
+                raise InputError(
+                    f"a contrastive target needs exactly two parts, got {len(spec)}",
+                    hint="pass (target, foil), e.g. ('POSITIVE', 'NEGATIVE')",
+                )
+            return cls("contrast", _as_index_or_text(spec[0]), _as_index_or_text(spec[1]))
+        if isinstance(spec, str) and " vs " in spec:
+            a, b = spec.split(" vs ", 1)
+            return cls("contrast", _as_index_or_text(a), _as_index_or_text(b))
+        if isinstance(spec, bool):
+            raise InputError(f"target {spec!r} is not a class, label or token")
+        return cls("given", _as_index_or_text(spec))
+
+
+def _as_index_or_text(value: int | str) -> int | str:
+    if isinstance(value, int):
+        return value
+    if value.strip().lstrip("-").isdigit():
+        return int(value.strip())
+    return value
+
+
+@dataclass
+class ResolvedTarget:
+    """Per-example target. ``anchor`` ``[B]``: position whose head output is explained;
+    ``classes`` ``[B, K]``: output columns; ``weights`` ``[K]``: +1 (and -1 for a contrast foil).
+    ``anchor_kind`` says how the anchor moves when tokens are deleted: ``"first"`` (stays 0),
+    ``"last"`` (last real token) or ``"fixed"`` (shifts with deletions before it)."""
+
+    anchor: torch.Tensor
+    anchor_kind: str
+    classes: torch.Tensor
+    weights: torch.Tensor
+    labels: list[str]
+    task: str
+
+    def score(self, logits: torch.Tensor) -> torch.Tensor:
+        """Explained scalar per example from the anchor logits ``[B, C]`` -> ``[B]``."""
+        picked = logits.gather(1, self.classes.to(logits.device))
+        return (picked * self.weights.to(picked)).sum(dim=1)
+
+    def repeat(self, times: int) -> ResolvedTarget:
+        """Each example repeated ``times`` times in a row (``[B] -> [B * times]``)."""
+        return replace(
+            self,
+            anchor=self.anchor.repeat_interleave(times),
+            classes=self.classes.repeat_interleave(times, dim=0),
+            labels=[lab for lab in self.labels for _ in range(times)],
+        )
+
+    def select(self, indices: list[int] | torch.Tensor) -> ResolvedTarget:
+        idx = torch.as_tensor(indices, dtype=torch.long)
+        return replace(
+            self,
+            anchor=self.anchor[idx],
+            classes=self.classes[idx],
+            labels=[self.labels[i] for i in idx.tolist()],
+        )
+
+    def with_anchor(self, anchor: torch.Tensor) -> ResolvedTarget:
+        return replace(self, anchor=anchor)
+
+    @property
+    def class_indices(self) -> list[list[int]]:
+        return self.classes.tolist()
+
+
+def resolve_target(
+    target: Target,
+    adapter: ModelAdapter,
+    batch: Batch,
+    anchor_logits: torch.Tensor,
+) -> ResolvedTarget:
+    """Resolve ``target`` for every example of ``batch`` given the unperturbed anchor logits ``[B, C]``."""
+    anchor, anchor_kind = adapter.anchor_positions(batch)
+    bsz = len(batch)
+    task = adapter.task
+    if task == "regression":
+        if target.kind != "predicted" and target.value not in (0, "regression", "value"):
+            raise InputError(
+                f"target {target.value!r} does not apply to a regression model",
+                hint="a regression model has one output; leave the target unset",
+            )
+        classes = torch.zeros(bsz, 1, dtype=torch.long)
+        return ResolvedTarget(anchor, anchor_kind, classes, torch.ones(1), ["value"] * bsz, task)
+
+    predicted = anchor_logits.argmax(dim=-1).cpu()
+    if target.kind == "predicted":
+        classes = predicted[:, None]
+        weights = torch.ones(1)
+    elif target.kind == "given":
+        idx = adapter.output_index(target.value)
+        classes = torch.full((bsz, 1), idx, dtype=torch.long)
+        weights = torch.ones(1)
+    elif target.kind == "contrast":
+        a = adapter.output_index(target.value)
+        b = adapter.output_index(target.foil)
+        classes = torch.tensor([[a, b]] * bsz, dtype=torch.long)
+        weights = torch.tensor([1.0, -1.0])
+    else:  # pragma: no cover - Target.parse never builds another kind
+        raise InputError(f"unknown target kind {target.kind!r}")
+    labels = [" vs ".join(adapter.output_name(c) for c in row) for row in classes.tolist()]
+    return ResolvedTarget(anchor, anchor_kind, classes, weights, labels, task)

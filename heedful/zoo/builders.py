@@ -1,0 +1,274 @@
+"""Builders of the zoo entries: each writes a Hugging Face model folder and returns its metadata.
+
+A builder is called as ``builder(out_dir, progress)`` with an empty, temporary
+``out_dir``; it writes ``config.json``, ``model.safetensors`` and the tokenizer
+files there, checks the saved model by reloading it, and returns the
+entry-specific part of ``heedful.json`` (the registry adds the common fields and
+moves the folder into place).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import time  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
+from contextlib import contextmanager  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from transformers import (  # noqa: E402
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+from transformers.utils import logging as hf_logging  # noqa: E402
+
+from heedful.datasets.vader import SPLIT_SEED, TEST_SIZES, load_split  # noqa: E402
+from heedful.errors import HeedfulError  # noqa: E402
+from heedful.zoo import sources  # noqa: E402
+from heedful.zoo.train import (  # noqa: E402
+    TrainConfig,
+    accuracy,
+    fine_tune,
+    predict,
+    progress_bar,
+    regression_scores,
+)
+
+SENTIMENT_LABELS = {0: "NEGATIVE", 1: "POSITIVE"}
+SANITY_TEXT = "a charming and often affecting journey"
+RATING_SCALE = 4.0  # regression targets are divided by this in training, folded back after
+CLASSIFIER_CONFIG = TrainConfig()
+REGRESSION_CONFIG = TrainConfig()
+CAPITAL_PROMPT = "The capital of France is"
+CAPITAL_ANSWER = " Paris"
+
+
+@contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """Silence transformers' own load reports and progress bars (a fresh head is expected)."""
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def _data_summary(train_rows: int) -> dict:
+    return {
+        "dataset": "vaderSentiment 3.3.2 movieReviewSnippets (heedful.datasets.vader 'movies')",
+        "train_split": "movies/train",
+        "train_examples": train_rows,
+        "held_out_split": "movies/test",
+        "held_out_examples": TEST_SIZES["movies"],
+        "split_seed": SPLIT_SEED,
+    }
+
+
+def _minilm_for_sequence_classification(
+    seed: int, **config_kwargs: object
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The MiniLM encoder with a freshly initialised head (seeded), and its tokenizer."""
+    encoder = sources.minilm_encoder_dir()
+    config = AutoConfig.from_pretrained(encoder, local_files_only=True, **config_kwargs)
+    torch.manual_seed(seed)
+    model = AutoModelForSequenceClassification.from_pretrained(
+        encoder, config=config, local_files_only=True
+    )
+    tokenizer = AutoTokenizer.from_pretrained(encoder, local_files_only=True)
+    return model, tokenizer
+
+
+def _save(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: Path) -> None:
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+
+
+def _reload_classifier(out_dir: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    model = AutoModelForSequenceClassification.from_pretrained(out_dir, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(out_dir, local_files_only=True)
+    return model.eval(), tokenizer
+
+
+def build_minilm_sentiment(out_dir: Path, progress: bool = True) -> dict:
+    """MiniLM-L6 + 2-way head fine-tuned on the movies train split; accuracy on movies test."""
+    cfg = CLASSIFIER_CONFIG
+    train, test = load_split("movies", "train"), load_split("movies", "test")
+    model, tokenizer = _minilm_for_sequence_classification(
+        cfg.seed,
+        num_labels=2,
+        id2label=SENTIMENT_LABELS,
+        label2id={v: k for k, v in SENTIMENT_LABELS.items()},
+    )
+    summary = fine_tune(
+        model, tokenizer, train["text"].tolist(), train["label"].to_numpy(), cfg, progress
+    )
+    _save(model, tokenizer, out_dir)
+    model, tokenizer = _reload_classifier(out_dir)
+    logits = predict(
+        model, tokenizer, test["text"].tolist() + [SANITY_TEXT], cfg.max_length,
+        cfg.eval_batch_size, progress, "held-out test",
+    )
+    sanity_probs = torch.tensor(logits[-1]).softmax(-1)
+    sanity_label = SENTIMENT_LABELS[int(sanity_probs.argmax())]
+    if sanity_label != "POSITIVE":
+        raise HeedfulError(
+            f"the trained classifier calls {SANITY_TEXT!r} {sanity_label}; the build is discarded",
+            hint="rebuild with force=True; if it persists, report it",
+        )
+    return {
+        "seed": cfg.seed,
+        "training": {**cfg.to_dict(), **summary},
+        "data": _data_summary(len(train)),
+        "held_out": {
+            "split": "movies/test",
+            "examples": len(test),
+            "accuracy": accuracy(logits[:-1], test["label"].to_numpy()),
+        },
+        "sanity": {
+            "text": SANITY_TEXT,
+            "label": sanity_label,
+            "probability": float(sanity_probs.max()),
+        },
+    }
+
+
+def _fold_output_scale(model: PreTrainedModel, scale: float) -> None:
+    """Multiply the final linear layer of a sequence-classification head by ``scale``."""
+    head = model.classifier if hasattr(model, "classifier") else model.score
+    final = head if isinstance(head, torch.nn.Linear) else head.out_proj
+    with torch.no_grad():
+        final.weight.mul_(scale)
+        if final.bias is not None:
+            final.bias.mul_(scale)
+
+
+def build_minilm_sentiment_regression(out_dir: Path, progress: bool = True) -> dict:
+    """MiniLM-L6 + 1-output head fitted to the mean human rating; outputs ratings in [-4, 4].
+
+    Training targets are ratings / 4; the factor 4 is then folded into the head's
+    final linear layer, and the saved model is checked to output 4x what the
+    trained one did.
+    """
+    cfg = REGRESSION_CONFIG
+    train, test = load_split("movies", "train"), load_split("movies", "test")
+    model, tokenizer = _minilm_for_sequence_classification(
+        cfg.seed, num_labels=1, problem_type="regression", id2label={0: "RATING"},
+        label2id={"RATING": 0},
+    )
+    summary = fine_tune(
+        model, tokenizer, train["text"].tolist(), train["rating"].to_numpy() / RATING_SCALE,
+        cfg, progress,
+    )
+    probe = test["text"].tolist()[:16] + [SANITY_TEXT]
+    before = predict(model, tokenizer, probe, cfg.max_length, progress=False)
+    _fold_output_scale(model, RATING_SCALE)
+    _save(model, tokenizer, out_dir)
+    model, tokenizer = _reload_classifier(out_dir)
+    after = predict(model, tokenizer, probe, cfg.max_length, progress=False)
+    fold_error = float(np.abs(after - RATING_SCALE * before).max())
+    if fold_error > 1e-4:
+        raise HeedfulError(
+            f"the saved regression model is off the rating scale by up to {fold_error:.2g}",
+            hint="report this; the build is discarded",
+        )
+    predicted = predict(
+        model, tokenizer, test["text"].tolist(), cfg.max_length, cfg.eval_batch_size,
+        progress, "held-out test",
+    )[:, 0]
+    scores = regression_scores(predicted, test["rating"].to_numpy())
+    sign_accuracy = float(np.mean((predicted > 0) == (test["label"].to_numpy() == 1)))
+    sanity_rating = float(after[-1, 0])
+    if sanity_rating <= 0:
+        raise HeedfulError(
+            f"the trained regressor rates {SANITY_TEXT!r} {sanity_rating:.2f}; the build is discarded",
+            hint="rebuild with force=True; if it persists, report it",
+        )
+    return {
+        "seed": cfg.seed,
+        "training": {**cfg.to_dict(), **summary, "target_scale": RATING_SCALE},
+        "data": _data_summary(len(train)),
+        "held_out": {
+            "split": "movies/test",
+            "examples": len(test),
+            **scores,
+            "sign_accuracy": sign_accuracy,
+        },
+        "output_scale_check": {"max_abs_error": fold_error, "probe_texts": len(probe)},
+        "sanity": {"text": SANITY_TEXT, "rating": sanity_rating},
+    }
+
+
+def _drop_quantization(config: object) -> None:
+    if hasattr(config, "quantization_config"):
+        delattr(config, "quantization_config")
+
+
+def next_token_check(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompt: str
+) -> dict:
+    """The most likely next token after ``prompt`` and its probability."""
+    inputs = tokenizer(prompt, return_tensors="pt")
+    with torch.no_grad():
+        probs = model(**inputs).logits[0, -1].float().softmax(-1)
+    top = int(probs.argmax())
+    return {"prompt": prompt, "token": tokenizer.decode([top]), "probability": float(probs[top])}
+
+
+def build_smollm2_135m(out_dir: Path, progress: bool = True) -> dict:
+    """SmolLM2-135M-Instruct de-quantised from its Q4_1 GGUF and saved as float32 safetensors."""
+    gguf = sources.smollm2_gguf()
+    with progress_bar(progress) as bar:
+        task = bar.add_task("converting SmolLM2", total=3, info="reading GGUF")
+        tokenizer = AutoTokenizer.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, local_files_only=True
+        )
+        loaded = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, dtype=torch.float32, local_files_only=True
+        )
+        bar.update(task, advance=1, info="saving safetensors")
+        config = loaded.config
+        _drop_quantization(config)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model.load_state_dict(loaded.state_dict())
+        model.generation_config = loaded.generation_config
+        del loaded
+        if tokenizer.model_max_length > config.max_position_embeddings:
+            tokenizer.model_max_length = config.max_position_embeddings
+        model.save_pretrained(out_dir, safe_serialization=True)
+        tokenizer.save_pretrained(out_dir)
+        bar.update(task, advance=1, info="reloading")
+        start = time.perf_counter()
+        model = AutoModelForCausalLM.from_pretrained(out_dir, local_files_only=True).eval()
+        tokenizer = AutoTokenizer.from_pretrained(out_dir, local_files_only=True)
+        reload_seconds = time.perf_counter() - start
+        check = next_token_check(model, tokenizer, CAPITAL_PROMPT)
+        bar.update(task, advance=1, info="done")
+    if check["token"] != CAPITAL_ANSWER:
+        raise HeedfulError(
+            f"the converted SmolLM2 continues {CAPITAL_PROMPT!r} with {check['token']!r}, "
+            f"not {CAPITAL_ANSWER!r}; the build is discarded",
+            hint="report this",
+        )
+    return {
+        "seed": None,
+        "source": {
+            "package": sources.SMOLLM2.requirement,
+            "gguf_file": gguf.name,
+            "quantization": "Q4_1, de-quantised to float32",
+        },
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "reload_seconds": round(reload_seconds, 2),
+        "next_token_check": check,
+    }

