@@ -184,6 +184,10 @@ def models_build(
     out.print(f"built {name} -> {path}")
 
 
+# ---------------------------------------------------------------- further commands
+# One line per command module in heedful/commands (keep heavy imports inside the commands).
+
+
 def main() -> None:
     """Entry point: user errors print as one message with a hint, exit code 2."""
     with warnings.catch_warnings(record=True) as caught:

@@ -12,6 +12,7 @@ from transformers import AutoConfig, AutoTokenizer
 from heedful.adapters import FAMILIES, adapter_for
 from heedful.errors import HeedfulError, UnsupportedModelError
 from heedful.model import Model
+from heedful.quiet import quiet_transformers
 
 _AUTO_BY_TASK = {
     "classification": "AutoModelForSequenceClassification",
@@ -95,14 +96,15 @@ def load(
             hint="supported families: " + ", ".join(sorted(FAMILIES)),
         )
     auto = _auto_class(config, task)
-    hf_model = auto.from_pretrained(
-        source,
-        attn_implementation="eager",
-        dtype=dtype,
-        trust_remote_code=trust_remote_code,
-        local_files_only=local,
-    ).to(device)
-    tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code, local_files_only=local)
+    with quiet_transformers():
+        hf_model = auto.from_pretrained(
+            source,
+            attn_implementation="eager",
+            dtype=dtype,
+            trust_remote_code=trust_remote_code,
+            local_files_only=local,
+        ).to(device)
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code, local_files_only=local)
     if not getattr(tokenizer, "is_fast", False):
         raise UnsupportedModelError(
             f"{type(tokenizer).__name__} is a slow tokenizer; heedful needs character offsets",
