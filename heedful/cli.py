@@ -186,6 +186,9 @@ def models_build(
 
 # ---------------------------------------------------------------- further commands
 # One line per command module in heedful/commands (keep heavy imports inside the commands).
+app.command("bench")(__import__("heedful.commands.bench", fromlist=["bench"]).bench)
+app.add_typer(__import__("heedful.commands.interest", fromlist=["app"]).app, name="interest")
+app.command("heads")(__import__("heedful.commands.heads", fromlist=["heads"]).heads)
 
 
 def main() -> None:

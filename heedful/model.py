@@ -142,11 +142,14 @@ class Model:
         Returns scores ``[B, N]`` (or ``[B, L, N]``), the resolved target and the reference pass.
         """
         anchor, _ = self.adapter.anchor_positions(batch)
-        with torch.no_grad():
-            reference = self.adapter.forward(
-                batch, anchor, hidden_states=info.needs_hidden, attentions=info.needs_attentions
-            )
-        resolved = resolve_target(spec, self.adapter, batch, reference.logits)
+        if info.reference_pass is not None:
+            reference = info.reference_pass(self.adapter, batch, anchor)
+        else:
+            with torch.no_grad():
+                reference = self.adapter.forward(
+                    batch, anchor, hidden_states=info.needs_hidden, attentions=info.needs_attentions
+                )
+        resolved = resolve_target(spec, self.adapter, batch, reference.logits.detach())
         try:
             scores = info.fn(self.adapter, batch, resolved, reference, **options)
         except TypeError as exc:
@@ -156,6 +159,8 @@ class Model:
                     hint=f"{info.name}'s options: {', '.join(info.defaults) or 'none'} (see `heedful methods`)",
                 ) from exc
             raise
+        if reference.inputs_embeds is not None or reference.logits.requires_grad:
+            reference = Forward(reference.logits.detach(), reference.hidden_states, reference.attentions)
         return scores.detach(), resolved, reference
 
     def _explain_batch(

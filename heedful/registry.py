@@ -20,6 +20,9 @@ class MethodInfo:
     ``[B, L, N]`` when ``layerwise``) for every position; ``reference`` is an unperturbed
     :class:`~heedful.adapters.Forward` carrying hidden states / attentions when the method
     declares ``needs_hidden`` / ``needs_attentions``. ``cost`` gives passes per example.
+    ``reference_pass(adapter, batch, anchor) -> Forward``, when set, replaces that no-grad pass:
+    single-pass gradient methods take a reference that keeps its autograd graph and
+    back-propagate through it rather than run the model a second time.
     """
 
     name: str
@@ -34,6 +37,7 @@ class MethodInfo:
     stochastic: bool = False
     layerwise: bool = False
     defaults: dict = field(default_factory=dict)
+    reference_pass: Callable | None = field(default=None, repr=False)
 
     def supports(self, task: str) -> bool:
         return task in self.tasks
@@ -65,6 +69,7 @@ def register(
     stochastic: bool = False,
     layerwise: bool = False,
     defaults: dict | None = None,
+    reference_pass: Callable | None = None,
 ) -> Callable[[Callable], Callable]:
     """Register ``fn`` under ``name`` (see :class:`MethodInfo` for the calling convention)."""
 
@@ -84,6 +89,7 @@ def register(
             stochastic=stochastic,
             layerwise=layerwise,
             defaults=defaults or {},
+            reference_pass=reference_pass,
         )
         return fn
 

@@ -65,6 +65,11 @@ class Target:
 
 
 def _as_index_or_text(value: int | str) -> int | str:
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise InputError(
+            f"target {value!r} is not a class index, label or token",
+            hint="give a class index (int), a label or token (str), or 'A vs B'",
+        )
     if isinstance(value, int):
         return value
     if value.strip().lstrip("-").isdigit():
@@ -128,9 +133,12 @@ def resolve_target(
     bsz = len(batch)
     task = adapter.task
     if task == "regression":
-        if target.kind != "predicted" and target.value not in (0, "regression", "value"):
+        if target.kind == "contrast" or (
+            target.kind != "predicted" and target.value not in (0, "regression", "value")
+        ):
+            shown = f"{target.value!r} vs {target.foil!r}" if target.kind == "contrast" else repr(target.value)
             raise InputError(
-                f"target {target.value!r} does not apply to a regression model",
+                f"target {shown} does not apply to a regression model",
                 hint="a regression model has one output; leave the target unset",
             )
         classes = torch.zeros(bsz, 1, dtype=torch.long)

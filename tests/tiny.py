@@ -133,10 +133,16 @@ _AUTO = {
 }
 
 
-def tiny_hf(family: str, task: str = "classification", seed: int = 0):
-    """``(hf_model, tokenizer)`` for a tiny seeded model of ``family`` with the head for ``task``."""
+def tiny_hf(family: str, task: str = "classification", seed: int = 0, **config_overrides):
+    """``(hf_model, tokenizer)`` for a tiny seeded model of ``family`` with the head for ``task``.
+
+    ``config_overrides`` set config attributes before the weights are drawn (e.g.
+    ``initializer_range=0.2`` for larger, less uniform outputs).
+    """
     tokenizer = tokenizer_for(family)
     config = _config(family, len(tokenizer), tokenizer.pad_token_id)
+    for key, value in config_overrides.items():
+        setattr(config, key, value)
     if task == "classification":
         config.num_labels = 3
         config.id2label = {0: "NEGATIVE", 1: "NEUTRAL", 2: "POSITIVE"}
@@ -150,7 +156,7 @@ def tiny_hf(family: str, task: str = "classification", seed: int = 0):
     return model, tokenizer
 
 
-def tiny_model(family: str, task: str = "classification", seed: int = 0) -> heedful.Model:
+def tiny_model(family: str, task: str = "classification", seed: int = 0, **config_overrides) -> heedful.Model:
     """A heedful :class:`Model` around :func:`tiny_hf`."""
-    hf_model, tokenizer = tiny_hf(family, task, seed)
+    hf_model, tokenizer = tiny_hf(family, task, seed, **config_overrides)
     return heedful.from_pretrained_objects(hf_model, tokenizer, name=f"tiny-{family}-{task}")

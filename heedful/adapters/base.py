@@ -16,6 +16,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
+from heedful.adapters.lrp_roles import LRPRoles
 from heedful.batch import Batch
 from heedful.errors import InputError, UnsupportedModelError
 
@@ -25,11 +26,14 @@ class Forward:
     """One forward pass. ``logits`` ``[B, C]``: head output at each example's anchor position;
     ``hidden_states``: ``L + 1`` tensors ``[B, N, D]`` (0 = embedding module output, L = the
     representation the head reads, after any final norm); ``attentions``: ``L`` tensors
-    ``[B, H, N, N]`` (row = query)."""
+    ``[B, H, N, N]`` (row = query); ``inputs_embeds``: when set, the word embeddings
+    ``[B, N, E]`` the pass started from, with the autograd graph from them to ``logits`` kept
+    (a gradient method back-propagates through it instead of running the model again)."""
 
     logits: torch.Tensor
     hidden_states: tuple[torch.Tensor, ...] | None = None
     attentions: tuple[torch.Tensor, ...] | None = None
+    inputs_embeds: torch.Tensor | None = None
 
 
 @dataclass
@@ -116,6 +120,13 @@ class ModelAdapter:
     def uses_token_types(self) -> bool:
         return getattr(self.hf_model.config, "type_vocab_size", 0) > 0
 
+    def lrp_roles(self) -> LRPRoles:
+        """Modules that relevance propagation attaches its rules to (see :mod:`heedful.adapters.lrp_roles`)."""
+        raise UnsupportedModelError(
+            f"relevance propagation (LRP) rules are not mapped for the {self.family} family",
+            hint="LRP-based methods support the BERT and Llama families (Llama, Mistral, Qwen2) and GPT-2",
+        )
+
     # ------------------------------------------------------------------ generic behaviour
     def _check_roles(self) -> None:
         if self.task in ("classification", "regression"):
@@ -165,17 +176,18 @@ class ModelAdapter:
     @property
     def max_length(self) -> int:
         """Longest input the model accepts, in tokens."""
-        limits = [
-            getattr(self.config, attr, None)
-            for attr in ("max_position_embeddings", "n_positions", "max_seq_len")
+        # RoBERTa reserves padding_idx + 1 position embeddings (514 positions -> 512 tokens);
+        # the tokenizer's model_max_length already counts tokens.
+        offset = 2 if self.family == "roberta" else 0
+        positions = getattr(self.config, "max_position_embeddings", None)
+        limits = [positions - offset if positions else None] + [
+            getattr(self.config, attr, None) for attr in ("n_positions", "max_seq_len")
         ]
         tok_max = getattr(self.tokenizer, "model_max_length", None)
         if tok_max and tok_max < 1_000_000:
             limits.append(tok_max)
         limits = [int(x) for x in limits if x]
-        # RoBERTa reserves padding_idx + 1 positions.
-        offset = 2 if self.family == "roberta" else 0
-        return (min(limits) if limits else 512) - offset
+        return min(limits) if limits else 512
 
     @property
     def removal_token_id(self) -> int | None:
@@ -248,6 +260,9 @@ class ModelAdapter:
             return_tensors="pt",
             return_offsets_mapping=True,
             return_special_tokens_mask=True,
+            # models that embed segment types get them even if the tokenizer does not return
+            # them by default (its model_input_names)
+            return_token_type_ids=True if self.uses_token_types else None,
             padding_side="right",
         )
         return self._batch_from_encoding(enc, texts, pairs, [i in too_long for i in range(len(texts))])
@@ -331,6 +346,12 @@ class ModelAdapter:
             return folded[value.lower()]
         if self.task in ("masked_lm", "causal_lm"):
             if isinstance(value, int):
+                vocab = getattr(self.config, "vocab_size", None)
+                if value < 0 or (vocab is not None and value >= vocab):
+                    raise InputError(
+                        f"token id {value} is out of range for a vocabulary of {vocab} tokens",
+                        hint="give a token id in 0..vocab_size-1, or the token itself as a string",
+                    )
                 return value
             ids = self.tokenizer(value, add_special_tokens=False)["input_ids"]
             if len(ids) != 1:

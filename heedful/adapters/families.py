@@ -11,10 +11,26 @@ import torch
 from torch import nn
 
 from heedful.adapters.base import LMHeadParts, ModelAdapter
+from heedful.adapters.lrp_roles import (
+    BlockRoles,
+    LRPRoles,
+    NormSite,
+    ProductSite,
+    ResidualSite,
+    linear_sites,
+)
 
 
 def _identity(h: torch.Tensor) -> torch.Tensor:
     return h
+
+
+def _layer_norm(module: nn.Module) -> NormSite:
+    return NormSite(module, "layernorm", float(module.eps))
+
+
+def _rms_norm(module: nn.Module) -> NormSite:
+    return NormSite(module, "rmsnorm", float(module.variance_epsilon))
 
 
 class BertAdapter(ModelAdapter):
@@ -37,6 +53,40 @@ class BertAdapter(ModelAdapter):
             return None
         dec = cls.predictions.decoder
         return LMHeadParts(cls.predictions.transform, dec.weight, dec.bias)
+
+    def lrp_roles(self) -> LRPRoles:
+        """Post-LN blocks: ``LN(x + dense(attn(x)))`` then ``LN(h + dense(gelu(dense(h))))``;
+        head = pooler (dense + tanh) and classifier, or the masked-LM transform."""
+        blocks = []
+        for layer in self.blocks:
+            att, inter, out = layer.attention, layer.intermediate, layer.output
+            blocks.append(
+                BlockRoles(
+                    attention=att.self,
+                    linears=linear_sites(att.self.query, att.self.key, att.self.value, att.output.dense, inter.dense, out.dense),
+                    norms=[_layer_norm(att.output.LayerNorm), _layer_norm(out.LayerNorm)],
+                    activations=[inter.intermediate_act_fn],
+                    residuals=[ResidualSite(att.output.dense, att), ResidualSite(out.dense, inter)],
+                )
+            )
+        m = self.hf_model
+        head_linears, head_norms, head_acts = [], [], []
+        pooler = getattr(self.backbone, "pooler", None)
+        if self.task in ("classification", "regression"):
+            head_linears = linear_sites(pooler.dense if pooler is not None else None, m.classifier)
+            head_acts = [pooler.activation] if pooler is not None else []
+        elif getattr(m, "cls", None) is not None:
+            transform = m.cls.predictions.transform
+            head_linears = linear_sites(transform.dense)
+            head_norms = [_layer_norm(transform.LayerNorm)]
+            head_acts = [transform.transform_act_fn]
+        return LRPRoles(
+            blocks=blocks,
+            embedding_norms=[_layer_norm(self.backbone.embeddings.LayerNorm)],
+            head_linears=head_linears,
+            head_norms=head_norms,
+            head_activations=head_acts,
+        )
 
 
 class DistilBertAdapter(ModelAdapter):
@@ -190,6 +240,29 @@ class LlamaAdapter(_DecoderAdapter):
     @property
     def final_norm(self) -> nn.Module | None:
         return self.backbone.norm
+
+    def lrp_roles(self) -> LRPRoles:
+        """Pre-norm blocks: ``x + o(attn(rope(q(n(x))), rope(k(n(x))), v(n(x))))`` then
+        ``h + down(act(gate(n(h))) * up(n(h)))``; head = final RMSNorm and the score / LM head."""
+        blocks = []
+        for layer in self.blocks:
+            att, mlp = layer.self_attn, layer.mlp
+            blocks.append(
+                BlockRoles(
+                    attention=att,
+                    linears=linear_sites(att.q_proj, att.k_proj, att.v_proj, att.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj),
+                    norms=[_rms_norm(layer.input_layernorm), _rms_norm(layer.post_attention_layernorm)],
+                    activations=[mlp.act_fn],
+                    residuals=[
+                        ResidualSite(att.o_proj, layer.input_layernorm),
+                        ResidualSite(mlp.down_proj, layer.post_attention_layernorm),
+                    ],
+                    products=[ProductSite(mlp.act_fn, mlp.up_proj, mlp.down_proj)],
+                    rotary=[att.q_proj, att.k_proj],
+                )
+            )
+        head = linear_sites(self.hf_model.score) if self.task in ("classification", "regression") else []
+        return LRPRoles(blocks=blocks, head_linears=head, head_norms=[_rms_norm(self.backbone.norm)])
 
 
 FAMILIES: dict[str, type[ModelAdapter]] = {

@@ -4,7 +4,13 @@ from heedful.attribution import (  # noqa: F401
     attention,
     attention_gradient,
     baseline,
+    coperturbation,
     gradient,
+    individual_perturbation,
     perturbation,
+    relevance,
+    rise,
+    surrogate,
+    tdd,
     vector,
 )

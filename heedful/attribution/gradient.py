@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from heedful.adapters import Forward, ModelAdapter
-from heedful.attribution._common import chunk_rows, example_generators
+from heedful.attribution._common import example_generators, length_chunks
 from heedful.batch import Batch
 from heedful.errors import InputError
 from heedful.registry import register
@@ -31,6 +31,46 @@ def embedding_gradient(
         return adapter.grad(target.score(fwd.logits), embeds)
 
 
+def _trimmed_masks(batch: Batch, example: torch.Tensor, width: int) -> dict[str, torch.Tensor | None]:
+    """Attention mask and token types of examples ``example`` ``[R]``, cut to ``width`` positions."""
+    types = batch.token_type_ids
+    return {
+        "attention_mask": batch.attention_mask[example, :width],
+        "token_type_ids": None if types is None else types[example, :width],
+    }
+
+
+def gradient_reference(adapter: ModelAdapter, batch: Batch, anchor: torch.Tensor) -> Forward:
+    """Reference pass of the single-pass gradient methods: the forward pass from the word
+    embeddings with its autograd graph kept, so that the method needs one backward pass and no
+    second forward. Rows run in groups of similar length, each cut to its longest row."""
+    embeds = adapter.embed(batch.input_ids).detach().requires_grad_(True)
+    parts, order = [], []
+    with torch.enable_grad():
+        for rows, width in length_chunks(batch.lengths):
+            fwd = adapter.forward(
+                batch, anchor[rows], inputs_embeds=embeds[rows, :width], **_trimmed_masks(batch, rows, width)
+            )
+            parts.append(fwd.logits)
+            order.append(rows)
+        logits = torch.cat(parts)[torch.argsort(torch.cat(order))]
+    return Forward(logits=logits, inputs_embeds=embeds)
+
+
+def _gradient_and_input(
+    adapter: ModelAdapter, batch: Batch, target: ResolvedTarget, reference: Forward | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(d score / d e, e)`` for the word embeddings, through the reference pass when it kept
+    its graph (:func:`gradient_reference`), otherwise with a pass of its own."""
+    if reference is not None and reference.inputs_embeds is not None:
+        embeds = reference.inputs_embeds
+        with torch.enable_grad():
+            grad = adapter.grad(target.score(reference.logits), embeds)
+        return grad, embeds.detach()
+    embeds = adapter.embed(batch.input_ids)
+    return embedding_gradient(adapter, batch, target, embeds), embeds
+
+
 @register(
     "saliency",
     family="gradient",
@@ -38,13 +78,14 @@ def embedding_gradient(
     citation="Simonyan et al. 2014, Deep Inside Convolutional Networks (Eq. 2); L2 norm over the embedding",
     summary="L2 norm of the gradient of the target logit w.r.t. each word embedding.",
     tasks=GRADIENT_TASKS,
+    reference_pass=gradient_reference,
 )
 def saliency(
     adapter: ModelAdapter, batch: Batch, target: ResolvedTarget, reference: Forward | None = None
 ) -> torch.Tensor:
     """``||d f / d e_i||_2`` per token ``[B, N]`` (unsigned)."""
-    embeds = adapter.embed(batch.input_ids)
-    return embedding_gradient(adapter, batch, target, embeds).norm(dim=-1)
+    grad, _ = _gradient_and_input(adapter, batch, target, reference)
+    return grad.norm(dim=-1)
 
 
 @register(
@@ -54,13 +95,14 @@ def saliency(
     citation="Shrikumar et al. 2016 / Denil et al. 2014: gradient x input, summed over the embedding",
     summary="Dot product of each word embedding with its gradient (signed).",
     tasks=GRADIENT_TASKS,
+    reference_pass=gradient_reference,
 )
 def grad_x_input(
     adapter: ModelAdapter, batch: Batch, target: ResolvedTarget, reference: Forward | None = None
 ) -> torch.Tensor:
     """``sum_d e_id * (d f / d e_id)`` per token ``[B, N]``."""
-    embeds = adapter.embed(batch.input_ids)
-    return (embedding_gradient(adapter, batch, target, embeds) * embeds).sum(dim=-1)
+    grad, embeds = _gradient_and_input(adapter, batch, target, reference)
+    return (grad * embeds).sum(dim=-1)
 
 
 def path_points(n_steps: int, rule: str) -> tuple[np.ndarray, np.ndarray]:
@@ -123,8 +165,9 @@ def integrated_gradients(
 ) -> torch.Tensor:
     """``IG_i = sum_d (e_id - e'_id) * sum_s w_s dF(e' + a_s (e - e'))/de_id``  ``[B, N]``.
 
-    All ``B x n_steps`` interpolated inputs run as expanded batches (chunked so that each chunk
-    holds about 16k token positions, or ``internal_batch_size`` rows). Completeness:
+    All ``B x n_steps`` interpolated inputs run as expanded batches, in chunks of rows of similar
+    length, each cut to its longest row and holding at most about 16k token positions (or
+    ``internal_batch_size`` rows; see :func:`~heedful.attribution._common.length_chunks`). Completeness:
     ``sum_i IG_i ~= F(e) - F(e')``.
     """
     alphas, weights = path_points(n_steps, rule)
@@ -134,26 +177,23 @@ def integrated_gradients(
     bsz, seq, dim = embeds.shape
     alpha_t = torch.as_tensor(alphas, dtype=embeds.dtype)
     weight_t = torch.as_tensor(weights, dtype=embeds.dtype)
-    rows = bsz * n_steps  # row r = example r // n_steps at step r % n_steps
+    # row r = example r // n_steps at step r % n_steps; chunks group rows of similar length
     expanded_target = target.repeat(n_steps)
-    mask = batch.attention_mask.repeat_interleave(n_steps, dim=0)
-    types = None if batch.token_type_ids is None else batch.token_type_ids.repeat_interleave(n_steps, dim=0)
     total = torch.zeros(bsz, seq, dim, dtype=embeds.dtype)
-    for sl in chunk_rows(rows, seq, internal_batch_size):
-        example = torch.arange(sl.start, sl.stop) // n_steps
-        step = torch.arange(sl.start, sl.stop) % n_steps
-        points = (base[example] + alpha_t[step, None, None] * delta[example]).requires_grad_(True)
-        sub_target = expanded_target.select(torch.arange(sl.start, sl.stop))
+    for rows, width in length_chunks(batch.lengths.repeat_interleave(n_steps), internal_batch_size):
+        example = rows // n_steps
+        step = rows % n_steps
+        points = (base[example, :width] + alpha_t[step, None, None] * delta[example, :width]).requires_grad_(True)
+        sub_target = expanded_target.select(rows)
         with torch.enable_grad():
             fwd = adapter.forward(
                 batch,
                 sub_target.anchor,
                 inputs_embeds=points,
-                attention_mask=mask[sl],
-                token_type_ids=None if types is None else types[sl],
+                **_trimmed_masks(batch, example, width),
             )
             grads = adapter.grad(sub_target.score(fwd.logits), points)
-        total.index_add_(0, example, grads * weight_t[step, None, None])
+        total[:, :width].index_add_(0, example, grads * weight_t[step, None, None])
     return (total * delta).sum(dim=-1)
 
 
@@ -181,6 +221,8 @@ def smoothgrad(
     """``M(e) = 1/n sum_k grad F(e + z_k)``, ``z_k ~ N(0, sigma^2)``, ``sigma = noise_level *
     (max(e) - min(e))`` per example (the paper's 10-20 % noise level). Reduced per token to the
     L2 norm (``[B, N]``), or to the dot product with the input when ``multiply_by_inputs``."""
+    if n_samples < 1:
+        raise InputError(f"n_samples must be at least 1, got {n_samples}")
     embeds = adapter.embed(batch.input_ids).detach()
     bsz, seq, dim = embeds.shape
     real = batch.attention_mask.bool()[:, :, None].expand_as(embeds)  # padding must not set sigma
@@ -193,25 +235,21 @@ def smoothgrad(
     for b, (gen, n) in enumerate(zip(example_generators(batch, seed), batch.lengths.tolist(), strict=True)):
         noise[b, :, :n] = torch.randn((n_samples, n, dim), generator=gen, dtype=embeds.dtype)
     noise = noise.flatten(0, 1)
-    rows = bsz * n_samples
     expanded_target = target.repeat(n_samples)
-    mask = batch.attention_mask.repeat_interleave(n_samples, dim=0)
-    types = None if batch.token_type_ids is None else batch.token_type_ids.repeat_interleave(n_samples, dim=0)
     total = torch.zeros_like(embeds)
-    for sl in chunk_rows(rows, seq, internal_batch_size):
-        example = torch.arange(sl.start, sl.stop) // n_samples
-        noisy = (embeds[example] + noise[sl] * sigma[example, None, None]).requires_grad_(True)
-        sub_target = expanded_target.select(torch.arange(sl.start, sl.stop))
+    for rows, width in length_chunks(batch.lengths.repeat_interleave(n_samples), internal_batch_size):
+        example = rows // n_samples
+        noisy = (embeds[example, :width] + noise[rows, :width] * sigma[example, None, None]).requires_grad_(True)
+        sub_target = expanded_target.select(rows)
         with torch.enable_grad():
             fwd = adapter.forward(
                 batch,
                 sub_target.anchor,
                 inputs_embeds=noisy,
-                attention_mask=mask[sl],
-                token_type_ids=None if types is None else types[sl],
+                **_trimmed_masks(batch, example, width),
             )
             grads = adapter.grad(sub_target.score(fwd.logits), noisy)
-        total.index_add_(0, example, grads)
+        total[:, :width].index_add_(0, example, grads)
     mean_grad = total / n_samples
     if multiply_by_inputs:
         return (mean_grad * embeds).sum(dim=-1)

@@ -1,5 +1,13 @@
-"""Data sets heedful can obtain by itself (see :mod:`heedful.datasets.vader`)."""
+"""Data sets heedful can evaluate on: ``heedful.datasets.load(name, split, n)``.
 
+The VADER snippet sets (:mod:`heedful.datasets.vader`) with lexicon-derived evidence
+(:mod:`heedful.datasets.evidence`), generated agreement minimal pairs
+(:mod:`heedful.datasets.agreement`), and the user's CSV / JSONL files
+(:mod:`heedful.datasets.user`), all as a :class:`Dataset` of :class:`Example`.
+"""
+
+from heedful.datasets.examples import Dataset, Example
+from heedful.datasets.loading import NAMES, SENTIMENT_LABELS, load
 from heedful.datasets.vader import (
     SNIPPET_FILES,
     SPLIT_SEED,
@@ -10,9 +18,14 @@ from heedful.datasets.vader import (
 )
 
 __all__ = [
+    "NAMES",
+    "SENTIMENT_LABELS",
     "SNIPPET_FILES",
     "SPLIT_SEED",
     "TEST_SIZES",
+    "Dataset",
+    "Example",
+    "load",
     "load_snippets",
     "load_split",
     "vader_lexicon",

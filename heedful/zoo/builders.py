@@ -45,7 +45,8 @@ from heedful.zoo.train import (  # noqa: E402
 SENTIMENT_LABELS = {0: "NEGATIVE", 1: "POSITIVE"}
 SANITY_TEXT = "a charming and often affecting journey"
 RATING_SCALE = 4.0  # regression targets are divided by this in training, folded back after
-CLASSIFIER_CONFIG = TrainConfig()
+# One epoch reached 83.7% on the movies test split (seed 0), under the 85% target; two are used.
+CLASSIFIER_CONFIG = TrainConfig(epochs=2)
 REGRESSION_CONFIG = TrainConfig()
 CAPITAL_PROMPT = "The capital of France is"
 CAPITAL_ANSWER = " Paris"

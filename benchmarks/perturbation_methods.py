@@ -1,0 +1,377 @@
+"""Speed of heedful's perturbation family: batched co-perturbation, and LIME / KernelSHAP vs Captum.
+
+On the first ``--n`` sentences of the movies test split and the zoo model ``minilm-sentiment``
+(issue 5, item 7) this script
+
+1. runs co-perturbation over all sentences as one batch and one sentence at a time, at equal
+   steps and samples (no early stop, so both do exactly ``--steps`` steps per sentence), and
+   gives the throughput ratio and the largest score difference between the two (batch
+   invariance);
+2. runs heedful's ``lime`` (configured as Captum can be: Bernoulli sampling, exponential cosine
+   kernel on the interpretable sample, ridge with intercept) and ``kernel_shap`` against Captum's
+   ``Lime`` / ``KernelShap`` at equal samples. Captum gets heedful's samples through its
+   ``perturb_func`` (the generator it calls for each sample), so the two attributions must agree;
+   the largest absolute difference is reported. Captum runs one example at a time (its
+   recommended use) with ``perturbations_per_eval`` = 1 (its default) and = ``n_samples`` (every
+   sample of an example in one forward: its fastest setting); removed tokens become ``[MASK]``
+   on both sides; both explain the class probability of the predicted class.
+3. writes a markdown table with machine information to ``--out`` and prints it.
+
+Timing: ``torch.set_num_threads`` fixed for both sides; each measurement has a short warm-up,
+then ``--repeats`` timed runs (median reported), sides interleaved. heedful's time is the whole
+``model.explain`` call; Captum's is its ``attribute`` calls with targets handed to it.
+
+    python benchmarks/perturbation_methods.py [--model minilm-sentiment] [--n 32] [--steps 20]
+        [--samples 8] [--surrogate-samples 200] [--repeats 1] [--threads 2]
+        [--out benchmarks/results/perturbation_methods.md] [--tiny]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib.metadata
+import os
+import platform
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from captum._utils.models.linear_model import SkLearnRidge
+from captum.attr import KernelShap, Lime
+from rich.console import Console
+from rich.markdown import Markdown
+
+import heedful
+from heedful.attribution import surrogate
+from heedful.attribution._common import example_generators
+from heedful.attribution._masks import features_of
+from heedful.targets import Target, resolve_target
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+
+COPERTURBATION_TARGET = 5.0  # batched >= 5x the throughput of one sentence at a time
+CAPTUM_TARGET = 2.0  # heedful LIME / KernelSHAP >= 2x faster than Captum at equal samples
+KERNEL_WIDTH = 0.25
+RIDGE_ALPHA = 1.0
+
+
+@dataclass
+class Timing:
+    times: list[float] = field(default_factory=list)
+    result: Any = None
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.times)
+
+
+def measure(fns: dict[str, Callable[[], Any]], repeats: int, warmups: dict[str, Callable[[], Any]] | None = None) -> dict[str, Timing]:
+    """Time each function ``repeats`` times, interleaved (order reversed every other round)."""
+    for fn in (warmups or fns).values():
+        fn()
+    names = list(fns)
+    timings = {name: Timing() for name in names}
+    for round_ in range(repeats):
+        for name in names if round_ % 2 == 0 else names[::-1]:
+            began = time.perf_counter()
+            result = fns[name]()
+            timings[name].times.append(time.perf_counter() - began)
+            timings[name].result = result
+    return timings
+
+
+def fmt_s(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+# ---------------------------------------------------------------------------------- setup
+def load_model(args: argparse.Namespace) -> heedful.Model:
+    if args.tiny:
+        sys.path.insert(0, str(ROOT / "tests"))
+        from tiny import tiny_model  # type: ignore[import-not-found]
+
+        return tiny_model("bert", initializer_range=0.2)
+    return heedful.load(args.model)
+
+
+def load_texts(args: argparse.Namespace) -> list[str]:
+    if args.tiny:
+        sys.path.insert(0, str(ROOT / "tests"))
+        from tiny import CORPUS  # type: ignore[import-not-found]
+
+        return [CORPUS[i % 10] + (" again" * (i // 10)) for i in range(args.n)]
+    from heedful.datasets import load_split
+
+    frame = load_split("movies", "test")
+    return frame["text"].iloc[: args.n].tolist()
+
+
+# ---------------------------------------------------------------------------------- part 1
+def coperturbation_part(model: heedful.Model, texts: list[str], args: argparse.Namespace) -> dict[str, Any]:
+    opts = {"max_steps": args.steps, "samples": args.samples, "tol": 0.0, "seed": 0}
+    warm = {"max_steps": 1, "samples": args.samples, "tol": 0.0, "seed": 0}
+
+    def batched() -> list[heedful.Explanation]:
+        return model.explain(texts, "coperturbation", batch_size=len(texts), **opts)
+
+    def one_at_a_time() -> list[heedful.Explanation]:
+        return [model.explain(t, "coperturbation", **opts) for t in texts]
+
+    timed = measure(
+        {"batched": batched, "one_at_a_time": one_at_a_time},
+        args.repeats,
+        warmups={"warm": lambda: model.explain(texts[:2], "coperturbation", batch_size=2, **warm)},
+    )
+    diffs = [float(np.abs(a.scores - b.scores).max()) for a, b in zip(timed["batched"].result, timed["one_at_a_time"].result, strict=True)]
+    return {
+        "batched": timed["batched"].median,
+        "sequential": timed["one_at_a_time"].median,
+        "ratio": timed["one_at_a_time"].median / timed["batched"].median,
+        "max_diff": max(diffs),
+        "max_score": max(float(np.abs(e.scores).max()) for e in timed["batched"].result),
+    }
+
+
+# ---------------------------------------------------------------------------------- part 2
+class CaptumSurrogates:
+    """Captum's Lime / KernelShap on each example's content tokens, fed heedful's samples."""
+
+    def __init__(self, model: heedful.Model, texts: list[str], n_samples: int) -> None:
+        self.adapter = model.adapter
+        self.batch = self.adapter.encode(texts)
+        anchor, _ = self.adapter.anchor_positions(self.batch)
+        with torch.no_grad():
+            ref = self.adapter.forward(self.batch, anchor)
+        self.target = resolve_target(Target.parse(None), self.adapter, self.batch, ref.logits)
+        self.features = features_of(self.batch, self.target)
+        self.n_samples = n_samples
+        self.mask_id = self.adapter.removal_token_id
+        gens = example_generators(self.batch, 0)
+        self.lime_keep = surrogate.lime_samples(self.features, n_samples, "bernoulli", gens)
+        self.shap_keep = surrogate.shap_samples(self.features, n_samples, example_generators(self.batch, 0))
+
+    def _example(self, b: int):
+        batch, target = self.batch, self.target
+        m = int(self.features.counts[b])
+        positions = self.features.positions[b, :m]
+        n = int(batch.lengths[b])
+        base = batch.input_ids[b : b + 1, :n]
+        mask = batch.attention_mask[b : b + 1, :n]
+        types = None if batch.token_type_ids is None else batch.token_type_ids[b : b + 1, :n]
+        hf = self.adapter.hf_model
+        label = int(target.classes[b, 0])
+
+        def forward(content_ids: torch.Tensor) -> torch.Tensor:
+            rows = content_ids.shape[0]
+            ids = base.repeat(rows, 1)
+            ids[:, positions] = content_ids
+            kwargs = {"input_ids": ids, "attention_mask": mask.repeat(rows, 1)}
+            if types is not None:
+                kwargs["token_type_ids"] = types.repeat(rows, 1)
+            logits = hf(**kwargs).logits
+            return torch.softmax(logits.float(), dim=-1)[:, label]
+
+        return m, positions, forward, base[:, positions]
+
+    @staticmethod
+    def _replay(samples: torch.Tensor):
+        def perturb(original_inp, **kwargs):
+            for row in samples:
+                yield row[None].long()
+
+        return perturb
+
+    @torch.no_grad()
+    def lime(self, per_eval: int) -> torch.Tensor:
+        out = torch.zeros(self.batch.input_ids.shape)
+        for b in range(len(self.batch)):
+            m, positions, forward, inputs = self._example(b)
+
+            def similarity(original, perturbed, interpretable, m=m, **kwargs):
+                d = 1.0 - (float(interpretable.sum()) / m) ** 0.5
+                return float(np.exp(-(d**2) / (2 * KERNEL_WIDTH**2)))
+
+            lime = Lime(forward, interpretable_model=SkLearnRidge(alpha=RIDGE_ALPHA), similarity_func=similarity, perturb_func=self._replay(self.lime_keep[b, :, :m]))
+            attr = lime.attribute(inputs, baselines=self.mask_id, feature_mask=torch.arange(m)[None], n_samples=self.n_samples, perturbations_per_eval=per_eval)
+            out[b, positions] = attr[0].float()
+        return out
+
+    @torch.no_grad()
+    def kernel_shap(self, per_eval: int) -> torch.Tensor:
+        out = torch.zeros(self.batch.input_ids.shape)
+        for b in range(len(self.batch)):
+            m, positions, forward, inputs = self._example(b)
+            ks = KernelShap(forward)
+            ks.perturb_func = self._replay(self.shap_keep[b, :, :m])
+            attr = ks.attribute(inputs, baselines=self.mask_id, feature_mask=torch.arange(m)[None], n_samples=self.n_samples, perturbations_per_eval=per_eval)
+            out[b, positions] = attr[0].float()
+        return out
+
+
+def surrogate_part(model: heedful.Model, texts: list[str], args: argparse.Namespace) -> list[dict[str, Any]]:
+    k = args.surrogate_samples
+    captum = CaptumSurrogates(model, texts, k)
+    ours_opts = {
+        "lime": {"n_samples": k, "sampling": "bernoulli", "kernel_width": KERNEL_WIDTH, "alpha": RIDGE_ALPHA, "seed": 0},
+        "kernel_shap": {"n_samples": k, "seed": 0},
+    }
+    rows = []
+    for name in ("lime", "kernel_shap"):
+        def ours(name: str = name) -> torch.Tensor:
+            found = model.explain(texts, name, batch_size=len(texts), **ours_opts[name])
+            out = torch.zeros(captum.batch.input_ids.shape)
+            for b, e in enumerate(found):
+                out[b, : len(e.scores)] = torch.as_tensor(e.scores)
+            return out
+
+        theirs = getattr(captum, name)
+        timed = measure(
+            {"heedful": ours, "captum_1": lambda fn=theirs: fn(1), "captum_all": lambda fn=theirs, k=k: fn(k)},
+            args.repeats,
+            warmups={"warm": lambda name=name: model.explain(texts[:2], name, batch_size=2, **{**ours_opts[name], "n_samples": 8})},
+        )
+        diff = max(float((timed["heedful"].result - timed[c].result).abs().max()) for c in ("captum_1", "captum_all"))
+        rows.append(
+            {
+                "method": name,
+                "heedful": timed["heedful"].median,
+                "captum_1": timed["captum_1"].median,
+                "captum_all": timed["captum_all"].median,
+                "max_diff": diff,
+                "max_score": float(timed["heedful"].result.abs().max()),
+            }
+        )
+    return rows
+
+
+# ---------------------------------------------------------------------------------- report
+def machine_info(model: heedful.Model, args: argparse.Namespace, texts: list[str], load_before, load_after) -> list[str]:
+    cpu = platform.processor() or "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    versions = ", ".join(f"{d} {importlib.metadata.version(d)}" for d in ("torch", "transformers", "captum", "heedful"))
+    lengths = model.adapter.encode(texts).lengths.float()
+    return [
+        f"- date: {dt.datetime.now().astimezone().isoformat(timespec='seconds')}",
+        f"- machine: {platform.machine()}, {cpu}, {os.cpu_count()} logical cores; torch threads "
+        f"{torch.get_num_threads()} (both sides); load average {load_before[0]:.2f} before, "
+        f"{load_after[0]:.2f} after (the machine is shared: other processes' load falls on both sides alike)",
+        f"- python {platform.python_version()}, {versions}",
+        f"- model: {model.name} ({model.adapter.family}, {model.task}, "
+        f"{sum(p.numel() for p in model.hf_model.parameters()) / 1e6:.1f}M parameters)",
+        f"- inputs: {len(texts)} sentences ({'tiny corpus' if args.tiny else 'movies test split'}); "
+        f"length mean {lengths.mean():.1f} tokens (min {int(lengths.min())}, max {int(lengths.max())})",
+        f"- timing: warm-up + {args.repeats} timed run(s) each, median reported, sides interleaved",
+    ]
+
+
+def render(cop: dict[str, Any] | None, surr: list[dict[str, Any]], info: list[str], args: argparse.Namespace) -> str:
+    lines = ["# heedful perturbation methods: speed", ""]
+    verdicts = []
+    if cop is not None:
+        n = args.n
+        lines += [
+            f"## Co-perturbation: {n} sentences batched vs one at a time",
+            "",
+            f"{args.steps} steps x {args.samples} noise samples per sentence on both sides (tol=0: no early stop).",
+            "",
+            "| | time | sentences / s |",
+            "|---|---:|---:|",
+            f"| batched (one `explain` of {n}) | {fmt_s(cop['batched'])} | {n / cop['batched']:.2f} |",
+            f"| one sentence at a time | {fmt_s(cop['sequential'])} | {n / cop['sequential']:.2f} |",
+            "",
+            f"Throughput ratio **{cop['ratio']:.2f}x**; largest score difference between the two "
+            f"{cop['max_diff']:.1e} (largest score {cop['max_score']:.3g}).",
+            "",
+        ]
+        ok = cop["ratio"] >= COPERTURBATION_TARGET
+        verdicts.append(f"- co-perturbation batched >= {COPERTURBATION_TARGET:g}x one at a time: **{'holds' if ok else 'missed'}** ({cop['ratio']:.2f}x)")
+    if surr:
+        lines += [
+            f"## LIME and KernelSHAP vs Captum ({args.surrogate_samples} samples per sentence)",
+            "",
+            "| method | heedful | Captum, perturbations_per_eval=1 | ratio | Captum, perturbations_per_eval=n_samples | ratio | max abs diff | max abs score |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in surr:
+            r1, r2 = r["captum_1"] / r["heedful"], r["captum_all"] / r["heedful"]
+            lines.append(
+                f"| {r['method']} | {fmt_s(r['heedful'])} | {fmt_s(r['captum_1'])} | {r1:.2f}x | "
+                f"{fmt_s(r['captum_all'])} | {r2:.2f}x | {r['max_diff']:.1e} | {r['max_score']:.3g} |"
+            )
+            verdicts.append(
+                f"- {r['method']} >= {CAPTUM_TARGET:g}x Captum at equal samples: default "
+                f"**{'holds' if r1 >= CAPTUM_TARGET else 'missed'}** ({r1:.2f}x); against Captum's fastest "
+                f"setting **{'holds' if r2 >= CAPTUM_TARGET else 'missed'}** ({r2:.2f}x)"
+            )
+        lines += [
+            "",
+            "Captum receives heedful's samples (same keep-masks, same order), so the attributions "
+            "must agree up to float32 rounding (the differences above). heedful runs every "
+            "distinct perturbed input of every sentence once, in length-sorted batches; Captum "
+            "runs every sample of one sentence at a time.",
+            "",
+        ]
+    lines += ["## Targets", "", *verdicts, "", "## Machine", "", *info, ""]
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="minilm-sentiment", help="zoo name or model directory")
+    parser.add_argument("--n", type=int, default=32, help="number of held-out sentences")
+    parser.add_argument("--steps", type=int, default=20, help="co-perturbation steps (both sides)")
+    parser.add_argument("--samples", type=int, default=8, help="co-perturbation noise samples per step")
+    parser.add_argument("--surrogate-samples", type=int, default=200, help="LIME / KernelSHAP samples per sentence")
+    parser.add_argument("--repeats", type=int, default=1, help="timed runs per measurement (median)")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads, both sides")
+    parser.add_argument("--parts", default="coperturbation,surrogates", help="comma-separated: coperturbation, surrogates")
+    parser.add_argument("--out", type=Path, default=HERE / "results" / "perturbation_methods.md")
+    parser.add_argument("--tiny", action="store_true", help="a tiny random BERT and corpus instead (script debugging)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    console = Console()
+    torch.set_num_threads(args.threads)
+    warnings.filterwarnings("ignore")
+    load_before = os.getloadavg()
+    model = load_model(args)
+    texts = load_texts(args)
+    parts = {p.strip() for p in args.parts.split(",")}
+    cop = None
+    if "coperturbation" in parts:
+        console.print("[dim]timing co-perturbation ...[/dim]")
+        cop = coperturbation_part(model, texts, args)
+        console.print(f"  batched {fmt_s(cop['batched'])}, one at a time {fmt_s(cop['sequential'])}: {cop['ratio']:.2f}x")
+    surr: list[dict[str, Any]] = []
+    if "surrogates" in parts:
+        console.print("[dim]timing LIME / KernelSHAP against Captum ...[/dim]")
+        surr = surrogate_part(model, texts, args)
+        for r in surr:
+            console.print(f"  {r['method']}: heedful {fmt_s(r['heedful'])}, Captum {fmt_s(r['captum_1'])} / {fmt_s(r['captum_all'])}")
+    text = render(cop, surr, machine_info(model, args, texts, load_before, os.getloadavg()), args)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text, encoding="utf-8")
+    console.print(Markdown(text))
+    console.print(f"[dim]written to {args.out}[/dim]")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,130 @@
+"""Binary keep/remove samples over each example's removable tokens, scored in batched forwards.
+
+The sampling methods (LIME, KernelSHAP, RISE) see an example as ``M_b`` binary features, one per
+removable token (content tokens; a fixed anchor such as ``[MASK]`` is never removed). A sample
+``z`` in ``{0, 1}^M`` keeps the tokens where ``z = 1`` and removes the others (``[MASK]`` for
+encoders, deletion for causal LMs, or any ``removal`` of
+:func:`heedful.attribution.perturbation.removal_id`); an input with every token deleted becomes
+the single token ``[BOS]`` (pad/EOS when there is none). Every example draws its samples from its
+own generator, so results do not depend on the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from heedful.adapters import ModelAdapter
+from heedful.attribution._common import score_perturbed
+from heedful.attribution.perturbation import removable_positions, removal_id
+from heedful.batch import Batch
+from heedful.perturb import Perturbed, remove_tokens
+from heedful.targets import ResolvedTarget
+
+
+@dataclass
+class Features:
+    """``positions`` ``[B, M]``: token position of each feature (``-1`` past ``counts[b]``);
+    ``valid`` ``[B, M]``; ``counts`` ``[B]``: number of features ``M_b``."""
+
+    positions: torch.Tensor
+    valid: torch.Tensor
+    counts: torch.Tensor
+
+    @property
+    def width(self) -> int:
+        return self.positions.shape[1]
+
+
+def features_of(batch: Batch, target: ResolvedTarget) -> Features:
+    """The removable tokens of every example as interpretable features, in reading order."""
+    allowed = removable_positions(batch, target)
+    counts = allowed.sum(dim=1)
+    width = max(int(counts.max()), 1)
+    # stable sort moves removable positions first, keeping their order
+    order = torch.sort((~allowed).to(torch.int8), dim=1, stable=True).indices[:, :width]
+    valid = torch.arange(width)[None, :] < counts[:, None]
+    positions = torch.where(valid, order, torch.full_like(order, -1))
+    return Features(positions, valid, counts)
+
+
+def to_tokens(features: Features, values: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """Per-feature values ``[B, M]`` -> per-token scores ``[B, N]`` (0 elsewhere)."""
+    out = torch.zeros(values.shape[0], seq_len + 1, dtype=values.dtype)
+    pos = torch.where(features.valid, features.positions, torch.full_like(features.positions, seq_len))
+    return out.scatter(1, pos, values)[:, :seq_len]
+
+
+def perturbed_rows(
+    adapter: ModelAdapter,
+    batch: Batch,
+    target: ResolvedTarget,
+    features: Features,
+    keep: torch.Tensor,
+    example: torch.Tensor,
+    removal: str = "auto",
+) -> Perturbed:
+    """Inputs for rows of examples ``example`` ``[R]`` keeping features ``keep`` ``[R, M]``."""
+    rows, width = keep.shape
+    seq = batch.seq_len
+    valid = features.valid[example]
+    drop = (~keep.bool()) & valid
+    # padding features point at an extra column N that is cut off afterwards
+    pos = torch.where(valid, features.positions[example], torch.full((rows, width), seq))
+    remove = torch.zeros(rows, seq + 1, dtype=torch.bool).scatter_(1, pos, drop)[:, :seq]
+    types = None if batch.token_type_ids is None else batch.token_type_ids[example]
+    perturbed = remove_tokens(
+        batch.input_ids[example],
+        batch.attention_mask[example],
+        remove,
+        target.anchor[example],
+        target.anchor_kind,
+        removal_id(adapter, removal),
+        adapter.pad_token_id,
+        types,
+    )
+    return _never_empty(adapter, perturbed)
+
+
+def _never_empty(adapter: ModelAdapter, perturbed: Perturbed) -> Perturbed:
+    """Rows whose every token was deleted (a decoder without BOS, all tokens removed) become the
+    one-token input ``[BOS]`` (or the pad/EOS token): a model cannot run on nothing, and the
+    result must not depend on what the padding happens to hold."""
+    empty = perturbed.attention_mask.sum(dim=1) == 0
+    if not empty.any():
+        return perturbed
+    bos = getattr(adapter.tokenizer, "bos_token_id", None)
+    token = adapter.pad_token_id if bos is None else int(bos)
+    ids, mask = perturbed.input_ids.clone(), perturbed.attention_mask.clone()
+    ids[empty, 0], mask[empty, 0] = token, 1
+    anchor = torch.where(empty, torch.zeros_like(perturbed.anchor), perturbed.anchor)
+    return Perturbed(ids, mask, perturbed.token_type_ids, anchor)
+
+
+@torch.no_grad()
+def score_samples(
+    adapter: ModelAdapter,
+    batch: Batch,
+    target: ResolvedTarget,
+    features: Features,
+    keep: torch.Tensor,
+    removal: str = "auto",
+    output: str = "probability",
+    chunk: int | None = None,
+) -> torch.Tensor:
+    """The explained output for every sample: ``keep`` ``[B, S, M]`` (bool, per feature) ->
+    ``[B, S]``.
+
+    Each distinct perturbed input of an example runs once (samplers repeat coalitions often --
+    KernelSHAP's favourite sizes 1 and M-1 have only M members each), and all of them run as
+    chunked batches of similar length.
+    """
+    bsz, samples, width = keep.shape
+    keep = keep & features.valid[:, None, :]
+    example = torch.arange(bsz).repeat_interleave(samples)
+    rows = torch.cat([example[:, None], keep.reshape(-1, width).long()], dim=1)
+    distinct, inverse = torch.unique(rows, dim=0, return_inverse=True)
+    perturbed = perturbed_rows(adapter, batch, target, features, distinct[:, 1:].bool(), distinct[:, 0], removal)
+    values = score_perturbed(adapter, batch, target, perturbed, distinct[:, 0], output, chunk)
+    return values[inverse].view(bsz, samples)

@@ -1,0 +1,526 @@
+"""Co-perturbation adaptive interest estimation, and Guan et al. 2019's reference settings.
+
+Seed paper: "Do Pre-Trained Language Models Truly Focus on the Content They Are Expected to?"
+(co-perturbation strategy, Eq. 2-3; adaptive estimation, Eq. 4 / Eq. 9 and Algorithm 1),
+generalising Guan et al. 2019, "Towards a Deep and Unified Understanding of Deep Neural Models
+in NLP" (ICML; reference code microsoft/nlp-recipes ``utils_nlp/interpreter/Interpreter.py``).
+
+Every token ``j`` of a sentence gets its own Gaussian noise, all at once (co-perturbation):
+``x~_j = x_j + sigma_j z_j``, ``z_j ~ N(0, I_D)``, ``sigma_j = scale * sigmoid(theta_j)``.
+``theta`` minimises (paper Eq. 4 / Eq. 9)::
+
+    J(theta) = E_z[ ||phi(x) - phi(x~)||^2 ]  -  lambda * (D/2) * sum_j ln sigma_j
+
+The first term (maximum likelihood) keeps the output unchanged, the second (maximum entropy)
+pushes every token's noise up; the tokens the model cannot afford to have noised keep a small
+``sigma``. Interest is ``rho_j = 1 / sigma_j`` (paper Eq. 8).
+
+Normalisation (``normalise=True``, default; ours, after Guan et al.): the distortion is the mean
+squared change over the probed elements divided by the mean squared reference value (Guan et
+al.'s ``regularization=None``), and the entropy term is divided by the number of noised
+elements ``N * D`` as well, i.e. ``J = dist / E[phi^2] - (lambda / 2) * mean_j ln sigma_j``.
+This keeps Eq. 9's form while making ``lambda`` comparable across models, layers and sentence
+lengths (Eq. 9 literally sums ``M`` output elements against ``N * D / 2`` input elements, so
+``lambda`` would mean something else for every output size). ``normalise=False`` gives Eq. 9
+literally. Guan et al.'s loss ``mean(D^2)/mean(s^2) - rate * mean_j log sigmoid(theta_j)`` is
+the normalised objective with ``lambda = 2 * rate`` (``log sigma`` and ``log sigmoid`` differ
+by the constant ``log scale``).
+
+Defaults and where they come from:
+
+=================  =========================  ==============================================
+option             default                    source
+=================  =========================  ==============================================
+``lam``            0.6                        paper (Figure 4 / Section 5.2.1)
+``lr``             0.01 (Adam)                Guan et al. (the paper names no optimiser)
+``scale``          10 x std(word embeddings)  Guan et al.'s recommendation
+``space``          embedding module output    Guan et al. (``hidden_states[0]``)
+``theta`` init     N(0, 1) per token          Guan et al. (``torch.randn``)
+``samples``        8 per step                 ours (paper silent; Guan et al. use 1)
+``max_steps``      300                        ours (Guan et al.: 5000 fixed iterations)
+``window``/``tol`` 50 / 0.005                 ours (paper: "until converge")
+best state kept    yes                        Guan et al.
+``output``         all head logits            ours (paper: "the prediction" phi(s))
+``normalise``      True                       ours, after Guan et al. (see above)
+``score``          rho, normalised            paper (rho = 1/sigma), normalisation ours
+=================  =========================  ==============================================
+
+Batching: many sentences -- and, for layer-wise interest, every layer of every sentence, and
+for lambda sweeps every lambda -- are independent optimisation *problems* solved together: each
+step runs ``problems x samples`` noised copies in one batched forward and one backward (chunked
+at ~16k token positions). Problems that have converged leave the batch. Each problem draws its
+initial ``theta`` and its noise from its own generator, seeded from ``seed``, the example's text
+and the probed layer, so the scores of a sentence do not depend on the batch it is in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from heedful.adapters import Forward, ModelAdapter
+from heedful.attribution._common import TOKEN_BUDGET, example_generators
+from heedful.attribution._noise import (
+    GUAN_SCALE_FACTOR,
+    OUTPUTS,
+    SCALE_BASES,
+    SCALE_FACTOR,
+    SPACES,
+    NoiseProbe,
+    check_choice,
+    noise_scale,
+    resolve_layer,
+)
+from heedful.batch import Batch
+from heedful.errors import InputError
+from heedful.registry import register
+from heedful.targets import ResolvedTarget
+
+SCORES = ("rho", "log_rho")
+KEEP = ("best", "last")
+CITATION = (
+    "Do Pre-Trained Language Models Truly Focus on the Content They Are Expected to? "
+    "(co-perturbation, Eq. 2-4/9, Algorithm 1), generalising Guan et al. 2019 (ICML)"
+)
+GUAN_CITATION = (
+    "Guan et al. 2019, Towards a Deep and Unified Understanding of Deep Neural Models in NLP "
+    "(ICML, Eq. 7; microsoft/nlp-recipes Interpreter.py reference settings)"
+)
+ADAM_BETAS = (0.9, 0.999)
+ADAM_EPS = 1e-8
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Optimisation settings (see the module docstring for the source of each default).
+
+    ``tol`` <= 0 disables the convergence test (run ``max_steps``). ``scale`` ``None``:
+    ``scale_factor x`` the std of the noised representation (``scale_basis="input"``) or of the
+    word-embedding matrix (``"word_embeddings"``, Guan et al.); see
+    :func:`~heedful.attribution._noise.noise_scale`. ``keep``: the state with the lowest ``J`` seen
+    (``"best"``, Algorithm 1 / Guan et al.) or the final one (``"last"``; ``J`` is a noisy
+    estimate, so the lowest one seen favours a lucky draw).
+    """
+
+    lam: float = 0.6
+    samples: int = 8
+    lr: float = 0.01
+    max_steps: int = 300
+    window: int = 50
+    tol: float = 0.005
+    scale: float | None = None
+    scale_factor: float | None = None
+    scale_basis: str = "input"
+    space: str = "embedding_output"
+    output: str = "logits"
+    normalise: bool = True
+    keep: str = "best"
+    internal_batch_size: int | None = None
+
+    def check(self) -> None:
+        check_choice("space", self.space, SPACES)
+        check_choice("keep", self.keep, KEEP)
+        check_choice("scale_basis", self.scale_basis, SCALE_BASES)
+        check_choice("output", self.output, OUTPUTS)
+        for name in ("samples", "max_steps", "window"):
+            if int(getattr(self, name)) < 1:
+                raise InputError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.lr <= 0:
+            raise InputError(f"lr must be positive, got {self.lr}")
+        for name in ("scale", "scale_factor"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise InputError(f"{name} must be positive, got {value}", hint="leave it unset for the default")
+        if self.lam < 0:
+            raise InputError(f"lam must be non-negative, got {self.lam}")
+
+
+GUAN2019 = Settings(
+    lam=0.2, samples=1, max_steps=5000, tol=0.0, scale_factor=GUAN_SCALE_FACTOR, scale_basis="word_embeddings"
+)
+"""Guan et al.'s reference settings: ``rate = 0.1`` (``lam = 2 * rate``), one noise sample per
+step, 5000 Adam iterations at lr 0.01, no convergence test, scale 10 x std(word embeddings)."""
+
+
+@dataclass
+class InterestFit:
+    """Result of :func:`fit_interest` for ``P`` problems over a batch padded to ``N`` tokens.
+
+    ``sigma`` ``[P, N]``: noise std of every token at the kept state (lowest objective, or the
+    last with ``keep="last"``), 0 on padding. ``objective``/``distortion`` ``[P]``: ``J`` and its distortion term at that state
+    (estimates from that step's samples). ``steps`` ``[P]``: steps run; ``converged`` ``[P]``;
+    ``history`` ``[T, P]``: ``J`` per step (NaN once a problem stopped); ``scale`` ``[P]``: noise
+    ceilings.
+    """
+
+    sigma: torch.Tensor
+    objective: torch.Tensor
+    distortion: torch.Tensor
+    steps: torch.Tensor
+    converged: torch.Tensor
+    history: torch.Tensor
+    scale: torch.Tensor
+
+
+def problem_generators(batch: Batch, example: torch.Tensor, key: torch.Tensor, seed: int | None) -> list[torch.Generator]:
+    """One generator per problem, from ``seed``, its example's text and its layer key (not its
+    lambda: a lambda sweep shares the noise draws, which smooths the curve)."""
+    bases = [g.initial_seed() for g in example_generators(batch, seed)]
+    gens = []
+    for e, k in zip(example.tolist(), key.tolist(), strict=True):
+        g = torch.Generator()
+        g.manual_seed((bases[e] + 1_000_033 * (k + 2)) % (2**63 - 1))
+        gens.append(g)
+    return gens
+
+
+def fit_interest(
+    adapter: ModelAdapter,
+    batch: Batch,
+    target: ResolvedTarget,
+    example: torch.Tensor,
+    key: torch.Tensor,
+    lam: torch.Tensor,
+    settings: Settings = Settings(),
+    seed: int | None = 0,
+    probe: NoiseProbe | None = None,
+) -> InterestFit:
+    """Algorithm 1 for ``P`` problems at once: problem ``p`` estimates the noise tolerance of
+    example ``example[p]`` with the distortion measured at layer key ``key[p]`` (``HEAD`` or
+    1..L) and weight ``lam[p]``.
+
+    Each step: draw ``samples`` noise tensors per active problem, run all noised copies in
+    batched forwards, compute ``J`` per problem (Eq. 4/9), back-propagate to ``theta`` and take
+    an Adam step (written out as tensor ops so that problems can stop independently). A problem
+    stops when the mean of ``J`` over the last ``window`` steps differs from the mean over the
+    window before by less than ``tol`` relative, or after ``max_steps``. ``probe`` replaces the
+    model's :class:`NoiseProbe` (anything with ``dim`` and ``distortion``; used in tests).
+    """
+    settings.check()
+    example, key = example.long(), key.long()
+    lam = lam.float()
+    n_problems = example.shape[0]
+    if probe is None:
+        keys = tuple(sorted(set(key.tolist())))
+        probe = NoiseProbe.build(adapter, batch, target, keys, settings.space, settings.output)
+    scale = noise_scale(adapter, probe, example, settings.scale_factor, settings.scale_basis, settings.scale)
+    gens = problem_generators(batch, example, key, seed)
+    lengths = batch.lengths[example]
+    seq, dim, samples = batch.seq_len, probe.dim, int(settings.samples)
+    real = batch.attention_mask.bool()[example]  # [P, N]
+
+    theta = torch.zeros(n_problems, seq)
+    for p, (g, n) in enumerate(zip(gens, lengths.tolist(), strict=True)):
+        theta[p, :n] = torch.randn(n, generator=g)
+    adam_m, adam_v = torch.zeros_like(theta), torch.zeros_like(theta)
+    best_theta = theta.clone()
+    best_j = torch.full((n_problems,), float("inf"))
+    best_dist = torch.zeros(n_problems)
+    last_dist = torch.zeros(n_problems)
+    steps = torch.zeros(n_problems, dtype=torch.long)
+    converged = torch.zeros(n_problems, dtype=torch.bool)
+    active = torch.ones(n_problems, dtype=torch.bool)
+    history = torch.full((settings.max_steps, n_problems), float("nan"))
+    rows_budget = settings.internal_batch_size or None
+
+    for t in range(1, settings.max_steps + 1):
+        act = active.nonzero().flatten()
+        grad = torch.zeros(act.shape[0], seq)
+        j_now = torch.zeros(act.shape[0])
+        dist_now = torch.zeros(act.shape[0])
+        for idx, width in _chunks(lengths[act], samples, rows_budget):
+            probs = act[idx]
+            z = _draw_noise([gens[p] for p in probs.tolist()], lengths[probs], samples, width, dim)
+            th = theta[probs, :width].clone().requires_grad_(True)
+            with torch.enable_grad():
+                j, dist = _objective(
+                    probe, example[probs], key[probs], lam[probs], th, z, real[probs, :width], scale[probs],
+                    settings.normalise,
+                )
+                (g_th,) = torch.autograd.grad(j.sum(), th)
+            adapter.counter.backward += probs.shape[0] * samples
+            grad[idx, :width], j_now[idx], dist_now[idx] = g_th, j.detach(), dist.detach()
+        history[t - 1, act] = j_now
+        last_dist[act] = dist_now
+        better = j_now < best_j[act]  # the state that produced J (before the step) is kept
+        keep = act[better]
+        best_j[keep], best_dist[keep], best_theta[keep] = j_now[better], dist_now[better], theta[keep]
+        theta[act], adam_m[act], adam_v[act] = _adam(theta[act], grad, adam_m[act], adam_v[act], t, settings.lr)
+        steps[act] = t
+        if settings.tol > 0 and t % settings.window == 0 and t >= 2 * settings.window:
+            done = _flat(history[t - 2 * settings.window : t, act], settings.window, settings.tol)
+            converged[act[done]] = True
+            active[act[done]] = False
+        if not active.any():
+            break
+    if settings.keep == "last":
+        best_theta = theta
+        best_j, best_dist = history[steps - 1, torch.arange(n_problems)], last_dist
+    sigma = scale[:, None] * torch.sigmoid(best_theta) * real
+    return InterestFit(sigma, best_j, best_dist, steps, converged, history[: int(steps.max())], scale)
+
+
+def _chunks(lengths: torch.Tensor, samples: int, rows: int | None) -> list[tuple[torch.Tensor, int]]:
+    """Problems grouped longest first into chunks of ``<= TOKEN_BUDGET`` noised token positions
+    (or ``rows`` rows), each cut to its own longest problem: ``(indices, width)`` pairs."""
+    order = torch.sort(lengths, descending=True, stable=True).indices
+    chunks, start = [], 0
+    while start < order.shape[0]:
+        width = int(lengths[order[start]])
+        cap = max(1, (rows or TOKEN_BUDGET // max(width, 1)) // samples)
+        idx = order[start : start + cap]
+        chunks.append((idx, width))
+        start += cap
+    return chunks
+
+
+def _draw_noise(gens: list[torch.Generator], lengths: torch.Tensor, samples: int, seq: int, dim: int) -> torch.Tensor:
+    """Standard normal noise ``[P, S, W, D]`` from each problem's own generator (0 on padding)."""
+    z = torch.zeros(len(gens), samples, seq, dim)
+    for i, (g, n) in enumerate(zip(gens, lengths.tolist(), strict=True)):
+        z[i, :, :n] = torch.randn((samples, n, dim), generator=g)
+    return z
+
+
+def _objective(
+    probe: NoiseProbe,
+    example: torch.Tensor,
+    key: torch.Tensor,
+    lam: torch.Tensor,
+    theta: torch.Tensor,
+    z: torch.Tensor,
+    real: torch.Tensor,
+    scale: torch.Tensor,
+    normalise: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``J`` and its distortion term per problem ``[P]`` (Eq. 4/9, reparameterised: eps = sigma z)."""
+    n_p, samples, seq, dim = z.shape
+    log_sigma = (torch.log(scale)[:, None] + torch.nn.functional.logsigmoid(theta)) * real
+    sigma = torch.exp(log_sigma) * real
+    noise = (sigma[:, None, :, None] * z).reshape(n_p * samples, seq, dim)
+    rows_example = example.repeat_interleave(samples)
+    rows_key = key.repeat_interleave(samples)
+    dist = probe.distortion(rows_example, rows_key, noise, normalise).view(n_p, samples).mean(dim=1)
+    count = real.sum(dim=1).clamp_min(1)
+    if normalise:  # lambda * (D/2) * sum_j ln sigma_j / (N * D)
+        entropy = 0.5 * log_sigma.sum(dim=1) / count
+    else:  # paper Eq. 9 literally
+        entropy = 0.5 * dim * log_sigma.sum(dim=1)
+    return dist - lam * entropy, dist
+
+
+def _adam(
+    theta: torch.Tensor, grad: torch.Tensor, m: torch.Tensor, v: torch.Tensor, t: int, lr: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One step of Adam (Kingma & Ba 2015; ``torch.optim.Adam``'s defaults) as tensor ops."""
+    b1, b2 = ADAM_BETAS
+    m = b1 * m + (1 - b1) * grad
+    v = b2 * v + (1 - b2) * grad * grad
+    m_hat = m / (1 - b1**t)
+    v_hat = v / (1 - b2**t)
+    return theta - lr * m_hat / (v_hat.sqrt() + ADAM_EPS), m, v
+
+
+def _flat(history: torch.Tensor, window: int, tol: float) -> torch.Tensor:
+    """``[P]`` bool: the mean of the last window moved less than ``tol`` relative to the one before."""
+    prev, cur = history[:window].mean(dim=0), history[window:].mean(dim=0)
+    denom = torch.maximum(prev.abs(), cur.abs()).clamp_min(1e-8)
+    return (cur - prev).abs() / denom < tol
+
+
+# ---------------------------------------------------------------------------------- scores
+def interest_scores(
+    sigma: torch.Tensor, content: torch.Tensor, real: torch.Tensor, score: str = "rho", normalize: bool = True
+) -> torch.Tensor:
+    """Interest from noise stds ``sigma`` ``[..., N]``: ``rho = 1 / sigma`` (paper Eq. 8).
+
+    ``normalize``: divide by the sum of ``rho`` over content tokens (special tokens keep a score
+    but are left out of the sum). ``score="log_rho"``: the log of that (``-ln sigma`` when not
+    normalised). Padding gets 0.
+    """
+    check_choice("score", score, SCORES)
+    rho = torch.where(real, 1.0 / sigma.clamp_min(1e-30), torch.zeros_like(sigma))
+    if normalize:
+        rho = rho / (rho * content).sum(dim=-1, keepdim=True).clamp_min(1e-30)
+    if score == "log_rho":
+        return torch.where(real, torch.log(rho.clamp_min(1e-30)), torch.zeros_like(rho))
+    return rho
+
+
+def estimate_interest(
+    adapter: ModelAdapter,
+    batch: Batch,
+    target: ResolvedTarget,
+    *,
+    layers: list[int | None] | None = None,
+    lams: list[float] | None = None,
+    settings: Settings = Settings(),
+    seed: int | None = 0,
+) -> tuple[InterestFit, tuple[int, int, int]]:
+    """Interest of every example at every layer in ``layers`` (``None`` = head output) and every
+    lambda in ``lams``, optimised together. Problems are ordered example-major, then layer,
+    then lambda: the result's ``sigma`` reshapes to ``[B, len(layers), len(lams), N]``.
+    """
+    keys = [resolve_layer(adapter, k) for k in (layers or [None])]
+    lam_values = list(lams) if lams is not None else [settings.lam]
+    bsz = len(batch)
+    ex = torch.arange(bsz).repeat_interleave(len(keys) * len(lam_values))
+    key = torch.tensor(keys).repeat_interleave(len(lam_values)).repeat(bsz)
+    lam = torch.tensor(lam_values, dtype=torch.float32).repeat(bsz * len(keys))
+    fit = fit_interest(adapter, batch, target, ex, key, lam, settings, seed)
+    return fit, (bsz, len(keys), len(lam_values))
+
+
+def _scores_for(
+    adapter: ModelAdapter,
+    batch: Batch,
+    target: ResolvedTarget,
+    settings: Settings,
+    layer: int | None,
+    layerwise: bool,
+    score: str,
+    normalize: bool,
+    seed: int | None,
+) -> torch.Tensor:
+    if layerwise and layer is not None:
+        raise InputError("give either layer=k or layerwise=True, not both")
+    check_choice("score", score, SCORES)
+    layers: list[int | None] = list(range(1, adapter.num_layers + 1)) if layerwise else [layer]
+    fit, (bsz, n_layers, _) = estimate_interest(adapter, batch, target, layers=layers, settings=settings, seed=seed)
+    sigma = fit.sigma.view(bsz, n_layers, batch.seq_len)
+    content = batch.content_mask[:, None, :]
+    real = batch.attention_mask.bool()[:, None, :]
+    scores = interest_scores(sigma, content, real, score, normalize)
+    return scores if layerwise else scores[:, 0]
+
+
+_COMMON_DEFAULTS = {
+    "samples": Settings.samples,
+    "max_steps": Settings.max_steps,
+    "window": Settings.window,
+    "tol": Settings.tol,
+    "lr": Settings.lr,
+    "scale": None,
+    "scale_factor": SCALE_FACTOR,
+    "scale_basis": "input",
+    "space": "embedding_output",
+    "output": "logits",
+    "layer": None,
+    "layerwise": False,
+    "score": "rho",
+    "normalize": True,
+    "normalise_objective": True,
+}
+
+
+@register(
+    "coperturbation",
+    family="perturbation",
+    cost="steps x (samples forwards + 1 backward), batched over sentences (converged ones drop out)",
+    citation=CITATION,
+    summary="Learned per-token Gaussian noise on all tokens at once; interest = 1/sigma (tokens that tolerate little noise).",
+    stochastic=True,
+    layerwise=True,
+    defaults={"lam": Settings.lam, **_COMMON_DEFAULTS, "seed": 0},
+)
+def coperturbation(
+    adapter: ModelAdapter,
+    batch: Batch,
+    target: ResolvedTarget,
+    reference: Forward | None = None,
+    lam: float = Settings.lam,
+    samples: int = Settings.samples,
+    max_steps: int = Settings.max_steps,
+    window: int = Settings.window,
+    tol: float = Settings.tol,
+    lr: float = Settings.lr,
+    scale: float | None = None,
+    scale_factor: float | None = None,
+    scale_basis: str = "input",
+    space: str = "embedding_output",
+    output: str = "logits",
+    layer: int | None = None,
+    layerwise: bool = False,
+    score: str = "rho",
+    normalize: bool = True,
+    normalise_objective: bool = True,
+    seed: int | None = 0,
+    internal_batch_size: int | None = None,
+) -> torch.Tensor:
+    """Co-perturbation interest ``[B, N]`` (``[B, L, N]`` with ``layerwise=True``: layers 1..L).
+
+    ``lam``: weight of the maximum-entropy term (paper Eq. 4). ``samples``: noise draws per step
+    (one batched forward). ``layer=k``: distortion of all tokens' states at layer ``k`` instead of
+    the head's ``output`` (``"logits"``, ``"probs"``, ``"log_probs"`` or ``"target"``, the
+    explained scalar -- use it for contrastive targets). ``space``: noise on the embedding
+    module's output (default) or the raw ``"word_embeddings"``. ``score``: normalised
+    ``"rho"`` (default) or ``"log_rho"``; ``normalize=False`` for raw ``1/sigma``.
+    ``normalise_objective=False``: paper Eq. 9 literally (raw sums; lambda then needs retuning).
+    """
+    settings = Settings(
+        lam=lam, samples=samples, lr=lr, max_steps=max_steps, window=window, tol=tol, scale=scale,
+        scale_factor=scale_factor, scale_basis=scale_basis, space=space, output=output, normalise=normalise_objective,
+        internal_batch_size=internal_batch_size,
+    )
+    return _scores_for(adapter, batch, target, settings, layer, layerwise, score, normalize, seed)
+
+
+@register(
+    "guan2019",
+    family="perturbation",
+    cost="5000 x (1 forward + 1 backward), batched over sentences",
+    citation=GUAN_CITATION,
+    summary="Guan et al.'s maximum-entropy noise learning with its reference settings (rate 0.1, 1 sample, 5000 steps).",
+    stochastic=True,
+    layerwise=True,
+    defaults={
+        "rate": 0.1,
+        **_COMMON_DEFAULTS,
+        "samples": GUAN2019.samples,
+        "max_steps": GUAN2019.max_steps,
+        "tol": GUAN2019.tol,
+        "scale_factor": GUAN_SCALE_FACTOR,
+        "scale_basis": "word_embeddings",
+        "seed": 0,
+    },
+)
+def guan2019(
+    adapter: ModelAdapter,
+    batch: Batch,
+    target: ResolvedTarget,
+    reference: Forward | None = None,
+    rate: float = 0.1,
+    samples: int = GUAN2019.samples,
+    max_steps: int = GUAN2019.max_steps,
+    window: int = Settings.window,
+    tol: float = GUAN2019.tol,
+    lr: float = Settings.lr,
+    scale: float | None = None,
+    scale_factor: float = GUAN_SCALE_FACTOR,
+    scale_basis: str = "word_embeddings",
+    space: str = "embedding_output",
+    output: str = "logits",
+    layer: int | None = None,
+    layerwise: bool = False,
+    score: str = "rho",
+    normalize: bool = True,
+    normalise_objective: bool = True,
+    seed: int | None = 0,
+    internal_batch_size: int | None = None,
+) -> torch.Tensor:
+    """Guan et al. 2019 (Eq. 7): ``L = mean(D^2) / mean(phi^2) - rate * mean_j log sigma_j``.
+
+    The same optimiser as :func:`coperturbation` with the reference code's settings: ``rate``
+    0.1 (``lam = 2 * rate``), one noise draw per step, 5000 Adam steps at lr 0.01 with no early
+    stop, ``scale`` = 10 x std(word embeddings) (the code's recommended value; its literal
+    default 0.5 is that value for BERT-base), lowest-loss state kept. One deliberate
+    difference: the reference saves the parameters *after* the step that produced the lowest
+    loss; we keep the parameters that produced it. Shapes as :func:`coperturbation`.
+    """
+    settings = replace(
+        GUAN2019, lam=2.0 * rate, samples=samples, lr=lr, max_steps=max_steps, window=window, tol=tol,
+        scale=scale, scale_factor=scale_factor, scale_basis=scale_basis, space=space, output=output,
+        normalise=normalise_objective, internal_batch_size=internal_batch_size,
+    )
+    return _scores_for(adapter, batch, target, settings, layer, layerwise, score, normalize, seed)

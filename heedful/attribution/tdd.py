@@ -1,0 +1,148 @@
+"""TDD: token distribution dynamics (Feng et al. 2024, "Unveiling and Manipulating Prompt
+Influence in Large Language Models", ICLR; reference code zijian678/TDD ``TDD_step1.py``).
+
+A token's saliency is how much the explained output distribution changes when the token is
+appended to the context:
+
+- **forward**: ``d_i`` = output after the prefix ending with token ``i``; ``I_i = d_i - d_{i-1}``.
+  For decoders one pass gives every prefix (the head applied at every position); otherwise the
+  prefixes are run as deletions of the later tokens (batched).
+- **backward**: ``b_i`` = output on the suffix made of the last ``i`` tokens; the token that the
+  ``i``-th suffix adds gets ``b_i - b_{i-1}``.
+- **bidirectional**: the mean of the two (the reference's ``ours_add``).
+
+The output is the contrastive score ``softmax([l_target, l_foil])[0] - [1]`` (=
+``tanh((l_target - l_foil) / 2)``) for a contrastive target ``"A vs B"``, as in the paper. For
+any other target we use the target's probability under the full softmax (non-contrastive
+variant: ours), and the value for regression. Special tokens are never removed and score 0;
+``d_0`` / ``b_0`` (no content token) is the output on the special tokens alone, or 0 when
+nothing would remain (e.g. GPT-2 without a BOS token, where the reference also starts at 0).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from heedful.adapters import ModelAdapter
+from heedful.adapters.base import Forward
+from heedful.attribution._common import score_perturbed
+from heedful.attribution._masks import Features, features_of, perturbed_rows, to_tokens
+from heedful.batch import Batch
+from heedful.errors import InputError
+from heedful.registry import register
+from heedful.targets import ResolvedTarget
+
+DIRECTIONS = ("forward", "backward", "bidirectional")
+
+
+def is_contrast(target: ResolvedTarget) -> bool:
+    return target.classes.shape[1] == 2 and target.task != "regression"
+
+
+def tdd_output(target: ResolvedTarget, logits: torch.Tensor) -> torch.Tensor:
+    """TDD's scalar per row ``[R]`` from logits ``[R, C]`` (see the module docstring)."""
+    if target.task == "regression":
+        return target.score(logits.float())
+    if is_contrast(target):
+        return torch.tanh(target.score(logits.float()) / 2)
+    return target.score(torch.softmax(logits.float(), dim=-1))
+
+
+def _row_scores(
+    adapter: ModelAdapter,
+    batch: Batch,
+    target: ResolvedTarget,
+    features: Features,
+    keep: torch.Tensor,
+    chunk: int | None,
+) -> torch.Tensor:
+    """TDD output for keep-patterns ``keep`` ``[B, M + 1, M]`` with deletion -> ``[B, M + 1]``;
+    rows with nothing left to run (all features gone, no special token) give 0."""
+    bsz, steps, width = keep.shape
+    kept = (keep & features.valid[:, None, :]).sum(dim=2)
+    remaining = batch.lengths[:, None] - features.counts[:, None] + kept  # tokens left per row
+    run = (torch.arange(steps)[None, :] <= features.counts[:, None]) & (remaining > 0)
+    example, step = run.nonzero(as_tuple=True)
+    perturbed = perturbed_rows(adapter, batch, target, features, keep[example, step], example, "delete")
+    if is_contrast(target) or target.task == "regression":
+        values = score_perturbed(adapter, batch, target, perturbed, example, "logit", chunk)
+        values = values if target.task == "regression" else torch.tanh(values / 2)
+    else:
+        values = score_perturbed(adapter, batch, target, perturbed, example, "probability", chunk)
+    out = torch.zeros(bsz, steps)
+    out[example, step] = values.float()
+    return out
+
+
+def _prefix_one_pass(adapter: ModelAdapter, batch: Batch, target: ResolvedTarget, features: Features) -> torch.Tensor | None:
+    """``d`` ``[B, M + 1]`` from one forward for causal decoders whose special tokens all come
+    before the content (then the prefix ending at a token is exactly what its position sees);
+    ``None`` when that does not hold."""
+    if not adapter.is_decoder or target.anchor_kind != "last":
+        return None
+    positions = torch.arange(batch.seq_len)[None, :]
+    first = torch.where(features.valid, features.positions, batch.seq_len).amin(dim=1)
+    late_special = (batch.special_mask & (positions > first[:, None])).any()
+    if late_special:
+        return None
+    with torch.no_grad():
+        fwd = adapter.forward(batch, target.anchor, hidden_states=True)
+    h = fwd.hidden_states[-1]  # [B, N, D], final norm included
+    bsz, seq, dim = h.shape
+    logits = adapter.head_at_layer(h.reshape(bsz * seq, dim), adapter.num_layers)
+    per_pos = tdd_output(target.repeat(seq), logits).view(bsz, seq)
+    d = torch.zeros(bsz, features.width + 1)
+    pos = features.positions.clamp_min(0)
+    d[:, 1:] = torch.where(features.valid, per_pos.gather(1, pos), torch.zeros_like(per_pos[:, :1]))
+    before = first - 1  # a BOS (or other leading special) gives d_0
+    has_before = before >= 0
+    d[:, 0] = torch.where(has_before, per_pos.gather(1, before.clamp_min(0)[:, None])[:, 0], torch.zeros(bsz))
+    return d
+
+
+@register(
+    "tdd",
+    family="perturbation",
+    cost="forward: 1 forward (decoders) or N+1; backward: N+1; bidirectional: both (batched)",
+    citation="Feng et al. 2024, Unveiling and Manipulating Prompt Influence in LLMs (TDD, ICLR)",
+    summary="Change of the (contrastive) output distribution as each token joins the prefix / suffix.",
+    defaults={"direction": "bidirectional"},
+)
+@torch.no_grad()
+def tdd(
+    adapter: ModelAdapter,
+    batch: Batch,
+    target: ResolvedTarget,
+    reference: Forward | None = None,
+    direction: str = "bidirectional",
+    internal_batch_size: int | None = None,
+) -> torch.Tensor:
+    """TDD saliency per content token ``[B, N]`` (special tokens and a fixed anchor 0).
+
+    ``direction``: ``"forward"``, ``"backward"`` or ``"bidirectional"`` (mean of both; the
+    reference's best variant). Use a contrastive target (``"A vs B"``) for the paper's
+    target/foil score.
+    """
+    if direction not in DIRECTIONS:
+        raise InputError(f"unknown direction {direction!r}", hint=f"use one of {', '.join(DIRECTIONS)}")
+    features = features_of(batch, target)
+    width = features.width
+    steps = torch.arange(width + 1)[:, None]
+    feat = torch.arange(width)[None, :]
+    counts = features.counts
+    total = torch.zeros(len(batch), width)
+    if direction in ("forward", "bidirectional"):
+        d = _prefix_one_pass(adapter, batch, target, features)
+        if d is None:
+            prefix_keep = (feat < steps)[None].expand(len(batch), -1, -1)  # row i keeps the first i
+            d = _row_scores(adapter, batch, target, features, prefix_keep, internal_batch_size)
+        total += d[:, 1:] - d[:, :-1]
+    if direction in ("backward", "bidirectional"):
+        # row i keeps the last i features of each example
+        suffix_keep = feat[None] >= (counts[:, None, None] - steps[None])
+        b = _row_scores(adapter, batch, target, features, suffix_keep, internal_batch_size)
+        i = (counts[:, None] - feat).clamp(min=1, max=width)  # suffix length that adds feature f
+        total += b.gather(1, i) - b.gather(1, i - 1)
+    if direction == "bidirectional":
+        total /= 2
+    return to_tokens(features, total * features.valid, batch.seq_len)

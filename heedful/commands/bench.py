@@ -1,0 +1,112 @@
+"""``heedful bench``: faithfulness / plausibility of several methods on a dataset, resumable.
+
+Registered in :mod:`heedful.cli`. Heavy imports happen inside the command.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from heedful.errors import HeedfulError
+
+
+def _split_list(raw: str, what: str) -> list[str]:
+    items = [x.strip() for x in raw.split(",") if x.strip()]
+    if not items:
+        raise HeedfulError(f"no {what} given", hint=f"pass a comma-separated list of {what}")
+    return items
+
+
+def _parse_options(raw: list[str] | None) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """``method.key=value`` -> per-method options; ``protocol.key=value`` -> protocol changes."""
+    methods: dict[str, dict[str, Any]] = {}
+    protocol: dict[str, Any] = {}
+    for item in raw or []:
+        if "=" not in item or "." not in item.split("=", 1)[0]:
+            raise HeedfulError(
+                f"option {item!r} is not target.key=value",
+                hint="e.g. --option integrated_gradients.n_steps=20 or --option protocol.max_length=64",
+            )
+        left, value = item.split("=", 1)
+        owner, key = left.split(".", 1)
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError:
+            parsed = value
+        if isinstance(parsed, list):
+            parsed = tuple(parsed)
+        if owner == "protocol":
+            protocol[key] = parsed
+        else:
+            methods.setdefault(owner, {})[key] = parsed
+    return methods, protocol
+
+
+def bench(
+    model: Annotated[str, typer.Option("--model", "-m", help="Zoo name, model directory or hub id.")],
+    dataset: Annotated[str, typer.Option("--dataset", "-d", help="movies, amazon, nyt, tweets, agreement, or a CSV / JSONL path.")],
+    methods: Annotated[str, typer.Option("--methods", help="Comma-separated methods, e.g. random,grad_x_input,normxlogit.")],
+    metrics: Annotated[str, typer.Option("--metrics", help="Comma-separated metrics.")] = "aopc,sufficiency,accuracy",
+    preset: Annotated[str, typer.Option("--preset", "-p", help="Protocol: normxlogit, mask-lrp, ferret or default.")] = "default",
+    n: Annotated[int | None, typer.Option("--n", "-n", help="Use the first N usable examples.")] = None,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder of the results store, tables and plots.")] = Path("results"),
+    split: Annotated[str, typer.Option("--split", help="Dataset split.")] = "test",
+    seed: Annotated[int, typer.Option("--seed", help="Seed of stochastic methods (random baseline: seed..seed+k-1).")] = 0,
+    batch_size: Annotated[int, typer.Option("--batch-size", "-b", help="Examples per model batch.")] = 16,
+    random_seeds: Annotated[int | None, typer.Option("--random-seeds", help="Seeds of the random baseline (default: the preset's).")] = None,
+    option: Annotated[list[str] | None, typer.Option("--option", help="method.key=value or protocol.key=value; repeatable.")] = None,
+    threads: Annotated[int | None, typer.Option("--threads", help="torch CPU threads (default: torch's choice).")] = None,
+    lm_word: Annotated[str, typer.Option("--lm-word", help="Language-model data: explain the 'target' or the 'foil' word.")] = "target",
+) -> None:
+    """Run METHODS x examples x METRICS under a paper's protocol; results are stored per example
+    in OUT/results.sqlite, so an interrupted run resumes where it stopped."""
+    from rich.console import Console
+
+    from heedful.evaluate import get_protocol, metric_names
+    from heedful.evaluate.bench import BenchSpec, model_key, run_bench
+    from heedful.evaluate.report import rich_table, write_report
+
+    out_console, err_console = Console(), Console(stderr=True)
+    if threads is not None:
+        if threads < 1:
+            raise HeedfulError(f"--threads must be positive, got {threads}")
+        import torch
+
+        torch.set_num_threads(threads)
+    method_options, protocol_changes = _parse_options(option)
+    if random_seeds is not None:
+        protocol_changes["random_seeds"] = random_seeds
+    protocol = get_protocol(preset, **protocol_changes)
+    spec = BenchSpec(
+        model=model,
+        dataset=dataset,
+        methods=_split_list(methods, "methods"),
+        metrics=metric_names(metrics),
+        protocol=protocol,
+        out=out,
+        split=split,
+        n=n,
+        seed=seed,
+        batch_size=batch_size,
+        method_options=method_options,
+        lm_word=lm_word,
+    )
+    with err_console.status(f"loading {model} …"):
+        import heedful
+
+        spec.model = heedful.load(model)
+        spec.model_key = model_key(model)
+    result = run_bench(spec, console=err_console)
+    files = write_report(result)
+    out_console.print(rich_table(result))
+    computed = result.computed
+    err_console.print(
+        f"[dim]computed this run: {computed['explanations']} explanations, {computed['measurements']} curve records, "
+        f"{computed['metrics']} metric values · store: {result.store_path}[/]"
+    )
+    for path in files:
+        err_console.print(f"wrote {path}")

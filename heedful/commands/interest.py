@@ -1,0 +1,133 @@
+"""``heedful interest``: the co-perturbation studies (layer x token map, lambda sweep) as plots.
+
+Registered in :mod:`heedful.cli` as a command group. Heavy imports happen inside the commands.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from heedful.errors import HeedfulError
+
+app = typer.Typer(help="Co-perturbation interest studies: layer x token map, lambda sweep.", no_args_is_help=True)
+
+
+def _options(raw: list[str] | None, **given: Any) -> dict[str, Any]:
+    """``key=value`` settings (values read as JSON when they parse) plus the named options set."""
+    found = {k: v for k, v in given.items() if v is not None}
+    for item in raw or []:
+        if "=" not in item:
+            raise HeedfulError(f"option {item!r} is not key=value", hint="e.g. --option window=25")
+        key, value = item.split("=", 1)
+        try:
+            found[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            found[key.strip()] = value
+    return found
+
+
+def _numbers(raw: str, what: str, cast=float) -> list:
+    try:
+        values = [cast(x) for x in raw.split(",") if x.strip()]
+    except ValueError:
+        raise HeedfulError(f"could not read {what} {raw!r}", hint=f"give comma-separated {what}, e.g. 1,2,3") from None
+    if not values:
+        raise HeedfulError(f"no {what} given", hint=f"give comma-separated {what}")
+    return values
+
+
+ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Zoo name, model directory or hub id.")]
+TargetOpt = Annotated[str | None, typer.Option("--target", "-t", help="Class index or label, token, or 'A vs B'.")]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the noise draws.")]
+StepsOpt = Annotated[int | None, typer.Option("--max-steps", help="Adam steps per problem (default: the method's).")]
+SamplesOpt = Annotated[int | None, typer.Option("--samples", help="Noise draws per step.")]
+OptionOpt = Annotated[list[str] | None, typer.Option("--option", "-o", help="Optimiser setting key=value (lr, tol, window, scale_factor, ...).")]
+
+
+@app.command("layers")
+def layers_command(
+    text: Annotated[str, typer.Argument(help="Sentence to study.")],
+    out: Annotated[Path, typer.Option("--out", help="Figure to write (.png, .pdf, .svg).")] = Path("interest-layers.png"),
+    model: ModelOpt = "minilm-sentiment",
+    target: TargetOpt = None,
+    layers: Annotated[str | None, typer.Option("--layers", help="Comma-separated layers (default: all; -1 = last).")] = None,
+    lam: Annotated[float | None, typer.Option("--lam", help="Weight of the maximum-entropy term.")] = None,
+    seed: SeedOpt = 0,
+    max_steps: StepsOpt = None,
+    samples: SamplesOpt = None,
+    option: OptionOpt = None,
+) -> None:
+    """Layer x token interest map of TEXT (the paper's Figure 5)."""
+    import heedful
+    from heedful.cli import err
+    from heedful.cli import out as console
+    from heedful.interest import layer_map
+    from heedful.interest.plots import plot_layer_map
+
+    wanted = _numbers(layers, "layers", int) if layers else None
+    settings = _options(option, lam=lam, max_steps=max_steps, samples=samples)
+    with err.status(f"loading {model} …"):
+        loaded = heedful.load(model)
+    with err.status("estimating interest at every layer …"):
+        result = layer_map(loaded, text, target=target, layers=wanted, seed=seed, **settings)
+    path = plot_layer_map(result, out)
+    _print_map(console, result)
+    err.print(f"wrote {path}")
+
+
+def _print_map(console, result) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"interest by layer (target {result.target}; normalised 1/sigma)")
+    table.add_column("token")
+    for k in result.layers:
+        table.add_column(f"L{k}", justify="right")
+    for i, tok in enumerate(result.tokens):
+        table.add_row(tok, *[f"{v:.3f}" for v in result.scores[:, i]])
+    console.print(table)
+
+
+@app.command("lambda-sweep")
+def lambda_sweep_command(
+    text: Annotated[str, typer.Argument(help="Sentence to study.")],
+    words: Annotated[list[str], typer.Option("--words", "-w", help="Word of TEXT to follow; repeat for more.")],
+    out: Annotated[Path, typer.Option("--out", help="Figure to write (.png, .pdf, .svg).")] = Path("interest-lambda.png"),
+    lams: Annotated[str, typer.Option("--lams", help="Comma-separated lambdas.")] = "0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1.0",
+    model: ModelOpt = "minilm-sentiment",
+    target: TargetOpt = None,
+    layer: Annotated[int | None, typer.Option("--layer", help="Probe this layer instead of the head's output.")] = None,
+    word_token: Annotated[str, typer.Option("--word-token", help="A multi-token word's first or last token.")] = "first",
+    seed: SeedOpt = 0,
+    max_steps: StepsOpt = None,
+    samples: SamplesOpt = None,
+    option: OptionOpt = None,
+) -> None:
+    """Interest of chosen WORDS and the distortion against lambda (the paper's Figure 4)."""
+    import heedful
+    from heedful.cli import err
+    from heedful.cli import out as console
+    from heedful.interest import lambda_sweep
+    from heedful.interest.plots import plot_lambda_sweep
+
+    values = _numbers(lams, "lambdas")
+    settings = _options(option, max_steps=max_steps, samples=samples)
+    with err.status(f"loading {model} …"):
+        loaded = heedful.load(model)
+    with err.status(f"estimating interest for {len(values)} lambdas …"):
+        result = lambda_sweep(loaded, text, words, values, target=target, layer=layer, word_token=word_token, seed=seed, **settings)
+    path = plot_lambda_sweep(result, out)
+    from rich.table import Table
+
+    table = Table(title=f"lambda sweep (target {result.target})")
+    table.add_column("lambda", justify="right")
+    for w in result.words:
+        table.add_column(w, justify="right")
+    table.add_column("distortion", justify="right")
+    for lam, row, dist in zip(result.lams, result.interest, result.distortion, strict=True):
+        table.add_row(f"{lam:g}", *[f"{v:.3f}" for v in row], f"{dist:.4f}")
+    console.print(table)
+    err.print(f"wrote {path}")

@@ -1,0 +1,95 @@
+"""``heedful.datasets.load``: one entry point for every dataset heedful can evaluate on.
+
+=============================  ================================================================
+name                           what it is
+=============================  ================================================================
+``movies`` ``amazon``          the four human-rated snippet sets of the vaderSentiment archive
+``nyt`` ``tweets``             (:mod:`heedful.datasets.vader`): binary ``label`` from the sign of
+                               the mean rating, ``rating`` as regression target, fixed
+                               train / test splits, lexicon-derived evidence
+                               (:mod:`heedful.datasets.evidence`)
+``agreement``                  generated agreement minimal pairs following BLiMP's paradigms
+                               (:mod:`heedful.datasets.agreement`; not BLiMP)
+a file path                    the user's CSV / JSON-lines data (:mod:`heedful.datasets.user`)
+=============================  ================================================================
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from heedful.datasets import agreement, evidence, user, vader
+from heedful.datasets.examples import Dataset, Example
+from heedful.errors import InputError
+
+SENTIMENT_LABELS = ("NEGATIVE", "POSITIVE")
+"""Names of the snippet sets' label indices 0 and 1 (the zoo models' labels)."""
+
+NAMES: tuple[str, ...] = (*vader.SNIPPET_FILES, "agreement")
+
+
+def load_snippet_set(
+    name: str, split: str = "test", threshold: float = evidence.DEFAULT_THRESHOLD
+) -> Dataset:
+    """A VADER snippet set as a :class:`Dataset`, with lexicon-derived evidence at ``threshold``."""
+    frame = vader.load_split(name, split)
+    lexicon = vader.vader_lexicon()
+    examples = []
+    for row in frame.itertuples(index=False):
+        words, spans = evidence.lexicon_evidence(row.text, lexicon, threshold)
+        examples.append(
+            Example(
+                id=str(row.id),
+                text=row.text,
+                label=int(row.label),
+                rating=float(row.rating),
+                evidence=words,
+                evidence_spans=spans,
+            )
+        )
+    return Dataset(
+        name=name,
+        split=split,
+        examples=examples,
+        task="sentiment",
+        label_names=SENTIMENT_LABELS,
+        evidence_source=f"lexicon-derived: VADER lexicon words with |mean valence| >= {threshold}",
+        description=f"VADER {vader.SNIPPET_FILES[name]} ({split} split)",
+    )
+
+
+def load(name: str, split: str = "test", n: int | None = None, **options: Any) -> Dataset:
+    """Load a dataset by name (see the module docstring) or from a CSV / JSONL file path.
+
+    ``n`` keeps the first ``n`` examples of the split (file order for the snippet sets,
+    generation order for agreement pairs). ``options``: ``threshold`` (lexicon evidence) for the
+    snippet sets; ``seed``, ``paradigms``, ``causal`` for ``agreement``.
+
+    >>> ds = load("movies", "test", n=3)                       # doctest: +SKIP
+    >>> ds[0].label, ds[0].evidence                            # doctest: +SKIP
+    (1, ('melodramatic',))
+    """
+    if n is not None and n < 1:
+        raise InputError(f"n must be positive, got {n}")
+    if name in vader.SNIPPET_FILES:
+        _only(options, {"threshold"}, name)
+        return load_snippet_set(name, split, **options).head(n)
+    if name == "agreement":
+        _only(options, {"seed", "paradigms", "causal"}, name)
+        return agreement.generate(n or agreement.DEFAULT_SIZE, split, **options)
+    if user.looks_like_path(name):
+        _only(options, set(), name)
+        return user.load_file(name, None if split in ("all", None) else split).head(n)
+    raise InputError(
+        f"unknown dataset {name!r}",
+        hint=f"use one of {', '.join(NAMES)}, or the path of a CSV / JSONL file",
+    )
+
+
+def _only(options: dict[str, Any], allowed: set[str], name: str) -> None:
+    extra = sorted(set(options) - allowed)
+    if extra:
+        raise InputError(
+            f"dataset {name!r} takes no option {extra[0]!r}",
+            hint=f"its options: {', '.join(sorted(allowed)) or 'none'}",
+        )

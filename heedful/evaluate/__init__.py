@@ -1,0 +1,35 @@
+"""How faithful and how plausible attributions are, measured the way the papers measure them.
+
+* :class:`Protocol` and :data:`PRESETS` (``normxlogit``, ``mask-lrp``, ``ferret``): every choice
+  of an evaluation as a named field (:mod:`heedful.evaluate.protocol`);
+* :func:`evaluate`: metrics of a list of explanations (:mod:`heedful.evaluate.evaluation`);
+* :data:`METRICS`: AOPC / comprehensiveness, sufficiency, log-odds, accuracy (drop), Pearson
+  (drop), deletion / insertion areas, tau-LOO, and the plausibility metrics dot product, average
+  precision, AUPRC, token F1, IOU (:mod:`heedful.evaluate.metrics`);
+* :class:`ResultsStore`: the SQLite store ``heedful bench`` resumes from
+  (:mod:`heedful.evaluate.store`); :func:`run_bench` runs methods x examples x metrics
+  (:mod:`heedful.evaluate.bench`).
+"""
+
+from heedful.evaluate.evaluation import MetricResult, ModelInput, evaluate, model_inputs
+from heedful.evaluate.metrics import METRICS, Metric, PerExample, Summary, get_metric, metric_names
+from heedful.evaluate.protocol import PRESETS, Protocol, get_protocol
+from heedful.evaluate.store import ResultsStore, RunKey
+
+__all__ = [
+    "METRICS",
+    "PRESETS",
+    "Metric",
+    "MetricResult",
+    "ModelInput",
+    "PerExample",
+    "Protocol",
+    "ResultsStore",
+    "RunKey",
+    "Summary",
+    "evaluate",
+    "get_metric",
+    "get_protocol",
+    "metric_names",
+    "model_inputs",
+]

@@ -1,0 +1,455 @@
+"""``heedful bench``: methods x examples x metrics, stored per example, resumable.
+
+:func:`run_bench` explains every selected example with every method (the random baseline once
+per seed), measures the raw perturbation curves the metrics need, derives the metrics, and
+stores all of it in a :class:`~heedful.evaluate.store.ResultsStore` as it goes. A run that is
+killed and started again finds what is stored and computes only the rest; asking for another
+metric later reuses the stored explanations (and the stored curves when the metric reads the
+same ones). Cost per method -- seconds and forward / backward passes per example from each
+:class:`~heedful.Explanation`'s ``cost``, and peak resident memory while the method ran -- is
+stored with the results. :mod:`heedful.evaluate.report` turns the stored results into tables
+and plots.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import resource
+import time
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from heedful.errors import HeedfulError, InputError
+from heedful.evaluate.evaluation import (
+    ModelInput,
+    attach_references,
+    check_metric,
+    concat_per_example,
+    from_records,
+    measure,
+    model_inputs,
+    sources_for,
+    to_records,
+)
+from heedful.evaluate.metrics import (
+    METRICS,
+    Measurements,
+    PerExample,
+    Summary,
+    aggregate,
+    metric_names,
+)
+from heedful.evaluate.protocol import Protocol, get_protocol
+from heedful.evaluate.store import ResultsStore, RunKey
+from heedful.explanation import Explanation
+
+
+@dataclass
+class BenchSpec:
+    """What to run. ``model``: zoo name, model directory or a loaded :class:`heedful.Model`;
+    ``dataset``: a name of :func:`heedful.datasets.load` or a file path; ``n``: first ``n``
+    examples the protocol keeps; ``seed``: seed of stochastic methods (the random baseline runs
+    with seeds ``seed .. seed + protocol.random_seeds - 1``); ``method_options``: per-method
+    options (``{"integrated_gradients": {"n_steps": 20}}``)."""
+
+    model: Any
+    dataset: str
+    methods: Sequence[str]
+    metrics: Sequence[str]
+    protocol: Protocol
+    out: Path
+    split: str = "test"
+    n: int | None = None
+    seed: int = 0
+    batch_size: int = 16
+    method_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    dataset_options: dict[str, Any] = field(default_factory=dict)
+    model_key: str | None = None
+    lm_word: str = "target"
+
+
+@dataclass
+class Run:
+    """One method run: ``group`` is the method as reported (seeds of the random baseline form
+    one group), ``key`` its identity in the store."""
+
+    method: str
+    group: str
+    options: dict[str, Any]
+    key: RunKey
+    seed: int | None = None
+
+
+@dataclass
+class GroupResult:
+    """A method's results: metric -> summary (for the random baseline: mean over seeds, ``std``
+    over seeds), per-ratio curves and their std over seeds, and the cost per example."""
+
+    method: str
+    summaries: dict[str, Summary]
+    curve_std: dict[str, np.ndarray]
+    seeds: int
+    cost: dict[str, float]
+
+
+@dataclass
+class BenchResult:
+    """What :func:`run_bench` did and found."""
+
+    spec: BenchSpec
+    model_name: str
+    task: str
+    n_examples: int
+    skipped: dict[str, int]
+    runs: list[Run]
+    groups: dict[str, GroupResult]
+    x: np.ndarray
+    computed: dict[str, int]
+    store_path: Path
+    evidence_source: str | None
+    files: list[Path] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------- memory
+def _reset_peak_rss() -> bool:
+    """Reset the kernel's peak-RSS mark of this process (Linux ``clear_refs``)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process in MB (since the last reset where supported)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+# ---------------------------------------------------------------------------- helpers
+def options_hash(method: str, options: dict[str, Any], protocol: Protocol, lm_word: str = "target") -> str:
+    """Identity of an explanation setting: method options, target choice and max_length."""
+    payload = {"method": method, "options": options, "label": protocol.label, "max_length": protocol.max_length}
+    if lm_word != "target":
+        payload["lm_word"] = lm_word
+    raw = json.dumps(payload, sort_keys=True, default=str)
+    return hashlib.sha1(raw.encode()).hexdigest()[:16]
+
+
+def model_key(name: str) -> str:
+    """How a model is named in the store: the zoo name or the folder's absolute path, with a
+    fingerprint of its files (``name@1a2b3c4d``) so that results of a rebuilt or retrained model
+    are never mixed with the old one's; hub ids as given."""
+    from heedful import zoo
+
+    if name in zoo.ENTRIES:
+        label, folder = name, zoo.zoo_dir(name)
+    else:
+        folder = Path(name).expanduser()
+        label = str(folder.resolve()) if folder.exists() else name
+    if not folder.is_dir():
+        return label
+    digest = hashlib.sha1()
+    for file in sorted(folder.iterdir()):
+        if file.suffix in (".json", ".safetensors", ".bin") and file.is_file():
+            stat = file.stat()
+            digest.update(f"{file.name}:{stat.st_size}:{stat.st_mtime_ns};".encode())
+    return f"{label}@{digest.hexdigest()[:8]}"
+
+
+def make_runs(spec: BenchSpec, model_id: str, dataset_key: str) -> list[Run]:
+    """Runs of the spec's methods (the random baseline once per seed)."""
+    from heedful.registry import get_method
+
+    runs = []
+    for name in spec.methods:
+        info = get_method(name, None)
+        base = dict(spec.method_options.get(info.name, {}))
+        seeds: list[int | None] = [None]
+        if info.stochastic:
+            count = spec.protocol.random_seeds if info.family == "baseline" else 1
+            seeds = [spec.seed + i for i in range(count)]
+        for seed in seeds:
+            options = dict(base)
+            if seed is not None:
+                options["seed"] = seed
+            key = RunKey(model_id, dataset_key, spec.split, info.name, options_hash(info.name, options, spec.protocol, spec.lm_word))
+            runs.append(Run(info.name, info.name, options, key, seed))
+    return runs
+
+
+def select_inputs(model, spec: BenchSpec, skipped: dict[str, int]) -> tuple[list[ModelInput], Any]:
+    """The examples of the run: those the model can take and the protocol keeps, first ``n``."""
+    from heedful import datasets
+
+    data = datasets.load(spec.dataset, spec.split, None, **spec.dataset_options)
+    inputs = model_inputs(data, model.adapter, spec.protocol.label, skipped, spec.lm_word)
+    if spec.protocol.min_length > 0 and inputs:
+        tok = model.adapter.tokenizer
+        limit = min(spec.protocol.max_length or model.adapter.max_length, model.adapter.max_length)
+        texts = [i.text for i in inputs]
+        pairs = [i.text_pair for i in inputs]
+        args = (texts, pairs) if any(p is not None for p in pairs) else (texts,)
+        lengths = [len(ids) for ids in tok(*args, truncation=True, max_length=limit)["input_ids"]]
+        short = sum(1 for n in lengths if n < spec.protocol.min_length)
+        if short:
+            skipped[f"shorter than {spec.protocol.min_length} tokens"] = short
+        inputs = [i for i, n in zip(inputs, lengths, strict=True) if n >= spec.protocol.min_length]
+    if spec.n is not None:
+        inputs = inputs[: spec.n]
+    if not inputs:
+        raise HeedfulError(
+            f"no example of {spec.dataset} ({spec.split}) is usable with this model and protocol",
+            hint="skipped: " + (", ".join(f"{k}: {v}" for k, v in skipped.items()) or "none"),
+        )
+    return inputs, data
+
+
+def _target_key(target) -> str:
+    return "predicted" if target is None else repr(target)
+
+
+# ---------------------------------------------------------------------------- the runner
+def run_bench(
+    spec: BenchSpec,
+    console=None,
+    progress: bool = True,
+    on_batch: Callable[[str, int], None] | None = None,
+) -> BenchResult:
+    """Run (or resume) a benchmark; see the module docstring. ``on_batch(stage, n)`` is called
+    after each stored batch (``stage`` is ``"explain"`` or ``"evaluate"``)."""
+    import heedful
+
+    spec.protocol = get_protocol(spec.protocol)
+    names = metric_names(spec.metrics)
+    if spec.batch_size < 1:
+        raise InputError(f"batch size must be positive, got {spec.batch_size}")
+    model = spec.model if isinstance(spec.model, heedful.Model) else heedful.load(spec.model)
+    task = model.task
+    for name in names:
+        check_metric(METRICS[name], task)
+    for method in spec.methods:
+        heedful.get_method(method, task)  # unknown or unsupported methods fail before any work
+    skipped: dict[str, int] = {}
+    inputs, data = select_inputs(model, spec, skipped)
+    if any(METRICS[n].family == "plausibility" for n in names) and not any(i.evidence_spans for i in inputs):
+        raise HeedfulError(
+            f"{spec.dataset} has no evidence, so plausibility metrics are undefined",
+            hint="drop the plausibility metrics or use data with evidence",
+        )
+    key_of_model = spec.model_key or (model_key(spec.model) if isinstance(spec.model, str) else model.name)
+    dataset_key = spec.dataset if not Path(spec.dataset).exists() else str(Path(spec.dataset).resolve())
+    store = ResultsStore(spec.out)
+    phash = spec.protocol.hash()
+    store.put_protocol(phash, spec.protocol.name, spec.protocol.key_dict())
+    runs = make_runs(spec, key_of_model, dataset_key)
+    ids = [i.id for i in inputs]
+    by_id = {i.id: i for i in inputs}
+    bar = _progress(console) if progress else None
+    with bar if bar is not None else nullcontext():
+        for run in runs:
+            _explain_missing(model, store, run, inputs, spec, bar, on_batch)
+        for run in runs:
+            _evaluate_missing(model, store, run, ids, by_id, names, spec, phash, bar, on_batch)
+    groups, x = collect(store, runs, ids, names, spec.protocol)
+    store.close()
+    return BenchResult(
+        spec=spec,
+        model_name=key_of_model,
+        task=task,
+        n_examples=len(inputs),
+        skipped=skipped,
+        runs=runs,
+        groups=groups,
+        x=x,
+        computed=dict(store.written),
+        store_path=store.path,
+        evidence_source=getattr(data, "evidence_source", None),
+    )
+
+
+def _progress(console):
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console or Console(stderr=True),
+        transient=False,
+    )
+
+
+def _label(run: Run) -> str:
+    return run.method if run.seed is None or run.group != "random" else f"{run.method} (seed {run.seed})"
+
+
+def _explain_missing(model, store: ResultsStore, run: Run, inputs: list[ModelInput], spec: BenchSpec, bar, on_batch) -> None:
+    done = store.explanation_ids(run.key)
+    todo = [i for i in inputs if i.id not in done]
+    task_id = bar.add_task(f"explain  {_label(run)}", total=len(inputs), completed=len(inputs) - len(todo)) if bar else None
+    if not todo:
+        return
+    step = spec.batch_size * 4  # store every few model batches
+    for start in range(0, len(todo), step):
+        part = todo[start : start + step]
+        _reset_peak_rss()
+        groups: dict[str, list[int]] = {}
+        for k, item in enumerate(part):
+            groups.setdefault(_target_key(item.target), []).append(k)
+        found: dict[int, Explanation] = {}
+        began = time.perf_counter()
+        for members in groups.values():
+            items = [part[k] for k in members]
+            pairs = [i.text_pair for i in items]
+            explained = model.explain(
+                [i.text for i in items],
+                run.method,
+                items[0].target,
+                text_pair=pairs if any(p is not None for p in pairs) else None,
+                batch_size=spec.batch_size,
+                max_length=spec.protocol.max_length,
+                **run.options,
+            )
+            found.update(zip(members, explained, strict=True))
+        wall = time.perf_counter() - began
+        ordered = [found[k] for k in range(len(part))]
+        store.put_explanations(run.key, [(i.id, e) for i, e in zip(part, ordered, strict=True)])
+        store.add_cost(
+            run.key,
+            len(part),
+            wall,
+            sum(e.cost.forward_passes for e in ordered),
+            sum(e.cost.backward_passes for e in ordered),
+            peak_rss_mb(),
+        )
+        if bar is not None:
+            bar.advance(task_id, len(part))
+        if on_batch is not None:
+            on_batch("explain", len(part))
+
+
+def _evaluate_missing(
+    model, store: ResultsStore, run: Run, ids: list[str], by_id: dict[str, ModelInput], names: list[str],
+    spec: BenchSpec, phash: str, bar, on_batch,
+) -> None:
+    have = {name: store.metric_ids(run.key, name, phash) for name in names}
+    todo = [i for i in ids if any(i not in have[name] for name in names)]
+    task_id = bar.add_task(f"evaluate {_label(run)}", total=len(ids), completed=len(ids) - len(todo)) if bar else None
+    if not todo:
+        return
+    sources = sources_for(names)
+    stored = {s: store.measurement_ids(run.key, s, phash) for s in sources}
+    adapter = model.adapter
+    for start in range(0, len(todo), spec.batch_size):
+        part = todo[start : start + spec.batch_size]
+        expl_map = store.get_explanations(run.key, part)
+        missing_expl = [i for i in part if i not in expl_map]
+        if missing_expl:
+            raise HeedfulError(f"explanations of {missing_expl[:3]} are missing from {store.path}", hint="run again")
+        explanations = [expl_map[i] for i in part]
+        to_measure = [s for s in sources if any(i not in stored[s] for i in part)]
+        records: dict[str, list[dict]] = {}
+        if to_measure:
+            fresh = measure(adapter, explanations, spec.protocol, to_measure)
+            for s in to_measure:
+                records[s] = to_records(fresh, s)
+                new = [(i, r) for i, r in zip(part, records[s], strict=True) if i not in stored[s]]
+                store.put_measurements(run.key, s, phash, new)
+                stored[s].update(i for i, _ in new)
+        for s in sources:
+            if s not in records:
+                got = store.get_measurements(run.key, s, phash, part)
+                records[s] = [got[i] for i in part]
+        m = from_records(spec.protocol, records, len(part)) if records else Measurements(spec.protocol, len(part), x=spec.protocol.curve_ratios)
+        attach_references(m, explanations, [by_id[i] for i in part], adapter.task)
+        for name in names:
+            per = METRICS[name].compute(m)
+            rows = []
+            for b, ident in enumerate(part):
+                if ident in have[name]:
+                    continue
+                curve = None if per.curves is None else per.curves[b].tolist()
+                extra = None if per.extras is None else per.extras[b]
+                rows.append((ident, float(per.values[b]), curve, extra))
+            store.put_metrics(run.key, name, phash, rows)
+        if bar is not None:
+            bar.advance(task_id, len(part))
+        if on_batch is not None:
+            on_batch("evaluate", len(part))
+
+
+# ---------------------------------------------------------------------------- collecting
+def per_example_from_store(store: ResultsStore, key: RunKey, metric: str, phash: str, ids: Sequence[str]) -> PerExample:
+    """A metric's stored per-example values of ``ids`` (in that order)."""
+    got = store.get_metrics(key, metric, phash, ids)
+    rows = [got.get(i, (float("nan"), None, None)) for i in ids]
+    values = np.array([r[0] for r in rows], dtype=float)
+    curves = None
+    lengths = {len(r[1]) for r in rows if r[1] is not None}
+    if lengths:
+        width = max(lengths)
+        curves = np.full((len(rows), width), np.nan)
+        for b, r in enumerate(rows):
+            if r[1] is not None:
+                curves[b, : len(r[1])] = np.asarray(r[1], dtype=float)
+    extras = [r[2] or {} for r in rows] if any(r[2] is not None for r in rows) else None
+    return concat_per_example([PerExample(values, curves, extras)])
+
+
+def collect(store: ResultsStore, runs: Sequence[Run], ids: Sequence[str], names: Sequence[str], protocol: Protocol):
+    """Aggregate stored metrics per method group (random seeds -> mean and std over seeds)."""
+    phash = protocol.hash()
+    groups: dict[str, list[Run]] = {}
+    for run in runs:
+        groups.setdefault(run.group, []).append(run)
+    results: dict[str, GroupResult] = {}
+    for group, members in groups.items():
+        summaries: dict[str, Summary] = {}
+        curve_std: dict[str, np.ndarray] = {}
+        for name in names:
+            per_seed = [aggregate(METRICS[name], per_example_from_store(store, r.key, name, phash, ids), protocol) for r in members]
+            if len(per_seed) == 1:
+                summaries[name] = per_seed[0]
+                continue
+            values = np.array([s.value for s in per_seed])
+            curve = None
+            if all(s.curve is not None for s in per_seed):
+                stack = np.stack([s.curve for s in per_seed])
+                curve = np.nanmean(stack, axis=0)
+                curve_std[name] = np.nanstd(stack, axis=0, ddof=1)
+            summaries[name] = Summary(float(np.nanmean(values)), float(np.nanstd(values, ddof=1)), per_seed[0].n, curve)
+        costs = [store.cost(r.key) for r in members]
+        costs = [c for c in costs if c and c["examples"]]
+        total = sum(c["examples"] for c in costs)
+        cost = {
+            "seconds": sum(c["seconds"] for c in costs) / total if total else float("nan"),
+            "forward": sum(c["forward"] for c in costs) / total if total else float("nan"),
+            "backward": sum(c["backward"] for c in costs) / total if total else float("nan"),
+            "peak_mb": max((c["peak_mb"] for c in costs), default=float("nan")),
+        }
+        results[group] = GroupResult(group, summaries, curve_std, len(members), cost)
+    return results, protocol.curve_ratios

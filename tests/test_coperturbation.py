@@ -1,0 +1,181 @@
+"""Co-perturbation interest estimation (and Guan et al. 2019's settings): the objective's optimum,
+seeding and batch invariance, padding, layers, options and errors."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import torch
+from tiny import tiny_model
+
+import heedful
+from heedful.attribution import coperturbation as cp
+from heedful.attribution._noise import HEAD, NoiseProbe
+from heedful.targets import Target, resolve_target
+
+TEXTS = ["a charming and often affecting journey", "the movie was dull"]
+FAST = {"max_steps": 40, "samples": 4}
+
+
+@pytest.fixture(scope="module")
+def sharp() -> heedful.Model:
+    """A tiny BERT with larger weights, so that noise on the input visibly moves its output."""
+    return tiny_model("bert", initializer_range=0.2)
+
+
+def _resolved(model, texts, target=None):
+    adapter = model.adapter
+    batch = adapter.encode(texts)
+    anchor, _ = adapter.anchor_positions(batch)
+    with torch.no_grad():
+        ref = adapter.forward(batch, anchor)
+    return adapter, batch, resolve_target(Target.parse(target), adapter, batch, ref.logits)
+
+
+@dataclass
+class QuadraticProbe:
+    """A stand-in model whose distortion is ``sum_j c_j * mean_d eps_jd^2``: the normalised
+    objective is then ``sum_j c_j sigma_j^2 - (lam / 2) mean_j ln sigma_j``, minimised at
+    ``sigma_j^2 = lam / (4 n c_j)`` -- interest ``rho_j ~ sqrt(c_j)``."""
+
+    c: torch.Tensor  # [B, N]
+    dim: int = 16
+
+    def distortion(self, example, key, noise, normalise=True):
+        return (self.c[example, : noise.shape[1]] * noise.pow(2).mean(dim=-1)).sum(dim=1)
+
+
+def test_optimum_of_the_normalised_objective_is_found(tiny):
+    """Algorithm 1 with the Eq. 9 objective converges to the analytic optimum, for several
+    sentences (different lengths) and lambdas optimised together."""
+    model = tiny("bert")
+    adapter, batch, target = _resolved(model, TEXTS)
+    lengths = batch.lengths
+    gen = torch.Generator().manual_seed(0)
+    c = torch.rand(batch.input_ids.shape, generator=gen) * 4 + 0.5
+    probe = QuadraticProbe(c)
+    example = torch.tensor([0, 0, 1])
+    lam = torch.tensor([0.6, 2.0, 0.6])
+    settings = cp.Settings(samples=8, max_steps=800, tol=0.0, scale=2.0, lr=0.05, keep="last")
+    fit = cp.fit_interest(adapter, batch, target, example, torch.full((3,), HEAD), lam, settings, seed=0, probe=probe)
+    best = cp.fit_interest(adapter, batch, target, example, torch.full((3,), HEAD), lam, cp.Settings(**{**settings.__dict__, "keep": "best"}), seed=0, probe=probe)
+    for p in range(3):
+        e, n = int(example[p]), int(lengths[example[p]])
+        expected = torch.sqrt(lam[p] / (4 * n * c[e, :n])).clamp(max=2.0)
+        assert torch.allclose(fit.sigma[p, :n], expected, rtol=0.1), (fit.sigma[p, :n], expected)
+        assert torch.allclose(best.sigma[p, :n], expected, rtol=0.25), (best.sigma[p, :n], expected)
+        assert (fit.sigma[p, n:] == 0).all()  # padding carries no noise
+    # larger lambda -> more noise everywhere
+    assert (fit.sigma[1, :7] > fit.sigma[0, :7]).all()
+
+
+def test_seeded_deterministic_and_batch_invariant(sharp):
+    together = sharp.explain(TEXTS, method="coperturbation", seed=0, **FAST)
+    alone = sharp.explain(TEXTS[1], method="coperturbation", seed=0, **FAST)
+    again = sharp.explain(TEXTS[1], method="coperturbation", seed=0, **FAST)
+    other = sharp.explain(TEXTS[1], method="coperturbation", seed=1, **FAST)
+    assert np.array_equal(alone.scores, again.scores)
+    np.testing.assert_allclose(together[1].scores, alone.scores, atol=1e-4)
+    assert not np.allclose(other.scores, alone.scores)
+    assert alone.cost.backward_passes == FAST["max_steps"] * FAST["samples"]
+
+
+def test_scores_normalised_over_content_tokens(sharp):
+    e = sharp.explain(TEXTS[0], method="coperturbation", seed=0, **FAST)
+    content = ~np.array(e.special)
+    assert np.isclose(e.scores[content].sum(), 1.0, atol=1e-5)
+    assert (e.scores > 0).all()  # special tokens are noised too and keep a score
+    log = sharp.explain(TEXTS[0], method="coperturbation", seed=0, score="log_rho", **FAST)
+    np.testing.assert_allclose(np.exp(log.scores), e.scores, rtol=1e-5)
+    raw = sharp.explain(TEXTS[0], method="coperturbation", seed=0, normalize=False, **FAST)
+    np.testing.assert_allclose(raw.scores / raw.scores[content].sum(), e.scores, rtol=1e-5)
+
+
+def test_padding_gets_no_noise_and_does_not_move_real_positions(sharp):
+    adapter, batch, target = _resolved(sharp, TEXTS)
+    probe = NoiseProbe.build(adapter, batch, target, (HEAD, 1))
+    noise = torch.zeros(2, batch.seq_len, probe.dim)
+    pad = ~batch.attention_mask.bool()
+    noise[pad] = 5.0  # only padded positions of the short sentence
+    for key in (HEAD, 1):
+        d = probe.distortion(torch.arange(2), torch.full((2,), key), noise)
+        assert d.abs().max() < 1e-6
+
+
+def test_layerwise_rows_equal_single_layer_runs(sharp):
+    layerwise = sharp.explain(TEXTS, method="coperturbation", seed=0, layerwise=True, **FAST)
+    assert layerwise[0].scores.shape == (sharp.adapter.num_layers, len(layerwise[0].tokens))
+    for k in (1, 2):
+        single = sharp.explain(TEXTS, method="coperturbation", seed=0, layer=k, **FAST)
+        for a, b in zip(layerwise, single, strict=True):
+            np.testing.assert_allclose(a.scores[k - 1], b.scores, atol=1e-4)
+    last = sharp.explain(TEXTS[0], method="coperturbation", seed=0, layer=-1, **FAST)
+    np.testing.assert_allclose(last.scores, layerwise[0].scores[-1], atol=1e-4)
+
+
+def test_guan2019_is_the_same_optimiser_with_reference_settings(sharp):
+    guan = sharp.explain(TEXTS[0], method="guan2019", seed=0, rate=0.1, max_steps=30)
+    same = sharp.explain(TEXTS[0], method="coperturbation", seed=0, lam=0.2, samples=1, max_steps=30, tol=0)
+    np.testing.assert_allclose(guan.scores, same.scores, rtol=1e-6)
+    info = heedful.get_method("guan2019")
+    assert info.defaults["max_steps"] == 5000 and info.defaults["samples"] == 1 and info.defaults["rate"] == 0.1
+
+
+@pytest.mark.parametrize("family,task", [("gpt2", "causal_lm"), ("llama", "classification"), ("roberta", "masked_lm"), ("distilbert", "regression")])
+def test_every_task_and_space(tiny, family, task):
+    model = tiny(family, task)
+    text = TEXTS[0] if task != "masked_lm" else TEXTS[0].replace("often", model.tokenizer.mask_token)
+    for space in ("embedding_output", "word_embeddings"):
+        e = model.explain(text, method="coperturbation", seed=0, space=space, max_steps=5, samples=2)
+        assert np.isfinite(e.scores).all() and e.scores.shape == (len(e.tokens),)
+
+
+def test_contrastive_target_through_the_target_output(tiny):
+    model = tiny("gpt2", "causal_lm")
+    tokens = model.tokenizer.tokenize(" paris")
+    tokens2 = model.tokenizer.tokenize(" film")
+    target = f"{model.tokenizer.convert_tokens_to_string(tokens[:1])} vs {model.tokenizer.convert_tokens_to_string(tokens2[:1])}"
+    e = model.explain("the capital of france is", method="coperturbation", target=target, output="target", seed=0, max_steps=5, samples=2)
+    assert e.target.kind == "contrast" and np.isfinite(e.scores).all()
+
+
+def test_fit_reports_steps_convergence_and_history(sharp):
+    adapter, batch, target = _resolved(sharp, TEXTS)
+    fit, shape = cp.estimate_interest(adapter, batch, target, layers=[None, 1], lams=[0.3, 0.6], settings=cp.Settings(max_steps=60, window=10, tol=0.5, samples=2))
+    assert shape == (2, 2, 2) and fit.sigma.shape == (8, batch.seq_len)
+    assert fit.converged.all() and (fit.steps == 20).all()  # a loose tol stops at the first check
+    assert fit.history.shape == (20, 8) and torch.isfinite(fit.history).all()
+    assert (fit.objective <= fit.history.min(dim=0).values + 1e-6).all()  # the best state is kept
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"layer": 9}, {"layer": 0}, {"layer": 1, "layerwise": True}, {"score": "sigma"}, {"space": "pixels"}, {"output": "argmax"}, {"samples": 0}, {"lam": -1}, {"scale": 0}],
+)
+def test_bad_options_raise_input_errors(tiny, options):
+    model = tiny("bert")
+    with pytest.raises(heedful.InputError):
+        model.explain(TEXTS[0], method="coperturbation", max_steps=2, **options)
+
+
+def test_cli_explain_twice_gives_identical_scores(monkeypatch, capsys, tmp_path):
+    from tiny import tiny_hf
+
+    from heedful import cli
+
+    hf_model, tokenizer = tiny_hf("bert")
+    hf_model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    found = []
+    for _ in range(2):
+        monkeypatch.setattr("sys.argv", ["heedful", "explain", TEXTS[0], "--model", str(tmp_path), "--method", "coperturbation", "--seed", "0", "--json", "-o", "max_steps=20"])
+        try:
+            cli.main()
+        except SystemExit as exc:
+            assert not exc.code
+        found.append(json.loads(capsys.readouterr().out)["scores"])
+    assert found[0] == found[1]
+
