@@ -10,7 +10,9 @@ For the first ``--n`` held-out sentences of the movies test split and the zoo mo
    the forward pass;
 3. runs Captum on the same ``transformers`` model and the same encoded batch for saliency
    (``Saliency``), gradient x input (``InputXGradient``), integrated gradients
-   (``LayerIntegratedGradients`` on the word-embedding layer, same steps, rule and baseline)
+   (``LayerIntegratedGradients`` on the word-embedding layer, same steps, rule and baseline;
+   ``internal_batch_size`` by default the rows heedful's own token budget allows, since all
+   ``n x 50`` rows in one batch need about 20 GB -- ``--captum-ig-batch none`` leaves it unset)
    and leave-one-out (``FeatureAblation`` with one feature per content token, ``[MASK]`` as
    baseline), and gives the speed ratio Captum / heedful and the largest absolute difference
    between the two attributions on real tokens;
@@ -26,7 +28,11 @@ resolves the predicted class, the method, building the Explanations). Captum's t
 Captum, not heedful.
 
     python benchmarks/core_methods.py [--model minilm-sentiment] [--n 64] [--repeats 3]
-                                      [--out benchmarks/results/core_methods.md] [--tiny]
+                                      [--out benchmarks/results/core_methods.md]
+                                      [--core | --methods NAME...] [--skip NAME...] [--tiny]
+
+Every registered method is timed unless ``--core`` (the methods of issue 2), ``--methods`` or
+``--skip`` say otherwise; some later methods run hundreds to thousands of passes.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import importlib.metadata
+import math
 import os
 import platform
 import statistics
@@ -52,6 +59,7 @@ from rich.console import Console
 from rich.markdown import Markdown
 
 import heedful
+from heedful.attribution._common import TOKEN_BUDGET
 from heedful.batch import Batch
 from heedful.datasets import load_split
 
@@ -66,14 +74,20 @@ METHOD_OPTIONS: dict[str, dict[str, Any]] = {
 }
 NORMXLOGIT_TARGET = 1.3  # normxlogit <= 1.3 x a forward pass
 IG_TARGET = 1.5  # heedful IG >= 1.5 x faster than Captum's LayerIntegratedGradients
+STARTED = dt.datetime.now().astimezone()
 
 
 # ---------------------------------------------------------------------------------- timing
 @dataclass
 class Timing:
-    """Wall times (seconds) of the timed runs, and the last run's result."""
+    """Wall and process CPU times (seconds) of the timed runs, and the last run's result.
+
+    CPU time is a cross-check for a busy machine: time slices lost to other processes inflate
+    wall time but not CPU time (spin-waiting threads still count, so it is no exact measure).
+    """
 
     times: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)
     result: Any = None
 
     @property
@@ -81,26 +95,48 @@ class Timing:
         return statistics.median(self.times)
 
     @property
+    def cpu_median(self) -> float:
+        return statistics.median(self.cpu)
+
+    @property
     def spread(self) -> str:
         return f"{min(self.times):.3g}-{max(self.times):.3g}"
 
 
-def measure(fns: dict[str, Callable[[], Any]], repeats: int, warmup: int = 1) -> dict[str, Timing]:
+def measure(
+    fns: dict[str, Callable[[], Any]],
+    repeats: int,
+    warmup: int = 1,
+    long: float = float("inf"),
+    min_seconds: float = 0.0,
+) -> dict[str, Timing]:
     """Time each function ``repeats`` times after ``warmup`` untimed runs.
 
     The functions are interleaved, and their order is reversed on every other round, so that a
-    burst of load from elsewhere on the machine is shared between them.
+    burst of load from elsewhere on the machine is shared between them. Quick functions get
+    more rounds (up to ``5 x repeats``) until a round has taken ``min_seconds`` in all; when a
+    warm-up run took longer than ``long`` seconds, one timed run is made instead.
     """
     names = list(fns)
+    slowest, round_time = 0.0, 0.0
     for _ in range(warmup):
+        round_time = 0.0
         for name in names:
+            began = time.perf_counter()
             fns[name]()
+            took = time.perf_counter() - began
+            slowest, round_time = max(slowest, took), round_time + took
+    if slowest > long:
+        repeats = 1
+    elif round_time > 0:
+        repeats = max(repeats, min(5 * repeats, math.ceil(min_seconds / round_time)))
     timings = {name: Timing() for name in names}
     for round_ in range(repeats):
         for name in names if round_ % 2 == 0 else names[::-1]:
-            began = time.perf_counter()
+            began, cpu = time.perf_counter(), time.process_time()
             result = fns[name]()
             timings[name].times.append(time.perf_counter() - began)
+            timings[name].cpu.append(time.process_time() - cpu)
             timings[name].result = result
     return timings
 
@@ -142,7 +178,10 @@ def scores_matrix(explanations: list[heedful.Explanation], batch: Batch) -> torc
 class CaptumSide:
     """The standard Captum recipes for text, on heedful's ``transformers`` model and batch."""
 
-    def __init__(self, model: heedful.Model, batch: Batch) -> None:
+    def __init__(
+        self, model: heedful.Model, batch: Batch, ig_internal_batch_size: int | None
+    ) -> None:
+        self.ig_internal_batch_size = ig_internal_batch_size
         self.hf = model.hf_model
         self.adapter = model.adapter
         self.batch = batch
@@ -155,7 +194,9 @@ class CaptumSide:
         self.target = logits.argmax(dim=-1)  # heedful's default target: the predicted class
         content = batch.content_mask
         # IG baseline: content tokens -> [PAD], special tokens kept (heedful's baseline="pad")
-        self.pad_baseline = torch.where(content, torch.full_like(self.ids, self.adapter.pad_token_id), self.ids)
+        self.pad_baseline = torch.where(
+            content, torch.full_like(self.ids, self.adapter.pad_token_id), self.ids
+        )
         # Leave-one-out: every content token its own feature (id = its position); special and
         # pad positions share feature 0, whose "ablation" puts the same token back (no change).
         positions = torch.arange(self.ids.shape[1]).expand_as(self.ids)
@@ -201,6 +242,7 @@ class CaptumSide:
             additional_forward_args=self._extra(),
             n_steps=IG_STEPS,
             method=IG_RULE,
+            internal_batch_size=self.ig_internal_batch_size,
         )
         return attr.sum(dim=-1)
 
@@ -243,12 +285,26 @@ class Row:
     def ratio_captum(self) -> float | None:
         return None if self.captum is None else self.captum.median / self.heedful.median
 
+    @property
+    def cpu_ratio_forward(self) -> float:
+        return self.heedful.cpu_median / self.forward.cpu_median
+
+    @property
+    def cpu_ratio_captum(self) -> float | None:
+        return None if self.captum is None else self.captum.cpu_median / self.heedful.cpu_median
+
 
 def fmt_s(seconds: float) -> str:
     return f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
-def machine_info(model: heedful.Model, args: argparse.Namespace, batch: Batch, load_before, load_after) -> list[str]:
+def machine_info(
+    model: heedful.Model,
+    args: argparse.Namespace,
+    batch: Batch,
+    ig_chunk: int | None,
+    loads: list[float],
+) -> list[str]:
     cpu = platform.processor() or "unknown"
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -258,84 +314,176 @@ def machine_info(model: heedful.Model, args: argparse.Namespace, batch: Batch, l
     except OSError:
         pass
     versions = ", ".join(
-        f"{dist} {importlib.metadata.version(dist)}" for dist in ("torch", "transformers", "captum", "heedful")
+        f"{dist} {importlib.metadata.version(dist)}"
+        for dist in ("torch", "transformers", "captum", "heedful")
     )
     attn = getattr(model.hf_model.config, "_attn_implementation", "?")
     lengths = batch.lengths.float()
+    params = sum(p.numel() for p in model.hf_model.parameters()) / 1e6
     return [
-        f"- date: {dt.datetime.now().astimezone().isoformat(timespec='seconds')}",
-        f"- machine: {platform.machine()}, {cpu}, {os.cpu_count()} logical cores; "
-        f"torch threads {torch.get_num_threads()} (both sides); load average "
-        f"{load_before[0]:.2f} before, {load_after[0]:.2f} after",
+        f"- date: {STARTED.isoformat(timespec='seconds')} (start of the run)",
+        f"- machine: {platform.machine()}, {cpu}, {os.cpu_count()} logical cores, shared; torch "
+        f"threads {torch.get_num_threads()} on both sides; 1-minute load average during the run "
+        f"{min(loads):.1f}-{max(loads):.1f}",
         f"- python {platform.python_version()}, {versions}",
-        f"- model: {model.name} ({model.adapter.family}, {model.task}, attention "
-        f"{attn!r} as loaded, {sum(p.numel() for p in model.hf_model.parameters()) / 1e6:.1f}M parameters)",
-        f"- inputs: first {len(batch)} sentences of the movies test split; padded length "
-        f"{batch.seq_len}, real length mean {lengths.mean():.1f} (min {int(lengths.min())}, "
+        f"- model: {model.name} ({model.adapter.family}, {model.task}, {params:.1f}M parameters, "
+        f"attention {attn!r} as heedful loads it, used by both sides)",
+        f"- inputs: first {len(batch)} sentences of the movies test split, one batch; padded length "
+        f"{batch.seq_len}, real lengths mean {lengths.mean():.1f} (min {int(lengths.min())}, "
         f"max {int(lengths.max())})",
-        f"- timing: 1 warm-up + {args.repeats} timed runs each, median reported; runs of the "
-        "sides compared interleaved",
+        f"- timing: 1 warm-up + at least {args.repeats} timed runs each (more, up to "
+        f"{5 * args.repeats}, for quick methods until {args.min_seconds:.0f} s are spent; 1 where a "
+        f"warm-up took over {args.long:.0f} s), median reported; the runs of the forward pass, "
+        "heedful and Captum interleaved, alternating their order",
+        "- Captum LayerIntegratedGradients: internal_batch_size "
+        + (
+            "unset (all steps in one batch)"
+            if ig_chunk is None
+            else f"{ig_chunk} rows, the rows heedful's own token budget allows at the padded length "
+            f"(unset puts all {len(batch) * IG_STEPS} rows in one batch; for 64 sentences on "
+            "minilm-sentiment that takes about 20 GB)"
+        ),
     ]
 
 
-def render_markdown(rows: list[Row], forward: Timing, info: list[str], verdicts: list[str]) -> str:
+def render_markdown(
+    rows: list[Row], forward: Timing, info: list[str], verdicts: list[str], skipped: list[str]
+) -> str:
     lines = [
         "# heedful core methods: speed",
         "",
         f"Unit: one plain batched forward pass (no grad) = **{fmt_s(forward.median)}** "
         f"(median of all {len(forward.times)} forward runs, range {forward.spread} s).",
         "",
-        "| method | family | heedful | × forward | Captum recipe | Captum | Captum / heedful | max abs diff | max abs score |",
-        "|---|---|---:|---:|---|---:|---:|---:|---:|",
+        "| method | family | runs | heedful | × forward | (CPU) | Captum recipe | Captum | Captum / heedful | (CPU) | max abs diff | max abs score |",
+        "|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         captum = "—" if r.captum is None else fmt_s(r.captum.median)
         ratio = "—" if r.ratio_captum is None else f"{r.ratio_captum:.2f}×"
-        diff = "—" if r.max_diff is None else f"{r.max_diff:.2e}"
+        cpu_ratio = "—" if r.cpu_ratio_captum is None else f"{r.cpu_ratio_captum:.2f}×"
+        diff = "—" if r.max_diff is None else f"{r.max_diff:.1e}"
         score = "—" if r.max_score is None else f"{r.max_score:.3g}"
         lines.append(
-            f"| {r.method} | {r.family} | {fmt_s(r.heedful.median)} | {r.ratio_forward:.2f}× | "
-            f"{r.captum_name or '—'} | {captum} | {ratio} | {diff} | {score} |"
+            f"| {r.method} | {r.family} | {len(r.heedful.times)} | {fmt_s(r.heedful.median)} | "
+            f"{r.ratio_forward:.2f}× | {r.cpu_ratio_forward:.2f}× | {r.captum_name or '—'} | {captum} | "
+            f"{ratio} | {cpu_ratio} | {diff} | {score} |"
         )
     lines += [
         "",
-        "× forward: median of the method's `model.explain` time over the median of the forward "
-        "runs interleaved with it. Captum / heedful > 1 means heedful is faster. Differences are "
-        "taken on real (non-pad) tokens, after reducing Captum's `[B, N, D]` attributions like "
-        "heedful does (L2 norm over D for saliency, sum over D otherwise).",
-        "",
-        "## Targets",
-        "",
-        *verdicts,
-        "",
-        "## Machine",
-        "",
-        *info,
-        "",
+        "heedful: the whole `model.explain(texts, method, batch_size=n)` call (tokenization, the "
+        "reference pass that resolves the predicted class, the method, the Explanations). Captum: "
+        "its `attribute` call alone, target classes given. × forward: the method's median over the "
+        "median of the forward runs interleaved with it; (CPU): the same ratio of process CPU times, "
+        "less disturbed by other processes on a busy machine. Captum / heedful > 1: heedful is faster. "
+        "Differences: on real (non-pad) tokens, Captum's `[B, N, D]` attributions reduced as heedful "
+        "does (L2 norm over D for saliency, sum over D otherwise).",
     ]
+    if skipped:
+        lines += ["", "Not timed: " + ", ".join(skipped) + "."]
+    lines += ["", "## Targets", "", *verdicts, "", "## Machine", "", *info, ""]
     return "\n".join(lines)
 
 
+def verdict_lines(rows: list[Row]) -> list[str]:
+    by_name = {r.method: r for r in rows}
+    verdicts = []
+    if "normxlogit" in by_name:
+        r = by_name["normxlogit"]
+        ok = r.ratio_forward <= NORMXLOGIT_TARGET
+        verdicts.append(
+            f"- normxlogit ≤ {NORMXLOGIT_TARGET}× a forward pass: **{'holds' if ok else 'missed'}** "
+            f"({r.ratio_forward:.2f}× wall time; {r.cpu_ratio_forward:.2f}× CPU time)"
+        )
+    r = by_name.get("integrated_gradients")
+    if r is not None and r.captum is not None:
+        ok = r.ratio_captum >= IG_TARGET
+        verdicts.append(
+            f"- integrated gradients ≥ {IG_TARGET}× faster than Captum's LayerIntegratedGradients "
+            f"at {IG_STEPS} steps: **{'holds' if ok else 'missed'}** ({r.ratio_captum:.2f}× wall "
+            f"time; {r.cpu_ratio_captum:.2f}× CPU time)"
+        )
+    return verdicts
+
+
 # ---------------------------------------------------------------------------------- main
+CORE_METHODS = (
+    "random",
+    "embedding_norm",
+    "logat",
+    "normxlogit",
+    "saliency",
+    "grad_x_input",
+    "integrated_gradients",
+    "smoothgrad",
+    "raw_attention",
+    "rollout",
+    "leave_one_out",
+)
+"""The methods of issue 2 (``--core``)."""
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="minilm-sentiment", help="zoo name or model directory")
-    parser.add_argument("--n", type=int, default=64, help="number of held-out sentences (one batch)")
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs per measurement (median)")
+    parser.add_argument(
+        "--n", type=int, default=64, help="number of held-out sentences (one batch)"
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="timed runs per measurement (median)"
+    )
     parser.add_argument("--threads", type=int, default=2, help="torch threads, both sides")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "core_methods.md")
-    parser.add_argument("--methods", nargs="*", help="only these methods (default: every registered one)")
-    parser.add_argument("--tiny", action="store_true", help="a tiny random BERT instead (script debugging)")
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        metavar="NAME",
+        help="only these methods (default: every registered one)",
+    )
+    parser.add_argument("--core", action="store_true", help="only the methods of issue 2")
+    parser.add_argument("--skip", nargs="+", default=[], metavar="NAME", help="methods not to time")
+    parser.add_argument(
+        "--long",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="one timed run instead of --repeats when a warm-up run takes longer than this",
+    )
+    parser.add_argument(
+        "--min-seconds",
+        type=float,
+        default=60.0,
+        help="quick methods get more timed rounds (up to 5 x --repeats) until this much time is spent",
+    )
+    parser.add_argument(
+        "--captum-ig-batch",
+        default="budget",
+        metavar="ROWS|budget|none",
+        help="internal_batch_size of Captum's LayerIntegratedGradients: 'budget' (default) = the rows "
+        "heedful's token budget allows at the padded length, 'none' = unset (one batch of n x 50 rows)",
+    )
+    parser.add_argument(
+        "--tiny", action="store_true", help="a tiny random BERT instead (to debug the script)"
+    )
     return parser.parse_args(argv)
+
+
+def captum_ig_batch(option: str, batch: Batch) -> int | None:
+    if option == "none":
+        return None
+    if option == "budget":
+        return max(len(batch), TOKEN_BUDGET // batch.seq_len)
+    return int(option)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 200)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     warnings.filterwarnings("ignore", message=r".*were truncated")
-    load_before = os.getloadavg()
+    warnings.filterwarnings("ignore", message=r"Input Tensor \d+ did not already require gradients")
+    loads = [os.getloadavg()[0]]
 
     model = load_model(args)
     texts = load_texts(args.n)
@@ -347,12 +495,29 @@ def main(argv: list[str] | None = None) -> int:
         with torch.no_grad():
             return hf(**inputs).logits
 
-    infos = [m for m in heedful.methods(task=model.task) if not args.methods or m.name in args.methods]
-    captum = CaptumSide(model, batch)
-    content = batch.attention_mask.bool()
+    registered = heedful.methods(task=model.task)
+    wanted = set(args.methods or (CORE_METHODS if args.core else [m.name for m in registered]))
+    infos = [m for m in registered if m.name in wanted and m.name not in args.skip]
+    skipped = [m.name for m in registered if m not in infos]
+    # issue 2's methods first, so that an interrupted run still has the figures that matter
+    run_order = sorted(infos, key=lambda m: m.name not in CORE_METHODS)
+    ig_chunk = captum_ig_batch(args.captum_ig_batch, batch)
+    captum = CaptumSide(model, batch, ig_chunk)
+    real = batch.attention_mask.bool()
     all_forward = Timing()
-    rows: list[Row] = []
-    for info in infos:
+    rows: dict[str, Row] = {}
+    failed: list[str] = []
+
+    def report() -> str:
+        ordered = [rows[m.name] for m in infos if m.name in rows]
+        info_lines = machine_info(model, args, batch, ig_chunk, loads)
+        notes = skipped + [f"{name} (failed)" for name in failed]
+        text = render_markdown(ordered, all_forward, info_lines, verdict_lines(ordered), notes)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text, encoding="utf-8")
+        return text
+
+    for info in run_order:
         options = METHOD_OPTIONS.get(info.name, {})
 
         def explain(name: str = info.name, opts: dict = options) -> list[heedful.Explanation]:
@@ -363,42 +528,36 @@ def main(argv: list[str] | None = None) -> int:
         if recipe is not None:
             fns["captum"] = lambda fn=recipe[1]: fn(captum)
         console.print(f"[dim]timing {info.name} ...[/dim]")
-        timed = measure(fns, args.repeats)
+        try:
+            timed = measure(fns, args.repeats, long=args.long, min_seconds=args.min_seconds)
+        except Exception as exc:  # one broken method must not lose the others' figures
+            console.print(f"  [red]{info.name} failed: {type(exc).__name__}: {exc}[/red]")
+            failed.append(info.name)
+            continue
+        loads.append(os.getloadavg()[0])
         all_forward.times.extend(timed["forward"].times)
+        all_forward.cpu.extend(timed["forward"].cpu)
         row = Row(info.name, info.family, timed["heedful"], timed["forward"])
         if recipe is not None:
             ours = scores_matrix(timed["heedful"].result, batch)
             theirs = timed["captum"].result.detach().to(torch.float64)
             row.captum_name, row.captum = recipe[0], timed["captum"]
-            row.max_diff = float((ours - theirs)[content].abs().max())
-            row.max_score = float(ours[content].abs().max())
-        rows.append(row)
-        captum_note = "" if row.captum is None else f", Captum {fmt_s(row.captum.median)}"
-        console.print(f"  {info.name}: {fmt_s(row.heedful.median)} = {row.ratio_forward:.2f}× forward{captum_note}")
+            row.max_diff = float((ours - theirs)[real].abs().max())
+            row.max_score = float(ours[real].abs().max())
+        rows[info.name] = row
+        note = (
+            ""
+            if row.captum is None
+            else f"; Captum {fmt_s(row.captum.median)} ({row.ratio_captum:.2f}×)"
+        )
+        console.print(
+            f"  {info.name}: {fmt_s(row.heedful.median)} = {row.ratio_forward:.2f}× forward{note}"
+        )
+        report()
 
-    verdicts = []
-    by_name = {r.method: r for r in rows}
-    if "normxlogit" in by_name:
-        r = by_name["normxlogit"]
-        ok = r.ratio_forward <= NORMXLOGIT_TARGET
-        verdicts.append(
-            f"- normxlogit ≤ {NORMXLOGIT_TARGET}× a forward: **{'holds' if ok else 'missed'}** "
-            f"({r.ratio_forward:.2f}×)"
-        )
-    if "integrated_gradients" in by_name and by_name["integrated_gradients"].captum is not None:
-        r = by_name["integrated_gradients"]
-        ok = r.ratio_captum >= IG_TARGET
-        verdicts.append(
-            f"- integrated gradients ≥ {IG_TARGET}× faster than Captum's LayerIntegratedGradients "
-            f"at {IG_STEPS} steps: **{'holds' if ok else 'missed'}** ({r.ratio_captum:.2f}×)"
-        )
-    info_lines = machine_info(model, args, batch, load_before, os.getloadavg())
-    text = render_markdown(rows, all_forward, info_lines, verdicts)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text, encoding="utf-8")
-    console.print(Markdown(text))
+    console.print(Markdown(report()))
     console.print(f"[dim]written to {args.out}[/dim]")
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -19,10 +19,13 @@ On the first ``--n`` sentences of the movies test split and the zoo model ``mini
 
 Timing: ``torch.set_num_threads`` fixed for both sides; each measurement has a short warm-up,
 then ``--repeats`` timed runs (median reported), sides interleaved. heedful's time is the whole
-``model.explain`` call; Captum's is its ``attribute`` calls with targets handed to it.
+``model.explain`` call; Captum's is its ``attribute`` calls with targets handed to it. On a
+shared machine run with ``OMP_WAIT_POLICY=PASSIVE``: with spinning OpenMP threads and other
+processes on the cores, small per-step workloads (one sentence at a time) slow down many times
+over and the comparison measures the contention, not the code.
 
     python benchmarks/perturbation_methods.py [--model minilm-sentiment] [--n 32] [--steps 20]
-        [--samples 8] [--surrogate-samples 200] [--repeats 1] [--threads 2]
+        [--samples 4] [--surrogate-samples 200] [--surrogate-n N] [--repeats 1] [--threads 2]
         [--out benchmarks/results/perturbation_methods.md] [--tiny]
 """
 
@@ -74,7 +77,11 @@ class Timing:
         return statistics.median(self.times)
 
 
-def measure(fns: dict[str, Callable[[], Any]], repeats: int, warmups: dict[str, Callable[[], Any]] | None = None) -> dict[str, Timing]:
+def measure(
+    fns: dict[str, Callable[[], Any]],
+    repeats: int,
+    warmups: dict[str, Callable[[], Any]] | None = None,
+) -> dict[str, Timing]:
     """Time each function ``repeats`` times, interleaved (order reversed every other round)."""
     for fn in (warmups or fns).values():
         fn()
@@ -116,7 +123,9 @@ def load_texts(args: argparse.Namespace) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------- part 1
-def coperturbation_part(model: heedful.Model, texts: list[str], args: argparse.Namespace) -> dict[str, Any]:
+def coperturbation_part(
+    model: heedful.Model, texts: list[str], args: argparse.Namespace
+) -> dict[str, Any]:
     opts = {"max_steps": args.steps, "samples": args.samples, "tol": 0.0, "seed": 0}
     warm = {"max_steps": 1, "samples": args.samples, "tol": 0.0, "seed": 0}
 
@@ -131,7 +140,10 @@ def coperturbation_part(model: heedful.Model, texts: list[str], args: argparse.N
         args.repeats,
         warmups={"warm": lambda: model.explain(texts[:2], "coperturbation", batch_size=2, **warm)},
     )
-    diffs = [float(np.abs(a.scores - b.scores).max()) for a, b in zip(timed["batched"].result, timed["one_at_a_time"].result, strict=True)]
+    diffs = [
+        float(np.abs(a.scores - b.scores).max())
+        for a, b in zip(timed["batched"].result, timed["one_at_a_time"].result, strict=True)
+    ]
     return {
         "batched": timed["batched"].median,
         "sequential": timed["one_at_a_time"].median,
@@ -157,7 +169,9 @@ class CaptumSurrogates:
         self.mask_id = self.adapter.removal_token_id
         gens = example_generators(self.batch, 0)
         self.lime_keep = surrogate.lime_samples(self.features, n_samples, "bernoulli", gens)
-        self.shap_keep = surrogate.shap_samples(self.features, n_samples, example_generators(self.batch, 0))
+        self.shap_keep = surrogate.shap_samples(
+            self.features, n_samples, example_generators(self.batch, 0)
+        )
 
     def _example(self, b: int):
         batch, target = self.batch, self.target
@@ -200,8 +214,19 @@ class CaptumSurrogates:
                 d = 1.0 - (float(interpretable.sum()) / m) ** 0.5
                 return float(np.exp(-(d**2) / (2 * KERNEL_WIDTH**2)))
 
-            lime = Lime(forward, interpretable_model=SkLearnRidge(alpha=RIDGE_ALPHA), similarity_func=similarity, perturb_func=self._replay(self.lime_keep[b, :, :m]))
-            attr = lime.attribute(inputs, baselines=self.mask_id, feature_mask=torch.arange(m)[None], n_samples=self.n_samples, perturbations_per_eval=per_eval)
+            lime = Lime(
+                forward,
+                interpretable_model=SkLearnRidge(alpha=RIDGE_ALPHA),
+                similarity_func=similarity,
+                perturb_func=self._replay(self.lime_keep[b, :, :m]),
+            )
+            attr = lime.attribute(
+                inputs,
+                baselines=self.mask_id,
+                feature_mask=torch.arange(m)[None],
+                n_samples=self.n_samples,
+                perturbations_per_eval=per_eval,
+            )
             out[b, positions] = attr[0].float()
         return out
 
@@ -212,20 +237,35 @@ class CaptumSurrogates:
             m, positions, forward, inputs = self._example(b)
             ks = KernelShap(forward)
             ks.perturb_func = self._replay(self.shap_keep[b, :, :m])
-            attr = ks.attribute(inputs, baselines=self.mask_id, feature_mask=torch.arange(m)[None], n_samples=self.n_samples, perturbations_per_eval=per_eval)
+            attr = ks.attribute(
+                inputs,
+                baselines=self.mask_id,
+                feature_mask=torch.arange(m)[None],
+                n_samples=self.n_samples,
+                perturbations_per_eval=per_eval,
+            )
             out[b, positions] = attr[0].float()
         return out
 
 
-def surrogate_part(model: heedful.Model, texts: list[str], args: argparse.Namespace) -> list[dict[str, Any]]:
+def surrogate_part(
+    model: heedful.Model, texts: list[str], args: argparse.Namespace
+) -> list[dict[str, Any]]:
     k = args.surrogate_samples
     captum = CaptumSurrogates(model, texts, k)
     ours_opts = {
-        "lime": {"n_samples": k, "sampling": "bernoulli", "kernel_width": KERNEL_WIDTH, "alpha": RIDGE_ALPHA, "seed": 0},
+        "lime": {
+            "n_samples": k,
+            "sampling": "bernoulli",
+            "kernel_width": KERNEL_WIDTH,
+            "alpha": RIDGE_ALPHA,
+            "seed": 0,
+        },
         "kernel_shap": {"n_samples": k, "seed": 0},
     }
     rows = []
     for name in ("lime", "kernel_shap"):
+
         def ours(name: str = name) -> torch.Tensor:
             found = model.explain(texts, name, batch_size=len(texts), **ours_opts[name])
             out = torch.zeros(captum.batch.input_ids.shape)
@@ -235,11 +275,22 @@ def surrogate_part(model: heedful.Model, texts: list[str], args: argparse.Namesp
 
         theirs = getattr(captum, name)
         timed = measure(
-            {"heedful": ours, "captum_1": lambda fn=theirs: fn(1), "captum_all": lambda fn=theirs, k=k: fn(k)},
+            {
+                "heedful": ours,
+                "captum_1": lambda fn=theirs: fn(1),
+                "captum_all": lambda fn=theirs, k=k: fn(k),
+            },
             args.repeats,
-            warmups={"warm": lambda name=name: model.explain(texts[:2], name, batch_size=2, **{**ours_opts[name], "n_samples": 8})},
+            warmups={
+                "warm": lambda name=name: model.explain(
+                    texts[:2], name, batch_size=2, **{**ours_opts[name], "n_samples": 8}
+                )
+            },
         )
-        diff = max(float((timed["heedful"].result - timed[c].result).abs().max()) for c in ("captum_1", "captum_all"))
+        diff = max(
+            float((timed["heedful"].result - timed[c].result).abs().max())
+            for c in ("captum_1", "captum_all")
+        )
         rows.append(
             {
                 "method": name,
@@ -254,7 +305,9 @@ def surrogate_part(model: heedful.Model, texts: list[str], args: argparse.Namesp
 
 
 # ---------------------------------------------------------------------------------- report
-def machine_info(model: heedful.Model, args: argparse.Namespace, texts: list[str], load_before, load_after) -> list[str]:
+def machine_info(
+    model: heedful.Model, args: argparse.Namespace, texts: list[str], load_before, load_after
+) -> list[str]:
     cpu = platform.processor() or "unknown"
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -263,12 +316,16 @@ def machine_info(model: heedful.Model, args: argparse.Namespace, texts: list[str
                 break
     except OSError:
         pass
-    versions = ", ".join(f"{d} {importlib.metadata.version(d)}" for d in ("torch", "transformers", "captum", "heedful"))
+    versions = ", ".join(
+        f"{d} {importlib.metadata.version(d)}"
+        for d in ("torch", "transformers", "captum", "heedful")
+    )
     lengths = model.adapter.encode(texts).lengths.float()
     return [
         f"- date: {dt.datetime.now().astimezone().isoformat(timespec='seconds')}",
         f"- machine: {platform.machine()}, {cpu}, {os.cpu_count()} logical cores; torch threads "
-        f"{torch.get_num_threads()} (both sides); load average {load_before[0]:.2f} before, "
+        f"{torch.get_num_threads()} (both sides), OMP_WAIT_POLICY="
+        f"{os.environ.get('OMP_WAIT_POLICY', 'unset')}; load average {load_before[0]:.2f} before, "
         f"{load_after[0]:.2f} after (the machine is shared: other processes' load falls on both sides alike)",
         f"- python {platform.python_version()}, {versions}",
         f"- model: {model.name} ({model.adapter.family}, {model.task}, "
@@ -279,7 +336,12 @@ def machine_info(model: heedful.Model, args: argparse.Namespace, texts: list[str
     ]
 
 
-def render(cop: dict[str, Any] | None, surr: list[dict[str, Any]], info: list[str], args: argparse.Namespace) -> str:
+def render(
+    cop: dict[str, Any] | None,
+    surr: list[dict[str, Any]],
+    info: list[str],
+    args: argparse.Namespace,
+) -> str:
     lines = ["# heedful perturbation methods: speed", ""]
     verdicts = []
     if cop is not None:
@@ -299,10 +361,12 @@ def render(cop: dict[str, Any] | None, surr: list[dict[str, Any]], info: list[st
             "",
         ]
         ok = cop["ratio"] >= COPERTURBATION_TARGET
-        verdicts.append(f"- co-perturbation batched >= {COPERTURBATION_TARGET:g}x one at a time: **{'holds' if ok else 'missed'}** ({cop['ratio']:.2f}x)")
+        verdicts.append(
+            f"- co-perturbation batched >= {COPERTURBATION_TARGET:g}x one at a time: **{'holds' if ok else 'missed'}** ({cop['ratio']:.2f}x)"
+        )
     if surr:
         lines += [
-            f"## LIME and KernelSHAP vs Captum ({args.surrogate_samples} samples per sentence)",
+            f"## LIME and KernelSHAP vs Captum ({args.surrogate_n or args.n} sentences, {args.surrogate_samples} samples per sentence)",
             "",
             "| method | heedful | Captum, perturbations_per_eval=1 | ratio | Captum, perturbations_per_eval=n_samples | ratio | max abs diff | max abs score |",
             "|---|---:|---:|---:|---:|---:|---:|---:|",
@@ -335,13 +399,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model", default="minilm-sentiment", help="zoo name or model directory")
     parser.add_argument("--n", type=int, default=32, help="number of held-out sentences")
     parser.add_argument("--steps", type=int, default=20, help="co-perturbation steps (both sides)")
-    parser.add_argument("--samples", type=int, default=8, help="co-perturbation noise samples per step")
-    parser.add_argument("--surrogate-samples", type=int, default=200, help="LIME / KernelSHAP samples per sentence")
-    parser.add_argument("--repeats", type=int, default=1, help="timed runs per measurement (median)")
+    parser.add_argument(
+        "--samples", type=int, default=4, help="co-perturbation noise samples per step (the method's default)"
+    )
+    parser.add_argument(
+        "--surrogate-samples", type=int, default=200, help="LIME / KernelSHAP samples per sentence"
+    )
+    parser.add_argument(
+        "--surrogate-n", type=int, default=None, help="sentences for the LIME / KernelSHAP part (default: --n)"
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="timed runs per measurement (median)"
+    )
     parser.add_argument("--threads", type=int, default=2, help="torch threads, both sides")
-    parser.add_argument("--parts", default="coperturbation,surrogates", help="comma-separated: coperturbation, surrogates")
+    parser.add_argument(
+        "--parts",
+        default="coperturbation,surrogates",
+        help="comma-separated: coperturbation, surrogates",
+    )
     parser.add_argument("--out", type=Path, default=HERE / "results" / "perturbation_methods.md")
-    parser.add_argument("--tiny", action="store_true", help="a tiny random BERT and corpus instead (script debugging)")
+    parser.add_argument(
+        "--tiny",
+        action="store_true",
+        help="a tiny random BERT and corpus instead (script debugging)",
+    )
     return parser.parse_args(argv)
 
 
@@ -358,13 +439,17 @@ def main(argv: list[str] | None = None) -> int:
     if "coperturbation" in parts:
         console.print("[dim]timing co-perturbation ...[/dim]")
         cop = coperturbation_part(model, texts, args)
-        console.print(f"  batched {fmt_s(cop['batched'])}, one at a time {fmt_s(cop['sequential'])}: {cop['ratio']:.2f}x")
+        console.print(
+            f"  batched {fmt_s(cop['batched'])}, one at a time {fmt_s(cop['sequential'])}: {cop['ratio']:.2f}x"
+        )
     surr: list[dict[str, Any]] = []
     if "surrogates" in parts:
         console.print("[dim]timing LIME / KernelSHAP against Captum ...[/dim]")
-        surr = surrogate_part(model, texts, args)
+        surr = surrogate_part(model, texts[: args.surrogate_n or len(texts)], args)
         for r in surr:
-            console.print(f"  {r['method']}: heedful {fmt_s(r['heedful'])}, Captum {fmt_s(r['captum_1'])} / {fmt_s(r['captum_all'])}")
+            console.print(
+                f"  {r['method']}: heedful {fmt_s(r['heedful'])}, Captum {fmt_s(r['captum_1'])} / {fmt_s(r['captum_all'])}"
+            )
     text = render(cop, surr, machine_info(model, args, texts, load_before, os.getloadavg()), args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text, encoding="utf-8")

@@ -3,7 +3,9 @@ a sensible number of torch threads, and a session-wide cache of the tiny seeded 
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
 import warnings
 from pathlib import Path
@@ -19,11 +21,37 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
+
+
+def _isolated_home() -> None:
+    """Tests write caches (head masks of tiny models, bench stores) under a temporary
+    ``HEEDFUL_HOME``; the real cache's built models and downloaded data are linked in, so the
+    end-to-end tests reuse them (and build them there on first use)."""
+    if os.environ.get("HEEDFUL_TEST_KEEP_HOME"):
+        return
+    import tempfile
+
+    from heedful.cache import heedful_home
+
+    real = heedful_home()
+    home = Path(tempfile.mkdtemp(prefix="heedful-test-home-"))
+    for name in ("models", "data", "downloads", "packages"):
+        (real / name).mkdir(parents=True, exist_ok=True)
+        (home / name).symlink_to(real / name, target_is_directory=True)
+    (real / "head_masks" / "parses").mkdir(parents=True, exist_ok=True)
+    (home / "head_masks").mkdir()
+    (home / "head_masks" / "parses").symlink_to(real / "head_masks" / "parses", target_is_directory=True)
+    os.environ["HEEDFUL_HOME"] = str(home)
+    atexit.register(shutil.rmtree, home, ignore_errors=True)  # links are removed, not followed
+
+
+_isolated_home()
+
 import transformers  # noqa: E402
 
 transformers.logging.set_verbosity_error()
 transformers.logging.disable_progress_bar()
-torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+torch.set_num_threads(1)  # tiny models: more threads only add overhead
 warnings.filterwarnings("ignore", module="transformers")
 
 from tiny import tiny_model  # noqa: E402

@@ -4,7 +4,7 @@ seeding and batch invariance, padding, layers, options and errors."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pytest
@@ -17,7 +17,7 @@ from heedful.attribution._noise import HEAD, NoiseProbe
 from heedful.targets import Target, resolve_target
 
 TEXTS = ["a charming and often affecting journey", "the movie was dull"]
-FAST = {"max_steps": 40, "samples": 4}
+FAST = {"max_steps": 12, "samples": 2}
 
 
 @pytest.fixture(scope="module")
@@ -59,14 +59,15 @@ def test_optimum_of_the_normalised_objective_is_found(tiny):
     probe = QuadraticProbe(c)
     example = torch.tensor([0, 0, 1])
     lam = torch.tensor([0.6, 2.0, 0.6])
-    settings = cp.Settings(samples=8, max_steps=800, tol=0.0, scale=2.0, lr=0.05, keep="last")
-    fit = cp.fit_interest(adapter, batch, target, example, torch.full((3,), HEAD), lam, settings, seed=0, probe=probe)
-    best = cp.fit_interest(adapter, batch, target, example, torch.full((3,), HEAD), lam, cp.Settings(**{**settings.__dict__, "keep": "best"}), seed=0, probe=probe)
+    settings = cp.Settings(samples=8, max_steps=300, tol=0.0, scale=2.0, lr=0.1)
+    fits = {keep: cp.fit_interest(adapter, batch, target, example, torch.full((3,), HEAD), lam, replace(settings, keep=keep), seed=0, probe=probe) for keep in ("last", "best")}
+    fit = fits["last"]
     for p in range(3):
         e, n = int(example[p]), int(lengths[example[p]])
         expected = torch.sqrt(lam[p] / (4 * n * c[e, :n])).clamp(max=2.0)
-        assert torch.allclose(fit.sigma[p, :n], expected, rtol=0.1), (fit.sigma[p, :n], expected)
-        assert torch.allclose(best.sigma[p, :n], expected, rtol=0.25), (best.sigma[p, :n], expected)
+        for keep, rtol in (("last", 0.12), ("best", 0.3)):  # the kept best draw is a noisier estimate
+            got = fits[keep].sigma[p, :n]
+            assert torch.allclose(got, expected, rtol=rtol), (keep, got, expected)
         assert (fit.sigma[p, n:] == 0).all()  # padding carries no noise
     # larger lambda -> more noise everywhere
     assert (fit.sigma[1, :7] > fit.sigma[0, :7]).all()
@@ -118,7 +119,7 @@ def test_layerwise_rows_equal_single_layer_runs(sharp):
 
 def test_guan2019_is_the_same_optimiser_with_reference_settings(sharp):
     guan = sharp.explain(TEXTS[0], method="guan2019", seed=0, rate=0.1, max_steps=30)
-    same = sharp.explain(TEXTS[0], method="coperturbation", seed=0, lam=0.2, samples=1, max_steps=30, tol=0)
+    same = sharp.explain(TEXTS[0], method="coperturbation", seed=0, lam=0.2, samples=1, max_steps=30, tol=0, scale_basis="word_embeddings", scale_factor=10)
     np.testing.assert_allclose(guan.scores, same.scores, rtol=1e-6)
     info = heedful.get_method("guan2019")
     assert info.defaults["max_steps"] == 5000 and info.defaults["samples"] == 1 and info.defaults["rate"] == 0.1

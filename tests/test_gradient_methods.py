@@ -11,12 +11,20 @@ import functools
 import numpy as np
 import pytest
 import torch
-from captum.attr import FeatureAblation, InputXGradient, IntegratedGradients, Saliency
+from captum.attr import (
+    FeatureAblation,
+    InputXGradient,
+    IntegratedGradients,
+    LayerIntegratedGradients,
+    Saliency,
+)
 from conftest import INIT_RANGE, cached_model
 from tiny import CORPUS, ENCODERS, FAMILIES, tiny_model
 
 from heedful.attribution.gradient import baseline_embeddings, path_points
 from heedful.targets import Target, resolve_target
+
+pytestmark = pytest.mark.filterwarnings("ignore:Input Tensor 0 did not already require gradients")
 
 TEXTS = ["a charming and often affecting journey", "the movie was dull"]
 CAPTUM_CASES = [(f, "classification") for f in FAMILIES] + [
@@ -77,19 +85,9 @@ class Oracle:
 def assert_close_to_scale(ours: np.ndarray, theirs: np.ndarray, rel: float = 1e-5) -> None:
     """``max |ours - theirs| <= rel * max(1, max |theirs|)``, and the oracle is not all zero."""
     scale = float(np.abs(theirs).max())
-    assert scale > 1e-6, "oracle attributions are all ~0: the comparison would prove nothing"
+    assert scale > 1e-3, "oracle attributions are all ~0: the comparison would prove nothing"
     diff = float(np.abs(ours - theirs).max())
     assert diff <= rel * max(1.0, scale), f"max diff {diff:.3g} at scale {scale:.3g}"
-
-
-def heedful_scores(model, texts, method, targets, **options) -> list[np.ndarray]:
-    """heedful on the padded batch, each text explained for its own (oracle-chosen) target."""
-    out = []
-    if len(set(targets)) == 1:
-        out = [e.scores for e in model.explain(texts, method, target=targets[0], **options)]
-    else:
-        out = [model.explain(t, method, target=c, **options).scores for t, c in zip(texts, targets, strict=True)]
-    return out
 
 
 # --------------------------------------------------------------------------- Captum: gradients
@@ -124,6 +122,20 @@ def test_integrated_gradients_equal_captum(family, task):
             o.embeds, baselines=o.pad_baseline(), target=o.target, n_steps=n_steps, method="gausslegendre"
         )
         assert_close_to_scale(mine, ig[0].sum(dim=-1).detach().numpy())
+
+
+@pytest.mark.parametrize(("family", "task"), [("bert", "classification"), ("gpt2", "classification"), ("roberta", "masked_lm")])
+def test_integrated_gradients_equal_captum_layer_integrated_gradients(family, task):
+    """The form the benchmark times: LayerIntegratedGradients on the word-embedding layer, with
+    baseline *ids* (content tokens -> pad, special tokens kept)."""
+    model = cached_model(family, task)
+    text = texts_for(model, task)[0]
+    o = Oracle(model, task, text)
+    baseline_ids = torch.where(o.special[None], o.ids, torch.full_like(o.ids, model.tokenizer.pad_token_id))
+    lig = LayerIntegratedGradients(o.logits_from_ids, model.hf_model.get_input_embeddings())
+    theirs = lig.attribute(o.ids, baselines=baseline_ids, target=o.target, n_steps=20, method="gausslegendre")
+    mine = model.explain(text, "integrated_gradients", n_steps=20, baseline="pad").scores
+    assert_close_to_scale(mine, theirs[0].sum(dim=-1).detach().numpy())
 
 
 @pytest.mark.parametrize("rule", ["riemann_left", "riemann_right", "riemann_middle"])

@@ -45,8 +45,18 @@ def _hooks(model: nn.Module) -> list:
     return [(name, list(m._forward_hooks), list(m._forward_pre_hooks)) for name, m in model.named_modules()]
 
 
-@pytest.mark.parametrize("family,task", CASES)
-@pytest.mark.parametrize("rules", ["chefer", "lrp", "attnlrp"])
+@pytest.mark.parametrize(
+    "family,task,rules",
+    [
+        ("bert", "classification", "chefer"),
+        ("bert", "masked_lm", "attnlrp"),
+        ("bert", "regression", "lrp"),
+        ("llama", "causal_lm", "chefer"),
+        ("llama", "classification", "attnlrp"),
+        ("qwen2", "classification", "lrp"),
+        ("gpt2", "causal_lm", "chefer"),
+    ],
+)
 def test_forward_values_unchanged_and_model_restored(tiny, family, task, rules):
     model = tiny(family, task)
     adapter, batch, target, ref = _setup(model)
@@ -62,7 +72,7 @@ def test_forward_values_unchanged_and_model_restored(tiny, family, task, rules):
     torch.testing.assert_close(again, ref.logits)
 
 
-@pytest.mark.parametrize("family", ["bert", "llama", "qwen2"])
+@pytest.mark.parametrize("family", ["bert", "qwen2"])
 def test_gradient_mode_gives_true_attention_gradients(tiny, family):
     adapter, batch, target, _ = _setup(tiny(family))
     found = propagate(adapter, batch, target, CheferRules(), gradients=True, inputs=False, last_layer_only=True)
@@ -77,8 +87,10 @@ def _block_sums(found) -> torch.Tensor:
     return torch.stack([r.sum(dim=(1, 2)) for r in found.blocks], dim=1).double()
 
 
-@pytest.mark.parametrize("family,task", CASES)
-@pytest.mark.parametrize("add", ["renormalised", "z"])
+@pytest.mark.parametrize(
+    "family,task,add",
+    [(f, t, "renormalised") for f, t in CASES] + [("bert", "classification", "z"), ("llama", "causal_lm", "z"), ("gpt2", "classification", "renormalised")],
+)
 def test_chefer_rules_conserve_relevance_through_every_block(tiny, family, task, add):
     adapter, batch, target, _ = _setup(tiny(family, task))
     found = propagate(adapter, batch, target, CheferRules(add), blocks=True)

@@ -37,14 +37,31 @@ DECODERS = ("gpt2", "opt", "llama", "qwen2", "mistral")
 FAMILIES = ENCODERS + DECODERS
 
 
+def _wordpiece_vocab() -> dict[str, int]:
+    """A fixed WordPiece vocabulary built from ``CORPUS``: specials, every character (alone and as
+    ``##`` continuation), corpus words of up to 8 letters whole, longer ones split before their
+    last 3 letters ("affecting" -> "affect" "##ing"); unseen words fall back to characters.
+
+    Not trained: ``tokenizers``' WordPieceTrainer breaks frequency ties in hash-map order, which
+    changes from process to process, and so did the tiny encoders' token ids and outputs.
+    """
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    words = sorted({w for line in CORPUS for w in line.lower().split()})
+    chars = sorted({c for w in words for c in w})
+    pieces: list[str] = []
+    for w in words:
+        pieces.extend([w] if len(w) <= 8 else [w[:-3], "##" + w[-3:]])
+    ordered = specials + chars + ["##" + c for c in chars] + pieces
+    return {tok: i for i, tok in enumerate(dict.fromkeys(ordered))}
+
+
 @functools.cache
 def wordpiece_tokenizer() -> tf.PreTrainedTokenizerFast:
     """BERT-style: [CLS] text [SEP] (pairs: [CLS] a [SEP] b [SEP]), lower-cased WordPiece."""
     tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    tok.train_from_iterator(CORPUS, trainers.WordPieceTrainer(vocab_size=200, special_tokens=specials))
+    tok.model = models.WordPiece(_wordpiece_vocab(), unk_token="[UNK]")
     cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]",

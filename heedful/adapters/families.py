@@ -213,6 +213,23 @@ class GPT2Adapter(_DecoderAdapter):
     def final_norm(self) -> nn.Module | None:
         return self.backbone.ln_f
 
+    def lrp_roles(self) -> LRPRoles:
+        """Pre-LN blocks with ``Conv1D`` linears (weights stored transposed) and a fused QKV projection."""
+        blocks = []
+        for layer in self.blocks:
+            att, mlp = layer.attn, layer.mlp
+            blocks.append(
+                BlockRoles(
+                    attention=att,
+                    linears=linear_sites(att.c_attn, att.c_proj, mlp.c_fc, mlp.c_proj, transposed=True),
+                    norms=[_layer_norm(layer.ln_1), _layer_norm(layer.ln_2)],
+                    activations=[mlp.act],
+                    residuals=[ResidualSite(att.c_proj, layer.ln_1), ResidualSite(mlp.c_proj, layer.ln_2)],
+                )
+            )
+        head = linear_sites(self.hf_model.score) if self.task in ("classification", "regression") else []
+        return LRPRoles(blocks=blocks, head_linears=head, head_norms=[_layer_norm(self.backbone.ln_f)])
+
 
 class OPTAdapter(_DecoderAdapter):
     family = "opt"

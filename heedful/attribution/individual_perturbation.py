@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from heedful.adapters import Forward, ModelAdapter
-from heedful.attribution._common import TOKEN_BUDGET, example_generators
+from heedful.attribution._common import example_generators, length_chunks
 from heedful.attribution._noise import SCALE_FACTOR, NoiseProbe, noise_scale, resolve_layer
 from heedful.batch import Batch
 from heedful.errors import InputError
@@ -65,7 +65,7 @@ def individual_perturbation(
     std = noise_scale(adapter, probe, torch.arange(len(batch)), scale_factor, scale_basis, sigma)  # [B]
     real = batch.attention_mask.bool()
     example, position = real.nonzero(as_tuple=True)  # one group of rows per (example, token)
-    seq, dim, samples = batch.seq_len, probe.dim, int(samples)
+    dim, samples = probe.dim, int(samples)
     # noise per (example, token, sample), drawn from the example's generator in token order
     draws = torch.zeros(example.shape[0], samples, dim)
     start = 0
@@ -76,14 +76,13 @@ def individual_perturbation(
     rows_position = position.repeat_interleave(samples)
     flat = (draws * std[example, None, None]).reshape(-1, dim)
     out = torch.zeros(rows_example.shape[0])
-    per_chunk = internal_batch_size or max(1, TOKEN_BUDGET // max(seq, 1))
-    for lo in range(0, rows_example.shape[0], per_chunk):
-        sl = slice(lo, min(lo + per_chunk, rows_example.shape[0]))
-        n_rows = sl.stop - sl.start
-        noise = torch.zeros(n_rows, seq, dim)
-        noise[torch.arange(n_rows), rows_position[sl]] = flat[sl]
+    # rows of similar length run together, each chunk cut to its longest row
+    for idx, width in length_chunks(batch.lengths[rows_example], internal_batch_size):
+        n_rows = idx.shape[0]
+        noise = torch.zeros(n_rows, width, dim)
+        noise[torch.arange(n_rows), rows_position[idx]] = flat[idx]
         keys = torch.full((n_rows,), key, dtype=torch.long)
-        out[sl] = probe.distortion(rows_example[sl], keys, noise, normalise)
+        out[idx] = probe.distortion(rows_example[idx], keys, noise, normalise)
     scores = torch.zeros(batch.input_ids.shape)
     scores[example, position] = out.view(-1, samples).mean(dim=1)
     return scores

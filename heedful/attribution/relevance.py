@@ -185,7 +185,7 @@ def _rollout_scores(
     citation="Song et al. 2024, Better Explain Transformers by Illuminating Important Information (Eq. 6-11; Mask-LRP ExplanationGenerator.MGAE)",
     summary="Chefer's rollout with relevance propagated only through syntactic and positional heads.",
     reference_pass=lrp_reference("chefer"),
-    defaults={"head_mask": None, "start_layer": 0, "reference_scale": True},
+    defaults={"head_mask": None, "start_layer": 0, "reference_scale": True, "ablation": None},
 )
 def mask_lrp(
     adapter: ModelAdapter,
@@ -197,6 +197,9 @@ def mask_lrp(
     reference_scale: bool = True,
     xi_synt: float = 0.1,
     xi_pos: float = 0.8,
+    ablation: str | None = None,
+    ablation_seed: int = 0,
+    corruption_rate: float = 0.1,
 ) -> torch.Tensor:
     """Mask-LRP: the head mask ``M`` ``[L, H]`` multiplies each head's output relevance before it
     enters ``A V`` during the relevance pass only (the forward and the gradients are the model's);
@@ -210,11 +213,19 @@ def mask_lrp(
     nested list keeps explanations JSON-serialisable. ``reference_scale`` (default True, as the
     reference code): in masked layers the map used for the rollout is ``R_A`` from the *unmasked*
     head relevance without the 1/2 of the product rule; False halves it as in :func:`chefer`.
+
+    Ablations of the paper (Table 1 "Random", Table 3, Figure 4) apply to the mask:
+    ``ablation="random"`` (same number of heads, ``ablation_seed``), ``"corrupted"``
+    (``corruption_rate`` of the unselected heads switched on), ``"no_positional"``,
+    ``"no_syntactic"``.
     """
     from heedful.lrp.heads import default_head_mask
-    from heedful.lrp.masks import as_head_mask
+    from heedful.lrp.masks import ablate, as_head_mask
 
+    adapter.lrp_roles()  # an unmapped family fails here, before any head statistics are computed
     mask = default_head_mask(adapter, xi_synt=xi_synt, xi_pos=xi_pos) if head_mask is None else as_head_mask(head_mask)
+    if ablation is not None:
+        mask = ablate(mask, ablation, ablation_seed, corruption_rate)
     return _rollout_scores(
         adapter,
         batch,

@@ -11,6 +11,19 @@ from typing import Annotated
 import typer
 
 
+class _LazyParser:
+    """Loads spaCy only when a parse is not cached."""
+
+    def __init__(self, factory) -> None:
+        self.factory = factory
+        self.nlp = None
+
+    def pipe(self, texts, batch_size: int = 256):
+        if self.nlp is None:
+            self.nlp = self.factory()
+        return self.nlp.pipe(texts, batch_size=batch_size)
+
+
 def heads(
     model: Annotated[str, typer.Option("--model", "-m", help="Zoo name, model directory or hub id.")] = "minilm-sentiment",
     dataset: Annotated[str, typer.Option("--dataset", "-d", help="movies, amazon, nyt, tweets, or a CSV / JSONL path.")] = "movies",
@@ -33,20 +46,23 @@ def heads(
     from heedful.cli import _progress, err
     from heedful.datasets import load as load_dataset
     from heedful.errors import InputError
-    from heedful.lrp.heads import head_statistics, load_parser, plot_head_map
+    from heedful.lrp.heads import PARSER, cached_arcs, head_statistics, load_parser, plot_head_map
     from heedful.lrp.masks import RELATIONS, cache_path
 
     if not 0 <= xi_pos <= 1:
         raise InputError(f"--xi-pos must be in [0, 1], got {xi_pos}")
     with err.status(f"loading {model} …"):
         loaded = heedful.load(model)
-        nlp = load_parser()
+        loaded.adapter.num_layers  # noqa: B018  (fail early on a model without blocks)
+    nlp = _LazyParser(load_parser)
     texts = [ex.text for ex in load_dataset(dataset, split, n)]
-    meta = {"model": loaded.name, "dataset": dataset, "split": split, "parser": "spaCy en_core_web_sm 3.8"}
+    meta = {"model": loaded.name, "dataset": dataset, "split": split, "parser": PARSER}
     with _progress() as bar:
-        task = bar.add_task(f"head statistics ({len(texts)} texts)", total=len(texts))
+        parsing = bar.add_task(f"parsing {len(texts)} texts", total=len(texts))
+        arcs = cached_arcs(texts, f"{Path(dataset).name}-{split}", nlp=nlp, progress=lambda k: bar.advance(parsing, k))
+        counting = bar.add_task("head statistics", total=len(texts))
         stats = head_statistics(
-            loaded.adapter, texts, nlp=nlp, batch_size=batch_size, progress=lambda k: bar.advance(task, k), meta=meta
+            loaded.adapter, texts, arcs=arcs, batch_size=batch_size, progress=lambda k: bar.advance(counting, k), meta=meta
         )
     mask = stats.select(xi_synt, xi_pos, include_self=not no_self)
     path = mask.save(out if out is not None else cache_path(loaded.name))

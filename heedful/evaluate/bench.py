@@ -13,6 +13,8 @@ and plots.
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import hashlib
 import json
 import resource
@@ -118,7 +120,13 @@ class BenchResult:
 
 # ---------------------------------------------------------------------------- memory
 def _reset_peak_rss() -> bool:
-    """Reset the kernel's peak-RSS mark of this process (Linux ``clear_refs``)."""
+    """Give freed heap memory back to the system (so an earlier method's freed buffers do not
+    count) and reset the kernel's peak-RSS mark of this process (Linux ``clear_refs``)."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
     try:
         with open("/proc/self/clear_refs", "w") as fh:
             fh.write("5")

