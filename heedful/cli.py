@@ -13,6 +13,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from heedful.commands import bench as bench_command
+from heedful.commands import heads as heads_command
+from heedful.commands import interest as interest_command
 from heedful.errors import HeedfulError
 from heedful.targets import TASKS
 
@@ -186,9 +189,9 @@ def models_build(
 
 # ---------------------------------------------------------------- further commands
 # One line per command module in heedful/commands (keep heavy imports inside the commands).
-app.command("bench")(__import__("heedful.commands.bench", fromlist=["bench"]).bench)
-app.add_typer(__import__("heedful.commands.interest", fromlist=["app"]).app, name="interest")
-app.command("heads")(__import__("heedful.commands.heads", fromlist=["heads"]).heads)
+app.command("bench")(bench_command.bench)
+app.add_typer(interest_command.app, name="interest")
+app.command("heads")(heads_command.heads)
 
 
 def main() -> None:

@@ -57,7 +57,7 @@ def gae(
     forward order; the anchor row of ``R`` with its self-entry set to 0 ``[B, N]``."""
     fwd, grads, _ = attention_gradients(adapter, batch, target)
     bsz, seq = batch.input_ids.shape
-    relevance = torch.eye(seq).expand(bsz, seq, seq).clone()
+    relevance = torch.eye(seq, dtype=fwd.attentions[0].dtype).expand(bsz, seq, seq).clone()
     for attn, grad in zip(fwd.attentions, grads, strict=True):
         weighted = (grad * attn).clamp(min=0).mean(dim=1)
         relevance = relevance + weighted @ relevance
