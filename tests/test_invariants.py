@@ -8,8 +8,9 @@ import json
 
 import numpy as np
 import pytest
-from conftest import cached_model
-from tiny import FAMILIES
+import torch
+from conftest import INIT_RANGE, cached_model
+from tiny import FAMILIES, tiny_model
 
 import heedful
 from heedful.explanation import Explanation
@@ -147,6 +148,22 @@ def test_every_method_gives_finite_scores_per_token(family, task):
             checked += 1
     assert checked == 2 * (len(heedful.methods(task=task)) - declined)
     assert checked >= 24, "the core methods support every family"
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt2"])
+def test_every_method_runs_in_float64(family):
+    """No method may hard-code float32 (``heedful.load(..., dtype=...)`` accepts other dtypes)."""
+    model = tiny_model(family, initializer_range=INIT_RANGE)
+    model.hf_model.to(torch.float64)
+    ran = 0
+    for info in heedful.methods():
+        try:
+            e = model.explain(["a charming journey", "dull"], info.name, **fast_options(info.name))[0]
+        except heedful.UnsupportedModelError:
+            continue
+        assert np.all(np.isfinite(e.scores)), info.name
+        ran += 1
+    assert ran >= 12
 
 
 @pytest.mark.parametrize("method", [m.name for m in heedful.methods() if m.layerwise])

@@ -17,9 +17,9 @@ import torch
 
 from heedful.adapters import ModelAdapter
 from heedful.attribution._common import score_perturbed
-from heedful.attribution.perturbation import removable_positions, removal_id
+from heedful.attribution.perturbation import removable_positions, remove_from_examples
 from heedful.batch import Batch
-from heedful.perturb import Perturbed, remove_tokens
+from heedful.perturb import Perturbed
 from heedful.targets import ResolvedTarget
 
 
@@ -73,33 +73,7 @@ def perturbed_rows(
     # padding features point at an extra column N that is cut off afterwards
     pos = torch.where(valid, features.positions[example], torch.full((rows, width), seq))
     remove = torch.zeros(rows, seq + 1, dtype=torch.bool).scatter_(1, pos, drop)[:, :seq]
-    types = None if batch.token_type_ids is None else batch.token_type_ids[example]
-    perturbed = remove_tokens(
-        batch.input_ids[example],
-        batch.attention_mask[example],
-        remove,
-        target.anchor[example],
-        target.anchor_kind,
-        removal_id(adapter, removal),
-        adapter.pad_token_id,
-        types,
-    )
-    return _never_empty(adapter, perturbed)
-
-
-def _never_empty(adapter: ModelAdapter, perturbed: Perturbed) -> Perturbed:
-    """Rows whose every token was deleted (a decoder without BOS, all tokens removed) become the
-    one-token input ``[BOS]`` (or the pad/EOS token): a model cannot run on nothing, and the
-    result must not depend on what the padding happens to hold."""
-    empty = perturbed.attention_mask.sum(dim=1) == 0
-    if not empty.any():
-        return perturbed
-    bos = getattr(adapter.tokenizer, "bos_token_id", None)
-    token = adapter.pad_token_id if bos is None else int(bos)
-    ids, mask = perturbed.input_ids.clone(), perturbed.attention_mask.clone()
-    ids[empty, 0], mask[empty, 0] = token, 1
-    anchor = torch.where(empty, torch.zeros_like(perturbed.anchor), perturbed.anchor)
-    return Perturbed(ids, mask, perturbed.token_type_ids, anchor)
+    return remove_from_examples(adapter, batch, target, example, remove, removal)
 
 
 @torch.no_grad()

@@ -8,7 +8,7 @@ from heedful.adapters import Forward, ModelAdapter
 from heedful.attribution._common import output_of, score_perturbed
 from heedful.batch import Batch
 from heedful.errors import InputError
-from heedful.perturb import remove_tokens
+from heedful.perturb import Perturbed, remove_tokens
 from heedful.registry import register
 from heedful.targets import ResolvedTarget
 
@@ -36,6 +36,45 @@ def removable_positions(batch: Batch, target: ResolvedTarget) -> torch.Tensor:
     if target.anchor_kind == "fixed":
         allowed[torch.arange(len(batch)), target.anchor] = False
     return allowed
+
+
+def never_empty(adapter: ModelAdapter, perturbed: Perturbed) -> Perturbed:
+    """Rows whose every token was deleted (a decoder without BOS, all tokens removed) become the
+    one-token input ``[BOS]`` (or the pad/EOS token): a model cannot run on nothing, and the
+    result must not depend on what the padding happens to hold."""
+    empty = perturbed.attention_mask.sum(dim=1) == 0
+    if not empty.any():
+        return perturbed
+    bos = getattr(adapter.tokenizer, "bos_token_id", None)
+    token = adapter.pad_token_id if bos is None else int(bos)
+    ids, mask = perturbed.input_ids.clone(), perturbed.attention_mask.clone()
+    ids[empty, 0], mask[empty, 0] = token, 1
+    anchor = torch.where(empty, torch.zeros_like(perturbed.anchor), perturbed.anchor)
+    return Perturbed(ids, mask, perturbed.token_type_ids, anchor)
+
+
+def remove_from_examples(
+    adapter: ModelAdapter,
+    batch: Batch,
+    target: ResolvedTarget,
+    example: torch.Tensor,
+    remove: torch.Tensor,
+    removal: str = "auto",
+) -> Perturbed:
+    """Copies of examples ``example`` ``[R]`` of ``batch`` with the ``remove`` ``[R, N]``
+    positions removed by ``removal`` (see :func:`removal_id`); no row is left empty."""
+    types = None if batch.token_type_ids is None else batch.token_type_ids[example]
+    perturbed = remove_tokens(
+        batch.input_ids[example],
+        batch.attention_mask[example],
+        remove,
+        target.anchor[example],
+        target.anchor_kind,
+        removal_id(adapter, removal),
+        adapter.pad_token_id,
+        types,
+    )
+    return never_empty(adapter, perturbed)
 
 
 @register(
@@ -67,17 +106,7 @@ def leave_one_out(
     rows = example.shape[0]
     remove = torch.zeros(rows, batch.seq_len, dtype=torch.bool)
     remove[torch.arange(rows), position] = True
-    types = None if batch.token_type_ids is None else batch.token_type_ids[example]
-    perturbed = remove_tokens(
-        batch.input_ids[example],
-        batch.attention_mask[example],
-        remove,
-        target.anchor[example],
-        target.anchor_kind,
-        removal_id(adapter, removal),
-        adapter.pad_token_id,
-        types,
-    )
+    perturbed = remove_from_examples(adapter, batch, target, example, remove, removal)
     original = output_of(target, reference.logits, output)
     changed = score_perturbed(adapter, batch, target, perturbed, example, output, internal_batch_size)
     scores = torch.zeros(batch.input_ids.shape, dtype=original.dtype)
