@@ -10,24 +10,12 @@ import sys
 
 import numpy as np
 import pytest
-import torch
 from tiny import tiny_hf
 
 from heedful import cli
 from heedful.evaluate import ResultsStore, RunKey, get_protocol
 from heedful.evaluate.bench import BenchSpec, run_bench
 from heedful.evaluate.report import write_report
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """Tiny models run fastest on one thread (and far faster than on several when the machine
-    is busy); restored afterwards so other test modules keep their setting."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 ROWS = [
     ("a charming and often affecting journey", "POSITIVE", "charming|affecting"),

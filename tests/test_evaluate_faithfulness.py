@@ -16,17 +16,6 @@ from heedful.evaluate.evaluation import ModelInput
 from heedful.evaluate.metrics import METRICS, Measurements
 from heedful.evaluate.perturbation import Outputs, forward_removed, prepare
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """Tiny models run fastest on one thread (and far faster than on several when the machine
-    is busy); restored afterwards so other test modules keep their setting."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 TEXTS = [
     "a charming and often affecting journey",
     "the movie was dull and far too long",

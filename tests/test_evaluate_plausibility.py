@@ -6,7 +6,6 @@ import dataclasses
 
 import numpy as np
 import pytest
-import torch
 from sklearn.metrics import auc, precision_recall_curve
 from sklearn.metrics import average_precision_score as sk_ap
 
@@ -21,17 +20,6 @@ from heedful.evaluate.metrics import (
     iou_score,
     token_f1_score,
 )
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """Tiny models run fastest on one thread (and far faster than on several when the machine
-    is busy); restored afterwards so other test modules keep their setting."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 SCORES = np.array([0.9, -0.2, 0.4, 0.1, 0.7, -0.5])
 EVIDENCE = np.array([0, 0, 1, 0, 1, 0], dtype=bool)

@@ -14,16 +14,6 @@ from heedful.evaluate import PRESETS, Protocol, get_protocol
 from heedful.evaluate.perturbation import Prepared, rationale_sizes
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """Tiny models run fastest on one thread (and far faster than on several when the machine
-    is busy); restored afterwards so other test modules keep their setting."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def test_normxlogit_preset_matches_section_2_1():
     p = PRESETS["normxlogit"]
     assert p.removal == "auto"  # [MASK] for encoders, deletion for decoders
