@@ -61,8 +61,7 @@ class Model:
         >>> model.predict("a charming and often affecting journey")[0]["label"]  # doctest: +SKIP
         'POSITIVE'
         """
-        single = isinstance(texts, str)
-        items = [texts] if single else list(texts)
+        items = _text_list(texts)
         found: list[dict[str, Any]] = []
         for start in range(0, len(items), batch_size):
             batch = self.adapter.encode(items[start : start + batch_size])
@@ -108,9 +107,10 @@ class Model:
         [('charming', ...), ('affecting', ...)]
         """
         info = get_method(method, self.task)
+        _check_options(info, options)
         spec = Target.parse(target)
         single = isinstance(texts, str)
-        items = [texts] if single else list(texts)
+        items = _text_list(texts)
         pairs = self._pairs(text_pair, len(items), single)
         if batch_size < 1:
             raise InputError(f"batch_size must be positive, got {batch_size}")
@@ -150,15 +150,7 @@ class Model:
                     batch, anchor, hidden_states=info.needs_hidden, attentions=info.needs_attentions
                 )
         resolved = resolve_target(spec, self.adapter, batch, reference.logits.detach())
-        try:
-            scores = info.fn(self.adapter, batch, resolved, reference, **options)
-        except TypeError as exc:
-            if "unexpected keyword" in str(exc):
-                raise InputError(
-                    f"{info.name} got an option it does not take ({exc})",
-                    hint=f"{info.name}'s options: {', '.join(info.defaults) or 'none'} (see `heedful methods`)",
-                ) from exc
-            raise
+        scores = info.fn(self.adapter, batch, resolved, reference, **options)
         if reference.inputs_embeds is not None or reference.logits.requires_grad:
             reference = Forward(reference.logits.detach(), reference.hidden_states, reference.attentions)
         return scores.detach(), resolved, reference
@@ -215,3 +207,29 @@ class Model:
             accepted = {k: v for k, v in options.items() if k in params}
             found.append(self.explain(text, name, target, **accepted))
         return found
+
+
+def _text_list(texts: str | Sequence[str] | None) -> list[str]:
+    """``texts`` as a non-empty list of strings, or an :class:`InputError` saying what is wrong."""
+    if isinstance(texts, str):
+        return [texts]
+    if texts is None or not isinstance(texts, Sequence) or len(texts) == 0:
+        raise InputError("no text given", hint="pass a string or a non-empty list of strings")
+    bad = [i for i, t in enumerate(texts) if not isinstance(t, str)]
+    if bad:
+        raise InputError(f"text {bad[0]} is a {type(texts[bad[0]]).__name__}, not a string")
+    return list(texts)
+
+
+def _check_options(info: MethodInfo, options: dict[str, Any]) -> None:
+    """Unknown method options fail before any work, naming the options the method takes."""
+    params = inspect.signature(info.fn).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    taken = [name for name in params if name not in ("adapter", "batch", "target", "reference")]
+    unknown = sorted(set(options) - set(taken))
+    if unknown:
+        raise InputError(
+            f"{info.name} does not take the option(s) {', '.join(unknown)}",
+            hint=f"{info.name}'s options: {', '.join(taken) or 'none'} (see `heedful methods`)",
+        )

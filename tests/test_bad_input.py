@@ -231,3 +231,10 @@ def test_errors_print_their_hint():
     assert str(err) == "the text is empty\n  hint: give a text"
     assert isinstance(heedful.MethodError("x"), heedful.HeedfulError)
     assert isinstance(heedful.UnsupportedModelError("x"), heedful.HeedfulError)
+
+
+@pytest.mark.parametrize("texts", [None, [], ["fine", 3]])
+def test_missing_or_non_string_texts(bert, texts):
+    with pytest.raises(heedful.InputError) as info:
+        bert.explain(texts)
+    assert info.value.hint or "string" in info.value.message
