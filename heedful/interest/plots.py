@@ -52,7 +52,7 @@ def plot_lambda_sweep(result: LambdaSweep, out: str | Path, mark: float | None =
     left.legend()
     right.plot(lams, result.distortion, marker="o", color="black")
     right.set_xlabel("lambda")
-    right.set_ylabel("expected distortion ||phi(x) - phi(x~)||^2 / ||phi(x)||^2")
+    right.set_ylabel("relative distortion E||phi(x) - phi(x~)||^2 / ||phi(x)||^2", fontsize=8)
     right.set_title("(b) distortion at the estimated noise")
     if mark is not None:
         for ax in (left, right):
