@@ -11,7 +11,10 @@ import warnings
 from pathlib import Path
 
 import pytest
-import torch
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch starts its OpenMP pool
+
+import torch  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
 if str(TESTS) not in sys.path:

@@ -1,0 +1,46 @@
+"""``heedful reproduce NAME``: regenerate a paper's reproduction report under docs/results.
+
+Registered in :mod:`heedful.cli`. Heavy imports happen inside the command.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from heedful.errors import HeedfulError
+
+
+def reproduce(
+    name: Annotated[str, typer.Argument(help="Report: normxlogit, mask-lrp or coperturbation.")],
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Folder for the report and plots (default docs/results).")] = None,
+    n: Annotated[int | None, typer.Option("--n", "-n", help="Examples per dataset (default: the report's).")] = None,
+    quick: Annotated[bool, typer.Option("--quick", help="Smoke run: few examples and steps; numbers are not the report's.")] = False,
+    store: Annotated[Path | None, typer.Option("--store", help="Results-store folder (reused between runs).")] = None,
+    option: Annotated[list[str] | None, typer.Option("--option", "-O", help="Report-specific setting key=value.")] = None,
+) -> None:
+    """Run a founding paper's experiments on the zoo models and write ``<out>/<name>.md`` with plots.
+
+    Explanations are kept in a results store, so a second run (or a run after an
+    interruption) only computes what is missing.
+    """
+    from heedful.reproduce import REPORTS, ReportSettings, default_out_dir, report_writer
+
+    if name not in REPORTS:
+        raise HeedfulError(f"unknown report {name!r}", hint=f"known reports: {', '.join(REPORTS)}")
+    options: dict = {}
+    for item in option or []:
+        if "=" not in item:
+            raise HeedfulError(f"option {item!r} is not key=value", hint="e.g. --option ig_steps=20")
+        key, value = item.split("=", 1)
+        try:
+            options[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key.strip()] = value
+    settings = ReportSettings(n=n, quick=quick, store=store, options=options)
+    path = report_writer(name)(out or default_out_dir(), settings)
+    Console().print(f"wrote {path}")
