@@ -222,14 +222,19 @@ def _text_list(texts: str | Sequence[str] | None) -> list[str]:
 
 
 def _check_options(info: MethodInfo, options: dict[str, Any]) -> None:
-    """Unknown method options fail before any work, naming the options the method takes."""
+    """Unknown method options, and values outside an option's declared choices, fail before any
+    work, naming what the method takes."""
     params = inspect.signature(info.fn).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return
     taken = [name for name in params if name not in ("adapter", "batch", "target", "reference")]
     unknown = sorted(set(options) - set(taken))
-    if unknown:
+    if unknown and not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         raise InputError(
             f"{info.name} does not take the option(s) {', '.join(unknown)}",
             hint=f"{info.name}'s options: {', '.join(taken) or 'none'} (see `heedful methods`)",
         )
+    for name, allowed in info.choices.items():
+        if name in options and not any(type(options[name]) is type(a) and options[name] == a for a in allowed):
+            raise InputError(
+                f"{info.name}: {name}={options[name]!r} is not one of {', '.join(repr(a) for a in allowed)}",
+                hint=f"e.g. {name}={next(a for a in allowed if a is not None)!r}",
+            )

@@ -20,6 +20,7 @@ class MethodInfo:
     ``[B, L, N]`` when ``layerwise``) for every position; ``reference`` is an unperturbed
     :class:`~heedful.adapters.Forward` carrying hidden states / attentions when the method
     declares ``needs_hidden`` / ``needs_attentions``. ``cost`` gives passes per example.
+    ``choices`` maps an option to the values it accepts; other values fail before any work.
     ``reference_pass(adapter, batch, anchor) -> Forward``, when set, replaces that no-grad pass:
     single-pass gradient methods take a reference that keeps its autograd graph and
     back-propagate through it rather than run the model a second time.
@@ -38,6 +39,7 @@ class MethodInfo:
     layerwise: bool = False
     defaults: dict = field(default_factory=dict)
     reference_pass: Callable | None = field(default=None, repr=False)
+    choices: dict = field(default_factory=dict)
 
     def supports(self, task: str) -> bool:
         return task in self.tasks
@@ -70,6 +72,7 @@ def register(
     layerwise: bool = False,
     defaults: dict | None = None,
     reference_pass: Callable | None = None,
+    choices: dict | None = None,
 ) -> Callable[[Callable], Callable]:
     """Register ``fn`` under ``name`` (see :class:`MethodInfo` for the calling convention)."""
 
@@ -90,6 +93,7 @@ def register(
             layerwise=layerwise,
             defaults=defaults or {},
             reference_pass=reference_pass,
+            choices=choices or {},
         )
         return fn
 

@@ -1,7 +1,21 @@
 """Gradient methods on the word embeddings: saliency, gradient x input, integrated gradients, SmoothGrad.
 
 All back-propagate the target logit (:meth:`ResolvedTarget.score`) to the word embeddings
-``e`` ``[B, N, E]`` and reduce over the embedding dimension to one score per token.
+``e`` ``[B, N, E]``, which gives one attribution per token and embedding dimension ``a``
+``[B, N, E]`` (the gradient, gradient x input, ...), and reduce it over the embedding dimension
+to one score per token with ``aggregate`` (:func:`aggregate_embedding`):
+
+* ``"sum"`` -- ``sum_d a_id``, signed (gradient x input is then the dot product ``g_i . e_i``);
+* ``"l1"`` -- ``||a_i||_1 = sum_d |a_id|``, unsigned: the aggregation of the gradient baselines in
+  Abbasi et al. 2025, NormXLogit (§4, "Input Attribution Methods": Gradient Norm, Gradient x
+  Input and Integrated Gradients all aggregated with the l1 norm);
+* ``"l2"`` -- ``||a_i||_2``, unsigned (saliency's norm, Simonyan et al. 2014).
+
+Each method keeps its usual default (saliency and SmoothGrad ``"l2"``; gradient x input,
+integrated gradients and SmoothGrad with ``multiply_by_inputs`` ``"sum"``). A bare gradient
+(saliency, SmoothGrad without ``multiply_by_inputs``) takes only the norms: its signed sum is no
+token score -- where the embeddings go through a LayerNorm (BERT, RoBERTa, DeBERTa, ELECTRA) the
+LayerNorm's Jacobian removes the mean direction and the sum is 0 up to rounding.
 """
 
 from __future__ import annotations
@@ -19,6 +33,33 @@ from heedful.targets import ResolvedTarget
 GRADIENT_TASKS = ("classification", "regression", "masked_lm", "causal_lm")
 IG_BASELINES = ("pad", "mask", "zero")
 IG_RULES = ("gausslegendre", "riemann_trapezoid", "riemann_middle", "riemann_left", "riemann_right")
+AGGREGATES = ("sum", "l1", "l2")
+"""How per-dimension attributions ``[B, N, E]`` become token scores ``[B, N]``: signed sum, l1
+norm, l2 norm (see the module docstring)."""
+GRADIENT_AGGREGATES = ("l2", "l1")
+"""The reductions of a bare gradient (saliency): norms only."""
+
+
+def check_aggregate(aggregate: str, allowed: tuple[str, ...] = AGGREGATES) -> str:
+    """``aggregate`` if it is one of ``allowed``, else an :class:`InputError` naming them."""
+    if not isinstance(aggregate, str) or aggregate not in allowed:
+        raise InputError(
+            f"unknown aggregate {aggregate!r}, not one of {', '.join(repr(a) for a in allowed)}",
+            hint=f"use one of {', '.join(allowed)} ({', '.join(_AGGREGATE_NAMES[a] for a in allowed)} over the embedding)",
+        )
+    return aggregate
+
+
+_AGGREGATE_NAMES = {"sum": "signed sum", "l1": "l1 norm", "l2": "l2 norm"}
+
+
+def aggregate_embedding(values: torch.Tensor, aggregate: str) -> torch.Tensor:
+    """Per-dimension attributions ``values`` ``[B, N, E]`` -> token scores ``[B, N]``:
+    ``"sum"`` ``sum_d v_id`` (signed), ``"l1"`` ``sum_d |v_id|``, ``"l2"`` ``sqrt(sum_d v_id^2)``."""
+    check_aggregate(aggregate)
+    if aggregate == "sum":
+        return values.sum(dim=-1)
+    return values.norm(p=1 if aggregate == "l1" else 2, dim=-1)
 
 
 def embedding_gradient(
@@ -75,34 +116,60 @@ def _gradient_and_input(
     "saliency",
     family="gradient",
     cost="1 forward + 1 backward",
-    citation="Simonyan et al. 2014, Deep Inside Convolutional Networks (Eq. 2); L2 norm over the embedding",
+    citation="Simonyan et al. 2014, Deep Inside Convolutional Networks (Eq. 2); L2 norm over the embedding "
+    "(aggregate='l1': NormXLogit §4's Gradient Norm)",
     summary="L2 norm of the gradient of the target logit w.r.t. each word embedding.",
     tasks=GRADIENT_TASKS,
+    defaults={"aggregate": "l2"},
+    choices={"aggregate": GRADIENT_AGGREGATES},
     reference_pass=gradient_reference,
 )
 def saliency(
-    adapter: ModelAdapter, batch: Batch, target: ResolvedTarget, reference: Forward | None = None
+    adapter: ModelAdapter,
+    batch: Batch,
+    target: ResolvedTarget,
+    reference: Forward | None = None,
+    aggregate: str = "l2",
 ) -> torch.Tensor:
-    """``||d f / d e_i||_2`` per token ``[B, N]`` (unsigned)."""
+    """``||d f / d e_i||_2`` per token ``[B, N]`` (unsigned; Simonyan et al. 2014, Eq. 2, with
+    the gradient ``d f / d e_i`` ``[B, N, E]`` reduced over the embedding).
+
+    ``aggregate``: ``"l2"`` (default) or ``"l1"`` (``sum_d |d f / d e_id|``, NormXLogit §4's
+    "Gradient Norm"); a signed sum of the gradient is no token score (see the module docstring).
+    """
+    check_aggregate(aggregate, GRADIENT_AGGREGATES)
     grad, _ = _gradient_and_input(adapter, batch, target, reference)
-    return grad.norm(dim=-1)
+    return aggregate_embedding(grad, aggregate)
 
 
 @register(
     "grad_x_input",
     family="gradient",
     cost="1 forward + 1 backward",
-    citation="Shrikumar et al. 2016 / Denil et al. 2014: gradient x input, summed over the embedding",
+    citation="Shrikumar et al. 2016 / Denil et al. 2014: gradient x input, summed over the embedding "
+    "(aggregate='l1': NormXLogit §4)",
     summary="Dot product of each word embedding with its gradient (signed).",
     tasks=GRADIENT_TASKS,
+    defaults={"aggregate": "sum"},
+    choices={"aggregate": AGGREGATES},
     reference_pass=gradient_reference,
 )
 def grad_x_input(
-    adapter: ModelAdapter, batch: Batch, target: ResolvedTarget, reference: Forward | None = None
+    adapter: ModelAdapter,
+    batch: Batch,
+    target: ResolvedTarget,
+    reference: Forward | None = None,
+    aggregate: str = "sum",
 ) -> torch.Tensor:
-    """``sum_d e_id * (d f / d e_id)`` per token ``[B, N]``."""
+    """``sum_d e_id * (d f / d e_id)`` per token ``[B, N]``: the per-dimension products
+    ``e * d f / d e`` ``[B, N, E]`` summed over the embedding (signed).
+
+    ``aggregate``: ``"sum"`` (default), ``"l1"`` (``sum_d |e_id * d f / d e_id|``, unsigned: the
+    aggregation of NormXLogit §4's tables) or ``"l2"``.
+    """
+    check_aggregate(aggregate)
     grad, embeds = _gradient_and_input(adapter, batch, target, reference)
-    return (grad * embeds).sum(dim=-1)
+    return aggregate_embedding(grad * embeds, aggregate)
 
 
 def path_points(n_steps: int, rule: str) -> tuple[np.ndarray, np.ndarray]:
@@ -151,7 +218,8 @@ def baseline_embeddings(adapter: ModelAdapter, batch: Batch, baseline: str) -> t
     citation="Sundararajan et al. 2017, Axiomatic Attribution for Deep Networks (Eq. 1, Riemann/Gauss-Legendre approximation)",
     summary="Path integral of gradients from a baseline to the input, times (input - baseline).",
     tasks=GRADIENT_TASKS,
-    defaults={"n_steps": 50, "baseline": "pad", "rule": "gausslegendre"},
+    defaults={"n_steps": 50, "baseline": "pad", "rule": "gausslegendre", "aggregate": "sum"},
+    choices={"baseline": IG_BASELINES, "rule": IG_RULES, "aggregate": AGGREGATES},
 )
 def integrated_gradients(
     adapter: ModelAdapter,
@@ -162,14 +230,21 @@ def integrated_gradients(
     baseline: str = "pad",
     rule: str = "gausslegendre",
     internal_batch_size: int | None = None,
+    aggregate: str = "sum",
 ) -> torch.Tensor:
-    """``IG_i = sum_d (e_id - e'_id) * sum_s w_s dF(e' + a_s (e - e'))/de_id``  ``[B, N]``.
+    """``IG_i = sum_d (e_id - e'_id) * sum_s w_s dF(e' + a_s (e - e'))/de_id``  ``[B, N]``: the
+    per-dimension attributions ``IG_id`` ``[B, N, E]`` of Eq. 1 summed over the embedding.
+
+    ``aggregate``: ``"sum"`` (default; signed, keeps completeness), ``"l1"`` (``sum_d |IG_id|``,
+    NormXLogit §4's aggregation) or ``"l2"`` (``||IG_i||_2``); the norms are unsigned and do not
+    sum to ``F(e) - F(e')``.
 
     All ``B x n_steps`` interpolated inputs run as expanded batches, in chunks of rows of similar
     length, each cut to its longest row and holding at most about 16k token positions (or
     ``internal_batch_size`` rows; see :func:`~heedful.attribution._common.length_chunks`). Completeness:
     ``sum_i IG_i ~= F(e) - F(e')``.
     """
+    check_aggregate(aggregate)
     alphas, weights = path_points(n_steps, rule)
     embeds = adapter.embed(batch.input_ids).detach()
     base = baseline_embeddings(adapter, batch, baseline).detach()
@@ -194,7 +269,7 @@ def integrated_gradients(
             )
             grads = adapter.grad(sub_target.score(fwd.logits), points)
         total[:, :width].index_add_(0, example, grads * weight_t[step, None, None])
-    return (total * delta).sum(dim=-1)
+    return aggregate_embedding(total * delta, aggregate)
 
 
 @register(
@@ -205,7 +280,8 @@ def integrated_gradients(
     summary="Saliency averaged over Gaussian-noised copies of the embeddings.",
     tasks=GRADIENT_TASKS,
     stochastic=True,
-    defaults={"n_samples": 20, "noise_level": 0.15},
+    defaults={"n_samples": 20, "noise_level": 0.15, "aggregate": None},
+    choices={"aggregate": (None, *AGGREGATES)},
 )
 def smoothgrad(
     adapter: ModelAdapter,
@@ -217,10 +293,17 @@ def smoothgrad(
     multiply_by_inputs: bool = False,
     seed: int | None = 0,
     internal_batch_size: int | None = None,
+    aggregate: str | None = None,
 ) -> torch.Tensor:
-    """``M(e) = 1/n sum_k grad F(e + z_k)``, ``z_k ~ N(0, sigma^2)``, ``sigma = noise_level *
-    (max(e) - min(e))`` per example (the paper's 10-20 % noise level). Reduced per token to the
-    L2 norm (``[B, N]``), or to the dot product with the input when ``multiply_by_inputs``."""
+    """``M(e) = 1/n sum_k grad F(e + z_k)`` ``[B, N, E]`` (Eq. 3), ``z_k ~ N(0, sigma^2)``,
+    ``sigma = noise_level * (max(e) - min(e))`` per example (the paper's 10-20 % noise level),
+    times the input ``e`` when ``multiply_by_inputs``, reduced per token to ``[B, N]`` by
+    ``aggregate``: ``"l2"`` / ``"l1"`` norm, or with ``multiply_by_inputs`` also the signed
+    ``"sum"``, over the embedding. ``None`` (default): the L2 norm of ``M(e)``, or the dot
+    product ``sum_d M(e)_id e_id`` with ``multiply_by_inputs``."""
+    if aggregate is None:
+        aggregate = "sum" if multiply_by_inputs else "l2"
+    check_aggregate(aggregate, AGGREGATES if multiply_by_inputs else GRADIENT_AGGREGATES)
     if n_samples < 1:
         raise InputError(f"n_samples must be at least 1, got {n_samples}")
     embeds = adapter.embed(batch.input_ids).detach()
@@ -251,6 +334,4 @@ def smoothgrad(
             grads = adapter.grad(sub_target.score(fwd.logits), noisy)
         total[:, :width].index_add_(0, example, grads)
     mean_grad = total / n_samples
-    if multiply_by_inputs:
-        return (mean_grad * embeds).sum(dim=-1)
-    return mean_grad.norm(dim=-1)
+    return aggregate_embedding(mean_grad * embeds if multiply_by_inputs else mean_grad, aggregate)
