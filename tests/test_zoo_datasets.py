@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from heedful.datasets import (
     SNIPPET_FILES,
@@ -332,3 +333,46 @@ def test_fold_output_scale_multiplies_the_head() -> None:
         _fold_output_scale(model, 4.0)
         after = model(input_ids=ids).logits
     assert torch.allclose(after, 4.0 * before, atol=1e-6)
+
+
+def _tiny_llama_classifier(layers: int = 4):
+    from tiny import tiny_hf
+
+    model, tokenizer = tiny_hf("llama", "classification", seed=3, num_hidden_layers=layers, initializer_range=0.2)
+    tokenizer.padding_side = "right"
+    return model, tokenizer
+
+
+def test_top_layer_training_path_equals_the_full_forward() -> None:
+    """The cached frozen states run through the top blocks give the model's own logits."""
+    from heedful.zoo.train import TopLayersConfig, _frozen_states, _pad_states, _run_blocks, progress_bar
+
+    model, tokenizer = _tiny_llama_classifier()
+    texts = ["good film", "a bad, bad plot twist", "fine", "the acting is quite wonderful indeed"]
+    cfg = TopLayersConfig(top_layers=1, cache_batch_size=3)
+    with progress_bar(False) as bar:
+        states = _frozen_states(model.model, tokenizer, texts, 3, cfg, bar)
+    padded, mask, last = _pad_states(states)
+    with torch.no_grad():
+        hidden = _run_blocks(model.model, list(model.model.layers[3:]), model.model.norm, inputs_embeds=padded, attention_mask=mask)
+        via_cache = model.score(hidden[torch.arange(len(texts)), last])
+        full = model(**tokenizer(texts, padding=True, return_tensors="pt")).logits
+    assert [len(s) for s in states] == [len(tokenizer(t)["input_ids"]) for t in texts]
+    torch.testing.assert_close(via_cache, full, atol=1e-5, rtol=1e-4)
+
+
+def test_top_layer_training_changes_only_the_top() -> None:
+    from heedful.zoo.train import TopLayersConfig, fine_tune_top_layers
+
+    model, tokenizer = _tiny_llama_classifier()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    texts = ["good", "bad", "great fun", "awful mess"] * 4
+    labels = [2, 0, 2, 0] * 4
+    summary = fine_tune_top_layers(
+        model, tokenizer, texts, labels, TopLayersConfig(top_layers=1, batch_size=4, epochs=3, learning_rate=1e-2), progress=False
+    )
+    changed = {k for k, v in model.state_dict().items() if not torch.equal(v, before[k])}
+    assert changed and all(k.startswith(("model.layers.3.", "model.norm.", "score.")) for k in changed)
+    assert any(k.startswith("score.") for k in changed) and any(k.startswith("model.layers.3.") for k in changed)
+    assert summary["trained_blocks"] == "3..3" and summary["final_loss"] < summary["first_loss"]
+    assert all(p.requires_grad for p in model.parameters())

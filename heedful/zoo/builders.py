@@ -31,9 +31,11 @@ from heedful.datasets.vader import SPLIT_SEED, TEST_SIZES, load_split  # noqa: E
 from heedful.errors import HeedfulError  # noqa: E402
 from heedful.zoo import sources  # noqa: E402
 from heedful.zoo.train import (  # noqa: E402
+    TopLayersConfig,
     TrainConfig,
     accuracy,
     fine_tune,
+    fine_tune_top_layers,
     predict,
     progress_bar,
     regression_scores,
@@ -45,6 +47,9 @@ RATING_SCALE = 4.0  # regression targets are divided by this in training, folded
 # One epoch reached 83.7% on the movies test split (seed 0), under the 85% target; two are used.
 CLASSIFIER_CONFIG = TrainConfig(epochs=2)
 REGRESSION_CONFIG = TrainConfig()
+# The top 6 of SmolLM2's 30 blocks: a linear probe on the last token's state peaks near block 20
+# (0.83 held-out with 1,500 texts), so the top blocks have what they need to pool the sentence.
+DECODER_CLASSIFIER_CONFIG = TopLayersConfig(top_layers=6, epochs=2, learning_rate=1e-4, max_length=64)
 CAPITAL_PROMPT = "The capital of France is"
 CAPITAL_ANSWER = " Paris"
 
@@ -85,6 +90,18 @@ def _reload_classifier(out_dir: Path) -> tuple[PreTrainedModel, PreTrainedTokeni
     return model.eval(), tokenizer
 
 
+def _check_sanity(logits: np.ndarray) -> tuple[str, float]:
+    """Label and probability of the last row (the sanity text); the build fails unless POSITIVE."""
+    probs = torch.tensor(logits[-1]).softmax(-1)
+    label = SENTIMENT_LABELS[int(probs.argmax())]
+    if label != "POSITIVE":
+        raise HeedfulError(
+            f"the trained classifier calls {SANITY_TEXT!r} {label}; the build is discarded",
+            hint="rebuild with force=True; if it persists, report it",
+        )
+    return label, float(probs.max())
+
+
 def build_minilm_sentiment(out_dir: Path, progress: bool = True) -> dict:
     """MiniLM-L6 + 2-way head fine-tuned on the movies train split; accuracy on movies test."""
     cfg = CLASSIFIER_CONFIG
@@ -104,13 +121,7 @@ def build_minilm_sentiment(out_dir: Path, progress: bool = True) -> dict:
         model, tokenizer, test["text"].tolist() + [SANITY_TEXT], cfg.max_length,
         cfg.eval_batch_size, progress, "held-out test",
     )
-    sanity_probs = torch.tensor(logits[-1]).softmax(-1)
-    sanity_label = SENTIMENT_LABELS[int(sanity_probs.argmax())]
-    if sanity_label != "POSITIVE":
-        raise HeedfulError(
-            f"the trained classifier calls {SANITY_TEXT!r} {sanity_label}; the build is discarded",
-            hint="rebuild with force=True; if it persists, report it",
-        )
+    sanity_label, sanity_probability = _check_sanity(logits)
     return {
         "seed": cfg.seed,
         "training": {**cfg.to_dict(), **summary},
@@ -123,7 +134,7 @@ def build_minilm_sentiment(out_dir: Path, progress: bool = True) -> dict:
         "sanity": {
             "text": SANITY_TEXT,
             "label": sanity_label,
-            "probability": float(sanity_probs.max()),
+            "probability": sanity_probability,
         },
     }
 
@@ -255,4 +266,48 @@ def build_smollm2_135m(out_dir: Path, progress: bool = True) -> dict:
         "parameters": sum(p.numel() for p in model.parameters()),
         "reload_seconds": round(reload_seconds, 2),
         "next_token_check": check,
+    }
+
+
+def build_smollm2_sentiment(out_dir: Path, progress: bool = True) -> dict:
+    """SmolLM2-135M + 2-way score head read at the last token; the top blocks, final norm and
+    head are fine-tuned on the movies train split (the lower blocks stay as shipped)."""
+    from heedful.zoo.registry import ensure_built, zoo_dir
+
+    cfg = DECODER_CLASSIFIER_CONFIG
+    ensure_built("smollm2-135m", progress=progress)
+    base = zoo_dir("smollm2-135m")
+    train, test = load_split("movies", "train"), load_split("movies", "test")
+    tokenizer = AutoTokenizer.from_pretrained(base, local_files_only=True)
+    tokenizer.padding_side = "right"
+    config = AutoConfig.from_pretrained(
+        base,
+        local_files_only=True,
+        num_labels=2,
+        id2label=SENTIMENT_LABELS,
+        label2id={v: k for k, v in SENTIMENT_LABELS.items()},
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(cfg.seed)
+    model = AutoModelForSequenceClassification.from_pretrained(base, config=config, local_files_only=True)
+    summary = fine_tune_top_layers(
+        model, tokenizer, train["text"].tolist(), train["label"].to_numpy(), cfg, progress
+    )
+    _save(model, tokenizer, out_dir)
+    model, tokenizer = _reload_classifier(out_dir)
+    logits = predict(
+        model, tokenizer, test["text"].tolist() + [SANITY_TEXT], cfg.max_length,
+        cfg.eval_batch_size, progress, "held-out test",
+    )
+    sanity_label, sanity_probability = _check_sanity(logits)
+    return {
+        "seed": cfg.seed,
+        "training": {**cfg.to_dict(), **summary},
+        "data": _data_summary(len(train)),
+        "held_out": {
+            "split": "movies/test",
+            "examples": len(test),
+            "accuracy": accuracy(logits[:-1], test["label"].to_numpy()),
+        },
+        "sanity": {"text": SANITY_TEXT, "label": sanity_label, "probability": sanity_probability},
     }

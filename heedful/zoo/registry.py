@@ -79,6 +79,14 @@ ENTRIES: dict[str, ZooEntry] = {
             size_mb=515,
             builder="build_smollm2_135m",
         ),
+        ZooEntry(
+            name="smollm2-sentiment",
+            description="sentiment classifier (NEGATIVE/POSITIVE): SmolLM2-135M, top 6 blocks tuned on movie snippets",
+            task="classification",
+            base="smollm2-135m (this zoo), score head at the last token",
+            size_mb=515,
+            builder="build_smollm2_sentiment",
+        ),
     )
 }
 DEFAULT_MODEL = "minilm-sentiment"

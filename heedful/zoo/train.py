@@ -209,3 +209,135 @@ def regression_scores(predicted: np.ndarray, truth: Sequence[float] | np.ndarray
         "pearson_r": float(np.corrcoef(pred, true)[0, 1]),
         "mse": float(np.mean((pred - true) ** 2)),
     }
+
+
+@dataclass(frozen=True)
+class TopLayersConfig(TrainConfig):
+    """Settings of :func:`fine_tune_top_layers`: ``top_layers`` blocks (and the final norm and
+    score head) are trained; the blocks below stay frozen and run once per text."""
+
+    top_layers: int = 4
+    cache_batch_size: int = 64
+
+
+def _run_blocks(backbone: torch.nn.Module, blocks: list[torch.nn.Module], final_norm: torch.nn.Module, **inputs: torch.Tensor) -> torch.Tensor:
+    """Hidden states ``[B, T, D]`` of a decoder backbone restricted to ``blocks`` and ``final_norm``.
+
+    The backbone's own forward builds the causal/padding mask and rotary positions; only its
+    block list and final norm are swapped for the call (and restored after).
+    """
+    saved_layers, saved_norm = backbone.layers, backbone.norm
+    backbone.layers, backbone.norm = torch.nn.ModuleList(blocks), final_norm
+    try:
+        return backbone(**inputs).last_hidden_state
+    finally:
+        backbone.layers, backbone.norm = saved_layers, saved_norm
+
+
+@torch.no_grad()
+def _frozen_states(
+    backbone: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    texts: Sequence[str],
+    n_frozen: int,
+    config: TopLayersConfig,
+    bar: Progress,
+) -> list[torch.Tensor]:
+    """Per text, the ``[T_i, D]`` hidden states after the first ``n_frozen`` blocks.
+
+    Texts are run in length-sorted batches so that little padding is computed; right padding
+    keeps every text's positions at 0..T_i-1, as in the later training passes.
+    """
+    encoded = tokenizer(list(texts), truncation=True, max_length=config.max_length)["input_ids"]
+    order = sorted(range(len(texts)), key=lambda i: len(encoded[i]))
+    states: list[torch.Tensor | None] = [None] * len(texts)
+    blocks = list(backbone.layers[:n_frozen])
+    task = bar.add_task("frozen blocks", total=len(texts), info=f"{n_frozen} blocks")
+    for first in range(0, len(order), config.cache_batch_size):
+        rows = order[first : first + config.cache_batch_size]
+        inputs = tokenizer.pad({"input_ids": [encoded[i] for i in rows]}, return_tensors="pt")
+        hidden = _run_blocks(backbone, blocks, torch.nn.Identity(), **inputs)
+        for row, i in enumerate(rows):
+            states[i] = hidden[row, : len(encoded[i])].clone()
+        bar.update(task, advance=len(rows))
+    return states  # type: ignore[return-value]
+
+
+def _pad_states(states: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded ``[B, T, D]`` states, ``[B, T]`` attention mask and ``[B]`` last positions."""
+    lengths = torch.tensor([len(s) for s in states])
+    padded = torch.nn.utils.rnn.pad_sequence(states, batch_first=True)
+    mask = (torch.arange(padded.shape[1])[None, :] < lengths[:, None]).long()
+    return padded, mask, lengths - 1
+
+
+def fine_tune_top_layers(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    texts: Sequence[str],
+    labels: Sequence[int] | np.ndarray,
+    config: TopLayersConfig,
+    progress: bool = True,
+) -> dict:
+    """Fine-tune the top ``config.top_layers`` blocks, final norm and score head of a
+    Llama-style ``*ForSequenceClassification`` decoder (``model.model.layers``,
+    ``model.model.norm``, ``model.score``), in place.
+
+    The frozen blocks run once per text (their outputs are cached), so an epoch costs
+    ``top_layers / n_layers`` of a full forward and backward. The classification logit is the
+    score head at each text's last token, as the model computes it at inference. AdamW with
+    linear warm-up and decay; seeded data order.
+    """
+    backbone = model.model
+    n_frozen = len(backbone.layers) - config.top_layers
+    if not 0 < config.top_layers <= len(backbone.layers):
+        raise ValueError(f"top_layers must be in 1..{len(backbone.layers)}, got {config.top_layers}")
+    targets = torch.as_tensor(np.asarray(labels), dtype=torch.long)
+    top = list(backbone.layers[n_frozen:])
+    trainable = [p for block in top for p in block.parameters()]
+    trainable += list(backbone.norm.parameters()) + list(model.score.parameters())
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for p in trainable:
+        p.requires_grad_(True)
+    torch.manual_seed(config.seed)
+    orders = batch_order(len(texts), config.epochs, config.seed)
+    steps_per_epoch = math.ceil(len(texts) / config.batch_size)
+    total_steps = steps_per_epoch * config.epochs
+    optimizer = torch.optim.AdamW(trainable, lr=config.learning_rate, weight_decay=config.weight_decay)
+    scheduler = get_linear_schedule_with_warmup(optimizer, round(config.warmup_ratio * total_steps), total_steps)
+    losses: list[float] = []
+    start = time.perf_counter()
+    with progress_bar(progress) as bar:
+        model.eval()
+        states = _frozen_states(backbone, tokenizer, texts, n_frozen, config, bar)
+        cache_seconds = time.perf_counter() - start
+        model.train()
+        task = bar.add_task("training top blocks", total=total_steps, info="")
+        for order in orders:
+            for first in range(0, len(order), config.batch_size):
+                rows = order[first : first + config.batch_size].tolist()
+                padded, mask, last = _pad_states([states[i] for i in rows])
+                hidden = _run_blocks(backbone, top, backbone.norm, inputs_embeds=padded, attention_mask=mask)
+                logits = model.score(hidden[torch.arange(len(rows)), last])
+                loss = torch.nn.functional.cross_entropy(logits.float(), targets[rows])
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(trainable, config.max_grad_norm)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+                losses.append(loss.item())
+                bar.update(task, advance=1, info=f"loss {np.mean(losses[-50:]):.3f}")
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(True)
+    tail = losses[-max(1, steps_per_epoch // 10) :]
+    return {
+        "examples": len(texts),
+        "trained_blocks": f"{n_frozen}..{len(backbone.layers) - 1}",
+        "steps": total_steps,
+        "first_loss": losses[0],
+        "final_loss": float(np.mean(tail)),
+        "frozen_pass_seconds": round(cache_seconds, 1),
+        "seconds": round(time.perf_counter() - start, 1),
+    }
