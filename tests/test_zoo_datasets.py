@@ -345,7 +345,13 @@ def _tiny_llama_classifier(layers: int = 4):
 
 def test_top_layer_training_path_equals_the_full_forward() -> None:
     """The cached frozen states run through the top blocks give the model's own logits."""
-    from heedful.zoo.train import TopLayersConfig, _frozen_states, _pad_states, _run_blocks, progress_bar
+    from heedful.zoo.train import (
+        TopLayersConfig,
+        _frozen_states,
+        _pad_states,
+        _run_blocks,
+        progress_bar,
+    )
 
     model, tokenizer = _tiny_llama_classifier()
     texts = ["good film", "a bad, bad plot twist", "fine", "the acting is quite wonderful indeed"]
