@@ -70,10 +70,6 @@ def _as_index_or_text(value: int | str) -> int | str:
             f"target {value!r} is not a class index, label or token",
             hint="give a class index (int), a label or token (str), or 'A vs B'",
         )
-    if isinstance(value, int):
-        return value
-    if value.strip().lstrip("-").isdigit():
-        return int(value.strip())
     return value
 
 

@@ -217,6 +217,15 @@ def test_classes_of_a_language_model_are_tokens():
     assert e.target.label == gpt2.tokenizer.convert_ids_to_tokens(e.target.indices[0])
 
 
+def test_digit_strings_are_class_indices_for_classifiers_and_tokens_for_language_models(bert):
+    assert bert.explain("good", target="2").target.indices == [2]
+    gpt2 = cached_model("gpt2", "causal_lm")
+    digit = gpt2.tokenizer("5", add_special_tokens=False)["input_ids"]
+    assert len(digit) == 1
+    assert gpt2.explain("one two", target="5").target.indices == digit
+    assert gpt2.explain("one two", target=5).target.indices == [5]
+
+
 # --------------------------------------------------------------------------- models
 
 

@@ -327,9 +327,18 @@ class ModelAdapter:
         return torch.zeros(len(batch), dtype=torch.long), "first"
 
     def output_index(self, value: int | str) -> int:
-        """Column of a class (index or label) or of a vocabulary token given as a string."""
+        """Column of a class (index or label) or of a vocabulary token.
+
+        For a classifier, a string of digits that is not a label is a class index (``"1"`` from
+        the command line). For a language model a string is always a token (``"5"`` is the token
+        5) and an int is a token id.
+        """
         if self.task == "classification":
             labels = self.labels
+            if isinstance(value, str) and value.strip().lstrip("-").isdigit() and value.lower() not in {
+                lab.lower() for lab in labels
+            }:
+                value = int(value.strip())
             if isinstance(value, int):
                 if not 0 <= value < len(labels):
                     raise InputError(
