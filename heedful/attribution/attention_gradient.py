@@ -14,17 +14,46 @@ from heedful.registry import register
 from heedful.targets import ResolvedTarget
 
 
-def attention_gradients(
-    adapter: ModelAdapter, batch: Batch, target: ResolvedTarget, hidden: bool = False
-) -> tuple[Forward, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
-    """One forward keeping attentions (and hidden states) in the graph, one backward of the target.
+def attention_reference(hidden: bool = False):
+    """A reference pass (see :class:`heedful.registry.MethodInfo`) that keeps attentions (and,
+    with ``hidden``, hidden states) in the autograd graph, so the method's backward needs no
+    forward of its own."""
 
-    Returns the forward, ``dF/dA_l`` ``[B, H, N, N]`` per layer, and ``dF/dh_l`` ``[B, N, D]``
-    for ``hidden_states[0..L-1]`` (empty unless ``hidden``).
+    def reference(adapter: ModelAdapter, batch: Batch, anchor: torch.Tensor) -> Forward:
+        embeds = adapter.embed(batch.input_ids).detach().requires_grad_(True)
+        with torch.enable_grad():
+            fwd = adapter.forward(batch, anchor, inputs_embeds=embeds, attentions=True, hidden_states=hidden)
+        return Forward(fwd.logits, fwd.hidden_states, fwd.attentions, inputs_embeds=embeds)
+
+    return reference
+
+
+def attention_gradients(
+    adapter: ModelAdapter,
+    batch: Batch,
+    target: ResolvedTarget,
+    hidden: bool = False,
+    reference: Forward | None = None,
+) -> tuple[Forward, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+    """``dF/dA_l`` ``[B, H, N, N]`` per layer and ``dF/dh_l`` ``[B, N, D]`` for
+    ``hidden_states[0..L-1]`` (empty unless ``hidden``), by one backward of the target.
+
+    Back-propagates through ``reference`` when it kept its graph (:func:`attention_reference`),
+    otherwise runs a forward of its own first. Returns the (detached) forward and the gradients.
     """
-    embeds = adapter.embed(batch.input_ids).detach().requires_grad_(True)
+    kept = (
+        reference is not None
+        and reference.inputs_embeds is not None
+        and reference.attentions is not None
+        and (reference.hidden_states is not None or not hidden)
+    )
+    if kept:
+        fwd = reference
+    else:
+        embeds = adapter.embed(batch.input_ids).detach().requires_grad_(True)
+        with torch.enable_grad():
+            fwd = adapter.forward(batch, target.anchor, inputs_embeds=embeds, attentions=True, hidden_states=hidden)
     with torch.enable_grad():
-        fwd = adapter.forward(batch, target.anchor, inputs_embeds=embeds, attentions=True, hidden_states=hidden)
         wrt = list(fwd.attentions) + (list(fwd.hidden_states[:-1]) if hidden else [])
         adapter.counter.backward += len(batch)
         grads = torch.autograd.grad(target.score(fwd.logits).sum(), wrt)
@@ -49,13 +78,14 @@ def _mean_over_real_rows(matrix: torch.Tensor, mask: torch.Tensor) -> torch.Tens
     cost="1 forward + 1 backward",
     citation="Chefer et al. 2021b, Generic Attention-model Explainability (Eq. 5-6)",
     summary="Gradient-weighted attention, positive part, accumulated through the layers (R += Abar R).",
+    reference_pass=attention_reference(),
 )
 def gae(
     adapter: ModelAdapter, batch: Batch, target: ResolvedTarget, reference: Forward | None = None
 ) -> torch.Tensor:
     """``Abar_l = mean_h (grad A_l * A_l)^+``; ``R = I``; ``R <- R + Abar_l R`` for each layer in
     forward order; the anchor row of ``R`` with its self-entry set to 0 ``[B, N]``."""
-    fwd, grads, _ = attention_gradients(adapter, batch, target)
+    fwd, grads, _ = attention_gradients(adapter, batch, target, reference=reference)
     bsz, seq = batch.input_ids.shape
     relevance = torch.eye(seq, dtype=fwd.attentions[0].dtype).expand(bsz, seq, seq).clone()
     for attn, grad in zip(fwd.attentions, grads, strict=True):
@@ -73,12 +103,13 @@ def gae(
     cost="1 forward + 1 backward",
     citation="Barkan et al. 2021, Grad-SAM: Explaining Transformers via Gradient Self-Attention Maps (Eq. 2-3)",
     summary="Attention times ReLU of its gradient, averaged over layers, heads and query rows.",
+    reference_pass=attention_reference(),
 )
 def grad_sam(
     adapter: ModelAdapter, batch: Batch, target: ResolvedTarget, reference: Forward | None = None
 ) -> torch.Tensor:
     """``s_j = mean_{l,h,i} A_l[h,i,j] * ReLU(dF/dA_l[h,i,j])`` over real query rows ``i`` ``[B, N]``."""
-    fwd, grads, _ = attention_gradients(adapter, batch, target)
+    fwd, grads, _ = attention_gradients(adapter, batch, target, reference=reference)
     maps = torch.stack([(a * g.clamp(min=0)).mean(dim=1) for a, g in zip(fwd.attentions, grads, strict=True)])
     return _mean_over_real_rows(maps.mean(dim=0), batch.attention_mask)
 
@@ -89,13 +120,14 @@ def grad_sam(
     cost="1 forward + 1 backward",
     citation="Qiang et al. 2022, AttCAT: Explaining Transformers via Attentive Class Activation Tokens (Eq. 6-7)",
     summary="Per layer: gradient x hidden state of each token, weighted by the attention it receives; summed over layers.",
+    reference_pass=attention_reference(hidden=True),
 )
 def attcat(
     adapter: ModelAdapter, batch: Batch, target: ResolvedTarget, reference: Forward | None = None
 ) -> torch.Tensor:
     """``AttCAT_j = sum_l (sum_d dF/dh_l[j,d] * h_l[j,d]) * mean_{h,i} A_l[h,i,j]`` with ``h_l`` the
     input of block ``l`` and the mean over heads and real query rows ``[B, N]`` (signed)."""
-    fwd, attn_grads, hidden_grads = attention_gradients(adapter, batch, target, hidden=True)
+    fwd, attn_grads, hidden_grads = attention_gradients(adapter, batch, target, hidden=True, reference=reference)
     total = torch.zeros(batch.input_ids.shape)
     for layer, (attn, grad_h) in enumerate(zip(fwd.attentions, hidden_grads, strict=True)):
         cat = (grad_h * fwd.hidden_states[layer]).sum(dim=-1)

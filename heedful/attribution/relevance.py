@@ -16,7 +16,11 @@ import torch
 
 from heedful.adapters import Forward, ModelAdapter
 from heedful.attribution._common import length_chunks
-from heedful.attribution.attention_gradient import _mean_over_real_rows, attention_gradients
+from heedful.attribution.attention_gradient import (
+    _mean_over_real_rows,
+    attention_gradients,
+    attention_reference,
+)
 from heedful.batch import Batch
 from heedful.errors import InputError
 from heedful.lrp import rule_set
@@ -260,10 +264,11 @@ def attnlrp(
     cost="1 forward + 1 backward",
     citation="Zhou et al. 2016 (CAM) on attention gradients, as the CAM baseline of Song et al. 2024 (Mask-LRP ExplanationGenerator.generate_gradcam)",
     summary="Last layer's attention gradient averaged over heads and query rows, positive part.",
+    reference_pass=attention_reference(),
 )
 def cam(adapter: ModelAdapter, batch: Batch, target: ResolvedTarget, reference: Forward | None = None) -> torch.Tensor:
     """``max(0, mean_{h,i} dF/dA_L[h, i, :])`` over real query rows, anchor column 0 ``[B, N]``."""
-    _, grads, _ = attention_gradients(adapter, batch, target)
+    _, grads, _ = attention_gradients(adapter, batch, target, reference=reference)
     scores = _mean_over_real_rows(grads[-1].mean(dim=1), batch.attention_mask).clamp(min=0)
     scores[torch.arange(scores.shape[0]), target.anchor] = 0.0
     return scores
@@ -275,6 +280,7 @@ def cam(adapter: ModelAdapter, batch: Batch, target: ResolvedTarget, reference: 
     cost="1 forward + 1 backward",
     citation="Chefer et al. 2021a's GradCAM-on-attention baseline, as GradCAM in Song et al. 2024 (ExplanationGenerator.generate_attn_gradcam)",
     summary="Last layer's attention weighted per head by its mean gradient, positive part, min-max normalised.",
+    reference_pass=attention_reference(),
 )
 def attention_gradcam(
     adapter: ModelAdapter, batch: Batch, target: ResolvedTarget, reference: Forward | None = None
@@ -282,7 +288,7 @@ def attention_gradcam(
     """``w_h = mean_{i,j} dF/dA_L[h]``; ``G = max(0, mean_h w_h A_L[h])`` min-max normalised over
     the real ``N x N`` block; anchor row with self-entry 0 ``[B, N]``. (Grad-SAM proper is
     ``grad_sam``.)"""
-    fwd, grads, _ = attention_gradients(adapter, batch, target)
+    fwd, grads, _ = attention_gradients(adapter, batch, target, reference=reference)
     attn, grad = fwd.attentions[-1], grads[-1]
     real = batch.attention_mask.to(attn.dtype)
     cells = (real[:, :, None] * real[:, None, :])[:, None]  # [B, 1, N, N]
