@@ -14,7 +14,7 @@ from heedful.targets import ResolvedTarget
 @register(
     "random",
     family="baseline",
-    cost="0 passes",
+    cost="no pass of its own (explain still runs the 1 forward that gives the prediction)",
     citation="Random baseline (e.g. DeYoung et al. 2020, ERASER)",
     summary="Uniform random scores in [0, 1); the floor any method must beat.",
     stochastic=True,
