@@ -21,6 +21,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from heedful.commands import bench as bench_command
 from heedful.commands import heads as heads_command
 from heedful.commands import interest as interest_command
+from heedful.commands import rectify as rectify_command
 from heedful.commands import reproduce as reproduce_command
 from heedful.errors import HeedfulError
 from heedful.targets import TASKS
@@ -199,6 +200,7 @@ app.command("bench")(bench_command.bench)
 app.add_typer(interest_command.app, name="interest")
 app.command("heads")(heads_command.heads)
 app.command("reproduce")(reproduce_command.reproduce)
+app.command("rectify")(rectify_command.rectify)
 
 
 def main() -> None:
