@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.heedful-installed
 
-.PHONY: demo test test-all lint bench clean-venv
+.PHONY: demo test test-all lint bench bench-ferret clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,11 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/core_methods.py
+
+bench-ferret: $(STAMP)  ## AOPC under the ferret protocol, heedful vs ferret on the same explanations
+	$(BIN)/python -m pip install --quiet -e ".[bench]"
+	$(BIN)/python -m pip install --quiet --no-deps ferret-xai==0.4.2
+	OMP_WAIT_POLICY=PASSIVE $(BIN)/python benchmarks/ferret_aopc.py
 
 clean-venv:
 	rm -rf $(VENV)

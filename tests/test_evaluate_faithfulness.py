@@ -175,6 +175,24 @@ def test_ferret_defaults_when_no_rationale(tiny):
     assert result["sufficiency"].per_example.values.tolist() == [1.0, 1.0]
 
 
+
+def test_ferret_runs_each_distinct_perturbed_text_once(tiny):
+    """Explanations that leave the same texts (here: every explanation twice) share their
+    perturbed rows; only the originals run again, and the values are those of one copy."""
+    model = tiny("bert")
+    expls = _with_scores(model.explain(TEXTS, "saliency"), seed=1)
+    counter = model.adapter.counter
+    before = counter.forward
+    once = evaluate(model, expls, ["aopc", "sufficiency"], "ferret")
+    rows_once = counter.forward - before
+    before = counter.forward
+    twice = evaluate(model, expls + expls, ["aopc", "sufficiency"], "ferret")
+    assert counter.forward - before == rows_once + len(TEXTS)
+    for name in ("aopc", "sufficiency"):
+        values = twice[name].per_example.values
+        np.testing.assert_array_equal(values[: len(TEXTS)], values[len(TEXTS) :])
+        np.testing.assert_allclose(values[: len(TEXTS)], once[name].per_example.values, atol=1e-6)
+
 # --------------------------------------------------------------------------- removal strategies
 class _Recorder:
     """Wraps adapter.forward and keeps what it was called with."""

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from heedful.adapters import ModelAdapter
-from heedful.attribution._common import chunk_rows
+from heedful.attribution._common import chunk_rows, length_chunks
 from heedful.attribution.perturbation import removal_id
 from heedful.batch import Batch
 from heedful.errors import HeedfulError, InputError
@@ -209,19 +209,19 @@ def prepare(
 def _forward_batches(
     adapter: ModelAdapter, batch: Batch, target: ResolvedTarget, output: str, chunk: int | None
 ) -> Outputs:
-    parts = []
-    for sl in chunk_rows(len(batch), batch.seq_len, chunk):
-        idx = torch.arange(sl.start, sl.stop)
-        rows = target.select(idx)
+    """Outputs of the unperturbed examples ``[B]``, in chunks of similar length."""
+    result = Outputs.empty((len(batch),))
+    for rows, width in length_chunks(batch.attention_mask.sum(dim=1), chunk):
+        rows_target = target.select(rows)
         fwd = adapter.forward(
             batch,
-            rows.anchor,
-            input_ids=batch.input_ids[sl],
-            attention_mask=batch.attention_mask[sl],
-            token_type_ids=None if batch.token_type_ids is None else batch.token_type_ids[sl],
+            rows_target.anchor,
+            input_ids=batch.input_ids[rows, :width],
+            attention_mask=batch.attention_mask[rows, :width],
+            token_type_ids=None if batch.token_type_ids is None else batch.token_type_ids[rows, :width],
         )
-        parts.append(target_outputs(rows, fwd.logits, output))
-    return Outputs.concat(parts)
+        result.put((rows.numpy(),), target_outputs(rows_target, fwd.logits, output))
+    return result
 
 
 # ---------------------------------------------------------------------------- schedules
@@ -356,7 +356,13 @@ def forward_removed(
 
 def _forward_retokenized(prepared: Prepared, ex: torch.Tensor, remove: torch.Tensor, chunk: int | None) -> Outputs:
     """ferret's removal: drop the removed tokens, decode what is left of each segment, tokenise
-    the text again (special tokens added anew) and run it."""
+    the text again (special tokens added anew) and run it.
+
+    Each distinct text (pair) runs once -- ratios and examples that leave the same text (all
+    tokens deleted, the same sentence twice, explanations of one text by several methods) share
+    a row -- and the distinct rows run in chunks of similar length, each padded only to its own
+    longest row (:func:`~heedful.attribution._common.length_chunks`).
+    """
     adapter, batch, protocol = prepared.adapter, prepared.batch, prepared.protocol
     tokenizer = adapter.tokenizer
     seg = torch.where(batch.special_mask | ~batch.attention_mask.bool(), -1, _plain_segments(batch))
@@ -373,28 +379,44 @@ def _forward_retokenized(prepared: Prepared, ex: torch.Tensor, remove: torch.Ten
     if any(p is not None for p in batch.text_pairs):
         second = [ids[r][keep[r] & (seg_rows[r] == 1)].tolist() for r in range(len(ex))]
         pairs = tokenizer.batch_decode(second, skip_special_tokens=False)
-    parts = []
+    keys = list(zip(texts, pairs if pairs is not None else [None] * len(texts), strict=True))
+    distinct = list(dict.fromkeys(keys))
+    index = {key: u for u, key in enumerate(distinct)}
+    which = torch.tensor([index[key] for key in keys], dtype=torch.long)  # [M] distinct row of each row
     limit = min(protocol.max_length or adapter.max_length, adapter.max_length)
-    for sl in chunk_rows(len(ex), batch.seq_len, chunk):
-        args = (texts[sl],) if pairs is None else (texts[sl], pairs[sl])
-        enc = tokenizer(*args, padding=True, truncation=True, max_length=limit, return_tensors="pt", padding_side="right")
-        input_ids, attention = enc["input_ids"], enc["attention_mask"]
-        if input_ids.shape[1] == 0:  # nothing left and no special tokens to add
-            input_ids = torch.full((input_ids.shape[0], 1), adapter.pad_token_id)
-            attention = torch.zeros_like(input_ids)
-        empty = attention.sum(dim=1) == 0
-        attention[empty, 0] = 1
-        input_ids[empty, 0] = adapter.pad_token_id
-        types = None
-        if adapter.uses_token_types:
-            types = enc.get("token_type_ids")
-            types = torch.zeros_like(input_ids) if types is None or protocol.token_types == "zeros" else types
-        rows = prepared.target.select(ex[sl])
-        anchor = _anchor_of(rows.anchor_kind, input_ids, attention, tokenizer)
-        rows = rows.with_anchor(anchor)
-        fwd = adapter.forward(batch, anchor, input_ids=input_ids, attention_mask=attention, token_type_ids=types)
-        parts.append(target_outputs(rows, fwd.logits, protocol.output))
-    return Outputs.concat(parts)
+    args = ([t for t, _ in distinct],) if pairs is None else ([t for t, _ in distinct], [p for _, p in distinct])
+    enc = tokenizer(*args, padding=True, truncation=True, max_length=limit, return_tensors="pt", padding_side="right")
+    input_ids, attention = enc["input_ids"], enc["attention_mask"]
+    if input_ids.shape[1] == 0:  # nothing left and no special tokens to add
+        input_ids = torch.full((input_ids.shape[0], 1), adapter.pad_token_id)
+        attention = torch.zeros_like(input_ids)
+    empty = attention.sum(dim=1) == 0
+    attention[empty, 0] = 1
+    input_ids[empty, 0] = adapter.pad_token_id
+    types = None
+    if adapter.uses_token_types:
+        types = enc.get("token_type_ids")
+        types = torch.zeros_like(input_ids) if types is None or protocol.token_types == "zeros" else types
+    anchor = _anchor_of(prepared.target.anchor_kind, input_ids, attention, tokenizer)
+    order = torch.argsort(which, stable=True)
+    starts = torch.searchsorted(which[order], torch.arange(len(distinct) + 1))
+    result = Outputs.empty((len(ex),))
+    for rows, width in length_chunks(attention.sum(dim=1), chunk):
+        fwd_logits = adapter.forward(
+            batch,
+            anchor[rows],
+            input_ids=input_ids[rows, :width],
+            attention_mask=attention[rows, :width],
+            token_type_ids=None if types is None else types[rows, :width],
+        ).logits
+        # every original row whose text is one of this chunk's distinct rows
+        members = torch.cat([order[starts[u] : starts[u + 1]] for u in rows.tolist()])
+        local = torch.empty(len(distinct), dtype=torch.long)
+        local[rows] = torch.arange(len(rows))
+        rows_target = prepared.target.select(ex[members]).with_anchor(anchor[which[members]])
+        found = target_outputs(rows_target, fwd_logits[local[which[members]]], protocol.output)
+        result.put((members.numpy(),), found)
+    return result
 
 
 def _plain_segments(batch: Batch) -> torch.Tensor:
