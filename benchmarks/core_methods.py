@@ -1,7 +1,7 @@
 """Speed of heedful's core methods against one forward pass, and against Captum.
 
 For the first ``--n`` held-out sentences of the movies test split and the zoo model
-``minilm-sentiment`` (issue 2, item 12) this script
+``minilm-sentiment`` this script
 
 1. times one plain batched forward pass of all sentences (no grad, one batch, the model as
    heedful loads it) -- the unit every method is measured in;
@@ -31,7 +31,8 @@ Captum, not heedful.
                                       [--out benchmarks/results/core_methods.md]
                                       [--core | --methods NAME...] [--skip NAME...] [--tiny]
 
-Every registered method is timed unless ``--core`` (the methods of issue 2), ``--methods`` or
+Every registered method is timed unless ``--core`` (the vector, gradient, attention and
+leave-one-out methods), ``--methods`` or
 ``--skip`` say otherwise; some later methods run hundreds to thousands of passes.
 """
 
@@ -420,7 +421,7 @@ CORE_METHODS = (
     "rollout",
     "leave_one_out",
 )
-"""The methods of issue 2 (``--core``)."""
+"""The core methods (``--core``)."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -440,7 +441,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="NAME",
         help="only these methods (default: every registered one)",
     )
-    parser.add_argument("--core", action="store_true", help="only the methods of issue 2")
+    parser.add_argument("--core", action="store_true", help="only the core methods")
     parser.add_argument("--skip", nargs="+", default=[], metavar="NAME", help="methods not to time")
     parser.add_argument(
         "--long",
@@ -499,7 +500,7 @@ def main(argv: list[str] | None = None) -> int:
     wanted = set(args.methods or (CORE_METHODS if args.core else [m.name for m in registered]))
     infos = [m for m in registered if m.name in wanted and m.name not in args.skip]
     skipped = [m.name for m in registered if m not in infos]
-    # issue 2's methods first, so that an interrupted run still has the figures that matter
+    # the core methods first, so that an interrupted run still has the figures that matter
     run_order = sorted(infos, key=lambda m: m.name not in CORE_METHODS)
     ig_chunk = captum_ig_batch(args.captum_ig_batch, batch)
     captum = CaptumSide(model, batch, ig_chunk)

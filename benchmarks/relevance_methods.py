@@ -3,7 +3,7 @@
 Part 1 -- for the first ``--n`` sentences of the movies test split and ``--model`` (default the
 zoo's ``minilm-sentiment``), every relevance method runs through ``model.explain(texts, method,
 batch_size=--batch-size)`` and its wall time is given as a ratio to ``grad_x_input`` run the same
-way (issue 4, item 6). Targets: ``attnlrp`` <= 2x, ``chefer`` and ``mask_lrp`` <= 4x.
+way. Targets: ``attnlrp`` <= 2x, ``chefer`` and ``mask_lrp`` <= 4x.
 ``mask_lrp`` uses ``--head-mask`` if given, else the model's cached mask, else (so as not to
 spend minutes on head statistics inside a benchmark) a random mask at 25 % -- the cost does not
 depend on which heads are kept.
