@@ -84,6 +84,24 @@ def test_seeded_deterministic_and_batch_invariant(sharp):
     assert alone.cost.backward_passes == FAST["max_steps"] * FAST["samples"]
 
 
+def test_reference_pass_serves_as_the_clean_pass(sharp):
+    """``explain`` hands its reference pass (with hidden states) to the probe: the same scores as
+    a probe that runs its own clean pass, one forward fewer."""
+    adapter, batch, target = _resolved(sharp, TEXTS)
+    adapter.counter.reset()
+    own = cp.coperturbation(adapter, batch, target, None, seed=0, **FAST)
+    own_forwards = adapter.counter.forward
+    adapter.counter.reset()
+    with torch.no_grad():
+        ref = adapter.forward(batch, target.anchor, hidden_states=True)
+    adapter.counter.reset()
+    given = cp.coperturbation(adapter, batch, target, ref, seed=0, **FAST)
+    assert torch.equal(own, given)
+    assert adapter.counter.forward == own_forwards - len(batch)
+    alone = sharp.explain(TEXTS[0], method="coperturbation", seed=0, **FAST)
+    np.testing.assert_allclose(alone.scores, own[0, : len(batch.tokens[0])].numpy(), atol=1e-6)
+
+
 def test_scores_normalised_over_content_tokens(sharp):
     e = sharp.explain(TEXTS[0], method="coperturbation", seed=0, **FAST)
     content = ~np.array(e.special)

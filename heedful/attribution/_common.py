@@ -30,7 +30,14 @@ def chunk_rows(rows: int, width: int, chunk_rows: int | None = None) -> Iterator
         yield slice(start, min(rows, start + size))
 
 
-def length_chunks(lengths: torch.Tensor, chunk_rows: int | None = None) -> list[tuple[torch.Tensor, int]]:
+def length_chunks(
+    lengths: torch.Tensor,
+    chunk_rows: int | None = None,
+    *,
+    row_cells: int = 1,
+    budget: int = TOKEN_BUDGET,
+    overhead: int = CHUNK_OVERHEAD,
+) -> list[tuple[torch.Tensor, int]]:
     """Forward chunks of rows of similar length: ``(row indices, width)`` pairs covering every row.
 
     ``lengths`` ``[R]`` are the rows' real (unpadded) lengths in a right-padded batch. Rows are
@@ -41,6 +48,10 @@ def length_chunks(lengths: torch.Tensor, chunk_rows: int | None = None) -> list[
     distinct lengths). Right padding never changes a real position's output, so this changes the
     cost of a method, not its result (beyond float rounding): with lengths 8..53 in one batch of
     64 sentences, half of the padded cells were padding.
+
+    ``row_cells``: sequences each row stands for (e.g. a problem run as ``samples`` noised
+    copies), so that padding is costed -- and the ``budget`` of cells per chunk filled -- in
+    the sequences actually run; ``overhead``: what one more chunk costs, in cells.
     """
     lengths = lengths.reshape(-1).long().clamp(min=1)
     rows = lengths.shape[0]
@@ -53,7 +64,7 @@ def length_chunks(lengths: torch.Tensor, chunk_rows: int | None = None) -> list[
     starts = np.concatenate([[0], ends[:-1]])
 
     def per_chunk(width: int) -> int:
-        return chunk_rows or max(1, TOKEN_BUDGET // width)
+        return chunk_rows or max(1, budget // (width * row_cells))
 
     # best[j]: least cost of the first ends[j - 1] rows; a span of distinct lengths i..j-1 is
     # padded to widths[i] and split into as few chunks as the budget allows.
@@ -65,7 +76,7 @@ def length_chunks(lengths: torch.Tensor, chunk_rows: int | None = None) -> list[
     for j in range(1, k + 1):
         span_rows = ends[j - 1] - starts[:j]
         n_chunks = -(-span_rows // caps[:j])
-        costs = best[:j] + span_rows * width_arr[:j] + n_chunks * CHUNK_OVERHEAD
+        costs = best[:j] + span_rows * row_cells * width_arr[:j] + n_chunks * overhead
         i = int(np.argmin(costs))
         best[j], cut[j] = costs[i], i
     spans = []

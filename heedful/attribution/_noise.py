@@ -118,7 +118,10 @@ class NoiseProbe:
     ``reference[key]``: ``phi(x)`` of every example (``[B, C]`` for the head, ``[B, N, D]`` for a
     layer); ``energy[key]`` ``[B]``: mean of ``phi(x)^2`` over the same elements (Guan et al.'s
     ``regularization=None`` normaliser); ``dim``: width ``D`` of the noised representation;
-    ``input_std`` ``[B]``: std of each example's noised representation over its real tokens.
+    ``input_std`` ``[B]``: std of each example's noised representation over its real tokens;
+    ``inputs_embeds`` ``[B, N, E]``: word embeddings every pass starts from instead of the
+    batch's ids (``None``: the ids'), e.g. with chosen tokens down-weighted
+    (:func:`heedful.interest.downweight`).
     """
 
     adapter: ModelAdapter
@@ -132,6 +135,7 @@ class NoiseProbe:
     dim: int
     word_embeds: torch.Tensor | None
     input_std: torch.Tensor
+    inputs_embeds: torch.Tensor | None = None
 
     @classmethod
     def build(
@@ -142,14 +146,26 @@ class NoiseProbe:
         keys: tuple[int, ...],
         space: str = "embedding_output",
         output: str = "logits",
+        inputs_embeds: torch.Tensor | None = None,
+        reference: Forward | None = None,
     ) -> NoiseProbe:
-        """One unperturbed forward (with hidden states when a layer is probed)."""
+        """One unperturbed forward with hidden states, from the batch's ids or from
+        ``inputs_embeds`` ``[B, N, E]``; a caller that already ran that pass on the ids (with
+        hidden states, at ``target.anchor``) hands it over as ``reference`` instead."""
         check_choice("space", space, SPACES)
         check_choice("output", output, OUTPUTS)
-        with torch.no_grad():
-            fwd = adapter.forward(batch, target.anchor, hidden_states=True)
+        if inputs_embeds is not None:
+            inputs_embeds = inputs_embeds.detach()
+        if reference is not None and reference.hidden_states is not None and inputs_embeds is None:
+            fwd = reference
+        else:
+            with torch.no_grad():
+                fwd = adapter.forward(batch, target.anchor, inputs_embeds=inputs_embeds, hidden_states=True)
         mask = batch.attention_mask.bool()
-        probe = cls(adapter, batch, target, space, output, tuple(sorted(set(keys))), {}, {}, 0, None, torch.zeros(0))
+        probe = cls(
+            adapter, batch, target, space, output, tuple(sorted(set(keys))), {}, {}, 0, None, torch.zeros(0),
+            inputs_embeds,
+        )
         for key in probe.keys:
             if key == HEAD:
                 phi = probe.head_phi(fwd, target)
@@ -160,7 +176,7 @@ class NoiseProbe:
                 probe.reference[key] = h
                 probe.energy[key] = _masked_mean_sq(h, mask)
         if space == "word_embeddings":
-            probe.word_embeds = adapter.embed(batch.input_ids).detach()
+            probe.word_embeds = adapter.embed(batch.input_ids).detach() if inputs_embeds is None else inputs_embeds
             x = probe.word_embeds
         else:
             x = fwd.hidden_states[0]
@@ -192,10 +208,14 @@ class NoiseProbe:
                 batch, anchor, inputs_embeds=embeds, attention_mask=mask, token_type_ids=types,
                 hidden_states=hidden,
             )
+        start = (
+            {"input_ids": batch.input_ids[example, :width]}
+            if self.inputs_embeds is None
+            else {"inputs_embeds": self.inputs_embeds[example, :width]}
+        )
         with _noise_on_first_block(self.adapter, noise):
             return self.adapter.forward(
-                batch, anchor, input_ids=batch.input_ids[example, :width], attention_mask=mask,
-                token_type_ids=types, hidden_states=hidden,
+                batch, anchor, **start, attention_mask=mask, token_type_ids=types, hidden_states=hidden
             )
 
     def distortion(
