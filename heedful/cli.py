@@ -23,6 +23,7 @@ from heedful.commands import heads as heads_command
 from heedful.commands import interest as interest_command
 from heedful.commands import rectify as rectify_command
 from heedful.commands import reproduce as reproduce_command
+from heedful.commands import steer as steer_command
 from heedful.errors import HeedfulError
 from heedful.targets import TASKS
 
@@ -201,6 +202,7 @@ app.add_typer(interest_command.app, name="interest")
 app.command("heads")(heads_command.heads)
 app.command("reproduce")(reproduce_command.reproduce)
 app.command("rectify")(rectify_command.rectify)
+app.command("steer")(steer_command.steer)
 
 
 def main() -> None:
