@@ -1,7 +1,7 @@
 """Speed of heedful's perturbation family: batched co-perturbation, and LIME / KernelSHAP vs Captum.
 
 On the first ``--n`` sentences of the movies test split and the zoo model ``minilm-sentiment``
-(issue 5, item 7) this script
+this script
 
 1. runs co-perturbation over all sentences as one batch and one sentence at a time, at equal
    steps and samples (no early stop, so both do exactly ``--steps`` steps per sentence), and
@@ -70,11 +70,18 @@ RIDGE_ALPHA = 1.0
 @dataclass
 class Timing:
     times: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)
     result: Any = None
 
     @property
     def median(self) -> float:
         return statistics.median(self.times)
+
+    @property
+    def cpu_median(self) -> float:
+        """Median CPU seconds of this process: on a shared machine, the work done rather than
+        the share of the cores this process happened to get."""
+        return statistics.median(self.cpu)
 
 
 def measure(
@@ -89,9 +96,10 @@ def measure(
     timings = {name: Timing() for name in names}
     for round_ in range(repeats):
         for name in names if round_ % 2 == 0 else names[::-1]:
-            began = time.perf_counter()
+            began, began_cpu = time.perf_counter(), time.process_time()
             result = fns[name]()
             timings[name].times.append(time.perf_counter() - began)
+            timings[name].cpu.append(time.process_time() - began_cpu)
             timings[name].result = result
     return timings
 
@@ -148,9 +156,46 @@ def coperturbation_part(
         "batched": timed["batched"].median,
         "sequential": timed["one_at_a_time"].median,
         "ratio": timed["one_at_a_time"].median / timed["batched"].median,
+        "batched_cpu": timed["batched"].cpu_median,
+        "sequential_cpu": timed["one_at_a_time"].cpu_median,
+        "cpu_ratio": timed["one_at_a_time"].cpu_median / timed["batched"].cpu_median,
+        "scaling": position_cost(model, texts, args.samples),
         "max_diff": max(diffs),
         "max_score": max(float(np.abs(e.scores).max()) for e in timed["batched"].result),
     }
+
+
+def position_cost(model: heedful.Model, texts: list[str], samples: int, repeats: int = 3) -> list[tuple[int, float]]:
+    """CPU microseconds per noised token position of one co-perturbation step's work (noised
+    forward + backward to the noise), for one sentence run as 1, 4, 16 and 32 problems at once:
+    ``(positions per call, us per position)``, best of ``repeats``. If this is flat, batching
+    can only save per-call overhead."""
+    from heedful.attribution._noise import HEAD, NoiseProbe
+
+    adapter = model.adapter
+    text = max(texts, key=len)
+    batch = adapter.encode([text])
+    anchor, _ = adapter.anchor_positions(batch)
+    with torch.no_grad():
+        ref = adapter.forward(batch, anchor)
+    target = resolve_target(Target.parse(None), adapter, batch, ref.logits)
+    probe = NoiseProbe.build(adapter, batch, target, (HEAD,))
+    n = int(batch.lengths[0])
+    rows_out = []
+    for problems in (1, 4, 16, 32):
+        rows = problems * samples
+        example, key = torch.zeros(rows, dtype=torch.long), torch.full((rows,), HEAD)
+        z = torch.randn(rows, n, probe.dim, generator=torch.Generator().manual_seed(0))
+        best = float("inf")
+        for _ in range(repeats):
+            theta = torch.zeros(rows, n, 1, requires_grad=True)
+            began = time.process_time()
+            with torch.enable_grad():
+                dist = probe.distortion(example, key, 0.1 * torch.sigmoid(theta) * z)
+                torch.autograd.grad(dist.sum(), theta)
+            best = min(best, time.process_time() - began)
+        rows_out.append((rows * n, best / (rows * n) * 1e6))
+    return rows_out
 
 
 # ---------------------------------------------------------------------------------- part 2
@@ -351,21 +396,42 @@ def render(
             "",
             f"{args.steps} steps x {args.samples} noise samples per sentence on both sides (tol=0: no early stop).",
             "",
-            "| | time | sentences / s |",
-            "|---|---:|---:|",
-            f"| batched (one `explain` of {n}) | {fmt_s(cop['batched'])} | {n / cop['batched']:.2f} |",
-            f"| one sentence at a time | {fmt_s(cop['sequential'])} | {n / cop['sequential']:.2f} |",
+            "| | wall time | sentences / s (wall) | CPU time | sentences / CPU s |",
+            "|---|---:|---:|---:|---:|",
+            f"| batched (one `explain` of {n}) | {fmt_s(cop['batched'])} | {n / cop['batched']:.2f} | "
+            f"{fmt_s(cop['batched_cpu'])} | {n / cop['batched_cpu']:.2f} |",
+            f"| one sentence at a time | {fmt_s(cop['sequential'])} | {n / cop['sequential']:.2f} | "
+            f"{fmt_s(cop['sequential_cpu'])} | {n / cop['sequential_cpu']:.2f} |",
             "",
-            f"Throughput ratio **{cop['ratio']:.2f}x**; largest score difference between the two "
-            f"{cop['max_diff']:.1e} (largest score {cop['max_score']:.3g}).",
+            f"Throughput ratio **{cop['ratio']:.2f}x** (wall), **{cop['cpu_ratio']:.2f}x** (CPU time); "
+            f"largest score difference between the two {cop['max_diff']:.1e} (largest score "
+            f"{cop['max_score']:.3g}).",
             "",
-            "Batching only removes per-call overhead; it cannot make the arithmetic cheaper. On a CPU "
-            "the noised forward+backward passes of a real model are compute-bound -- for MiniLM the "
-            "cost per noised token position is flat from a few hundred positions per call (700 us "
-            "at 68 positions, 530 us at 4352, one thread) -- so 32 sentences cost what they cost "
-            "one by one. Where overhead dominates, batching pays: on the tiny test BERT (`--tiny`, "
-            "20 steps) the batched run is 5.9x faster; on an accelerator the same holds for real "
-            "models.",
+            "CPU cost of one step's noised forward + backward per noised token position, one "
+            f"sentence ({cop['scaling'][0][0] // args.samples} tokens) as 1, 4, 16 and 32 problems in one call:",
+            "",
+            "| positions per call | " + " | ".join(str(p) for p, _ in cop["scaling"]) + " |",
+            "|---|" + "---:|" * len(cop["scaling"]),
+            "| us per position | " + " | ".join(f"{c:.0f}" for _, c in cop["scaling"]) + " |",
+            "",
+            "Why batching gives no 5x here: at equal steps and samples batching cannot make the "
+            "arithmetic cheaper; it removes per-call overhead and runs matrix products on more "
+            "rows at once. On a CPU the noised forward+backward passes of a real model are "
+            "compute-bound. A CPU-time profile (cProfile, 3 steps, 32 sentences, one thread) of "
+            "the one-at-a-time run puts 77% of the time in torch kernels (72% in the model's "
+            "`linear` layers and `run_backward`), about 22% in per-call Python (transformers "
+            "modules, the noise hook, autograd set-up) and under 1% in the optimiser's own code; "
+            "the batched run spends 95% in kernels. One sentence's noised copies already make a "
+            "call of 100-200 positions, whose cost per position is within about 15% of the "
+            "largest calls' (table above). So batching can save at most that overhead and that "
+            "kernel efficiency, about 1.4x, far from 5x. (Until the chunks were costed per noised "
+            "copy it did not even get that: the batched chunks were padded to 1.34x the real "
+            "positions, a third more arithmetic than one sentence at a time; now 1.08x.) What "
+            "cuts the work is already in the method and is switched off here to compare equal "
+            "work: each sentence stops on its own when its objective is flat, and the batch "
+            "shrinks. Where per-call overhead dominates, batching pays: on the tiny test BERT "
+            "(`--tiny`, 20 steps) the batched run is 5.9x faster; on an accelerator the same "
+            "holds for real models.",
             "",
         ]
         ok = cop["ratio"] >= COPERTURBATION_TARGET
