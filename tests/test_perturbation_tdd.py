@@ -25,10 +25,10 @@ def _resolved(model, texts, target=None):
     return adapter, batch, resolve_target(Target.parse(target), adapter, batch, ref.logits)
 
 
-def _two_tokens(model) -> tuple[int, int, str]:
+def _two_tokens(model) -> tuple[int, int, tuple[int, int]]:
     ids = model.tokenizer(" paris film", add_special_tokens=False)["input_ids"]
     a, b = ids[0], ids[-1]
-    return a, b, f"{a} vs {b}"
+    return a, b, (a, b)  # token ids (a string such as "281 vs 282" would name the tokens "281", "282")
 
 
 @torch.no_grad()
