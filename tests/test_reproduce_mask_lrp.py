@@ -1,0 +1,102 @@
+"""``heedful reproduce mask-lrp`` end to end on a tiny model: the report, its plots, the paper's
+numbers beside ours, the random-mask ablation; and (slow) a rerun that reuses the results store."""
+
+from __future__ import annotations
+
+import csv
+
+import numpy as np
+import pytest
+from tiny import CORPUS, tiny_hf
+
+from heedful.evaluate import ResultsStore
+from heedful.lrp.masks import HeadMask
+from heedful.reproduce import REPORTS, ReportSettings, report_writer
+from heedful.reproduce import mask_lrp as report
+
+
+@pytest.fixture(scope="module")
+def setting(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mask-lrp")
+    hf_model, tokenizer = tiny_hf("bert", "classification", initializer_range=0.2)
+    hf_model.save_pretrained(root / "model")
+    tokenizer.save_pretrained(root / "model")
+    data = root / "reviews.csv"
+    with open(data, "w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["text", "label"])
+        for i in range(4):
+            text = " ".join(CORPUS[i : i + 3])  # three sentences: well over 20 tokens
+            writer.writerow([text, "POSITIVE" if i % 2 == 0 else "NEGATIVE"])
+    mask = HeadMask.from_array(np.array([[1, 0, 0, 0], [0, 0, 0, 0]]), {"model": "tiny", "dataset": "reviews"})
+    mask_path = mask.save(root / "mask.json")
+    options = {
+        "model": str(root / "model"),
+        "datasets": [str(data)],
+        "methods": ["random", "raw_attention", "chefer", "mask_lrp"],
+        "head_mask": str(mask_path),
+        "mask_seeds": 2,
+        "random_seeds": 2,
+        "batch_size": 2,
+    }
+    return root, options
+
+
+def _counts(store_dir):
+    with ResultsStore(store_dir) as store:
+        return {t: store.db.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in ("explanations", "metrics")}
+
+
+def test_report_is_registered():
+    assert REPORTS["mask-lrp"][0] == "mask_lrp"
+    assert report_writer("mask-lrp") is report.write
+
+
+@pytest.mark.slow  # ~10 s on an idle machine, several times that under load
+def test_quick_report_on_tiny_model(setting, tmp_path):
+    root, options = setting
+    out, store = tmp_path / "results", tmp_path / "store"
+    path = report.write(out, ReportSettings(n=3, quick=True, store=store, progress=False, options=options))
+    assert path == out / "mask-lrp.md"
+    text = path.read_text(encoding="utf-8")
+    assert "smoke run" in text and "n = 3" in text
+    assert "Table 1 analogue" in text and "Ours (Mask-LRP)" in text and "GAE [`chefer`]" in text
+    assert "0.438" in text  # the paper's SST-2 AOPC of Mask-LRP, in the reference table
+    assert "1 of 8 heads kept" in text and "12.5%" in text
+    assert "random masks mean ± std" in text and "no head kept" in text
+    pngs = sorted(p.name for p in out.glob("*.png"))
+    assert pngs == ["mask-lrp-curves-reviews.png", "mask-lrp-deletion.png", "mask-lrp-heads.png", "mask-lrp-random-masks.png"]
+    for name in pngs:
+        assert f"({name})" in text  # every plot is linked from the report
+
+
+@pytest.mark.slow
+def test_rerun_reuses_the_store(setting, tmp_path):
+    _, options = setting
+    out, store = tmp_path / "results", tmp_path / "store"
+    settings = ReportSettings(n=3, quick=True, store=store, progress=False, options=options)
+    report.write(out, settings)
+    before = _counts(store)
+    report.write(out, settings)
+    assert _counts(store) == before  # every explanation and metric is read back, none computed again
+
+
+def test_ranks_share_ties_and_follow_the_metric_direction():
+    values = {"a": 0.41, "b": 0.43, "c": 0.4301, "d": float("nan")}
+    assert report._ranks(values, higher_better=True) == {"a": 3, "b": 1, "c": 1}
+    assert report._ranks({"a": -1.2, "b": -0.9}, higher_better=False) == {"a": 1, "b": 2}
+    assert report._concordance({"a": 1.0, "b": 2.0, "c": 3.0}, {"a": 1.0, "b": 3.0, "c": 2.0}) == (2, 3)
+
+
+def test_paper_table_is_complete():
+    assert set(report.PAPER_ROWS.values()) == set(report.PAPER_TABLE1)
+    for column in ("SST-2", "IMDB", "Yelp"):
+        aopc = {row: cols[column][0] for row, cols in report.PAPER_TABLE1.items()}
+        assert max(aopc, key=aopc.get) == "Ours (Mask-LRP)"  # the paper's claim, as transcribed
+
+
+def test_unknown_option_is_refused(setting, tmp_path):
+    from heedful.errors import InputError
+
+    with pytest.raises(InputError, match="unknown mask-lrp report option"):
+        report.write(tmp_path, ReportSettings(quick=True, store=tmp_path / "s", options={"bogus": 1}))
