@@ -322,9 +322,9 @@ def _explain_missing(model, store: ResultsStore, run: Run, inputs: list[ModelInp
     if not todo:
         return
     step = spec.batch_size * 4  # store every few model batches
+    _reset_peak_rss()  # once per run: the store keeps the maximum over its parts
     for start in range(0, len(todo), step):
         part = todo[start : start + step]
-        _reset_peak_rss()
         groups: dict[str, list[int]] = {}
         for k, item in enumerate(part):
             groups.setdefault(_target_key(item.target), []).append(k)
