@@ -15,7 +15,7 @@ are only meaningful under that paper's protocol. So each choice is a named field
   Alignment (Experiment 2 notebook): the masked target position dropped from the ranking, [CLS]
   and [SEP] kept, dot product of softmax-normalised scores with the evidence vector, and
   average precision of the ranking.
-* ``mask-lrp`` -- Sun et al., Mask-LRP (LinxinS97/Mask-LRP ``evaluate_explanability.py``,
+* ``mask-lrp`` -- Song et al., Mask-LRP (LinxinS97/Mask-LRP ``evaluate_explanability.py``,
   ``utils/metrices.py``; ``specs/methods.md`` §1.6): examples of fewer than 20 tokens skipped;
   ``k = unique(round(linspace(0, 1, 10) * N))[1:]`` with N counting special tokens; tokens taken
   in descending score order skipping [CLS] / [SEP] and replaced by id 0 ([PAD] in BERT's vocab)
@@ -240,7 +240,7 @@ PRESETS: dict[str, Protocol] = {
         label="gold",
         output="probability",
         min_length=20,
-        citation="Sun et al. 2024, Mask-LRP, §4 Eq. 12-13 (LinxinS97/Mask-LRP evaluate_explanability.py)",
+        citation="Song et al. 2024, Mask-LRP, §4 Eq. 12-13 (LinxinS97/Mask-LRP evaluate_explanability.py)",
     ),
     "ferret": Protocol(
         name="ferret",
