@@ -249,8 +249,9 @@ def _built_metadata(name: str) -> dict:
     return info["metadata"]
 
 
-def test_built_classifier_stores_its_held_out_accuracy() -> None:
-    meta = _built_metadata("minilm-sentiment")
+@pytest.mark.parametrize("name", ["minilm-sentiment", "smollm2-sentiment"])
+def test_built_classifier_stores_its_held_out_accuracy(name: str) -> None:
+    meta = _built_metadata(name)
     assert meta["held_out"]["split"] == "movies/test"
     assert meta["held_out"]["examples"] == 1000
     assert meta["held_out"]["accuracy"] >= 0.85
@@ -271,12 +272,12 @@ def test_built_smollm2_stores_its_next_token_check() -> None:
     assert meta["next_token_check"]["token"] == " Paris"
 
 
-def test_built_classifier_loads_as_a_plain_hf_model() -> None:
-    _built_metadata("minilm-sentiment")
-    import torch
+@pytest.mark.parametrize("name", ["minilm-sentiment", "smollm2-sentiment"])
+def test_built_classifier_loads_as_a_plain_hf_model(name: str) -> None:
+    _built_metadata(name)
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    folder = zoo_dir("minilm-sentiment")
+    folder = zoo_dir(name)
     model = AutoModelForSequenceClassification.from_pretrained(folder, local_files_only=True)
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     assert model.config.id2label == {0: "NEGATIVE", 1: "POSITIVE"}

@@ -81,7 +81,7 @@ ENTRIES: dict[str, ZooEntry] = {
         ),
         ZooEntry(
             name="smollm2-sentiment",
-            description="sentiment classifier (NEGATIVE/POSITIVE): SmolLM2-135M, top 6 blocks tuned on movie snippets",
+            description="sentiment classifier (NEGATIVE/POSITIVE): SmolLM2-135M, top 8 blocks tuned on movie snippets",
             task="classification",
             base="smollm2-135m (this zoo), score head at the last token",
             size_mb=515,

@@ -292,7 +292,7 @@ def fine_tune_top_layers(
     n_frozen = len(backbone.layers) - config.top_layers
     if not 0 < config.top_layers <= len(backbone.layers):
         raise ValueError(f"top_layers must be in 1..{len(backbone.layers)}, got {config.top_layers}")
-    targets = torch.as_tensor(np.asarray(labels), dtype=torch.long)
+    targets = torch.tensor(np.array(labels), dtype=torch.long)
     top = list(backbone.layers[n_frozen:])
     trainable = [p for block in top for p in block.parameters()]
     trainable += list(backbone.norm.parameters()) + list(model.score.parameters())
