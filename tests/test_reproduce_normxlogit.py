@@ -1,0 +1,107 @@
+"""The NormXLogit reproduction report: ordering comparison, the batched layer-wise alignment
+scores, the heatmap, and (slow) a quick end-to-end run on the zoo models."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from conftest import cached_model
+
+from heedful.evaluate.evaluation import ModelInput
+from heedful.reproduce import REPORTS, ReportSettings, report_writer
+from heedful.reproduce import normxlogit as nx
+from heedful.targets import Target
+
+
+def test_registered():
+    assert "normxlogit" in REPORTS
+    assert report_writer("normxlogit") is nx.write
+
+
+def test_ordering_and_pair_agreement():
+    ours = {"a": 0.5, "b": 0.3, "c": 0.1}
+    assert nx.ordering(ours, higher_is_better=True) == ["a", "b", "c"]
+    assert nx.ordering(ours, higher_is_better=False) == ["c", "b", "a"]
+    share, pairs, tau = nx.pair_agreement(ours, {"a": 9.0, "b": 5.0, "c": 1.0})
+    assert (share, pairs) == (1.0, 3) and tau == pytest.approx(1.0)
+    share, pairs, _ = nx.pair_agreement(ours, {"a": 1.0, "b": 5.0, "c": 9.0})
+    assert share == 0.0 and pairs == 3
+    share, pairs, _ = nx.pair_agreement(ours, {"a": 2.0, "b": 3.0, "c": 1.0})  # a<b flipped only
+    assert share == pytest.approx(2 / 3)
+    assert nx.verdict(1.0) == "agrees" and nx.verdict(0.8) == "largely agrees"
+    assert nx.verdict(0.5) == "partly agrees" and nx.verdict(0.2) == "disagrees"
+    assert nx.verdict(float("nan")) == "cannot be compared"
+
+
+def test_paper_tables_cover_every_method():
+    for table in (nx.PAPER_SST2_AOPC, nx.PAPER_SST2_ACCURACY, nx.PAPER_STSB_PEARSON):
+        assert set(table) == set(nx.METHODS)
+    # the paper's headline: NormXLogit has the best BERT SST-2 AOPC among these methods
+    assert max(nx.PAPER_SST2_AOPC, key=lambda m: nx.PAPER_SST2_AOPC[m][nx.BERT]) == "normxlogit"
+
+
+def test_alignment_scores_match_single_explanations():
+    """One batched forward with per-example targets gives what explaining each text alone gives."""
+    model = cached_model("llama", "causal_lm")
+    texts = ["the cat sat on the", "a dog and the", "the birds"]
+    spans = [((0, 4, 7),), ((0, 2, 5),), ((0, 4, 9),)]
+    targets, foils = [11, 40, 77], [12, 41, 78]
+    items = [
+        (ModelInput(f"x{i}", t, None, Target("given", targets[i]), spans[i], targets[i], math.nan), foils[i], "p")
+        for i, t in enumerate(texts)
+    ]
+    scores, evidence = nx.alignment_scores(model, items, batch_size=2)
+    layers = model.adapter.num_layers
+    for i, text in enumerate(texts):
+        n = len(evidence[i])
+        assert evidence[i].any()
+        for key, word in (("logat_target", targets[i]), ("logat_foil", foils[i])):
+            alone = model.explain(text, "logat", Target("given", word), layerwise=True).scores
+            assert scores[key][i].shape == (layers, n)
+            np.testing.assert_allclose(scores[key][i], alone, rtol=1e-4, atol=1e-5)
+        alone = model.explain(text, "normxlogit", Target("given", targets[i]), layerwise=True).scores
+        np.testing.assert_allclose(scores["normxlogit"][i], alone, rtol=1e-4, atol=1e-5)
+        assert scores["embedding_norm"][i].shape == (n,)
+        assert scores["random"][i].shape == (nx.RANDOM_SEEDS_EXP2, n)
+
+
+def test_alignment_plot_and_section(tmp_path):
+    layers, rows = 4, len(nx.EXP2_METHODS)
+    rng = np.random.default_rng(0)
+    dot, ap = rng.random((rows, layers)), rng.random((rows, layers))
+    paradigms = {"sv_agreement": {"dot": dot, "ap": ap, "n": np.array(3)}}
+    al = nx.Alignment(3, layers, dot, ap, dot * 0, ap * 0, paradigms, {"foil word is not one known token": 1}, 1.0, "lm@x")
+    plot = nx.plot_alignment(al, tmp_path / "a.png")
+    assert plot.stat().st_size > 0
+    text = "\n".join(nx.alignment_section(al, plot))
+    assert "a.png" in text and "Average precision" in text and "not BLiMP" in text
+    nx._save_alignment(al, tmp_path / "al.json")
+    back = nx._load_alignment(tmp_path / "al.json")
+    np.testing.assert_allclose(back.ap, ap)
+    assert back.skipped == al.skipped and int(back.paradigms["sv_agreement"]["n"]) == 3
+    assert nx._load_alignment(tmp_path / "missing.json") is None
+
+
+@pytest.mark.slow
+def test_quick_report(tmp_path):
+    from heedful import zoo
+
+    for name in ("minilm-sentiment", "minilm-sentiment-regression", nx.LM):
+        if not zoo.is_built(name):
+            pytest.skip(f"zoo model {name} is not built")
+    settings = ReportSettings(
+        n=3, quick=True, store=tmp_path / "store", progress=False,
+        options={"ig_steps": 2, "ig_steps_decoder": 2, "n_agreement": 6, "random_seeds": 2},
+    )
+    path = nx.write(tmp_path / "out", settings)
+    text = path.read_text()
+    assert path.name == "normxlogit-quick.md"
+    assert "Quick smoke run" in text and "## Experiment 1" in text and "## Experiment 2" in text
+    assert "paper (BERT, SST-2)" in text and "Ordering by aopc" in text
+    pngs = sorted(p.name for p in (tmp_path / "out").glob("*.png"))
+    assert "normxlogit-quick-alignment.png" in pngs
+    assert "normxlogit-quick-minilm-sentiment-aopc.png" in pngs
+    if not zoo.is_built(nx.DECODER_CLASSIFIER) if nx.DECODER_CLASSIFIER in zoo.ENTRIES else True:
+        assert "**Not run**" in text
