@@ -19,8 +19,8 @@ Abbasi et al., *NormXLogit: The Head-on-Top Never Lies* (specs/methods.md §2.1)
   pass per batch of pairs serves every method and every layer.
 
 Report options (``--option key=value``): ``ig_steps`` (encoders, default 20), ``ig_steps_decoder``
-(default 20), ``n_decoder`` (examples for the decoder classifier, default ``min(n, 200)``; 0 leaves
-the decoder out -- SmolLM2 costs about six times MiniLM per forward pass), ``n_regression``
+(default 10), ``n_decoder`` (examples for the decoder classifier, default ``min(n, 30)``; 0 leaves
+the decoder out -- a SmolLM2 forward pass costs about ten times MiniLM's), ``n_regression``
 (default 100), ``n_agreement`` (pairs, default 500), ``random_seeds`` (seeds of the random
 baseline in Experiment 1, default 2), ``batch_size`` (default 16).
 """
@@ -72,7 +72,8 @@ LLAMA, BERT = 0, 1
 
 DEFAULT_N = 200
 DEFAULT_N_REGRESSION = 100
-DEFAULT_N_DECODER = 200
+DEFAULT_N_DECODER = 30
+DEFAULT_IG_STEPS_DECODER = 10
 DEFAULT_RANDOM_SEEDS = 2
 QUICK_N = 6
 DEFAULT_IG_STEPS = 20
@@ -254,6 +255,11 @@ def case_section(case: Case, result: Any, wall: float, plots: list[Path], ig_ste
         f"- integrated gradients: {ig_steps} steps (Gauss-Legendre); {_aggregation_note(aggregate)}",
         f"- random: mean ± std over {p.random_seeds} seeds; wall time of this section in this run: {wall / 60:.1f} min "
         "(stored explanations and measurements reused; the s / example column is the cost of explaining)",
+    ]
+    if result.n_examples < 100:
+        lines.append(f"- **small sample** (n = {result.n_examples}, chosen to fit the time budget): the ordering of "
+                     "methods whose values are close is not reliable")
+    lines += [
         "",
     ]
     header = ["method"]
@@ -312,6 +318,21 @@ def case_section(case: Case, result: Any, wall: float, plots: list[Path], ig_ste
                 "scores a token by the distance |HoT(x_i) − HoT(x_CLS)|, largest first; that the tokens furthest from "
                 "the pooled token's value are *less* useful to remove than random ones suggests the ranking direction "
                 "of Eq. 8 (not in the released code; specs/methods.md §2.1) deserves a check.",
+                "",
+            ]
+        below = [m for m in ours if m != "random" and ((ours[m] < rnd) if higher else (ours[m] > rnd))]
+        unsigned_below = [m for m in below if m in GRADIENT_METHODS]
+        if "embedding_norm" in below:
+            lines += [f"- The embedding norm is worse than random on {metric} here; it does not depend on the task "
+                      "or the predicted class at all.", ""]
+        if result.task != "regression" and unsigned_below and aggregate:
+            lines += [
+                f"- Worse than random on {metric} here: {', '.join(NAMES[m] for m in unsigned_below)}. Their scores are "
+                "magnitudes (a norm over the embedding dimension), so the top of each ranking can mix tokens that "
+                "speak for the predicted class with tokens that speak against it, and removing the latter *raises* "
+                "the class probability. The signed sum (`aggregate=\"sum\"`, heedful's default for gradient × input "
+                "and integrated gradients) keeps the direction; `heedful bench --preset normxlogit --methods "
+                "random,grad_x_input,integrated_gradients` measures that variant on the same protocol.",
                 "",
             ]
         beaten = [m for m in GRADIENT_METHODS + ("random",) if m in ours and ((ours[m] > nx) if higher else (ours[m] < nx))]
@@ -637,7 +658,7 @@ def write(out_dir: Path, settings: ReportSettings) -> Path:
     quick = settings.quick
     n = settings.n or (QUICK_N if quick else DEFAULT_N)
     ig_steps = int(_option(settings, "ig_steps", QUICK_IG_STEPS if quick else DEFAULT_IG_STEPS))
-    ig_steps_decoder = int(_option(settings, "ig_steps_decoder", QUICK_IG_STEPS if quick else DEFAULT_IG_STEPS))
+    ig_steps_decoder = int(_option(settings, "ig_steps_decoder", QUICK_IG_STEPS if quick else DEFAULT_IG_STEPS_DECODER))
     n_decoder = int(_option(settings, "n_decoder", min(n, DEFAULT_N_DECODER)))
     n_agreement = int(_option(settings, "n_agreement", QUICK_N_AGREEMENT if quick else DEFAULT_N_AGREEMENT))
     n_regression = int(_option(settings, "n_regression", min(n, DEFAULT_N_REGRESSION)))
@@ -652,7 +673,10 @@ def write(out_dir: Path, settings: ReportSettings) -> Path:
         f"{PAPER} (specs/methods.md §2): faithfulness of NormXLogit, LogAt and gradient methods (Experiment 1) "
         "and layer-wise alignment with known evidence (Experiment 2), re-run on heedful's zoo models.",
         "",
-        f"Regenerate with `heedful reproduce normxlogit`{' --quick' if quick else ''} "
+        f"Regenerate with `heedful reproduce normxlogit{' --quick' if quick else ''}"
+        + (f" --n {settings.n}" if settings.n else "")
+        + "".join(f" -O {k}={v}" for k, v in sorted(settings.options.items()))
+        + "` "
         f"(results store: `{store_dir(settings)}`; a rerun reuses stored explanations). "
         f"Generated {datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')}.",
         "",
