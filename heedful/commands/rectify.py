@@ -134,7 +134,9 @@ def summary_table(result):
     from rich.table import Table
 
     sweep = len(result.ratios) > 1
-    title = f"rectification of {result.model} on {result.dataset} ({result.split}): {result.n_errors} errors of {result.n_total}"
+    from heedful.evaluate.report import short_model
+
+    title = f"rectification of {short_model(result.model)} on {result.dataset} ({result.split}): {result.n_errors} errors of {result.n_total}"
     table = Table(title=title + (" — best ratio per method" if sweep else f" — ratio {result.ratios[0]:g}"))
     table.add_column("method", style="bold", no_wrap=True)
     if sweep:

@@ -346,7 +346,13 @@ def _run_method(model, method, options, errors, result, batch_size, store, key, 
             for k, expl in zip(todo, fresh, strict=True):
                 found[part[k].id] = expl
             if store is not None:
+                from heedful.evaluate.bench import peak_rss_mb
+
                 store.put_explanations(key, [(part[k].id, found[part[k].id]) for k in todo])
+                store.add_cost(
+                    key, len(todo), time.perf_counter() - began, sum(found[part[k].id].cost.forward_passes for k in todo),
+                    sum(found[part[k].id].cost.backward_passes for k in todo), peak_rss_mb(),
+                )
         scores = scores_tensor([found[e.id] for e in part], batch)
         got, gone = predict_suppressed(model, batch, scores, result.ratios, result.removal)
         predictions[start : start + len(part)] = got
@@ -416,12 +422,13 @@ def plot_sweep(result: Rectification, path: str | Path, title: str | None = None
     from heedful.interest.plots import _pyplot
 
     plt = _pyplot()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     x = np.asarray(result.ratios)
-    for name in result.methods:
-        style = {"color": "grey", "linestyle": "--"} if name == "random" else {}
-        left.plot(x, 100 * result.error_gain(name), marker="o", label=name, **style)
-        right.plot(x, 100 * result.whole_gain(name), marker="o", label=name, **style)
+    markers = "osD^vP*Xph"
+    for k, name in enumerate(result.methods):
+        style = {"color": "grey", "linestyle": "--", "marker": "."} if name == "random" else {"marker": markers[k % len(markers)]}
+        left.plot(x, 100 * result.error_gain(name), label=name, alpha=0.85, **style)
+        right.plot(x, 100 * result.whole_gain(name), label=name, alpha=0.85, **style)
     left.set_ylabel(f"errors fixed (% of {result.n_errors})")
     left.set_title("(a) gain on the error set")
     right.set_ylabel("accuracy gain (points)")
@@ -429,8 +436,10 @@ def plot_sweep(result: Rectification, path: str | Path, title: str | None = None
     for ax in (left, right):
         ax.set_xlabel("erasure ratio r (share of tokens suppressed)")
         ax.grid(alpha=0.3)
-    left.legend(fontsize=8)
-    fig.suptitle(title or f"rectifying {result.model}'s errors on {result.dataset} ({result.split})", fontsize=10)
+    right.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    from heedful.evaluate.report import short_model
+
+    fig.suptitle(title or f"rectifying {short_model(result.model)}'s errors on {result.dataset} ({result.split})", fontsize=10)
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=150)

@@ -1,0 +1,69 @@
+"""The co-perturbation reproduction report: registration, option checks, graceful skipping of
+models that are not there, and the sentences it derives from the numbers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from heedful.errors import HeedfulError
+from heedful.interest.rectify import MethodGain, Rectification
+from heedful.interest.studies import LambdaSweep
+from heedful.reproduce import REPORTS, ReportSettings, report_writer
+from heedful.reproduce import coperturbation as cp
+
+
+def test_registered():
+    assert "coperturbation" in REPORTS
+    assert report_writer("coperturbation") is cp.write
+
+
+def test_unknown_option_fails_before_any_work(tmp_path):
+    with pytest.raises(HeedfulError, match="no option 'nonsense'"):
+        cp.write(tmp_path, ReportSettings(options={"nonsense": 1}))
+    with pytest.raises(HeedfulError, match="budget"):
+        cp.write(tmp_path, ReportSettings(options={"budget": "huge"}))
+
+
+def test_models_missing_from_the_zoo_are_skipped_with_a_note():
+    found, notes = cp._available(["no-such-model"])
+    assert found == [] and "not in this heedful's zoo" in notes[0]
+
+
+def _result(fixed: dict[str, list[int]]) -> Rectification:
+    result = Rectification(
+        model="m", dataset="movies", split="test", ratios=[0.1, 0.2, 0.5], n_total=100, correct=80,
+        error_ids=[str(i) for i in range(20)], gold=np.zeros(20, int), predicted=np.ones(20, int),
+    )
+    for name, values in fixed.items():
+        result.methods[name] = MethodGain(name, {}, np.zeros((20, 3), int), np.array(values), np.array(values), np.ones(3), 0.0)
+    return result
+
+
+def test_comparison_sentences_follow_the_numbers():
+    text = "\n".join(cp._comparison({"m": _result({"coperturbation": [2, 8, 1], "random": [1, 2, 3], "lime": [9, 10, 4]})}))
+    assert "fixes 40.0% of the errors at its best ratio r = 0.2" in text
+    assert "above random at r = 0.1, 0.2" in text
+    assert "`lime` (50.0%)" in text
+    assert "falls back to less than half of its peak" in text
+    text = "\n".join(cp._comparison({"m": _result({"coperturbation": [1, 1, 1], "random": [2, 2, 2]})}))
+    assert "nowhere above random" in text and "does not collapse" in text
+
+
+def test_lambda_notes_follow_the_numbers():
+    sweep = LambdaSweep(
+        text="t", tokens=[], words=["good", "and"], lams=[0.2, 0.6, 1.0],
+        interest=np.array([[0.1, 0.2], [0.3, 0.2], [0.4, 0.1]]), distortion=np.array([0.1, 0.2, 0.3]),
+        objective=np.zeros(3), scores=np.zeros((3, 1)), target="POSITIVE",
+    )
+    text = " ".join(cp._lambda_notes(sweep))
+    assert "`good` gets more interest than `and` at lambda = 0.6, 1" in text
+    assert "lowest at lambda = 0.2" in text and "grows with lambda" in text
+
+
+def test_timings_keep_the_longest_run(tmp_path: Path):
+    first = cp.Timings({"rectification": 600.0})
+    assert cp._record_timings(tmp_path, first)["rectification"] == 600.0
+    assert cp._record_timings(tmp_path, cp.Timings({"rectification": 5.0}))["rectification"] == 600.0
