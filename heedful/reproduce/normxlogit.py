@@ -19,7 +19,7 @@ Abbasi et al., *NormXLogit: The Head-on-Top Never Lies* (specs/methods.md §2.1)
   pass per batch of pairs serves every method and every layer.
 
 Report options (``--option key=value``): ``ig_steps`` (encoders, default 20), ``ig_steps_decoder``
-(default 10), ``n_decoder`` (examples for the decoder classifier, default ``min(n, 30)``; 0 leaves
+(default 8), ``n_decoder`` (examples for the decoder classifier, default ``min(n, 100)``; 0 leaves
 the decoder out -- a SmolLM2 forward pass costs about ten times MiniLM's), ``n_regression``
 (default 100), ``n_agreement`` (pairs, default 500), ``random_seeds`` (seeds of the random
 baseline in Experiment 1, default 2), ``batch_size`` (default 16).
@@ -70,10 +70,10 @@ PAPER_STSB_PEARSON = {
 }
 LLAMA, BERT = 0, 1
 
-DEFAULT_N = 200
+DEFAULT_N = 500
 DEFAULT_N_REGRESSION = 100
-DEFAULT_N_DECODER = 30
-DEFAULT_IG_STEPS_DECODER = 10
+DEFAULT_N_DECODER = 100
+DEFAULT_IG_STEPS_DECODER = 8
 DEFAULT_RANDOM_SEEDS = 2
 QUICK_N = 6
 DEFAULT_IG_STEPS = 20
