@@ -138,3 +138,24 @@ def test_error_in_a_real_process_has_no_traceback(model_dir):
     )
     assert done.returncode == 2
     assert "the text is empty" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_reproduce_quick_never_writes_over_the_committed_report(monkeypatch, tmp_path):
+    import heedful.reproduce as reproduce
+
+    written = []
+
+    def fake_writer(out, settings):
+        written.append((out, settings.quick, settings.options))
+        return out / "report.md"
+
+    monkeypatch.setattr(reproduce, "report_writer", lambda name: fake_writer)
+    monkeypatch.chdir(tmp_path)
+    cli.reproduce_command.reproduce("mask-lrp", out=None, n=None, quick=True, store=None, option=["ig_steps=4"])
+    cli.reproduce_command.reproduce("mask-lrp", out=None, n=None, quick=False, store=None, option=None)
+    assert written == [
+        (reproduce.default_out_dir() / "quick", True, {"ig_steps": 4}),
+        (reproduce.default_out_dir(), False, {}),
+    ]
+    with pytest.raises(cli.HeedfulError, match="unknown report"):
+        cli.reproduce_command.reproduce("lime", out=None, n=None, quick=True, store=None, option=None)

@@ -17,7 +17,7 @@ from heedful.errors import HeedfulError
 
 def reproduce(
     name: Annotated[str, typer.Argument(help="Report: normxlogit, mask-lrp or coperturbation.")],
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="Folder for the report and plots (default docs/results).")] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Folder for the report and plots (default docs/results; docs/results/quick with --quick).")] = None,
     n: Annotated[int | None, typer.Option("--n", "-n", help="Examples per dataset (default: the report's).")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="Smoke run: few examples and steps; numbers are not the report's.")] = False,
     store: Annotated[Path | None, typer.Option("--store", help="Results-store folder (reused between runs).")] = None,
@@ -42,5 +42,8 @@ def reproduce(
         except json.JSONDecodeError:
             options[key.strip()] = value
     settings = ReportSettings(n=n, quick=quick, store=store, options=options)
-    path = report_writer(name)(out or default_out_dir(), settings)
+    if out is None:
+        # a smoke run never overwrites the committed report
+        out = default_out_dir() / "quick" if quick else default_out_dir()
+    path = report_writer(name)(out, settings)
     Console().print(f"wrote {path}")
