@@ -24,6 +24,7 @@ from heedful.commands import interest as interest_command
 from heedful.commands import rectify as rectify_command
 from heedful.commands import reproduce as reproduce_command
 from heedful.commands import steer as steer_command
+from heedful.commands.options import options
 from heedful.errors import HeedfulError
 from heedful.targets import TASKS
 
@@ -39,17 +40,6 @@ app.add_typer(models_app, name="models")
 
 out = Console()
 err = Console(stderr=True)
-
-
-def _parse_option(raw: str) -> tuple[str, Any]:
-    """``key=value`` with the value read as JSON when it parses (numbers, booleans), else text."""
-    if "=" not in raw:
-        raise HeedfulError(f"option {raw!r} is not key=value", hint="e.g. --option n_steps=100")
-    key, value = raw.split("=", 1)
-    try:
-        return key.strip(), json.loads(value)
-    except json.JSONDecodeError:
-        return key.strip(), value
 
 
 def _read_texts(texts: list[str], file: str | None) -> list[str]:
@@ -98,7 +88,7 @@ def explain(
     items = _read_texts(texts or [], file)
     names = method or ["normxlogit"]
     infos = [heedful.get_method(name) for name in names]  # fail fast on unknown names
-    extra = dict(_parse_option(o) for o in option or [])
+    extra = options(option, "--option n_steps=100")
     with err.status(f"loading {model} …"):
         loaded = heedful.load(model)
     results: list[heedful.Explanation] = []

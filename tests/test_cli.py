@@ -159,3 +159,14 @@ def test_reproduce_quick_never_writes_over_the_committed_report(monkeypatch, tmp
     ]
     with pytest.raises(cli.HeedfulError, match="unknown report"):
         cli.reproduce_command.reproduce("lime", out=None, n=None, quick=True, store=None, option=None)
+
+
+def test_option_values_are_json_when_they_parse():
+    from heedful.commands.options import key_value, options
+
+    assert key_value(" n_steps =20") == ("n_steps", 20)
+    assert key_value("baseline=mask") == ("baseline", "mask")
+    assert key_value("ratios=[0.1, 0.2]") == ("ratios", [0.1, 0.2])
+    assert options(["lam=0.5"], lam=0.6, samples=None, max_steps=10) == {"lam": 0.5, "max_steps": 10}
+    with pytest.raises(cli.HeedfulError, match="not key=value"):
+        key_value("n_steps")

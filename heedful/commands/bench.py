@@ -5,12 +5,12 @@ Registered in :mod:`heedful.cli`. Heavy imports happen inside the command.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from heedful.commands.options import key_value
 from heedful.errors import HeedfulError
 
 
@@ -31,12 +31,8 @@ def _parse_options(raw: list[str] | None) -> tuple[dict[str, dict[str, Any]], di
                 f"option {item!r} is not target.key=value",
                 hint="e.g. --option integrated_gradients.n_steps=20 or --option protocol.max_length=64",
             )
-        left, value = item.split("=", 1)
+        left, parsed = key_value(item)
         owner, key = left.split(".", 1)
-        try:
-            parsed = json.loads(value)
-        except json.JSONDecodeError:
-            parsed = value
         if isinstance(parsed, list):
             parsed = tuple(parsed)
         if owner == "protocol":

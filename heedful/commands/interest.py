@@ -5,29 +5,20 @@ Registered in :mod:`heedful.cli` as a command group. Heavy imports happen inside
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from heedful.commands.options import options
 from heedful.errors import HeedfulError
 
 app = typer.Typer(help="Co-perturbation interest studies: layer x token map, lambda sweep.", no_args_is_help=True)
 
 
 def _options(raw: list[str] | None, **given: Any) -> dict[str, Any]:
-    """``key=value`` settings (values read as JSON when they parse) plus the named options set."""
-    found = {k: v for k, v in given.items() if v is not None}
-    for item in raw or []:
-        if "=" not in item:
-            raise HeedfulError(f"option {item!r} is not key=value", hint="e.g. --option window=25")
-        key, value = item.split("=", 1)
-        try:
-            found[key.strip()] = json.loads(value)
-        except json.JSONDecodeError:
-            found[key.strip()] = value
-    return found
+    """Optimiser settings: the named options set, then ``key=value`` items."""
+    return options(raw, "--option window=25", **given)
 
 
 def _numbers(raw: str, what: str, cast=float) -> list:

@@ -6,13 +6,13 @@ Registered in :mod:`heedful.cli`. Heavy imports happen inside the command.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from heedful.commands.options import key_value
 from heedful.errors import HeedfulError
 
 
@@ -43,14 +43,8 @@ def method_options(raw: list[str] | None, methods: list[str]) -> dict[str, dict[
     params = {m: inspect.signature(heedful.get_method(m).fn).parameters for m in methods}
     found: dict[str, dict[str, Any]] = {}
     for item in raw or []:
-        if "=" not in item:
-            raise HeedfulError(f"option {item!r} is not key=value", hint="e.g. --option max_steps=200 or --option lime.n_samples=200")
-        left, value = item.split("=", 1)
-        try:
-            parsed = json.loads(value)
-        except json.JSONDecodeError:
-            parsed = value
-        owner, _, key = left.strip().rpartition(".")
+        left, parsed = key_value(item, "--option max_steps=200 or --option lime.n_samples=200")
+        owner, _, key = left.rpartition(".")
         if owner and owner not in methods:
             raise HeedfulError(f"option {item!r} names {owner!r}, which is not one of the methods run", hint=f"methods: {', '.join(methods)}")
         takers = [owner] if owner else [m for m in methods if key in params[m]]

@@ -5,13 +5,13 @@ Registered in :mod:`heedful.cli`. Heavy imports happen inside the command.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
 
+from heedful.commands.options import options as key_values
 from heedful.errors import HeedfulError
 
 
@@ -32,15 +32,7 @@ def reproduce(
 
     if name not in REPORTS:
         raise HeedfulError(f"unknown report {name!r}", hint=f"known reports: {', '.join(REPORTS)}")
-    options: dict = {}
-    for item in option or []:
-        if "=" not in item:
-            raise HeedfulError(f"option {item!r} is not key=value", hint="e.g. --option ig_steps=20")
-        key, value = item.split("=", 1)
-        try:
-            options[key.strip()] = json.loads(value)
-        except json.JSONDecodeError:
-            options[key.strip()] = value
+    options = key_values(option, "--option ig_steps=20")
     settings = ReportSettings(n=n, quick=quick, store=store, options=options)
     if out is None:
         # a smoke run never overwrites the committed report
