@@ -103,19 +103,19 @@ def _check_sanity(logits: np.ndarray) -> tuple[str, float]:
     return label, float(probs.max())
 
 
-def build_minilm_sentiment(out_dir: Path, progress: bool = True) -> dict:
-    """MiniLM-L6 + 2-way head fine-tuned on the movies train split; accuracy on movies test."""
-    cfg = CLASSIFIER_CONFIG
-    train, test = load_split("movies", "train"), load_split("movies", "test")
-    model, tokenizer = _minilm_for_sequence_classification(
-        cfg.seed,
-        num_labels=2,
-        id2label=SENTIMENT_LABELS,
-        label2id={v: k for k, v in SENTIMENT_LABELS.items()},
-    )
-    summary = fine_tune(
-        model, tokenizer, train["text"].tolist(), train["label"].to_numpy(), cfg, progress
-    )
+def _save_and_score_classifier(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    out_dir: Path,
+    cfg: TrainConfig,
+    summary: dict,
+    train,
+    test,
+    progress: bool,
+) -> dict:
+    """Save a trained sentiment classifier, reload it, and return its metadata: training
+    summary, data, held-out accuracy on ``test`` and the sanity check (the build fails unless
+    the sanity text reads POSITIVE)."""
     _save(model, tokenizer, out_dir)
     model, tokenizer = _reload_classifier(out_dir)
     logits = predict(
@@ -132,12 +132,24 @@ def build_minilm_sentiment(out_dir: Path, progress: bool = True) -> dict:
             "examples": len(test),
             "accuracy": accuracy(logits[:-1], test["label"].to_numpy()),
         },
-        "sanity": {
-            "text": SANITY_TEXT,
-            "label": sanity_label,
-            "probability": sanity_probability,
-        },
+        "sanity": {"text": SANITY_TEXT, "label": sanity_label, "probability": sanity_probability},
     }
+
+
+def build_minilm_sentiment(out_dir: Path, progress: bool = True) -> dict:
+    """MiniLM-L6 + 2-way head fine-tuned on the movies train split; accuracy on movies test."""
+    cfg = CLASSIFIER_CONFIG
+    train, test = load_split("movies", "train"), load_split("movies", "test")
+    model, tokenizer = _minilm_for_sequence_classification(
+        cfg.seed,
+        num_labels=2,
+        id2label=SENTIMENT_LABELS,
+        label2id={v: k for k, v in SENTIMENT_LABELS.items()},
+    )
+    summary = fine_tune(
+        model, tokenizer, train["text"].tolist(), train["label"].to_numpy(), cfg, progress
+    )
+    return _save_and_score_classifier(model, tokenizer, out_dir, cfg, summary, train, test, progress)
 
 
 def _fold_output_scale(model: PreTrainedModel, scale: float) -> None:
@@ -294,21 +306,4 @@ def build_smollm2_sentiment(out_dir: Path, progress: bool = True) -> dict:
     summary = fine_tune_top_layers(
         model, tokenizer, train["text"].tolist(), train["label"].to_numpy(), cfg, progress
     )
-    _save(model, tokenizer, out_dir)
-    model, tokenizer = _reload_classifier(out_dir)
-    logits = predict(
-        model, tokenizer, test["text"].tolist() + [SANITY_TEXT], cfg.max_length,
-        cfg.eval_batch_size, progress, "held-out test",
-    )
-    sanity_label, sanity_probability = _check_sanity(logits)
-    return {
-        "seed": cfg.seed,
-        "training": {**cfg.to_dict(), **summary},
-        "data": _data_summary(len(train)),
-        "held_out": {
-            "split": "movies/test",
-            "examples": len(test),
-            "accuracy": accuracy(logits[:-1], test["label"].to_numpy()),
-        },
-        "sanity": {"text": SANITY_TEXT, "label": sanity_label, "probability": sanity_probability},
-    }
+    return _save_and_score_classifier(model, tokenizer, out_dir, cfg, summary, train, test, progress)
