@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import importlib.metadata
 import math
 import os
 import platform
@@ -55,6 +54,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from _shared import cpu_name, fmt_s, library_versions, load_model  # noqa: E402  (benchmarks/ is the script's folder)
 from captum.attr import FeatureAblation, InputXGradient, LayerIntegratedGradients, Saliency
 from rich.console import Console
 from rich.markdown import Markdown
@@ -143,15 +143,6 @@ def measure(
 
 
 # ---------------------------------------------------------------------------------- setup
-def load_model(args: argparse.Namespace) -> heedful.Model:
-    if args.tiny:
-        sys.path.insert(0, str(ROOT / "tests"))
-        from tiny import tiny_model  # type: ignore[import-not-found]
-
-        return tiny_model("bert")
-    return heedful.load(args.model)
-
-
 def load_texts(n: int) -> list[str]:
     frame = load_split("movies", "test")
     if len(frame) < n:
@@ -295,10 +286,6 @@ class Row:
         return None if self.captum is None else self.captum.cpu_median / self.heedful.cpu_median
 
 
-def fmt_s(seconds: float) -> str:
-    return f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
-
-
 def machine_info(
     model: heedful.Model,
     args: argparse.Namespace,
@@ -306,18 +293,8 @@ def machine_info(
     ig_chunk: int | None,
     loads: list[float],
 ) -> list[str]:
-    cpu = platform.processor() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    versions = ", ".join(
-        f"{dist} {importlib.metadata.version(dist)}"
-        for dist in ("torch", "transformers", "captum", "heedful")
-    )
+    cpu = cpu_name()
+    versions = library_versions("torch", "transformers", "captum", "heedful")
     attn = getattr(model.hf_model.config, "_attn_implementation", "?")
     lengths = batch.lengths.float()
     params = sum(p.numel() for p in model.hf_model.parameters()) / 1e6

@@ -55,6 +55,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from _shared import cpu_name, fmt_s, library_versions, load_model, load_texts  # noqa: E402  (benchmarks/ is the script's folder)
 from rich.console import Console
 from rich.markdown import Markdown
 
@@ -134,29 +135,9 @@ def measure(fns: dict[str, Callable[[], Any]], repeats: int, counter: PositionCo
     return timings
 
 
-def fmt_s(seconds: float) -> str:
-    return f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
 # ---------------------------------------------------------------------------------- setup
-def load_model(args: argparse.Namespace) -> heedful.Model:
-    if args.tiny:
-        sys.path.insert(0, str(ROOT / "tests"))
-        from tiny import tiny_model  # type: ignore[import-not-found]
-
-        return tiny_model("bert", initializer_range=0.2)
-    return heedful.load(args.model)
-
-
-def load_texts(args: argparse.Namespace) -> list[str]:
-    if args.tiny:
-        sys.path.insert(0, str(ROOT / "tests"))
-        from tiny import CORPUS  # type: ignore[import-not-found]
-
-        return [CORPUS[i % 10] + (" again" * (i // 10)) for i in range(args.n)]
-    return [example.text for example in heedful.datasets.load("movies", "test", n=args.n)]
-
-
 def method_options(name: str, args: argparse.Namespace) -> dict[str, Any]:
     return {"n_steps": args.ig_steps} if name == "integrated_gradients" else {}
 
@@ -254,17 +235,8 @@ def compare(model: heedful.Model, texts: list[str], args: argparse.Namespace, co
 def machine_info(
     model: heedful.Model, args: argparse.Namespace, texts: list[str], load_before, load_after
 ) -> list[str]:
-    cpu = platform.processor() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    versions = ", ".join(
-        f"{d} {importlib.metadata.version(d)}" for d in ("torch", "transformers", "heedful", "ferret-xai")
-    )
+    cpu = cpu_name()
+    versions = library_versions("torch", "transformers", "heedful", "ferret-xai")
     lengths = model.adapter.encode(texts).lengths.float()
     return [
         f"- date: {dt.datetime.now().astimezone().isoformat(timespec='seconds')}",
@@ -413,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
     load_before = os.getloadavg()
-    model = load_model(args)
+    model = load_model(args, initializer_range=0.2)
     texts = load_texts(args)
     found = compare(model, texts, args, console)
     text = render(found, machine_info(model, args, texts, load_before, os.getloadavg()), args)

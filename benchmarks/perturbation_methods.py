@@ -33,11 +33,9 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import importlib.metadata
 import os
 import platform
 import statistics
-import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -47,6 +45,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from _shared import cpu_name, fmt_s, library_versions, load_model, load_texts  # noqa: E402  (benchmarks/ is the script's folder)
 from captum._utils.models.linear_model import SkLearnRidge
 from captum.attr import KernelShap, Lime
 from rich.console import Console
@@ -102,32 +101,6 @@ def measure(
             timings[name].cpu.append(time.process_time() - began_cpu)
             timings[name].result = result
     return timings
-
-
-def fmt_s(seconds: float) -> str:
-    return f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
-
-
-# ---------------------------------------------------------------------------------- setup
-def load_model(args: argparse.Namespace) -> heedful.Model:
-    if args.tiny:
-        sys.path.insert(0, str(ROOT / "tests"))
-        from tiny import tiny_model  # type: ignore[import-not-found]
-
-        return tiny_model("bert", initializer_range=0.2)
-    return heedful.load(args.model)
-
-
-def load_texts(args: argparse.Namespace) -> list[str]:
-    if args.tiny:
-        sys.path.insert(0, str(ROOT / "tests"))
-        from tiny import CORPUS  # type: ignore[import-not-found]
-
-        return [CORPUS[i % 10] + (" again" * (i // 10)) for i in range(args.n)]
-    from heedful.datasets import load_split
-
-    frame = load_split("movies", "test")
-    return frame["text"].iloc[: args.n].tolist()
 
 
 # ---------------------------------------------------------------------------------- part 1
@@ -353,18 +326,8 @@ def surrogate_part(
 def machine_info(
     model: heedful.Model, args: argparse.Namespace, texts: list[str], load_before, load_after
 ) -> list[str]:
-    cpu = platform.processor() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    versions = ", ".join(
-        f"{d} {importlib.metadata.version(d)}"
-        for d in ("torch", "transformers", "captum", "heedful")
-    )
+    cpu = cpu_name()
+    versions = library_versions("torch", "transformers", "captum", "heedful")
     lengths = model.adapter.encode(texts).lengths.float()
     return [
         f"- date: {dt.datetime.now().astimezone().isoformat(timespec='seconds')}",
@@ -506,7 +469,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
     load_before = os.getloadavg()
-    model = load_model(args)
+    model = load_model(args, initializer_range=0.2)
     texts = load_texts(args)
     parts = {p.strip() for p in args.parts.split(",")}
     cop = None
