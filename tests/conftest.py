@@ -84,3 +84,31 @@ def cached_model(family: str, task: str = "classification"):
 def tiny():
     """``tiny(family, task="classification")`` -> cached tiny :class:`heedful.Model`."""
     return cached_model
+
+
+def saved_tiny(folder: Path, family: str, task: str = "classification", **config_overrides) -> str:
+    """A tiny seeded model saved as a Hugging Face folder (for commands that load a path)."""
+    from tiny import tiny_hf
+
+    hf_model, tokenizer = tiny_hf(family, task, **config_overrides)
+    hf_model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+def run_cli(monkeypatch, capsys, *args: str, stdin: str | None = "") -> tuple[int, str, str]:
+    """Run ``heedful ARGS`` in process: ``(exit code, stdout, stderr)``."""
+    import io
+
+    from heedful import cli
+
+    monkeypatch.setattr(sys, "argv", ["heedful", *args])
+    if stdin is not None:
+        monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
+    code = 0
+    try:
+        cli.main()
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err

@@ -2,37 +2,19 @@
 
 from __future__ import annotations
 
-import io
 import json
 import subprocess
 import sys
 
 import pytest
-from tiny import tiny_hf
+from conftest import run_cli, saved_tiny
 
 from heedful import cli
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> str:
-    hf_model, tokenizer = tiny_hf("bert", "classification")
-    folder = tmp_path_factory.mktemp("tiny-bert")
-    hf_model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return str(folder)
-
-
-def run_cli(monkeypatch, capsys, *args: str, stdin: str | None = None) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["heedful", *args])
-    if stdin is not None:
-        monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
-    code = 0
-    try:
-        cli.main()
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
+    return saved_tiny(tmp_path_factory.mktemp("tiny-bert"), "bert", "classification")
 
 
 def test_explain_json_has_tokens_scores_target_method(monkeypatch, capsys, model_dir):

@@ -4,15 +4,12 @@ explanations and curves by further metrics, and the command end to end on a tiny
 from __future__ import annotations
 
 import csv
-import io
 import math
-import sys
 
 import numpy as np
 import pytest
-from tiny import tiny_hf
+from conftest import run_cli, saved_tiny
 
-from heedful import cli
 from heedful.evaluate import ResultsStore, RunKey, get_protocol
 from heedful.evaluate.bench import BenchSpec, run_bench
 from heedful.evaluate.report import write_report
@@ -38,11 +35,7 @@ def data_csv(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> str:
-    hf_model, tokenizer = tiny_hf("bert", "classification", initializer_range=0.2)
-    folder = tmp_path_factory.mktemp("tiny-bert")
-    hf_model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return str(folder)
+    return saved_tiny(tmp_path_factory.mktemp("tiny-bert"), "bert", "classification", initializer_range=0.2)
 
 
 class Counting:
@@ -146,23 +139,11 @@ def test_gold_label_protocol_explains_gold_class(tiny, data_csv, tmp_path):
     assert "mask-lrp" in files[0].read_text()
 
 
-def _cli(monkeypatch, capsys, *args):
-    monkeypatch.setattr(sys, "argv", ["heedful", *args])
-    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
-    code = 0
-    try:
-        cli.main()
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
 def test_bench_command_end_to_end(monkeypatch, capsys, model_dir, data_csv, tmp_path):
     args = ["bench", "--model", model_dir, "--dataset", data_csv, "--methods", "random,grad_x_input",
             "--metrics", "aopc,accuracy,average_precision", "--preset", "normxlogit", "--n", "4",
             "--out", str(tmp_path), "--random-seeds", "2", "--batch-size", "2"]
-    code, out, err = _cli(monkeypatch, capsys, *args)
+    code, out, err = run_cli(monkeypatch, capsys, *args)
     assert code == 0, err
     assert "aopc ↑" in out and "grad_x_input" in out and "±" in out and "s / example" in out
     assert "computed this run: 12 explanations" in err
@@ -171,19 +152,19 @@ def test_bench_command_end_to_end(monkeypatch, capsys, model_dir, data_csv, tmp_
     assert stem.startswith("tiny-bert") and stem.endswith("__normxlogit")
     assert {f"{stem}.csv", f"{stem}_curves.csv", f"{stem}_aopc.png", f"{stem}_accuracy.png", "results.sqlite"} <= names
     assert (tmp_path / f"{stem}_aopc.png").stat().st_size > 10_000
-    code, out, err = _cli(monkeypatch, capsys, *args)
+    code, out, err = run_cli(monkeypatch, capsys, *args)
     assert code == 0 and "computed this run: 0 explanations, 0 curve records, 0 metric values" in err
 
 
 def test_bench_command_errors(monkeypatch, capsys, model_dir, data_csv, tmp_path):
     base = ["bench", "--model", model_dir, "--dataset", data_csv, "--out", str(tmp_path)]
-    code, _, err = _cli(monkeypatch, capsys, *base, "--methods", "saliency", "--metrics", "aopc,nope")
+    code, _, err = run_cli(monkeypatch, capsys, *base, "--methods", "saliency", "--metrics", "aopc,nope")
     assert code == 2 and "unknown metric" in err and "hint" in err
-    code, _, err = _cli(monkeypatch, capsys, *base, "--methods", "saliency,nope")
+    code, _, err = run_cli(monkeypatch, capsys, *base, "--methods", "saliency,nope")
     assert code == 2 and "unknown method" in err
-    code, _, err = _cli(monkeypatch, capsys, *base, "--methods", "saliency", "--metrics", "pearson")
+    code, _, err = run_cli(monkeypatch, capsys, *base, "--methods", "saliency", "--metrics", "pearson")
     assert code == 2 and "regression" in err
-    code, _, err = _cli(monkeypatch, capsys, *base, "--methods", "saliency", "--preset", "eraser")
+    code, _, err = run_cli(monkeypatch, capsys, *base, "--methods", "saliency", "--preset", "eraser")
     assert code == 2 and "preset" in err
-    code, _, err = _cli(monkeypatch, capsys, *base, "--methods", "saliency", "--option", "bad")
+    code, _, err = run_cli(monkeypatch, capsys, *base, "--methods", "saliency", "--option", "bad")
     assert code == 2 and "target.key=value" in err

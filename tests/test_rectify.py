@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import csv
-import sys
 
 import numpy as np
 import pytest
 import torch
-from tiny import CORPUS, tiny_hf
+from conftest import run_cli, saved_tiny
+from tiny import CORPUS
 
 import heedful
-from heedful import cli
 from heedful.interest import rectify as rect
 
 TEXTS = list(dict.fromkeys(CORPUS))  # the ten distinct corpus sentences
@@ -155,28 +154,13 @@ def test_rejects_non_classifiers_and_bad_ratios(tiny):
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> str:
-    hf_model, tokenizer = tiny_hf("distilbert", initializer_range=0.2)
-    folder = tmp_path_factory.mktemp("tiny-distilbert-rectify")
-    hf_model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return str(folder)
-
-
-def _run(monkeypatch, capsys, *args):
-    monkeypatch.setattr(sys, "argv", ["heedful", *args])
-    code = 0
-    try:
-        cli.main()
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
+    return saved_tiny(tmp_path_factory.mktemp("tiny-distilbert-rectify"), "distilbert", "classification", initializer_range=0.2)
 
 
 def test_cli_sweep_writes_table_curve_and_csv(monkeypatch, capsys, model_dir, tmp_path):
     data = _write_csv(tmp_path / "d.csv", TEXTS, [0, 2] * 5)
     out = tmp_path / "out"
-    code, stdout, stderr = _run(
+    code, stdout, stderr = run_cli(
         monkeypatch, capsys, "rectify", "--model", model_dir, "--dataset", data, "--split", "all",
         "--method", "leave_one_out,random", "-M", "lime", "--sweep", "--ratios", "0.2,0.5",
         "--option", "lime.n_samples=20", "--out", str(out),
@@ -194,7 +178,7 @@ def test_cli_sweep_writes_table_curve_and_csv(monkeypatch, capsys, model_dir, tm
 
 
 def test_cli_errors_are_one_clear_message(monkeypatch, capsys, model_dir):
-    code, _, stderr = _run(monkeypatch, capsys, "rectify", "--model", model_dir, "--method", "random", "--option", "nonsense=1")
+    code, _, stderr = run_cli(monkeypatch, capsys, "rectify", "--model", model_dir, "--method", "random", "--option", "nonsense=1")
     assert code == 2 and "no method run takes the option 'nonsense'" in stderr
-    code, _, stderr = _run(monkeypatch, capsys, "rectify", "--model", model_dir, "--method", "no_such_method")
+    code, _, stderr = run_cli(monkeypatch, capsys, "rectify", "--model", model_dir, "--method", "no_such_method")
     assert code == 2 and "Traceback" not in stderr

@@ -8,9 +8,8 @@ import sys
 import numpy as np
 import pytest
 import torch
-from tiny import tiny_hf
+from conftest import run_cli, saved_tiny
 
-from heedful import cli
 from heedful.errors import InputError
 from heedful.interest.steer import decoding_modes, generate, phrase_positions, steer
 from heedful.interest.suppress import downweight
@@ -147,27 +146,12 @@ def test_generate_returns_only_new_tokens(lm):
 
 @pytest.fixture(scope="module")
 def lm_dir(tmp_path_factory) -> str:
-    hf_model, tokenizer = tiny_hf("gpt2", "causal_lm")
-    folder = tmp_path_factory.mktemp("tiny-gpt2-lm")
-    hf_model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return str(folder)
-
-
-def _run(monkeypatch, capsys, *args):
-    monkeypatch.setattr(sys, "argv", ["heedful", *args])
-    try:
-        cli.main()
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
+    return saved_tiny(tmp_path_factory.mktemp("tiny-gpt2-lm"), "gpt2", "causal_lm")
 
 
 def test_cli_steer_prints_both_generations_and_writes_html(monkeypatch, capsys, lm_dir, tmp_path):
     page = tmp_path / "steer.html"
-    code, out, err = _run(
+    code, out, err = run_cli(
         monkeypatch, capsys, "steer", "--model", lm_dir, "--prompt", PROMPT, "--suppress", "far too long",
         "--max-new-tokens", "3", "--beams", "2", "--html", str(page), "-o", "max_steps=3", "-o", "samples=2",
     )
@@ -177,5 +161,5 @@ def test_cli_steer_prints_both_generations_and_writes_html(monkeypatch, capsys, 
 
 
 def test_cli_steer_errors(monkeypatch, capsys, lm_dir):
-    code, _, err = _run(monkeypatch, capsys, "steer", "--model", lm_dir, "--prompt", PROMPT, "--suppress", "paris")
+    code, _, err = run_cli(monkeypatch, capsys, "steer", "--model", lm_dir, "--prompt", PROMPT, "--suppress", "paris")
     assert code == 2 and "not in the prompt" in err
