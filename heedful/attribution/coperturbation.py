@@ -88,6 +88,7 @@ from heedful.targets import ResolvedTarget
 
 SCORES = ("rho", "log_rho")
 KEEP = ("best", "last")
+INITS = ("randn", "zeros")
 CITATION = (
     "Do Pre-Trained Language Models Truly Focus on the Content They Are Expected to? "
     "(co-perturbation, Eq. 2-4/9, Algorithm 1), generalising Guan et al. 2019 (ICML)"
@@ -131,11 +132,13 @@ class Settings:
     output: str = "logits"
     normalise: bool = True
     keep: str = "best"
+    init: str = "randn"
     internal_batch_size: int | None = None
 
     def check(self) -> None:
         check_choice("space", self.space, SPACES)
         check_choice("keep", self.keep, KEEP)
+        check_choice("init", self.init, INITS)
         check_choice("scale_basis", self.scale_basis, SCALE_BASES)
         check_choice("output", self.output, OUTPUTS)
         for name in ("samples", "max_steps", "window"):
@@ -228,8 +231,9 @@ def fit_interest(
     real = batch.attention_mask.bool()[example]  # [P, N]
 
     theta = torch.zeros(n_problems, seq)
-    for p, (g, n) in enumerate(zip(gens, lengths.tolist(), strict=True)):
-        theta[p, :n] = torch.randn(n, generator=g)
+    if settings.init == "randn":
+        for p, (g, n) in enumerate(zip(gens, lengths.tolist(), strict=True)):
+            theta[p, :n] = torch.randn(n, generator=g)
     adam_m, adam_v = torch.zeros_like(theta), torch.zeros_like(theta)
     best_theta = theta.clone()
     best_j = torch.full((n_problems,), float("inf"))

@@ -344,16 +344,7 @@ def _explain_missing(model, store: ResultsStore, run: Run, inputs: list[ModelInp
             )
             found.update(zip(members, explained, strict=True))
         wall = time.perf_counter() - began
-        ordered = [found[k] for k in range(len(part))]
-        store.put_explanations(run.key, [(i.id, e) for i, e in zip(part, ordered, strict=True)])
-        store.add_cost(
-            run.key,
-            len(part),
-            wall,
-            sum(e.cost.forward_passes for e in ordered),
-            sum(e.cost.backward_passes for e in ordered),
-            peak_rss_mb(),
-        )
+        store.record_explained(run.key, [(i.id, found[k]) for k, i in enumerate(part)], wall, peak_rss_mb())
         if bar is not None:
             bar.advance(task_id, len(part))
         if on_batch is not None:

@@ -12,7 +12,7 @@ anchors and special tokens come from the adapter's roles and the tokenizer's own
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -211,17 +211,33 @@ def _forward_batches(
 ) -> Outputs:
     """Outputs of the unperturbed examples ``[B]``, in chunks of similar length."""
     result = Outputs.empty((len(batch),))
-    for rows, width in length_chunks(batch.attention_mask.sum(dim=1), chunk):
-        rows_target = target.select(rows)
+    chunks = chunked_logits(adapter, batch, target.anchor, batch.input_ids, batch.attention_mask, batch.token_type_ids, chunk)
+    for rows, logits in chunks:
+        result.put((rows.numpy(),), target_outputs(target.select(rows), logits, output))
+    return result
+
+
+def chunked_logits(
+    adapter: ModelAdapter,
+    batch: Batch,
+    anchor: torch.Tensor,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    token_type_ids: torch.Tensor | None,
+    chunk: int | None = None,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Head logits of rows ``[M, N]`` (ids, mask, token types) read at ``anchor`` ``[M]``, run in
+    chunks of similar length, each cut to its longest row
+    (:func:`~heedful.attribution._common.length_chunks`): ``(rows, logits [len(rows), C])`` pairs."""
+    for rows, width in length_chunks(attention_mask.sum(dim=1), chunk):
         fwd = adapter.forward(
             batch,
-            rows_target.anchor,
-            input_ids=batch.input_ids[rows, :width],
-            attention_mask=batch.attention_mask[rows, :width],
-            token_type_ids=None if batch.token_type_ids is None else batch.token_type_ids[rows, :width],
+            anchor[rows],
+            input_ids=input_ids[rows, :width],
+            attention_mask=attention_mask[rows, :width],
+            token_type_ids=None if token_type_ids is None else token_type_ids[rows, :width],
         )
-        result.put((rows.numpy(),), target_outputs(rows_target, fwd.logits, output))
-    return result
+        yield rows, fwd.logits
 
 
 # ---------------------------------------------------------------------------- schedules
@@ -401,14 +417,7 @@ def _forward_retokenized(prepared: Prepared, ex: torch.Tensor, remove: torch.Ten
     order = torch.argsort(which, stable=True)
     starts = torch.searchsorted(which[order], torch.arange(len(distinct) + 1))
     result = Outputs.empty((len(ex),))
-    for rows, width in length_chunks(attention.sum(dim=1), chunk):
-        fwd_logits = adapter.forward(
-            batch,
-            anchor[rows],
-            input_ids=input_ids[rows, :width],
-            attention_mask=attention[rows, :width],
-            token_type_ids=None if types is None else types[rows, :width],
-        ).logits
+    for rows, fwd_logits in chunked_logits(adapter, batch, anchor, input_ids, attention, types, chunk):
         # every original row whose text is one of this chunk's distinct rows
         members = torch.cat([order[starts[u] : starts[u + 1]] for u in rows.tolist()])
         local = torch.empty(len(distinct), dtype=torch.long)

@@ -262,6 +262,15 @@ class ResultsStore:
             )
         return found
 
+    def record_explained(self, key: RunKey, items: Sequence[tuple[str, Explanation]], seconds: float, peak_mb: float) -> None:
+        """Store freshly computed explanations and add what they cost: ``seconds`` of wall time,
+        their forward and backward passes, and the process's peak memory ``peak_mb``."""
+        self.put_explanations(key, items)
+        self.add_cost(
+            key, len(items), seconds, sum(e.cost.forward_passes for _, e in items),
+            sum(e.cost.backward_passes for _, e in items), peak_mb,
+        )
+
     # ------------------------------------------------------------------ costs and protocols
     def add_cost(self, key: RunKey, examples: int, seconds: float, forward: float, backward: float, peak_mb: float) -> None:
         with self.db:

@@ -35,10 +35,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from heedful.attribution._common import length_chunks
 from heedful.attribution.perturbation import never_empty
 from heedful.batch import Batch
 from heedful.errors import HeedfulError, InputError
+from heedful.evaluate.perturbation import chunked_logits
 from heedful.explanation import Explanation
 from heedful.interest.suppress import suppress
 from heedful.model import Model
@@ -162,15 +162,8 @@ def predict_suppressed(
     token_types = torch.cat(types) if types else None
     anchor_rows = torch.cat(anchors)
     predicted = torch.zeros(input_ids.shape[0], dtype=torch.long)
-    for rows, width in length_chunks(mask.sum(dim=1)):
-        fwd = adapter.forward(
-            batch,
-            anchor_rows[rows],
-            input_ids=input_ids[rows, :width],
-            attention_mask=mask[rows, :width],
-            token_type_ids=None if token_types is None else token_types[rows, :width],
-        )
-        predicted[rows] = fwd.logits.argmax(dim=-1)
+    for rows, logits in chunked_logits(adapter, batch, anchor_rows, input_ids, mask, token_types):
+        predicted[rows] = logits.argmax(dim=-1)
     bsz = len(batch)
     return predicted.view(len(ratios), bsz).T.numpy(), torch.stack(erased, dim=1).numpy()
 
@@ -342,17 +335,14 @@ def _run_method(model, method, options, errors, result, batch_size, store, key, 
                     max_length=result.max_length,
                     **options,
                 )
-            seconds += time.perf_counter() - began
+            wall = time.perf_counter() - began
+            seconds += wall
             for k, expl in zip(todo, fresh, strict=True):
                 found[part[k].id] = expl
             if store is not None:
                 from heedful.evaluate.bench import peak_rss_mb
 
-                store.put_explanations(key, [(part[k].id, found[part[k].id]) for k in todo])
-                store.add_cost(
-                    key, len(todo), time.perf_counter() - began, sum(found[part[k].id].cost.forward_passes for k in todo),
-                    sum(found[part[k].id].cost.backward_passes for k in todo), peak_rss_mb(),
-                )
+                store.record_explained(key, [(part[k].id, found[part[k].id]) for k in todo], wall, peak_rss_mb())
         scores = scores_tensor([found[e.id] for e in part], batch)
         got, gone = predict_suppressed(model, batch, scores, result.ratios, result.removal)
         predictions[start : start + len(part)] = got
