@@ -137,10 +137,14 @@ def test_layerwise_rows_equal_single_layer_runs(sharp):
 
 def test_guan2019_is_the_same_optimiser_with_reference_settings(sharp):
     guan = sharp.explain(TEXTS[0], method="guan2019", seed=0, rate=0.1, max_steps=30)
-    same = sharp.explain(TEXTS[0], method="coperturbation", seed=0, lam=0.2, samples=1, max_steps=30, tol=0, scale_basis="word_embeddings", scale_factor=10)
+    same = sharp.explain(
+        TEXTS[0], method="coperturbation", seed=0, lam=0.2, samples=1, max_steps=30, tol=0, lr=0.01, init="randn",
+        scale_basis="word_embeddings", scale_factor=10,
+    )
     np.testing.assert_allclose(guan.scores, same.scores, rtol=1e-6)
     info = heedful.get_method("guan2019")
     assert info.defaults["max_steps"] == 5000 and info.defaults["samples"] == 1 and info.defaults["rate"] == 0.1
+    assert info.defaults["lr"] == 0.01 and info.defaults["init"] == "randn"
 
 
 @pytest.mark.parametrize("family,task", [("gpt2", "causal_lm"), ("llama", "classification"), ("roberta", "masked_lm"), ("distilbert", "regression")])
@@ -198,3 +202,15 @@ def test_cli_explain_twice_gives_identical_scores(monkeypatch, capsys, tmp_path)
         found.append(json.loads(capsys.readouterr().out)["scores"])
     assert found[0] == found[1]
 
+
+
+def test_zero_start_leaves_the_ranking_to_the_gradients(sharp):
+    # after one step the kept (best) state is the starting state: equal for every token from 0,
+    # the seeded N(0, 1) draw from "randn"
+    start = sharp.explain(TEXTS[0], method="coperturbation", seed=0, max_steps=1, keep="best")
+    content = ~np.asarray(start.special)
+    np.testing.assert_allclose(start.scores[content], start.scores[content][0], rtol=1e-6)
+    drawn = sharp.explain(TEXTS[0], method="coperturbation", seed=0, max_steps=1, keep="best", init="randn")
+    assert np.ptp(drawn.scores[content]) > 0.01
+    with pytest.raises(heedful.InputError, match="init"):
+        sharp.explain(TEXTS[0], method="coperturbation", init="ones", max_steps=1)

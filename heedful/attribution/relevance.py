@@ -216,7 +216,9 @@ def mask_lrp(
     from the movie-review train split (``xi_synt``, ``xi_pos`` are Eq. 7-8's thresholds). A path or
     nested list keeps explanations JSON-serialisable. ``reference_scale`` (default True, as the
     reference code): in masked layers the map used for the rollout is ``R_A`` from the *unmasked*
-    head relevance without the 1/2 of the product rule; False halves it as in :func:`chefer`.
+    head relevance without the 1/2 of the product rule; False halves it as in :func:`chefer`. So a
+    mask of ones reproduces :func:`chefer` exactly with ``reference_scale=False``; with ``True``
+    every layer's head map is doubled before the rollout.
 
     Ablations of the paper (Table 1 "Random", Table 3, Figure 4) apply to the mask:
     ``ablation="random"`` (same number of heads, ``ablation_seed``), ``"corrupted"``
