@@ -67,3 +67,33 @@ def test_timings_keep_the_longest_run(tmp_path: Path):
     first = cp.Timings({"rectification": 600.0})
     assert cp._record_timings(tmp_path, first)["rectification"] == 600.0
     assert cp._record_timings(tmp_path, cp.Timings({"rectification": 5.0}))["rectification"] == 600.0
+
+
+def test_seed_check_compares_the_stored_seed_with_the_next(tmp_path: Path, tiny):
+    from scipy.stats import spearmanr
+
+    from heedful.evaluate.bench import options_hash
+    from heedful.evaluate.protocol import get_protocol
+    from heedful.evaluate.store import ResultsStore, RunKey
+
+    model = tiny("bert")
+    texts = ["a good and moving film", "dull , flat and far too long"]
+    options = {"max_steps": 5, "keep": "last"}
+    result = _result({})
+    result.error_ids = ["7", "9"]
+    protocol = get_protocol("default")
+    first_key = RunKey("m", cp.DATASET, "test", "coperturbation", options_hash("coperturbation", {**options, "seed": 0}, protocol))
+    with ResultsStore(tmp_path) as db:
+        db.put_explanations(first_key, list(zip(result.error_ids, model.explain(texts, "coperturbation", seed=0, **options), strict=True)))
+    check = cp._seed_check(model, result, options, tmp_path, "m", 0, 2)
+    second = model.explain(texts, "coperturbation", seed=1, **options)
+    first = model.explain(texts, "coperturbation", seed=0, **options)
+    for k in range(2):
+        content = ~np.asarray(first[k].special)
+        expected = spearmanr(first[k].scores[content], second[k].scores[content]).statistic
+        assert check["spearman"][k] == pytest.approx(expected)
+        assert check["tokens"][k] == int(content.sum())
+    assert check["seeds"] == (0, 1) and all(0.0 <= o <= 1.0 for o in check["overlap"])
+    with ResultsStore(tmp_path) as db:  # the second seed is stored for the next run
+        again = RunKey("m", cp.DATASET, "test", "coperturbation", options_hash("coperturbation", {**options, "seed": 1}, protocol))
+        assert set(db.get_explanations(again)) == {"7", "9"}
