@@ -14,8 +14,8 @@ What it runs (each part on the zoo's sentiment classifiers and the movie-review 
 Explanations are kept in one results store (``settings.store``, default
 ``$HEEDFUL_HOME/reproduce/coperturbation``) shared by the rectification and the benchmark, so a
 second run computes only what is missing. Report options (``--option key=value``): ``n_bench``
-(examples of the faithfulness benchmark), ``n_rectify`` (examples of the test split classified;
-default 500 of the 1000), ``methods`` (comma-separated), ``models`` (comma-separated zoo names),
+(examples of the faithfulness benchmark), ``n_rectify`` (examples of the test split classified,
+for every model; default :data:`N_RECTIFY`), ``methods`` (comma-separated), ``models`` (comma-separated zoo names),
 ``budget`` (``report``: the reduced compute budget of :data:`BUDGET`; ``default``: every method's
 defaults), ``check`` (error sentences on which two seeds of co-perturbation are compared;
 :data:`CHECK_SENTENCES`).
@@ -42,7 +42,7 @@ N_BENCH = 24
 rectification (their errors are explained by every method). Both are sized so that the whole
 report runs in about an hour on two cores shared with other work; ``--option n_rectify=1000``
 (the whole test split) and ``--option n_bench=N`` (or ``--n N``) scale it up."""
-N_RECTIFY = 500
+N_RECTIFY = {"minilm-sentiment": 500, "smollm2-sentiment": 200}
 BUDGET = {
     "individual_perturbation": {"samples": 4},
     "lime": {"n_samples": 100},
@@ -158,7 +158,7 @@ def write(out_dir: Path, settings: ReportSettings) -> Path:
         raise HeedfulError("no zoo model of this report is built", hint="heedful models build minilm-sentiment")
     seed = int(opts.get("seed", 0))
     n_bench = int(opts.get("n_bench") or (QUICK["n_bench"] if quick else settings.n or N_BENCH))
-    n_rectify = int(opts.get("n_rectify") or (QUICK["n_rectify"] if quick else N_RECTIFY))
+    fixed_n_rectify = opts.get("n_rectify") or (QUICK["n_rectify"] if quick else None)
     ratios = QUICK["ratios"] if quick else rect.SWEEP_RATIOS
     budget = str(opts.get("budget", "report"))
     if budget not in ("report", "default"):
@@ -189,7 +189,7 @@ def write(out_dir: Path, settings: ReportSettings) -> Path:
         began = time.perf_counter()
         say(f"rectifying {name}'s errors with {', '.join(methods)}")
         result = rect.rectify(
-            model, DATASET, methods, ratios, n=n_rectify, seed=seed,
+            model, DATASET, methods, ratios, n=int(fixed_n_rectify or N_RECTIFY[name]), seed=seed,
             method_options=method_options, store=store, model_key=key, progress=_bar(settings.progress),
         )
         rect_results[name] = result
@@ -370,10 +370,10 @@ def _markdown(rect_results, bench_results, lmap, sweep, files, notes, timings, q
     if notes:
         lines.append("")
     lines += ["## Setup", ""]
-    first = next(iter(rect_results.values()))
+    classified = ", ".join(f"the first {r.n_total} for {name}" for name, r in rect_results.items())
     lines += [
         f"- Data: the `{DATASET}` snippets (Rotten Tomatoes review sentences, human-rated; binary label "
-        f"from the sign of the mean rating). Rectification: the first {first.n_total} sentences of the "
+        f"from the sign of the mean rating). Rectification: {classified} of the "
         f"1000-sentence test split; faithfulness: the first {n_bench}. The zoo's classifiers were "
         "fine-tuned on the train split only.",
         "- Rectification: every test sentence the model gets wrong is explained toward the model's own "
