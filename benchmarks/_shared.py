@@ -4,10 +4,14 @@ machine description written under every results file."""
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import importlib.metadata
+import os
 import platform
 import sys
 from pathlib import Path
+
+import torch
 
 import heedful
 
@@ -53,3 +57,25 @@ def cpu_name() -> str:
 def library_versions(*distributions: str) -> str:
     """``"torch 2.13.0, transformers 5.23.0, ..."`` for the installed distributions named."""
     return ", ".join(f"{d} {importlib.metadata.version(d)}" for d in distributions)
+
+
+def machine_lines(
+    model: heedful.Model, args: argparse.Namespace, texts: list[str], loads: tuple[float, float], versions: str,
+    model_extra: str = "",
+) -> list[str]:
+    """The Markdown bullets every results file ends with: date, machine and load (``loads``: the
+    1-minute load average before and after), library ``versions``, model, inputs and timing."""
+    lengths = model.adapter.encode(texts).lengths.float()
+    return [
+        f"- date: {dt.datetime.now().astimezone().isoformat(timespec='seconds')}",
+        f"- machine: {platform.machine()}, {cpu_name()}, {os.cpu_count()} logical cores; torch threads "
+        f"{torch.get_num_threads()} (both sides), OMP_WAIT_POLICY="
+        f"{os.environ.get('OMP_WAIT_POLICY', 'unset')}; load average {loads[0]:.2f} before, "
+        f"{loads[1]:.2f} after (the machine is shared: other processes' load falls on both sides alike)",
+        f"- python {platform.python_version()}, {versions}",
+        f"- model: {model.name} ({model.adapter.family}, {model.task}, "
+        f"{sum(p.numel() for p in model.hf_model.parameters()) / 1e6:.1f}M parameters{model_extra})",
+        f"- inputs: {len(texts)} sentences ({'tiny corpus' if args.tiny else 'movies test split'}); "
+        f"length mean {lengths.mean():.1f} tokens (min {int(lengths.min())}, max {int(lengths.max())})",
+        f"- timing: warm-up + {args.repeats} timed run(s) each, median reported, sides interleaved",
+    ]

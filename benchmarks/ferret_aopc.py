@@ -38,11 +38,9 @@ then ``--repeats`` timed runs (median), sides interleaved. On a shared machine r
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import importlib.metadata
 import importlib.util
 import os
-import platform
 import statistics
 import sys
 import time
@@ -55,7 +53,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from _shared import cpu_name, fmt_s, library_versions, load_model, load_texts  # noqa: E402  (benchmarks/ is the script's folder)
+from _shared import fmt_s, library_versions, load_model, load_texts, machine_lines  # noqa: E402  (benchmarks/ is the script's folder)
 from rich.console import Console
 from rich.markdown import Markdown
 
@@ -235,24 +233,15 @@ def compare(model: heedful.Model, texts: list[str], args: argparse.Namespace, co
 def machine_info(
     model: heedful.Model, args: argparse.Namespace, texts: list[str], load_before, load_after
 ) -> list[str]:
-    cpu = cpu_name()
-    versions = library_versions("torch", "transformers", "heedful", "ferret-xai")
-    lengths = model.adapter.encode(texts).lengths.float()
-    return [
-        f"- date: {dt.datetime.now().astimezone().isoformat(timespec='seconds')}",
-        f"- machine: {platform.machine()}, {cpu}, {os.cpu_count()} logical cores; torch threads "
-        f"{torch.get_num_threads()} (both sides), OMP_WAIT_POLICY="
-        f"{os.environ.get('OMP_WAIT_POLICY', 'unset')}; load average {load_before[0]:.2f} before, "
-        f"{load_after[0]:.2f} after (the machine is shared: other processes' load falls on both sides alike)",
-        f"- python {platform.python_version()}, {versions} (ferret-xai installed with --no-deps)",
-        f"- model: {model.name} ({model.adapter.family}, {model.task}, "
-        f"{sum(p.numel() for p in model.hf_model.parameters()) / 1e6:.1f}M parameters, "
-        f"{model.hf_model.config._attn_implementation} attention)",
-        f"- inputs: {len(texts)} sentences ({'tiny corpus' if args.tiny else 'movies test split'}); "
-        f"length mean {lengths.mean():.1f} tokens (min {int(lengths.min())}, max {int(lengths.max())})",
+    versions = library_versions("torch", "transformers", "heedful", "ferret-xai") + " (ferret-xai installed with --no-deps)"
+    lines = machine_lines(
+        model, args, texts, (load_before[0], load_after[0]), versions,
+        f", {model.hf_model.config._attn_implementation} attention",
+    )
+    return lines[:-1] + [
         f"- explanations: {', '.join(args.methods)} (integrated gradients with {args.ig_steps} steps, "
         "Gauss-Legendre, [PAD] baseline), predicted class, computed once and handed to both sides",
-        f"- timing: warm-up + {args.repeats} timed run(s) each, median reported, sides interleaved",
+        lines[-1],
     ]
 
 
