@@ -64,7 +64,8 @@ def slug(result: BenchResult) -> str:
     return re.sub(r"[^A-Za-z0-9_.+-]+", "_", raw)
 
 
-def fmt(value: float, std: float | None = None, digits: int = 3) -> str:
+def fmt(value: float | None, std: float | None = None, digits: int = 3) -> str:
+    """``0.123 ± 0.004`` (``–`` for a missing or non-finite value)."""
     if value is None or not math.isfinite(value):
         return "–"
     text = f"{value:.{digits}f}"

@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from heedful.evaluate.report import fmt
 from heedful.reproduce import ReportSettings
 
 PAPER = "Abbasi et al., *NormXLogit: The Head-on-Top Never Lies*"
@@ -190,15 +191,6 @@ def verdict(share: float) -> str:
     return "disagrees"
 
 
-def _fmt(value: float | None, std: float | None = None, digits: int = 3) -> str:
-    if value is None or not math.isfinite(value):
-        return "–"
-    text = f"{value:.{digits}f}"
-    if std is not None and math.isfinite(std):
-        text += f" ± {std:.{digits}f}"
-    return text
-
-
 def _names(order: list[str]) -> str:
     return " > ".join(NAMES.get(m, m) for m in order)
 
@@ -277,10 +269,10 @@ def case_section(case: Case, result: Any, wall: float, plots: list[Path], ig_ste
         cells = [NAMES[method]]
         for metric in case.metrics:
             s = res.summaries[metric]
-            cells.append(_fmt(s.value, s.std if res.seeds > 1 else None))
+            cells.append(fmt(s.value, s.std if res.seeds > 1 else None))
             if metric in case.paper:
-                cells.append(_fmt(case.paper[metric][method][case.column]))
-        cells.append(_fmt(res.cost["seconds"], digits=4))
+                cells.append(fmt(case.paper[metric][method][case.column]))
+        cells.append(fmt(res.cost["seconds"], digits=4))
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     for metric, label in (("accuracy", "Accuracy"), ("pearson", "Pearson r")):
@@ -300,7 +292,7 @@ def case_section(case: Case, result: Any, wall: float, plots: list[Path], ig_ste
             "",
             f"- ours: {_names(ours_order)}",
             f"- paper ({case.column_name}): {_names(paper_order)}",
-            f"- {share * 100:.0f} % of the {pairs} method pairs are ordered alike (Kendall τ = {_fmt(tau, digits=2)}): "
+            f"- {share * 100:.0f} % of the {pairs} method pairs are ordered alike (Kendall τ = {fmt(tau, digits=2)}): "
             f"the ordering **{verdict(share)}** with the paper's"
             + (f"; best method: ours {NAMES[ours_order[0]]}, paper {NAMES[paper_order[0]]}" if ours_order else "")
             + ".",
@@ -351,7 +343,7 @@ def case_section(case: Case, result: Any, wall: float, plots: list[Path], ig_ste
             curve = None if res is None else res.summaries[metric].curve
             if curve is None:
                 continue
-            lines.append(f"| {NAMES[method]} | " + " | ".join(_fmt(v) for v in curve) + " |")
+            lines.append(f"| {NAMES[method]} | " + " | ".join(fmt(v) for v in curve) + " |")
         lines += ["", "</details>", ""]
     for path in plots:
         lines += [f"![{path.stem}]({path.name})", ""]
@@ -615,7 +607,7 @@ def alignment_section(al: Alignment, plot: Path) -> list[str]:
             b = int(np.nanargmax(row))
             lines.append(
                 f"| {EXP2_NAMES[m]} | {b + 1 if m not in ('embedding_norm', 'random') else '–'} | "
-                f"{_fmt(row[b], std[r, b] if m == 'random' else None)} | {_fmt(row[-1])} | {_fmt(float(np.nanmean(row)))} |"
+                f"{fmt(row[b], std[r, b] if m == 'random' else None)} | {fmt(row[-1])} | {fmt(float(np.nanmean(row)))} |"
             )
         lines.append("")
         wins = {m: 0 for m in EXP2_METHODS}
@@ -632,7 +624,7 @@ def alignment_section(al: Alignment, plot: Path) -> list[str]:
     for values, title in ((al.dot, "Dot product"), (al.ap, "Average precision")):
         lines += [f"<details><summary>{title} per layer</summary>", "",
                   "| method | " + " | ".join(str(i + 1) for i in range(al.layers)) + " |", "|" + "---|" * (al.layers + 1)]
-        lines += [f"| {EXP2_NAMES[m]} | " + " | ".join(_fmt(v, digits=2) for v in values[r]) + " |" for r, m in enumerate(EXP2_METHODS)]
+        lines += [f"| {EXP2_NAMES[m]} | " + " | ".join(fmt(v, digits=2) for v in values[r]) + " |" for r, m in enumerate(EXP2_METHODS)]
         lines += ["", "</details>", ""]
     nx = EXP2_METHODS.index("normxlogit")
     best_layer = int(np.nanargmax(al.ap[nx]))
@@ -641,7 +633,7 @@ def alignment_section(al: Alignment, plot: Path) -> list[str]:
               "|" + "---|" * (len(EXP2_METHODS) + 2)]
     for paradigm, vals in al.paradigms.items():
         lines.append(f"| {paradigm} ({BLIMP_UIDS[paradigm]}) | {int(vals['n'])} | "
-                     + " | ".join(_fmt(vals["ap"][r, best_layer]) for r in range(len(EXP2_METHODS))) + " |")
+                     + " | ".join(fmt(vals["ap"][r, best_layer]) for r in range(len(EXP2_METHODS))) + " |")
     lines += ["", "</details>", ""]
     return lines
 
