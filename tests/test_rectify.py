@@ -139,6 +139,9 @@ def test_store_is_shared_with_the_bench(tiny, tmp_path):
     first = rect.rectify(model, data, ["random"], [0.5], split="all", store=tmp_path / "store", model_key="tiny")
     again = rect.rectify(model, data, ["random"], [0.5], split="all", store=tmp_path / "store", model_key="tiny")
     assert first.n_errors == 6 and again.methods["random"].from_store == 6
+    # explanation time read back from the store's cost record when nothing was computed
+    assert again.methods["random"].seconds == pytest.approx(first.methods["random"].seconds, rel=1e-6)
+    assert again.methods["random"].seconds > 0
     np.testing.assert_array_equal(first.methods["random"].predictions, again.methods["random"].predictions)
     spec = BenchSpec(model, data, ["random"], ["aopc"], get_protocol("default", random_seeds=1), tmp_path / "store", split="all", model_key="tiny")
     bench = run_bench(spec, progress=False)

@@ -357,9 +357,15 @@ def _run_method(model, method, options, errors, result, batch_size, store, key, 
         fixed=(predictions == gold).sum(axis=0),
         changed=(predictions != before).sum(axis=0),
         erased=erased.mean(axis=0) if rows else np.zeros(len(result.ratios)),
-        seconds=seconds / max(rows - reused, 1) if rows > reused else 0.0,
+        seconds=seconds / (rows - reused) if rows > reused else _stored_seconds(store, key),
         from_store=reused,
     )
+
+
+def _stored_seconds(store, key) -> float:
+    """Seconds per explanation recorded in the store for ``key`` (0 when there is no record)."""
+    cost = store.cost(key) if store is not None else None
+    return cost["seconds"] / cost["examples"] if cost and cost["examples"] else 0.0
 
 
 def _label(model: Model, result: Rectification, start: int, part, ident: str) -> str:

@@ -370,11 +370,11 @@ def _markdown(rect_results, bench_results, lmap, sweep, files, notes, timings, q
     if notes:
         lines.append("")
     lines += ["## Setup", ""]
-    classified = ", ".join(f"the first {r.n_total} for {name}" for name, r in rect_results.items())
+    classified = ", ".join(f"the first {r.n_total} sentences for {name}" for name, r in rect_results.items())
     lines += [
         f"- Data: the `{DATASET}` snippets (Rotten Tomatoes review sentences, human-rated; binary label "
-        f"from the sign of the mean rating). Rectification: {classified} of the "
-        f"1000-sentence test split; faithfulness: the first {n_bench}. The zoo's classifiers were "
+        f"from the sign of the mean rating). Of the 1000-sentence test split, rectification uses {classified}; "
+        f"faithfulness the first {n_bench}. The zoo's classifiers were "
         "fine-tuned on the train split only.",
         "- Rectification: every test sentence the model gets wrong is explained toward the model's own "
         "(wrong) prediction; the top `r` share of its content tokens by that attribution (ceil of "
