@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 
 import torch
+from rich.console import Console
+from rich.markdown import Markdown
 
 import heedful
 
@@ -79,3 +81,23 @@ def machine_lines(
         f"length mean {lengths.mean():.1f} tokens (min {int(lengths.min())}, max {int(lengths.max())})",
         f"- timing: warm-up + {args.repeats} timed run(s) each, median reported, sides interleaved",
     ]
+
+
+def start(args: argparse.Namespace) -> tuple[Console, heedful.Model, list[str], float]:
+    """Set-up shared by the comparison scripts: torch threads, quiet warnings, the model and
+    texts; returns ``(console, model, texts, 1-minute load average before the run)``."""
+    import warnings
+
+    torch.set_num_threads(args.threads)
+    warnings.filterwarnings("ignore")
+    load_before = os.getloadavg()[0]
+    return Console(), load_model(args, initializer_range=0.2), load_texts(args), load_before
+
+
+def finish(text: str, args: argparse.Namespace, console: Console) -> int:
+    """Write the results Markdown to ``args.out`` and show it."""
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text, encoding="utf-8")
+    console.print(Markdown(text))
+    console.print(f"[dim]written to {args.out}[/dim]")
+    return 0

@@ -45,17 +45,14 @@ import statistics
 import sys
 import time
 import types
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
-from _shared import fmt_s, library_versions, load_model, load_texts, machine_lines  # noqa: E402  (benchmarks/ is the script's folder)
+from _shared import finish, fmt_s, library_versions, machine_lines, start  # noqa: E402  (benchmarks/ is the script's folder)
 from rich.console import Console
-from rich.markdown import Markdown
 
 import heedful
 from heedful.evaluate import evaluate
@@ -231,11 +228,11 @@ def compare(model: heedful.Model, texts: list[str], args: argparse.Namespace, co
 
 # ---------------------------------------------------------------------------------- report
 def machine_info(
-    model: heedful.Model, args: argparse.Namespace, texts: list[str], load_before, load_after
+    model: heedful.Model, args: argparse.Namespace, texts: list[str], loads: tuple[float, float]
 ) -> list[str]:
     versions = library_versions("torch", "transformers", "heedful", "ferret-xai") + " (ferret-xai installed with --no-deps)"
     lines = machine_lines(
-        model, args, texts, (load_before[0], load_after[0]), versions,
+        model, args, texts, loads, versions,
         f", {model.hf_model.config._attn_implementation} attention",
     )
     return lines[:-1] + [
@@ -370,19 +367,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    console = Console()
-    torch.set_num_threads(args.threads)
-    warnings.filterwarnings("ignore")
-    load_before = os.getloadavg()
-    model = load_model(args, initializer_range=0.2)
-    texts = load_texts(args)
+    console, model, texts, load_before = start(args)
     found = compare(model, texts, args, console)
-    text = render(found, machine_info(model, args, texts, load_before, os.getloadavg()), args)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text, encoding="utf-8")
-    console.print(Markdown(text))
-    console.print(f"[dim]written to {args.out}[/dim]")
-    return 0
+    text = render(found, machine_info(model, args, texts, (load_before, os.getloadavg()[0])), args)
+    return finish(text, args, console)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,6 @@ import argparse
 import os
 import statistics
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,11 +42,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from _shared import fmt_s, library_versions, load_model, load_texts, machine_lines  # noqa: E402  (benchmarks/ is the script's folder)
+from _shared import finish, fmt_s, library_versions, machine_lines, start  # noqa: E402  (benchmarks/ is the script's folder)
 from captum._utils.models.linear_model import SkLearnRidge
 from captum.attr import KernelShap, Lime
-from rich.console import Console
-from rich.markdown import Markdown
 
 import heedful
 from heedful.attribution import surrogate
@@ -322,10 +319,10 @@ def surrogate_part(
 
 # ---------------------------------------------------------------------------------- report
 def machine_info(
-    model: heedful.Model, args: argparse.Namespace, texts: list[str], load_before, load_after
+    model: heedful.Model, args: argparse.Namespace, texts: list[str], loads: tuple[float, float]
 ) -> list[str]:
     versions = library_versions("torch", "transformers", "captum", "heedful")
-    return machine_lines(model, args, texts, (load_before[0], load_after[0]), versions)
+    return machine_lines(model, args, texts, loads, versions)
 
 
 def render(
@@ -449,12 +446,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    console = Console()
-    torch.set_num_threads(args.threads)
-    warnings.filterwarnings("ignore")
-    load_before = os.getloadavg()
-    model = load_model(args, initializer_range=0.2)
-    texts = load_texts(args)
+    console, model, texts, load_before = start(args)
     parts = {p.strip() for p in args.parts.split(",")}
     cop = None
     if "coperturbation" in parts:
@@ -471,12 +463,8 @@ def main(argv: list[str] | None = None) -> int:
             console.print(
                 f"  {r['method']}: heedful {fmt_s(r['heedful'])}, Captum {fmt_s(r['captum_1'])} / {fmt_s(r['captum_all'])}"
             )
-    text = render(cop, surr, machine_info(model, args, texts, load_before, os.getloadavg()), args)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text, encoding="utf-8")
-    console.print(Markdown(text))
-    console.print(f"[dim]written to {args.out}[/dim]")
-    return 0
+    text = render(cop, surr, machine_info(model, args, texts, (load_before, os.getloadavg()[0])), args)
+    return finish(text, args, console)
 
 
 if __name__ == "__main__":
