@@ -60,9 +60,9 @@ from rich.console import Console
 from rich.markdown import Markdown
 
 import heedful
-from heedful.attribution._common import TOKEN_BUDGET
 from heedful.batch import Batch
 from heedful.datasets import load_split
+from heedful.runner import TOKEN_BUDGET
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent

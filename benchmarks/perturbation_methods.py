@@ -48,8 +48,8 @@ from captum.attr import KernelShap, Lime
 
 import heedful
 from heedful.attribution import surrogate
-from heedful.attribution._common import example_generators
 from heedful.attribution._masks import features_of
+from heedful.seeding import example_generators
 from heedful.targets import Target, resolve_target
 
 HERE = Path(__file__).resolve().parent
@@ -138,7 +138,7 @@ def position_cost(model: heedful.Model, texts: list[str], samples: int, repeats:
     forward + backward to the noise), for one sentence run as 1, 4, 16 and 32 problems at once:
     ``(positions per call, us per position)``, best of ``repeats``. If this is flat, batching
     can only save per-call overhead."""
-    from heedful.attribution._noise import HEAD, NoiseProbe
+    from heedful.attribution.noise import HEAD, NoiseProbe
 
     adapter = model.adapter
     text = max(texts, key=len)

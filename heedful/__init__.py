@@ -5,11 +5,13 @@
 >>> model.explain("a charming and often affecting journey").show()             # doctest: +SKIP
 """
 
+from heedful.attribution import get_method, methods
 from heedful.errors import HeedfulError, InputError, MethodError, UnsupportedModelError
 from heedful.explanation import Cost, Explanation, TargetInfo, WordScores
 from heedful.loading import from_pretrained_objects, load
 from heedful.model import Model
-from heedful.registry import MethodInfo, get_method, methods
+from heedful.problem import Problem, prepare
+from heedful.registry import MethodInfo, register
 from heedful.targets import Target
 
 __version__ = "0.1.0"
@@ -22,6 +24,7 @@ __all__ = [
     "MethodError",
     "MethodInfo",
     "Model",
+    "Problem",
     "Target",
     "TargetInfo",
     "UnsupportedModelError",
@@ -30,4 +33,6 @@ __all__ = [
     "get_method",
     "load",
     "methods",
+    "prepare",
+    "register",
 ]

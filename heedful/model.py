@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -10,12 +9,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from heedful.adapters import Forward, ModelAdapter
+from heedful.adapters import ModelAdapter
+from heedful.attribution import get_method
 from heedful.batch import Batch
 from heedful.errors import InputError
 from heedful.explanation import Cost, Explanation, TargetInfo
-from heedful.registry import MethodInfo, get_method
-from heedful.targets import ResolvedTarget, Target, resolve_target
+from heedful.options import jsonable
+from heedful.problem import Problem, prepare
+from heedful.registry import MethodInfo
+from heedful.targets import Target
 
 ProgressHook = Callable[[int], None]
 
@@ -51,6 +53,61 @@ class Model:
     def labels(self) -> list[str]:
         return self.adapter.labels
 
+    # ------------------------------------------------------------------ problems
+    def encode(
+        self,
+        texts: str | Sequence[str],
+        *,
+        text_pair: str | Sequence[str] | None = None,
+        truncation: bool = True,
+        max_length: int | None = None,
+    ) -> Batch:
+        """The texts (and second segments) tokenized into one right-padded :class:`Batch`."""
+        items = _text_list(texts)
+        pairs = _pairs(text_pair, len(items), isinstance(texts, str))
+        return self.adapter.encode(items, pairs, truncation, max_length)
+
+    def prepare(
+        self,
+        texts: str | Sequence[str] | Batch,
+        target: Target | int | str | tuple | None = None,
+        *,
+        text_pair: str | Sequence[str] | None = None,
+        truncation: bool = True,
+        max_length: int | None = None,
+        method: str | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        hidden_states: bool = False,
+        attentions: bool = False,
+    ) -> Problem:
+        """The :class:`~heedful.Problem` of ``texts`` (all at once, one batch): encoded, anchor
+        positions found, one reference pass run and ``target`` resolved against it.
+
+        ``method``: prepare the reference pass the way that method wants it (with hidden states,
+        attentions, or its own graph-keeping pass) so that it runs no pass twice; any method can
+        still take the problem. ``inputs_embeds`` ``[B, N, E]``: word embeddings to start from
+        instead of the ids' (edited inputs). ``hidden_states`` / ``attentions``: keep them in
+        the reference pass.
+
+        >>> model = heedful.load("minilm-sentiment")                        # doctest: +SKIP
+        >>> problem = model.prepare(["great acting", "a dull plot"])        # doctest: +SKIP
+        >>> model.explain(problem, "saliency")[0].top(1)                    # doctest: +SKIP
+        [('great', ...)]
+        """
+        batch = texts if isinstance(texts, Batch) else self.encode(
+            texts, text_pair=text_pair, truncation=truncation, max_length=max_length
+        )
+        info = get_method(method, self.task) if method is not None else None
+        return prepare(
+            self.adapter,
+            batch,
+            target,
+            inputs_embeds=inputs_embeds,
+            hidden_states=hidden_states or (info is not None and info.needs_hidden),
+            attentions=attentions or (info is not None and info.needs_attentions),
+            reference=None if info is None else info.reference,
+        )
+
     # ------------------------------------------------------------------ prediction
     @torch.no_grad()
     def predict(self, texts: str | Sequence[str], batch_size: int = 32) -> list[dict[str, Any]]:
@@ -64,9 +121,8 @@ class Model:
         items = _text_list(texts)
         found: list[dict[str, Any]] = []
         for start in range(0, len(items), batch_size):
-            batch = self.adapter.encode(items[start : start + batch_size])
-            anchor, _ = self.adapter.anchor_positions(batch)
-            found.extend(self._predictions(self.adapter.forward(batch, anchor).logits))
+            problem = self.prepare(items[start : start + batch_size])
+            found.extend(self._predictions(problem.reference.logits))
         return found
 
     def _predictions(self, logits: torch.Tensor) -> list[dict[str, Any]]:
@@ -82,7 +138,7 @@ class Model:
     # ------------------------------------------------------------------ explanation
     def explain(
         self,
-        texts: str | Sequence[str],
+        texts: str | Sequence[str] | Problem,
         method: str = "normxlogit",
         target: Target | int | str | tuple | None = None,
         *,
@@ -94,12 +150,14 @@ class Model:
         **options: Any,
     ) -> Explanation | list[Explanation]:
         """Explain the model's output for one text (returns an :class:`Explanation`) or many
-        (returns a list, computed ``batch_size`` texts at a time).
+        (returns a list, computed ``batch_size`` texts at a time), or every example of a prepared
+        :class:`~heedful.Problem` (returns a list).
 
         ``target``: ``None`` (predicted class / next token), a class index or label, a token
         string for language models, ``"A vs B"`` or ``(A, B)`` for a contrast. ``options`` go to
         the method (e.g. ``n_steps=100`` for integrated gradients, ``layerwise=True`` for
-        NormXLogit); stochastic methods take ``seed``.
+        NormXLogit); they are checked before any work, and the explanation records every option
+        of the method, defaults included. Stochastic methods take ``seed``.
 
         >>> model = heedful.load("minilm-sentiment")                          # doctest: +SKIP
         >>> e = model.explain("a charming and often affecting journey")        # doctest: +SKIP
@@ -107,11 +165,15 @@ class Model:
         [('charming', ...), ('affecting', ...)]
         """
         info = get_method(method, self.task)
-        _check_options(info, options)
+        bound = info.bind(options)
+        if isinstance(texts, Problem):
+            if target is not None:
+                raise InputError("a prepared problem has its target", hint="pass the target to model.prepare(...)")
+            return self._explain_problem(texts, info, bound)
         spec = Target.parse(target)
         single = isinstance(texts, str)
         items = _text_list(texts)
-        pairs = self._pairs(text_pair, len(items), single)
+        pairs = _pairs(text_pair, len(items), single)
         if batch_size < 1:
             raise InputError(f"batch_size must be positive, got {batch_size}")
         results: list[Explanation] = []
@@ -120,57 +182,59 @@ class Model:
             batch = self.adapter.encode(
                 items[start:stop], None if pairs is None else pairs[start:stop], truncation, max_length
             )
-            results.extend(self._explain_batch(batch, info, spec, options))
+            results.extend(self._explain_batch(batch, info, spec, bound))
             if progress is not None:
                 progress(len(batch))
         return results[0] if single else results
 
-    @staticmethod
-    def _pairs(text_pair, count: int, single: bool) -> list[str] | None:
-        if text_pair is None:
-            return None
-        pairs = [text_pair] if isinstance(text_pair, str) else list(text_pair)
-        if len(pairs) != count:
-            raise InputError(f"{count} texts but {len(pairs)} text pairs")
-        return pairs
+    def _explain_batch(self, batch: Batch, info: MethodInfo, spec: Target, bound: dict[str, Any]) -> list[Explanation]:
+        problem, shared = self._timed(
+            lambda: prepare(
+                self.adapter,
+                batch,
+                spec,
+                hidden_states=info.needs_hidden,
+                attentions=info.needs_attentions,
+                reference=info.reference,
+            )
+        )
+        return self._explain_problem(problem, info, bound, shared=shared)
 
-    def run_method(
-        self, batch: Batch, info: MethodInfo, spec: Target, options: dict[str, Any]
-    ) -> tuple[torch.Tensor, ResolvedTarget, Forward]:
-        """Reference forward, target resolution and the method itself on an encoded batch.
-
-        Returns scores ``[B, N]`` (or ``[B, L, N]``), the resolved target and the reference pass.
-        """
-        anchor, _ = self.adapter.anchor_positions(batch)
-        if info.reference_pass is not None:
-            reference = info.reference_pass(self.adapter, batch, anchor)
-        else:
-            with torch.no_grad():
-                reference = self.adapter.forward(
-                    batch, anchor, hidden_states=info.needs_hidden, attentions=info.needs_attentions
-                )
-        resolved = resolve_target(spec, self.adapter, batch, reference.logits.detach())
-        scores = info.fn(self.adapter, batch, resolved, reference, **options)
-        if reference.inputs_embeds is not None or reference.logits.requires_grad:
-            reference = Forward(reference.logits.detach(), reference.hidden_states, reference.attentions)
-        return scores.detach(), resolved, reference
-
-    def _explain_batch(
-        self, batch: Batch, info: MethodInfo, spec: Target, options: dict[str, Any]
-    ) -> list[Explanation]:
+    def _timed(self, work: Callable[[], Any]) -> tuple[Any, tuple[float, int, int]]:
+        """``work()`` and what it cost: wall seconds, sequences forward and backward."""
         counter = self.adapter.counter
         counter.reset()
         began = time.perf_counter()
-        scores, resolved, reference = self.run_method(batch, info, spec, options)
-        elapsed = time.perf_counter() - began
-        bsz = len(batch)
-        cost = Cost(elapsed / bsz, counter.forward / bsz, counter.backward / bsz)
-        predictions = self._predictions(reference.logits)
-        explanations = []
-        for b in range(bsz):
+        result = work()
+        return result, (time.perf_counter() - began, counter.forward, counter.backward)
+
+    def _explain_problem(
+        self, problem: Problem, info: MethodInfo, bound: dict[str, Any], *, shared: tuple[float, int, int] = (0.0, 0, 0)
+    ) -> list[Explanation]:
+        """Run ``info`` with ``bound`` options on ``problem`` and build one explanation per
+        example; the cost adds ``shared`` (what preparing the problem cost) to the method's own."""
+        if not info.supports(self.task):
+            get_method(info.name, self.task)  # raises the unsupported-task error
+        scores, own = self._timed(lambda: info.fn(problem, **bound).detach())
+        problem.release_graph()
+        n = max(len(problem), 1)
+        cost = Cost(*((a + b) / n for a, b in zip(shared, own, strict=True)))
+        return self.explanations(problem, scores, info.name, bound, cost)
+
+    def explanations(
+        self, problem: Problem, scores: torch.Tensor, method: str, options: dict[str, Any], cost: Cost | None = None
+    ) -> list[Explanation]:
+        """One :class:`Explanation` per example of ``problem`` from ``scores`` ``[B, N]`` (or
+        ``[B, L, N]``) computed by ``method`` with ``options``."""
+        batch, resolved = problem.batch, problem.target
+        predictions = self._predictions(problem.reference.logits.detach())
+        kind = "regression" if self.task == "regression" else problem.request.kind
+        recorded = jsonable(options)
+        found = []
+        for b in range(len(batch)):
             n = len(batch.tokens[b])
             row = scores[b, ..., :n].float().cpu().numpy().astype(np.float64)
-            explanations.append(
+            found.append(
                 Explanation(
                     text=batch.texts[b],
                     text_pair=batch.text_pairs[b],
@@ -181,32 +245,57 @@ class Model:
                     segments=batch.sequence_ids[b],
                     scores=row,
                     target=TargetInfo(
-                        kind="regression" if self.task == "regression" else spec.kind,
+                        kind=kind,
                         indices=resolved.classes[b].tolist(),
                         label=resolved.labels[b],
                         anchor=int(resolved.anchor[b]),
                     ),
-                    method=info.name,
-                    options={**info.defaults, **options},
-                    cost=cost,
+                    method=method,
+                    options=dict(recorded),
+                    cost=cost or Cost(0.0, 0.0, 0.0),
                     model=self.name,
                     prediction=predictions[b],
                     truncated=bool(batch.truncated[b]) if batch.truncated else False,
                 )
             )
-        return explanations
+        return found
 
     def compare(
         self, text: str, methods: Sequence[str], target: Target | int | str | tuple | None = None, **options: Any
     ) -> list[Explanation]:
-        """Explanations of one text by several methods (options shared where a method takes them)."""
+        """Explanations of one text by several methods, from one prepared problem. Each option
+        goes to the methods that take it; an option none of them takes is an error."""
+        infos = [get_method(name, self.task) for name in methods]
+        if not infos:
+            raise InputError("no method given", hint="name at least one method")
+        unused = sorted(k for k in options if not any(info.takes(k) for info in infos))
+        if unused:
+            raise InputError(
+                f"none of {', '.join(i.name for i in infos)} takes the option(s) {', '.join(unused)}",
+                hint="see `heedful methods NAME` for a method's options",
+            )
+        bound = [info.bind({k: v for k, v in options.items() if info.takes(k)}) for info in infos]
+        problem, shared = self._timed(
+            lambda: self.prepare(
+                text,
+                target,
+                hidden_states=any(i.needs_hidden for i in infos),
+                attentions=any(i.needs_attentions for i in infos),
+            )
+        )
         found = []
-        for name in methods:
-            info = get_method(name, self.task)
-            params = inspect.signature(info.fn).parameters
-            accepted = {k: v for k, v in options.items() if k in params}
-            found.append(self.explain(text, name, target, **accepted))
+        for info, opts in zip(infos, bound, strict=True):
+            found.extend(self._explain_problem(problem, info, opts, shared=shared))
         return found
+
+
+def _pairs(text_pair, count: int, single: bool) -> list[str] | None:
+    if text_pair is None:
+        return None
+    pairs = [text_pair] if isinstance(text_pair, str) else list(text_pair)
+    if len(pairs) != count:
+        raise InputError(f"{count} texts but {len(pairs)} text pairs")
+    return pairs
 
 
 def _text_list(texts: str | Sequence[str] | None) -> list[str]:
@@ -219,22 +308,3 @@ def _text_list(texts: str | Sequence[str] | None) -> list[str]:
     if bad:
         raise InputError(f"text {bad[0]} is a {type(texts[bad[0]]).__name__}, not a string")
     return list(texts)
-
-
-def _check_options(info: MethodInfo, options: dict[str, Any]) -> None:
-    """Unknown method options, and values outside an option's declared choices, fail before any
-    work, naming what the method takes."""
-    params = inspect.signature(info.fn).parameters
-    taken = [name for name in params if name not in ("adapter", "batch", "target", "reference")]
-    unknown = sorted(set(options) - set(taken))
-    if unknown and not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        raise InputError(
-            f"{info.name} does not take the option(s) {', '.join(unknown)}",
-            hint=f"{info.name}'s options: {', '.join(taken) or 'none'} (see `heedful methods`)",
-        )
-    for name, allowed in info.choices.items():
-        if name in options and not any(type(options[name]) is type(a) and options[name] == a for a in allowed):
-            raise InputError(
-                f"{info.name}: {name}={options[name]!r} is not one of {', '.join(repr(a) for a in allowed)}",
-                hint=f"e.g. {name}={next(a for a in allowed if a is not None)!r}",
-            )

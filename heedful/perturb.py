@@ -1,13 +1,25 @@
 """Removing tokens from encoded inputs: replacement by a token id, or deletion with re-padding.
 
-Shared by the perturbation methods (leave-one-out, LIME, ...) and the faithfulness metrics.
+Shared by the perturbation methods (leave-one-out, LIME, ...), the faithfulness metrics and the
+applications that erase tokens.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 
 import torch
+
+from heedful.errors import InputError
+
+if TYPE_CHECKING:
+    from heedful.adapters import ModelAdapter
+    from heedful.batch import Batch
+    from heedful.targets import ResolvedTarget
+
+Removal = Literal["auto", "mask", "pad", "unk", "delete"]
+REMOVALS: tuple[str, ...] = ("auto", "mask", "pad", "unk", "delete")
 
 
 @dataclass
@@ -62,3 +74,66 @@ def remove_tokens(
         None if types is None else types[:, :width],
         new_anchor,
     )
+
+
+def removal_id(adapter: ModelAdapter, removal: str) -> int | None:
+    """Token id that replaces a removed token (``None``: delete it). ``"auto"``: the model's
+    removal token (``[MASK]`` for encoders, deletion for causal LMs)."""
+    if removal == "auto":
+        return adapter.removal_token_id
+    if removal == "delete":
+        return None
+    attr = {"mask": "mask_token_id", "pad": "pad_token_id", "unk": "unk_token_id"}.get(removal)
+    if attr is None:
+        raise InputError(f"unknown removal {removal!r}", hint=f"use one of {', '.join(REMOVALS)}")
+    token = adapter.pad_token_id if removal == "pad" else getattr(adapter.tokenizer, attr, None)
+    if token is None:
+        raise InputError(f"this tokenizer has no {removal} token", hint="use removal='delete' or 'auto'")
+    return int(token)
+
+
+def removable_positions(batch: Batch, target: ResolvedTarget) -> torch.Tensor:
+    """``[B, N]`` bool: content tokens that may be removed (not special, not a fixed anchor)."""
+    allowed = batch.content_mask.clone()
+    if target.anchor_kind == "fixed":
+        allowed[torch.arange(len(batch)), target.anchor] = False
+    return allowed
+
+
+def never_empty(adapter: ModelAdapter, perturbed: Perturbed) -> Perturbed:
+    """Rows whose every token was deleted (a decoder without BOS, all tokens removed) become the
+    one-token input ``[BOS]`` (or the pad/EOS token): a model cannot run on nothing, and the
+    result must not depend on what the padding happens to hold."""
+    empty = perturbed.attention_mask.sum(dim=1) == 0
+    if not empty.any():
+        return perturbed
+    bos = getattr(adapter.tokenizer, "bos_token_id", None)
+    token = adapter.pad_token_id if bos is None else int(bos)
+    ids, mask = perturbed.input_ids.clone(), perturbed.attention_mask.clone()
+    ids[empty, 0], mask[empty, 0] = token, 1
+    anchor = torch.where(empty, torch.zeros_like(perturbed.anchor), perturbed.anchor)
+    return Perturbed(ids, mask, perturbed.token_type_ids, anchor)
+
+
+def remove_from_examples(
+    adapter: ModelAdapter,
+    batch: Batch,
+    target: ResolvedTarget,
+    example: torch.Tensor,
+    remove: torch.Tensor,
+    removal: str = "auto",
+) -> Perturbed:
+    """Copies of examples ``example`` ``[R]`` of ``batch`` with the ``remove`` ``[R, N]``
+    positions removed by ``removal`` (see :func:`removal_id`); no row is left empty."""
+    types = None if batch.token_type_ids is None else batch.token_type_ids[example]
+    perturbed = remove_tokens(
+        batch.input_ids[example],
+        batch.attention_mask[example],
+        remove,
+        target.anchor[example],
+        target.anchor_kind,
+        removal_id(adapter, removal),
+        adapter.pad_token_id,
+        types,
+    )
+    return never_empty(adapter, perturbed)

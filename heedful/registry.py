@@ -1,29 +1,45 @@
-"""The one list of attribution methods (``heedful.methods()``) and the decorator that fills it."""
+"""The registry of attribution methods and the decorator that fills it.
+
+A method is a function ``fn(problem, *, option=default, ...) -> scores`` registered with
+:func:`register`. Everything about its options -- names, types, defaults, choices, ranges -- is
+read from its signature (:mod:`heedful.options`), so it is declared exactly once; the CLI,
+:meth:`heedful.Model.compare`, ``heedful bench --option`` and the results-store keys all read
+it from :class:`MethodInfo`. Importing :mod:`heedful.attribution` registers every built-in
+method; :func:`heedful.methods` and :func:`heedful.get_method` look them up.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from heedful.errors import MethodError
+from heedful.options import OptionSpec, bind_options, option_specs
 from heedful.targets import TASKS
 
 ALL_TASKS: tuple[str, ...] = TASKS
-FAMILY_ORDER = ("vector", "gradient", "attention", "relevance", "perturbation", "baseline")
+FAMILIES = ("vector", "gradient", "attention", "relevance", "perturbation", "baseline")
+
+ReferencePass = Callable[..., Any]
+"""``reference(adapter, batch, anchor, inputs_embeds) -> Forward``: the unperturbed pass a
+method wants its problem prepared with (e.g. one that keeps its autograd graph)."""
 
 
 @dataclass(frozen=True)
 class MethodInfo:
     """A registered method.
 
-    ``fn(adapter, batch, target, reference, **options)`` returns scores ``[B, N]`` (or
-    ``[B, L, N]`` when ``layerwise``) for every position; ``reference`` is an unperturbed
-    :class:`~heedful.adapters.Forward` carrying hidden states / attentions when the method
-    declares ``needs_hidden`` / ``needs_attentions``. ``cost`` gives passes per example.
-    ``choices`` maps an option to the values it accepts; other values fail before any work.
-    ``reference_pass(adapter, batch, anchor) -> Forward``, when set, replaces that no-grad pass:
-    single-pass gradient methods take a reference that keeps its autograd graph and
-    back-propagate through it rather than run the model a second time.
+    ``fn(problem, **options)`` returns scores ``[B, N]`` (or ``[B, L, N]`` with
+    ``layerwise=True``) for every position of the problem's batch. ``options`` are read from
+    ``fn``'s signature; :meth:`bind` completes and validates a user's options. ``needs_hidden``
+    / ``needs_attentions``: the problem's reference pass should carry hidden states / attention
+    probabilities (asked for up front so that no second pass is needed). ``reference``, when
+    set, prepares the problem with a reference pass of the method's own (gradient methods keep
+    its autograd graph and back-propagate through it instead of running the model again).
+    ``version`` changes whenever the method's outputs change (a test holds it to that), so
+    stored results of an older version are never reused.
     """
 
     name: str
@@ -33,13 +49,58 @@ class MethodInfo:
     cost: str
     citation: str
     summary: str
+    options: tuple[OptionSpec, ...] = field(default=(), repr=False)
     needs_hidden: bool = False
     needs_attentions: bool = False
-    stochastic: bool = False
-    layerwise: bool = False
-    defaults: dict = field(default_factory=dict)
-    reference_pass: Callable | None = field(default=None, repr=False)
-    choices: dict = field(default_factory=dict)
+    reference: ReferencePass | None = field(default=None, repr=False)
+    version: int = 1
+    per_dimension: Callable | None = field(default=None, repr=False)
+
+    # ------------------------------------------------------------------ options
+    @property
+    def defaults(self) -> dict[str, Any]:
+        """Every option at its default, in signature order."""
+        return {spec.name: spec.default for spec in self.options}
+
+    @property
+    def stochastic(self) -> bool:
+        """The method draws random numbers; its ``seed`` option fixes them."""
+        return any(spec.name == "seed" for spec in self.options)
+
+    @property
+    def layerwise(self) -> bool:
+        """The method can give ``[L, N]`` scores (layers 1..L) with ``layerwise=True``."""
+        return any(spec.name == "layerwise" for spec in self.options)
+
+    def takes(self, option: str) -> bool:
+        return any(spec.name == option for spec in self.options)
+
+    def option(self, name: str) -> OptionSpec:
+        for spec in self.options:
+            if spec.name == name:
+                return spec
+        raise KeyError(name)
+
+    def bind(self, options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The complete options of a run: ``options`` validated (unknown name, wrong type,
+        value outside the choices or range -> :class:`~heedful.InputError`, before any work),
+        every other option at its default.
+
+        >>> import heedful
+        >>> heedful.get_method("integrated_gradients").bind({"n_steps": 20})["n_steps"]
+        20
+        """
+        return bind_options(self.name, self.options, options or {})
+
+    def key_options(self, bound: Mapping[str, Any]) -> dict[str, Any]:
+        """The options that decide the result (runtime options such as chunk sizes left out)."""
+        runtime = {spec.name for spec in self.options if spec.runtime}
+        return {k: v for k, v in bound.items() if k not in runtime}
+
+    # ------------------------------------------------------------------ calling
+    def __call__(self, problem: Any, **options: Any) -> Any:
+        """Run the method on a prepared problem with validated options."""
+        return self.fn(problem, **self.bind(options))
 
     def supports(self, task: str) -> bool:
         return task in self.tasks
@@ -68,17 +129,26 @@ def register(
     tasks: tuple[str, ...] = ALL_TASKS,
     needs_hidden: bool = False,
     needs_attentions: bool = False,
-    stochastic: bool = False,
-    layerwise: bool = False,
-    defaults: dict | None = None,
-    reference_pass: Callable | None = None,
-    choices: dict | None = None,
+    reference: ReferencePass | None = None,
+    version: int = 1,
+    per_dimension: Callable | None = None,
 ) -> Callable[[Callable], Callable]:
-    """Register ``fn`` under ``name`` (see :class:`MethodInfo` for the calling convention)."""
+    """Register ``fn`` under ``name`` (see :class:`MethodInfo`); ``fn`` is returned unchanged.
+
+    ``fn``'s first parameter is the :class:`~heedful.Problem`; every further parameter is an
+    option with a type hint and a default. ``per_dimension(problem, embeds) -> [B, N, E]``
+    (gradient methods): the method's attributions per embedding dimension at word embeddings
+    ``embeds``, which lets wrappers such as SmoothGrad's noise tunnel compose with it.
+    """
 
     def deco(fn: Callable) -> Callable:
         if name in _REGISTRY:
             raise ValueError(f"method {name!r} registered twice")
+        if family not in FAMILIES:
+            raise ValueError(f"method {name!r}: unknown family {family!r} (one of {', '.join(FAMILIES)})")
+        first = next(iter(inspect.signature(fn).parameters), None)
+        if first != "problem":
+            raise TypeError(f"method {name!r}: the first parameter must be `problem`, not {first!r}")
         _REGISTRY[name] = MethodInfo(
             name=name,
             fn=fn,
@@ -87,39 +157,30 @@ def register(
             cost=cost,
             citation=citation,
             summary=summary,
+            options=option_specs(fn),
             needs_hidden=needs_hidden,
             needs_attentions=needs_attentions,
-            stochastic=stochastic,
-            layerwise=layerwise,
-            defaults=defaults or {},
-            reference_pass=reference_pass,
-            choices=choices or {},
+            reference=reference,
+            version=version,
+            per_dimension=per_dimension,
         )
         return fn
 
     return deco
 
 
-def _load_all() -> None:
-    import heedful.attribution  # noqa: F401  (registers every method)
+def unregister(name: str) -> None:
+    """Remove a method (for tests and for replacing a user's own method)."""
+    _REGISTRY.pop(name, None)
 
 
-def methods(family: str | None = None, task: str | None = None) -> list[MethodInfo]:
-    """Every registered method, optionally filtered by family or supported task.
-
-    >>> import heedful
-    >>> "normxlogit" in [m.name for m in heedful.methods()]
-    True
-    """
-    _load_all()
-    order = {f: i for i, f in enumerate(FAMILY_ORDER)}
-    found = sorted(_REGISTRY.values(), key=lambda m: (order.get(m.family, len(order)), m.name))
-    return [m for m in found if (family is None or m.family == family) and (task is None or task in m.tasks)]
+def registered() -> dict[str, MethodInfo]:
+    """The methods registered so far (import :mod:`heedful.attribution` for the built-in ones)."""
+    return dict(_REGISTRY)
 
 
-def get_method(name: str, task: str | None = None) -> MethodInfo:
-    """The method called ``name``; raises :class:`MethodError` naming the available ones."""
-    _load_all()
+def find(name: str, task: str | None = None) -> MethodInfo:
+    """The registered method called ``name``; a :class:`MethodError` naming the others."""
     info = _REGISTRY.get(name) or _REGISTRY.get(name.replace("-", "_").lower())
     if info is None:
         raise MethodError(

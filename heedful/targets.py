@@ -19,7 +19,6 @@ from heedful.errors import InputError
 
 if TYPE_CHECKING:
     from heedful.adapters.base import ModelAdapter
-    from heedful.batch import Batch
 
 TASKS = ("classification", "regression", "masked_lm", "causal_lm")
 
@@ -64,6 +63,19 @@ class Target:
         return cls("given", _as_index_or_text(spec))
 
 
+@dataclass(frozen=True)
+class Columns:
+    """Explicit output columns for every example, resolved without looking at the model's
+    prediction: ``indices[b]`` the columns of example ``b`` (one, or target and foil), combined
+    with ``weights`` (``(1.0,)`` or ``(1.0, -1.0)``); ``labels[b]`` their names. How a stored
+    explanation's target is explained again (e.g. by the faithfulness metrics)."""
+
+    indices: tuple[tuple[int, ...], ...]
+    weights: tuple[float, ...]
+    labels: tuple[str, ...]
+    kind: str = "given"
+
+
 def _as_index_or_text(value: int | str) -> int | str:
     if isinstance(value, bool) or not isinstance(value, int | str):
         raise InputError(
@@ -92,6 +104,15 @@ class ResolvedTarget:
         picked = logits.gather(1, self.classes.to(logits.device))
         return (picked * self.weights.to(picked)).sum(dim=1)
 
+    def output(self, logits: torch.Tensor, kind: str = "logit") -> torch.Tensor:
+        """The explained scalar per row ``[R]`` as ``kind``: the target logit (``"logit"``,
+        :meth:`score`) or its softmax probability (``"probability"``; the value for regression)."""
+        if kind == "logit" or self.task == "regression":
+            return self.score(logits)
+        if kind == "probability":
+            return self.score(torch.softmax(logits.float(), dim=-1))
+        raise InputError(f"output must be 'logit' or 'probability', got {kind!r}", hint="use output='logit' or 'probability'")
+
     def repeat(self, times: int) -> ResolvedTarget:
         """Each example repeated ``times`` times in a row (``[B] -> [B * times]``)."""
         return replace(
@@ -119,15 +140,22 @@ class ResolvedTarget:
 
 
 def resolve_target(
-    target: Target,
+    target: Target | Columns,
     adapter: ModelAdapter,
-    batch: Batch,
+    anchor: torch.Tensor,
+    anchor_kind: str,
     anchor_logits: torch.Tensor,
 ) -> ResolvedTarget:
-    """Resolve ``target`` for every example of ``batch`` given the unperturbed anchor logits ``[B, C]``."""
-    anchor, anchor_kind = adapter.anchor_positions(batch)
-    bsz = len(batch)
+    """Resolve ``target`` for every example given the anchor positions ``[B]`` (and how they move
+    under deletion, see :meth:`~heedful.adapters.ModelAdapter.anchor_positions`) and the
+    unperturbed anchor logits ``[B, C]``."""
+    bsz = anchor.shape[0]
     task = adapter.task
+    if isinstance(target, Columns):
+        if len(target.indices) != bsz or {len(i) for i in target.indices} != {len(target.weights)}:
+            raise InputError(f"{len(target.indices)} column sets for {bsz} examples, each of {len(target.weights)} columns")
+        classes = torch.tensor([list(i) for i in target.indices], dtype=torch.long)
+        return ResolvedTarget(anchor, anchor_kind, classes, torch.tensor(target.weights), list(target.labels), task)
     if task == "regression":
         if target.kind == "contrast" or (
             target.kind != "predicted" and target.value not in (0, "regression", "value")

@@ -32,13 +32,12 @@ def texts_for(model, task: str) -> list[str]:
 @pytest.mark.parametrize(("family", "task"), CASES)
 def test_forward_logits_equal_hf_on_padded_batch(family, task):
     model = cached_model(family, task)
-    adapter, hf, tok = model.adapter, model.hf_model, model.tokenizer
+    hf, tok = model.hf_model, model.tokenizer
     texts = texts_for(model, task)
-    batch = adapter.encode(texts)
+    problem = model.prepare(texts)
+    batch, anchor, ours = problem.batch, problem.anchor, problem.reference.logits
     assert batch.attention_mask[1].sum() < batch.attention_mask[0].sum(), "the batch must be padded"
-    anchor, _ = adapter.anchor_positions(batch)
     with torch.no_grad():
-        ours = adapter.forward(batch, anchor).logits
         enc = tok(texts, padding=True, return_tensors="pt", padding_side="right")
         theirs = hf(**enc).logits
     if task in ("masked_lm", "causal_lm"):
@@ -118,9 +117,8 @@ def test_word_ids_of_a_text_pair_do_not_collide():
     assert batch.token_type_ids is not None and batch.token_type_ids[0].max() == 1
     # the second segment's type ids reach the model
     enc = model.tokenizer("great acting", "a dull plot", return_token_type_ids=True, return_tensors="pt")
-    anchor, _ = model.adapter.anchor_positions(batch)
+    ours = model.prepare(batch).reference.logits
     with torch.no_grad():
-        ours = model.adapter.forward(batch, anchor).logits
         theirs = model.hf_model(**enc).logits
         untyped = model.hf_model(input_ids=enc["input_ids"]).logits
     torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)

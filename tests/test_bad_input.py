@@ -99,11 +99,11 @@ def causal_only_method():
     name = "_test_causal_only"
 
     @registry.register(name, family="baseline", cost="0", citation="test", summary="test", tasks=("causal_lm",))
-    def _method(adapter, batch, target, reference=None):
-        return batch.attention_mask.float()
+    def _method(problem):
+        return problem.batch.attention_mask.float()
 
     yield name
-    registry._REGISTRY.pop(name, None)
+    registry.unregister(name)
 
 
 def test_method_that_does_not_support_the_task(bert, causal_only_method):

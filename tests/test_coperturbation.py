@@ -13,8 +13,7 @@ from tiny import tiny_model
 
 import heedful
 from heedful.attribution import coperturbation as cp
-from heedful.attribution._noise import HEAD, NoiseProbe
-from heedful.targets import Target, resolve_target
+from heedful.attribution.noise import HEAD, NoiseProbe
 
 TEXTS = ["a charming and often affecting journey", "the movie was dull"]
 FAST = {"max_steps": 12, "samples": 2}
@@ -27,12 +26,8 @@ def sharp() -> heedful.Model:
 
 
 def _resolved(model, texts, target=None):
-    adapter = model.adapter
-    batch = adapter.encode(texts)
-    anchor, _ = adapter.anchor_positions(batch)
-    with torch.no_grad():
-        ref = adapter.forward(batch, anchor)
-    return adapter, batch, resolve_target(Target.parse(target), adapter, batch, ref.logits)
+    problem = model.prepare(texts, target)
+    return problem, problem.batch, problem.target
 
 
 @dataclass
@@ -52,7 +47,7 @@ def test_optimum_of_the_normalised_objective_is_found(tiny):
     """Algorithm 1 with the Eq. 9 objective converges to the analytic optimum, for several
     sentences (different lengths) and lambdas optimised together."""
     model = tiny("bert")
-    adapter, batch, target = _resolved(model, TEXTS)
+    problem, batch, target = _resolved(model, TEXTS)
     lengths = batch.lengths
     gen = torch.Generator().manual_seed(0)
     c = torch.rand(batch.input_ids.shape, generator=gen) * 4 + 0.5
@@ -60,7 +55,7 @@ def test_optimum_of_the_normalised_objective_is_found(tiny):
     example = torch.tensor([0, 0, 1])
     lam = torch.tensor([0.6, 2.0, 0.6])
     settings = cp.Settings(samples=8, max_steps=300, tol=0.0, scale=2.0, lr=0.1)
-    fits = {keep: cp.fit_interest(adapter, batch, target, example, torch.full((3,), HEAD), lam, replace(settings, keep=keep), seed=0, probe=probe) for keep in ("last", "best")}
+    fits = {keep: cp.fit_interest(problem, example, torch.full((3,), HEAD), lam, replace(settings, keep=keep), seed=0, probe=probe) for keep in ("last", "best")}
     fit = fits["last"]
     for p in range(3):
         e, n = int(example[p]), int(lengths[example[p]])
@@ -85,17 +80,16 @@ def test_seeded_deterministic_and_batch_invariant(sharp):
 
 
 def test_reference_pass_serves_as_the_clean_pass(sharp):
-    """``explain`` hands its reference pass (with hidden states) to the probe: the same scores as
-    a probe that runs its own clean pass, one forward fewer."""
-    adapter, batch, target = _resolved(sharp, TEXTS)
+    """A problem prepared with hidden states hands its reference pass to the probe: the same
+    scores as a problem whose clean pass runs again for them, one forward fewer."""
+    plain, batch, _ = _resolved(sharp, TEXTS)
+    adapter = sharp.adapter
     adapter.counter.reset()
-    own = cp.coperturbation(adapter, batch, target, None, seed=0, **FAST)
+    own = cp.coperturbation(plain, seed=0, **FAST)
     own_forwards = adapter.counter.forward
+    with_hidden = sharp.prepare(TEXTS, hidden_states=True)
     adapter.counter.reset()
-    with torch.no_grad():
-        ref = adapter.forward(batch, target.anchor, hidden_states=True)
-    adapter.counter.reset()
-    given = cp.coperturbation(adapter, batch, target, ref, seed=0, **FAST)
+    given = cp.coperturbation(with_hidden, seed=0, **FAST)
     assert torch.equal(own, given)
     assert adapter.counter.forward == own_forwards - len(batch)
     alone = sharp.explain(TEXTS[0], method="coperturbation", seed=0, **FAST)
@@ -114,8 +108,8 @@ def test_scores_normalised_over_content_tokens(sharp):
 
 
 def test_padding_gets_no_noise_and_does_not_move_real_positions(sharp):
-    adapter, batch, target = _resolved(sharp, TEXTS)
-    probe = NoiseProbe.build(adapter, batch, target, (HEAD, 1))
+    problem, batch, _ = _resolved(sharp, TEXTS)
+    probe = NoiseProbe.build(problem, (HEAD, 1))
     noise = torch.zeros(2, batch.seq_len, probe.dim)
     pad = ~batch.attention_mask.bool()
     noise[pad] = 5.0  # only padded positions of the short sentence
@@ -166,8 +160,8 @@ def test_contrastive_target_through_the_target_output(tiny):
 
 
 def test_fit_reports_steps_convergence_and_history(sharp):
-    adapter, batch, target = _resolved(sharp, TEXTS)
-    fit, shape = cp.estimate_interest(adapter, batch, target, layers=[None, 1], lams=[0.3, 0.6], settings=cp.Settings(max_steps=60, window=10, tol=0.5, samples=2))
+    problem, batch, _ = _resolved(sharp, TEXTS)
+    fit, shape = cp.estimate_interest(problem, layers=[None, 1], lams=[0.3, 0.6], settings=cp.Settings(max_steps=60, window=10, tol=0.5, samples=2))
     assert shape == (2, 2, 2) and fit.sigma.shape == (8, batch.seq_len)
     assert fit.converged.all() and (fit.steps == 20).all()  # a loose tol stops at the first check
     assert fit.history.shape == (20, 8) and torch.isfinite(fit.history).all()

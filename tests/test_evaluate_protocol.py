@@ -71,7 +71,7 @@ def _prepared(protocol: Protocol, base: list[int], eligible: list[int]) -> Prepa
     for b, n in enumerate(eligible):
         elig[b, :n] = True
     return Prepared(
-        adapter=None, protocol=protocol, batch=[0] * bsz, target=None, scores=None, rankable=elig,
+        problem=[0] * bsz, protocol=protocol, scores=None, rankable=elig,
         eligible=elig, ranks=None, base=torch.tensor(base), kept=np.ones(bsz, dtype=bool), original=None,
     )
 

@@ -22,7 +22,6 @@ from conftest import INIT_RANGE, cached_model
 from tiny import CORPUS, ENCODERS, FAMILIES, tiny_model
 
 from heedful.attribution.gradient import baseline_embeddings, path_points
-from heedful.targets import Target, resolve_target
 
 pytestmark = pytest.mark.filterwarnings("ignore:Input Tensor 0 did not already require gradients")
 
@@ -214,15 +213,10 @@ def test_integrated_gradients_completeness(family, baseline, rule):
 def output_change(model, texts: list[str], baseline: str) -> np.ndarray:
     """``f(x) - f(x')`` of the predicted-class logit, straight from the adapter's forward on the
     word embeddings and on the baseline embeddings."""
-    adapter = model.adapter
-    batch = adapter.encode(texts)
-    anchor, _ = adapter.anchor_positions(batch)
+    problem = model.prepare(texts)
     with torch.no_grad():
-        reference = adapter.forward(batch, anchor)
-        target = resolve_target(Target.parse(None), adapter, batch, reference.logits)
-        f_x = target.score(adapter.forward(batch, anchor, inputs_embeds=adapter.embed(batch.input_ids)).logits)
-        base = baseline_embeddings(adapter, batch, baseline)
-        f_base = target.score(adapter.forward(batch, anchor, inputs_embeds=base).logits)
+        f_x = problem.target.score(problem.forward(inputs_embeds=problem.word_embeddings()).logits)
+        f_base = problem.target.score(problem.forward(inputs_embeds=baseline_embeddings(problem, baseline)).logits)
     return (f_x - f_base).numpy()
 
 

@@ -311,17 +311,11 @@ def test_explain_returns_one_or_a_list():
 @pytest.mark.parametrize("family", ["bert", "llama"])
 def test_attention_gradient_methods_reuse_the_reference_pass(method, family):
     """One forward and one backward per example, with the scores of a pass of their own."""
-    from heedful.registry import get_method
-    from heedful.targets import Target, resolve_target
+    from heedful import get_method
 
     model = cached_model(family)
     explained = model.explain(TEXTS[:2], method)
     assert all(e.cost.forward_passes == 1 and e.cost.backward_passes == 1 for e in explained)
-    adapter = model.adapter
-    batch = adapter.encode(TEXTS[:2])
-    anchor, _ = adapter.anchor_positions(batch)
-    with torch.no_grad():
-        target = resolve_target(Target.parse(None), adapter, batch, adapter.forward(batch, anchor).logits)
-    own_pass = get_method(method).fn(adapter, batch, target, None)
+    own_pass = get_method(method)(model.prepare(TEXTS[:2]))
     for b, e in enumerate(explained):
         np.testing.assert_allclose(e.scores, own_pass[b, : len(e.tokens)].numpy(), rtol=1e-5, atol=1e-6)

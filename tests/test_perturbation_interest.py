@@ -12,7 +12,6 @@ from tiny import tiny_hf, tiny_model
 import heedful
 from heedful import cli
 from heedful.interest import downweight, lambda_sweep, layer_map, suppress, top_fraction
-from heedful.targets import Target, resolve_target
 
 TEXT = "a charming and often affecting journey"
 FAST = {"max_steps": 6, "samples": 2}
@@ -99,11 +98,10 @@ def test_suppress_erases_by_interest_and_downweight_scales(tiny):
     for family, task in (("bert", "classification"), ("gpt2", "causal_lm")):
         model = tiny(family, task)
         adapter = model.adapter
-        batch = adapter.encode([TEXT, "the movie was dull"])
-        anchor, _ = adapter.anchor_positions(batch)
-        target = resolve_target(Target.parse(None), adapter, batch, adapter.forward(batch, anchor).logits)
+        problem = model.prepare([TEXT, "the movie was dull"])
+        batch = problem.batch
         scores = torch.arange(batch.seq_len, dtype=torch.float32).expand(len(batch), -1)
-        perturbed, erased = suppress(adapter, batch, target, scores, 0.4)
+        perturbed, erased = suppress(problem, scores, 0.4)
         assert (erased.sum(dim=1) == torch.ceil(batch.content_mask.sum(dim=1) * 0.4)).all()
         assert not (erased & batch.special_mask).any()
         if adapter.removal_token_id is None:  # causal LMs: erased tokens are deleted

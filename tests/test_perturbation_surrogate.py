@@ -9,20 +9,15 @@ from captum._utils.models.linear_model import SkLearnLinearRegression, SkLearnRi
 from captum.attr import KernelShap, Lime
 
 from heedful.attribution import surrogate
-from heedful.attribution._common import example_generators, output_of
 from heedful.attribution._masks import features_of, score_samples
-from heedful.targets import Target, resolve_target
+from heedful.seeding import example_generators
 
 TEXTS = ["a charming and often affecting journey", "the movie was dull and far too long"]
 
 
 def _setup(model, texts):
-    adapter = model.adapter
-    batch = adapter.encode(texts)
-    anchor, _ = adapter.anchor_positions(batch)
-    with torch.no_grad():
-        ref = adapter.forward(batch, anchor)
-    return adapter, batch, resolve_target(Target.parse(None), adapter, batch, ref.logits)
+    problem = model.prepare(texts)
+    return problem, model.adapter, problem.batch, problem.target
 
 
 def _captum_forward(adapter, batch, target, b):
@@ -39,7 +34,7 @@ def _captum_forward(adapter, batch, target, b):
         rows_target = target.select([b] * rows)
         fwd = adapter.forward(batch, rows_target.anchor, input_ids=ids, attention_mask=batch.attention_mask[b : b + 1, :n].repeat(rows, 1),
                               token_type_ids=None if batch.token_type_ids is None else batch.token_type_ids[b : b + 1, :n].repeat(rows, 1))
-        return output_of(rows_target, fwd.logits, "probability")
+        return rows_target.output(fwd.logits, "probability")
 
     return forward, batch.input_ids[b : b + 1, positions], positions
 
@@ -57,9 +52,9 @@ def _replay(samples: torch.Tensor):
 @pytest.mark.parametrize("sampling", ["lime", "bernoulli"])
 def test_lime_matches_captum_on_the_same_samples(tiny, sampling):
     model = tiny("bert")
-    adapter, batch, target = _setup(model, TEXTS)
+    problem, adapter, batch, target = _setup(model, TEXTS)
     n_samples, width, alpha = 64, 0.25, 1.0
-    ours = surrogate.lime(adapter, batch, target, n_samples=n_samples, sampling=sampling, kernel_width=width, alpha=alpha, seed=3)
+    ours = surrogate.lime(problem, n_samples=n_samples, sampling=sampling, kernel_width=width, alpha=alpha, seed=3)
     features = features_of(batch, target)
     keep = surrogate.lime_samples(features, n_samples, sampling, example_generators(batch, 3))
     mask_id = adapter.tokenizer.mask_token_id
@@ -78,9 +73,9 @@ def test_lime_matches_captum_on_the_same_samples(tiny, sampling):
 
 def test_kernel_shap_matches_captum_on_the_same_samples(tiny):
     model = tiny("bert")
-    adapter, batch, target = _setup(model, TEXTS)
+    problem, adapter, batch, target = _setup(model, TEXTS)
     n_samples = 80
-    ours = surrogate.kernel_shap(adapter, batch, target, n_samples=n_samples, seed=5)
+    ours = surrogate.kernel_shap(problem, n_samples=n_samples, seed=5)
     features = features_of(batch, target)
     keep = surrogate.shap_samples(features, n_samples, example_generators(batch, 5))
     mask_id = adapter.tokenizer.mask_token_id
@@ -120,14 +115,14 @@ def test_kernel_shap_is_nearly_efficient_and_near_exact_shapley(tiny):
     from math import comb
 
     model = tiny("bert")
-    adapter, batch, target = _setup(model, ["great acting", "a dull plot"])
-    scores = surrogate.kernel_shap(adapter, batch, target, n_samples=3000, seed=0)
+    problem, adapter, batch, target = _setup(model, ["great acting", "a dull plot"])
+    scores = surrogate.kernel_shap(problem, n_samples=3000, seed=0)
     features = features_of(batch, target)
     for b in range(len(batch)):
         m = int(features.counts[b])
         subsets = torch.tensor(list(product([False, True], repeat=m)))
-        one, one_target = batch.select([b]), target.select([b])
-        values = score_samples(adapter, one, one_target, features_of(one, one_target), subsets[None])[0]
+        one = problem.select([b])
+        values = score_samples(one, features_of(one.batch, one.target), subsets[None])[0]
         lookup = {tuple(s.tolist()): float(v) for s, v in zip(subsets, values, strict=True)}
         exact = []
         for j in range(m):
@@ -188,16 +183,16 @@ def test_sampling_methods_are_seeded_batch_invariant_and_zero_on_specials(tiny, 
 
 def test_rise_equals_its_definition(tiny):
     model = tiny("bert")
-    adapter, batch, target = _setup(model, TEXTS)
+    problem, adapter, batch, target = _setup(model, TEXTS)
     from heedful.attribution.rise import rise
 
-    scores = rise(adapter, batch, target, n_masks=30, p_keep=0.4, seed=0)
+    scores = rise(problem, n_masks=30, p_keep=0.4, seed=0)
     features = features_of(batch, target)
     gens = example_generators(batch, 0)
     keep = torch.zeros(2, 30, features.width, dtype=torch.bool)
     for b, m in enumerate(features.counts.tolist()):
         keep[b, :, :m] = torch.rand((30, m), generator=gens[b]) < 0.4
-    y = score_samples(adapter, batch, target, features, keep)
+    y = score_samples(problem, features, keep)
     for b, m in enumerate(features.counts.tolist()):
         expected = (y[b, :, None] * keep[b, :, :m]).sum(dim=0) / (30 * 0.4)
         assert torch.allclose(scores[b, features.positions[b, :m]], expected, atol=1e-6)

@@ -8,21 +8,16 @@ import torch
 
 import heedful
 from heedful.attribution import tdd as tdd_module
-from heedful.attribution._common import example_generators
 from heedful.attribution._masks import features_of
-from heedful.attribution._noise import HEAD, NoiseProbe, noise_scale
-from heedful.targets import Target, resolve_target
+from heedful.attribution.noise import HEAD, NoiseProbe, noise_scale
+from heedful.seeding import example_generators
 
 PROMPT = "the capital of france is"
 
 
 def _resolved(model, texts, target=None):
-    adapter = model.adapter
-    batch = adapter.encode(texts)
-    anchor, _ = adapter.anchor_positions(batch)
-    with torch.no_grad():
-        ref = adapter.forward(batch, anchor)
-    return adapter, batch, resolve_target(Target.parse(target), adapter, batch, ref.logits)
+    problem = model.prepare(texts, target)
+    return problem, problem.batch, problem.target
 
 
 def _two_tokens(model) -> tuple[int, int, tuple[int, int]]:
@@ -53,7 +48,7 @@ def test_tdd_matches_the_reference_on_gpt2(tiny):
     a, b, target = _two_tokens(model)
     ids = model.tokenizer(PROMPT)["input_ids"]
     forward, backward = _reference_tdd(model.hf_model, ids, a, b)
-    got = {d: model.explain(PROMPT, method="tdd", target=target, direction=d).scores for d in tdd_module.DIRECTIONS}
+    got = {d: model.explain(PROMPT, method="tdd", target=target, direction=d).scores for d in tdd_module.Direction.__args__}
     np.testing.assert_allclose(got["forward"], forward, atol=1e-5)
     np.testing.assert_allclose(got["backward"], backward, atol=1e-5)
     np.testing.assert_allclose(got["bidirectional"], (forward + backward) / 2, atol=1e-5)
@@ -62,13 +57,13 @@ def test_tdd_matches_the_reference_on_gpt2(tiny):
 @pytest.mark.parametrize("family,task", [("llama", "classification"), ("gpt2", "causal_lm"), ("opt", "causal_lm")])
 def test_one_pass_prefixes_equal_deleted_suffixes(tiny, family, task):
     model = tiny(family, task)
-    adapter, batch, target = _resolved(model, [PROMPT, "we watched it twice and loved every minute"])
+    problem, batch, target = _resolved(model, [PROMPT, "we watched it twice and loved every minute"])
     features = features_of(batch, target)
-    fast = tdd_module._prefix_one_pass(adapter, batch, target, features)
+    fast = tdd_module._prefix_one_pass(problem, features)
     assert fast is not None
     steps = torch.arange(features.width + 1)[:, None]
     keep = (torch.arange(features.width)[None, :] < steps)[None].expand(len(batch), -1, -1)
-    slow = tdd_module._row_scores(adapter, batch, target, features, keep, None)
+    slow = tdd_module._row_scores(problem, features, keep, None)
     for b in range(len(batch)):
         m = int(features.counts[b])
         torch.testing.assert_close(fast[b, : m + 1], slow[b, : m + 1], atol=1e-5, rtol=1e-4)
@@ -108,11 +103,12 @@ def test_tdd_options_and_batch_invariance(tiny):
 
 def test_individual_perturbation_noises_one_token_at_a_time(tiny):
     model = tiny("bert")
-    adapter, batch, target = _resolved(model, ["a charming and often affecting journey"])
+    problem, batch, target = _resolved(model, ["a charming and often affecting journey"])
+    adapter = model.adapter
     from heedful.attribution.individual_perturbation import individual_perturbation
 
-    scores = individual_perturbation(adapter, batch, target, samples=1, seed=0)
-    probe = NoiseProbe.build(adapter, batch, target, (HEAD,))
+    scores = individual_perturbation(problem, samples=1, seed=0)
+    probe = NoiseProbe.build(problem, (HEAD,))
     std = noise_scale(adapter, probe, torch.tensor([0]))
     n = int(batch.lengths[0])
     draws = torch.randn((n, 1, probe.dim), generator=example_generators(batch, 0)[0])

@@ -59,6 +59,7 @@ class DesignedHeads:
 
     num_layers = 1
     config = SimpleNamespace(num_attention_heads=3)
+    task = "classification"
 
     def __init__(self, adapter) -> None:
         self.inner = adapter
@@ -69,7 +70,10 @@ class DesignedHeads:
     def anchor_positions(self, batch):
         return self.inner.anchor_positions(batch)
 
-    def forward(self, batch, anchor, attentions=True):
+    def output_name(self, index: int) -> str:
+        return str(index)
+
+    def forward(self, batch, anchor, attentions=True, **kwargs):
         bsz, seq = batch.input_ids.shape
         attn = torch.zeros(bsz, 3, seq, seq)
         rows = torch.arange(seq)
@@ -82,7 +86,7 @@ class DesignedHeads:
                 gov = _token_positions(batch.offsets[b], arc.governor)[0]
                 attn[b, 1, dep] = 0.0
                 attn[b, 1, dep, gov] = 1.0
-        return SimpleNamespace(attentions=(attn,))
+        return SimpleNamespace(logits=torch.zeros(bsz, 2), attentions=(attn,))
 
 
 @pytest.fixture()

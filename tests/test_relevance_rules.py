@@ -17,7 +17,6 @@ from torch import nn
 from heedful.adapters.lrp_roles import BlockRoles, LRPRoles, linear_sites
 from heedful.attribution.attention_gradient import attention_gradients
 from heedful.lrp import AttnLRPRules, CheferRules, LRPSession, propagate
-from heedful.targets import Target, resolve_target
 
 TEXTS = ["a charming and often affecting journey", "the movie was dull"]
 CASES = [("bert", "classification"), ("bert", "regression"), ("bert", "masked_lm"), ("llama", "classification"), ("llama", "causal_lm"), ("qwen2", "classification")]
@@ -30,15 +29,12 @@ CHEFER_TOLERANCE = 1e-4
 ATTNLRP_TOLERANCE = 0.3
 
 
-def _setup(model, texts=TEXTS):
-    adapter = model.adapter
+def _setup(model, texts=TEXTS, target=None):
     if model.task == "masked_lm":
         texts = ["a charming and [MASK] journey", "the [MASK] was dull"]
-    batch = adapter.encode(texts)
-    anchor, _ = adapter.anchor_positions(batch)
-    with torch.no_grad():  # (hidden states and attentions: transformers installs its capturing hooks once)
-        ref = adapter.forward(batch, anchor, hidden_states=True, attentions=True)
-    return adapter, batch, resolve_target(Target.parse(None), adapter, batch, ref.logits), ref
+    # (hidden states and attentions: transformers installs its capturing hooks once)
+    problem = model.prepare(texts, target, hidden_states=True, attentions=True)
+    return model.adapter, problem.batch, problem.target, problem.reference
 
 
 def _hooks(model: nn.Module) -> list:
@@ -76,7 +72,7 @@ def test_forward_values_unchanged_and_model_restored(tiny, family, task, rules):
 def test_gradient_mode_gives_true_attention_gradients(tiny, family):
     adapter, batch, target, _ = _setup(tiny(family))
     found = propagate(adapter, batch, target, CheferRules(), gradients=True, inputs=False, last_layer_only=True)
-    fwd, grads, _ = attention_gradients(adapter, batch, target)
+    fwd, grads, _ = attention_gradients(tiny(family).prepare(TEXTS))
     for ours, theirs, probs, eager in zip(found.attn_grads, grads, found.probs, fwd.attentions, strict=True):
         torch.testing.assert_close(probs, eager, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-6)
@@ -112,8 +108,7 @@ def test_attnlrp_block_conservation_within_documented_tolerance(tiny, family, ta
 
 def test_contrast_target_relevance_sums_to_zero(tiny):
     model = tiny("bert")
-    adapter, batch, _, ref = _setup(model)
-    target = resolve_target(Target.parse("POSITIVE vs NEGATIVE"), adapter, batch, ref.logits)
+    adapter, batch, target, _ = _setup(model, target="POSITIVE vs NEGATIVE")
     found = propagate(adapter, batch, target, CheferRules())
     assert found.inputs.sum(dim=(1, 2)).abs().max() < 1e-4
 
@@ -281,7 +276,6 @@ sys.path.insert(0, {tests!r})
 from tiny import tiny_model
 import heedful, lxt
 from transformers import AttentionInterface
-from heedful.targets import Target, resolve_target
 model = tiny_model({family!r}, {task!r}, initializer_range=0.2)
 texts = {texts!r}
 ours = model.explain(texts, "attnlrp")
@@ -294,13 +288,9 @@ for target, patch in patches.attnLRP.items():
     if isinstance(target, types.ModuleType) and isinstance(target.ALL_ATTENTION_FUNCTIONS, dict):
         iface = AttentionInterface(); iface._local_mapping.update(target.ALL_ATTENTION_FUNCTIONS)
         target.ALL_ATTENTION_FUNCTIONS = iface
-a = model.adapter
-batch = a.encode(texts)
-anchor, _ = a.anchor_positions(batch)
-emb = a.embed(batch.input_ids).detach().requires_grad_(True)
-fwd = a.forward(batch, anchor, inputs_embeds=emb)
-t = resolve_target(Target.parse(None), a, batch, fwd.logits.detach())
-(g,) = torch.autograd.grad(t.score(fwd.logits).sum(), emb)
+problem = model.prepare(texts, method="grad_x_input")  # its reference pass keeps the graph from the embeddings
+emb = problem.reference.inputs_embeds
+(g,) = torch.autograd.grad(problem.target.score(problem.reference.logits).sum(), emb)
 rel = (g * emb).sum(-1).detach()
 worst = max(float((torch.tensor(e.scores) - rel[i, : len(e.tokens)]).abs().max() / rel[i].abs().max()) for i, e in enumerate(ours))
 print(worst)

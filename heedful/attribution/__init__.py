@@ -1,6 +1,9 @@
-"""Attribution methods; importing this package registers every one of them."""
+"""Attribution methods. Importing this package registers every built-in method; :func:`methods`
+lists them and :func:`get_method` finds one (see :mod:`heedful.registry`)."""
 
-from heedful.attribution import (  # noqa: F401
+from __future__ import annotations
+
+from heedful.attribution import (  # noqa: F401  (each module registers its methods)
     attention,
     attention_gradient,
     baseline,
@@ -14,3 +17,28 @@ from heedful.attribution import (  # noqa: F401
     tdd,
     vector,
 )
+from heedful.registry import FAMILIES, MethodInfo, find, registered
+
+
+def methods(family: str | None = None, task: str | None = None) -> list[MethodInfo]:
+    """Every registered method, by family then name, optionally only one ``family`` or the
+    methods that support ``task``.
+
+    >>> import heedful
+    >>> "normxlogit" in [m.name for m in heedful.methods()]
+    True
+    """
+    order = {f: i for i, f in enumerate(FAMILIES)}
+    found = sorted(registered().values(), key=lambda m: (order.get(m.family, len(order)), m.name))
+    return [m for m in found if (family is None or m.family == family) and (task is None or task in m.tasks)]
+
+
+def get_method(name: str, task: str | None = None) -> MethodInfo:
+    """The method called ``name`` (a :class:`~heedful.MethodError` naming the available ones
+    otherwise); with ``task``, one that supports it.
+
+    >>> import heedful
+    >>> heedful.get_method("integrated_gradients").defaults["n_steps"]
+    50
+    """
+    return find(name, task)

@@ -4,7 +4,7 @@ The sampling methods (LIME, KernelSHAP, RISE) see an example as ``M_b`` binary f
 removable token (content tokens; a fixed anchor such as ``[MASK]`` is never removed). A sample
 ``z`` in ``{0, 1}^M`` keeps the tokens where ``z = 1`` and removes the others (``[MASK]`` for
 encoders, deletion for causal LMs, or any ``removal`` of
-:func:`heedful.attribution.perturbation.removal_id`); an input with every token deleted becomes
+:func:`heedful.perturb.removal_id`); an input with every token deleted becomes
 the single token ``[BOS]`` (pad/EOS when there is none). Every example draws its samples from its
 own generator, so results do not depend on the batch.
 """
@@ -15,11 +15,10 @@ from dataclasses import dataclass
 
 import torch
 
-from heedful.adapters import ModelAdapter
-from heedful.attribution._common import score_perturbed
-from heedful.attribution.perturbation import removable_positions, remove_from_examples
 from heedful.batch import Batch
-from heedful.perturb import Perturbed
+from heedful.perturb import Perturbed, removable_positions, remove_from_examples
+from heedful.problem import Problem
+from heedful.runner import Copies, Runner
 from heedful.targets import ResolvedTarget
 
 
@@ -57,15 +56,14 @@ def to_tokens(features: Features, values: torch.Tensor, seq_len: int) -> torch.T
 
 
 def perturbed_rows(
-    adapter: ModelAdapter,
-    batch: Batch,
-    target: ResolvedTarget,
+    problem: Problem,
     features: Features,
     keep: torch.Tensor,
     example: torch.Tensor,
     removal: str = "auto",
 ) -> Perturbed:
     """Inputs for rows of examples ``example`` ``[R]`` keeping features ``keep`` ``[R, M]``."""
+    batch = problem.batch
     rows, width = keep.shape
     seq = batch.seq_len
     valid = features.valid[example]
@@ -73,14 +71,12 @@ def perturbed_rows(
     # padding features point at an extra column N that is cut off afterwards
     pos = torch.where(valid, features.positions[example], torch.full((rows, width), seq))
     remove = torch.zeros(rows, seq + 1, dtype=torch.bool).scatter_(1, pos, drop)[:, :seq]
-    return remove_from_examples(adapter, batch, target, example, remove, removal)
+    return remove_from_examples(problem.adapter, batch, problem.target, example, remove, removal)
 
 
 @torch.no_grad()
 def score_samples(
-    adapter: ModelAdapter,
-    batch: Batch,
-    target: ResolvedTarget,
+    problem: Problem,
     features: Features,
     keep: torch.Tensor,
     removal: str = "auto",
@@ -99,6 +95,6 @@ def score_samples(
     example = torch.arange(bsz).repeat_interleave(samples)
     rows = torch.cat([example[:, None], keep.reshape(-1, width).long()], dim=1)
     distinct, inverse = torch.unique(rows, dim=0, return_inverse=True)
-    perturbed = perturbed_rows(adapter, batch, target, features, distinct[:, 1:].bool(), distinct[:, 0], removal)
-    values = score_perturbed(adapter, batch, target, perturbed, distinct[:, 0], output, chunk)
+    perturbed = perturbed_rows(problem, features, distinct[:, 1:].bool(), distinct[:, 0], removal)
+    values = Runner.for_problem(problem, rows=chunk).scores(Copies.of(perturbed, distinct[:, 0]), output)
     return values[inverse].view(bsz, samples)

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from heedful.adapters import Forward, ModelAdapter
-from heedful.batch import Batch
 from heedful.errors import InputError
+from heedful.problem import Problem
 from heedful.registry import register
-from heedful.targets import ResolvedTarget
 
 
 def _anchor_rows(matrix: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:
@@ -29,29 +27,23 @@ def _layer_index(layer: int, num_layers: int) -> int:
     citation="Attention weights as explanation (e.g. Jain & Wallace 2019; Mask-LRP's RawAtt baseline)",
     summary="Attention from the explained position, averaged over heads, in one layer (last by default).",
     needs_attentions=True,
-    defaults={"layer": -1},
 )
 @torch.no_grad()
-def raw_attention(
-    adapter: ModelAdapter,
-    batch: Batch,
-    target: ResolvedTarget,
-    reference: Forward,
-    layer: int = -1,
-    head: int | None = None,
-) -> torch.Tensor:
+def raw_attention(problem: Problem, *, layer: int = -1, head: int | None = None) -> torch.Tensor:
     """``mean_h A[layer][h, a, :]`` for the anchor row ``a`` (the [CLS] / last token) ``[B, N]``.
 
-    ``head`` picks one head instead of the mean.
+    ``layer``: 0-based, negative from the end (default the last); ``head`` picks one head
+    instead of the mean.
     """
-    attn = reference.attentions[_layer_index(layer, len(reference.attentions))]  # [B, H, N, N]
+    attentions = problem.reference_with(attentions=True).attentions
+    attn = attentions[_layer_index(layer, len(attentions))]  # [B, H, N, N]
     if head is not None:
         if not 0 <= head < attn.shape[1]:
             raise InputError(f"head {head} does not exist", hint=f"the model has {attn.shape[1]} heads")
         per_layer = attn[:, head]
     else:
         per_layer = attn.mean(dim=1)
-    return _anchor_rows(per_layer, target.anchor)
+    return _anchor_rows(per_layer, problem.anchor)
 
 
 @register(
@@ -61,18 +53,11 @@ def raw_attention(
     citation="Abnar & Zuidema 2020, Quantifying Attention Flow in Transformers (attention rollout, Eq. 1)",
     summary="Head-averaged attention plus identity, row-normalised, multiplied through the layers.",
     needs_attentions=True,
-    defaults={"start_layer": 0},
 )
 @torch.no_grad()
-def rollout(
-    adapter: ModelAdapter,
-    batch: Batch,
-    target: ResolvedTarget,
-    reference: Forward,
-    start_layer: int = 0,
-) -> torch.Tensor:
+def rollout(problem: Problem, *, start_layer: int = 0) -> torch.Tensor:
     """``R = Abar_L ... Abar_start`` with ``Abar_l = norm_rows(mean_h A_l + I)``; anchor row ``[B, N]``."""
-    attentions = reference.attentions
+    attentions = problem.reference_with(attentions=True).attentions
     start = _layer_index(start_layer, len(attentions))
     seq = attentions[0].shape[-1]
     eye = torch.eye(seq, dtype=attentions[0].dtype)
@@ -81,4 +66,4 @@ def rollout(
         a = attn.mean(dim=1) + eye
         a = a / a.sum(dim=-1, keepdim=True)
         joint = a if joint is None else a @ joint
-    return _anchor_rows(joint, target.anchor)
+    return _anchor_rows(joint, problem.anchor)

@@ -10,8 +10,8 @@ import torch
 
 from heedful.adapters import Forward, ModelAdapter
 from heedful.batch import Batch
+from heedful.problem import Problem
 from heedful.registry import register
-from heedful.targets import ResolvedTarget
 
 
 def attention_reference(hidden: bool = False):
@@ -19,8 +19,11 @@ def attention_reference(hidden: bool = False):
     with ``hidden``, hidden states) in the autograd graph, so the method's backward needs no
     forward of its own."""
 
-    def reference(adapter: ModelAdapter, batch: Batch, anchor: torch.Tensor) -> Forward:
-        embeds = adapter.embed(batch.input_ids).detach().requires_grad_(True)
+    def reference(
+        adapter: ModelAdapter, batch: Batch, anchor: torch.Tensor, inputs_embeds: torch.Tensor | None = None
+    ) -> Forward:
+        start = adapter.embed(batch.input_ids) if inputs_embeds is None else inputs_embeds
+        embeds = start.detach().requires_grad_(True)
         with torch.enable_grad():
             fwd = adapter.forward(batch, anchor, inputs_embeds=embeds, attentions=True, hidden_states=hidden)
         return Forward(fwd.logits, fwd.hidden_states, fwd.attentions, inputs_embeds=embeds)
@@ -29,30 +32,25 @@ def attention_reference(hidden: bool = False):
 
 
 def attention_gradients(
-    adapter: ModelAdapter,
-    batch: Batch,
-    target: ResolvedTarget,
-    hidden: bool = False,
-    reference: Forward | None = None,
+    problem: Problem, hidden: bool = False
 ) -> tuple[Forward, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
     """``dF/dA_l`` ``[B, H, N, N]`` per layer and ``dF/dh_l`` ``[B, N, D]`` for
     ``hidden_states[0..L-1]`` (empty unless ``hidden``), by one backward of the target.
 
-    Back-propagates through ``reference`` when it kept its graph (:func:`attention_reference`),
-    otherwise runs a forward of its own first. Returns the (detached) forward and the gradients.
+    Back-propagates through the problem's reference pass when it kept its graph
+    (:func:`attention_reference`), otherwise runs a forward of its own first. Returns the
+    (detached) forward and the gradients.
     """
+    adapter, batch, target, reference = problem.adapter, problem.batch, problem.target, problem.reference
     kept = (
-        reference is not None
-        and reference.inputs_embeds is not None
+        reference.inputs_embeds is not None
         and reference.attentions is not None
         and (reference.hidden_states is not None or not hidden)
     )
     if kept:
         fwd = reference
     else:
-        embeds = adapter.embed(batch.input_ids).detach().requires_grad_(True)
-        with torch.enable_grad():
-            fwd = adapter.forward(batch, target.anchor, inputs_embeds=embeds, attentions=True, hidden_states=hidden)
+        fwd = attention_reference(hidden)(adapter, batch, target.anchor, problem.inputs_embeds)
     with torch.enable_grad():
         wrt = list(fwd.attentions) + (list(fwd.hidden_states[:-1]) if hidden else [])
         adapter.counter.backward += len(batch)
@@ -66,7 +64,7 @@ def attention_gradients(
     return detached, grads[:layers], grads[layers:]
 
 
-def _mean_over_real_rows(matrix: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def mean_over_real_rows(matrix: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean over real query rows of ``[B, N, N]`` -> ``[B, N]`` (padding rows excluded)."""
     weights = mask.to(matrix.dtype)
     return (matrix * weights[:, :, None]).sum(dim=1) / weights.sum(dim=1, keepdim=True)
@@ -78,22 +76,20 @@ def _mean_over_real_rows(matrix: torch.Tensor, mask: torch.Tensor) -> torch.Tens
     cost="1 forward + 1 backward",
     citation="Chefer et al. 2021b, Generic Attention-model Explainability (Eq. 5-6)",
     summary="Gradient-weighted attention, positive part, accumulated through the layers (R += Abar R).",
-    reference_pass=attention_reference(),
+    reference=attention_reference(),
 )
-def gae(
-    adapter: ModelAdapter, batch: Batch, target: ResolvedTarget, reference: Forward | None = None
-) -> torch.Tensor:
+def gae(problem: Problem) -> torch.Tensor:
     """``Abar_l = mean_h (grad A_l * A_l)^+``; ``R = I``; ``R <- R + Abar_l R`` for each layer in
     forward order; the anchor row of ``R`` with its self-entry set to 0 ``[B, N]``."""
-    fwd, grads, _ = attention_gradients(adapter, batch, target, reference=reference)
-    bsz, seq = batch.input_ids.shape
+    fwd, grads, _ = attention_gradients(problem)
+    bsz, seq = problem.batch.input_ids.shape
     relevance = torch.eye(seq, dtype=fwd.attentions[0].dtype).expand(bsz, seq, seq).clone()
     for attn, grad in zip(fwd.attentions, grads, strict=True):
         weighted = (grad * attn).clamp(min=0).mean(dim=1)
         relevance = relevance + weighted @ relevance
     rows = torch.arange(bsz)
-    scores = relevance[rows, target.anchor].clone()
-    scores[rows, target.anchor] = 0.0
+    scores = relevance[rows, problem.anchor].clone()
+    scores[rows, problem.anchor] = 0.0
     return scores
 
 
@@ -103,15 +99,13 @@ def gae(
     cost="1 forward + 1 backward",
     citation="Barkan et al. 2021, Grad-SAM: Explaining Transformers via Gradient Self-Attention Maps (Eq. 2-3)",
     summary="Attention times ReLU of its gradient, averaged over layers, heads and query rows.",
-    reference_pass=attention_reference(),
+    reference=attention_reference(),
 )
-def grad_sam(
-    adapter: ModelAdapter, batch: Batch, target: ResolvedTarget, reference: Forward | None = None
-) -> torch.Tensor:
+def grad_sam(problem: Problem) -> torch.Tensor:
     """``s_j = mean_{l,h,i} A_l[h,i,j] * ReLU(dF/dA_l[h,i,j])`` over real query rows ``i`` ``[B, N]``."""
-    fwd, grads, _ = attention_gradients(adapter, batch, target, reference=reference)
+    fwd, grads, _ = attention_gradients(problem)
     maps = torch.stack([(a * g.clamp(min=0)).mean(dim=1) for a, g in zip(fwd.attentions, grads, strict=True)])
-    return _mean_over_real_rows(maps.mean(dim=0), batch.attention_mask)
+    return mean_over_real_rows(maps.mean(dim=0), problem.batch.attention_mask)
 
 
 @register(
@@ -120,17 +114,16 @@ def grad_sam(
     cost="1 forward + 1 backward",
     citation="Qiang et al. 2022, AttCAT: Explaining Transformers via Attentive Class Activation Tokens (Eq. 6-7)",
     summary="Per layer: gradient x hidden state of each token, weighted by the attention it receives; summed over layers.",
-    reference_pass=attention_reference(hidden=True),
+    reference=attention_reference(hidden=True),
 )
-def attcat(
-    adapter: ModelAdapter, batch: Batch, target: ResolvedTarget, reference: Forward | None = None
-) -> torch.Tensor:
+def attcat(problem: Problem) -> torch.Tensor:
     """``AttCAT_j = sum_l (sum_d dF/dh_l[j,d] * h_l[j,d]) * mean_{h,i} A_l[h,i,j]`` with ``h_l`` the
     input of block ``l`` and the mean over heads and real query rows ``[B, N]`` (signed)."""
-    fwd, attn_grads, hidden_grads = attention_gradients(adapter, batch, target, hidden=True, reference=reference)
+    fwd, attn_grads, hidden_grads = attention_gradients(problem, hidden=True)
+    batch = problem.batch
     total = torch.zeros(batch.input_ids.shape)
     for layer, (attn, grad_h) in enumerate(zip(fwd.attentions, hidden_grads, strict=True)):
         cat = (grad_h * fwd.hidden_states[layer]).sum(dim=-1)
-        received = _mean_over_real_rows(attn.mean(dim=1), batch.attention_mask)
+        received = mean_over_real_rows(attn.mean(dim=1), batch.attention_mask)
         total = total + cat * received
     return total

@@ -81,30 +81,38 @@ depend on the batch it is in.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Annotated, Literal
 
 import torch
 
-from heedful.adapters import Forward, ModelAdapter
-from heedful.attribution._common import TOKEN_BUDGET, example_generators, length_chunks
-from heedful.attribution._noise import (
+from heedful.adapters import ModelAdapter
+from heedful.attribution.noise import (
     GUAN_SCALE_FACTOR,
     OUTPUTS,
     SCALE_BASES,
-    SCALE_FACTOR,
     SPACES,
     NoiseProbe,
+    PhiOutput,
+    ScaleBasis,
+    Space,
     check_choice,
     noise_scale,
     resolve_layer,
 )
 from heedful.batch import Batch
 from heedful.errors import InputError
+from heedful.options import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, RUNTIME
+from heedful.problem import Problem
 from heedful.registry import register
-from heedful.targets import ResolvedTarget
+from heedful.runner import TOKEN_BUDGET, Runner
+from heedful.seeding import example_generators
 
-SCORES = ("rho", "log_rho")
-KEEP = ("best", "last")
-INITS = ("randn", "zeros")
+Score = Literal["rho", "log_rho"]
+Keep = Literal["best", "last"]
+Init = Literal["randn", "zeros"]
+SCORES: tuple[str, ...] = Score.__args__
+KEEP: tuple[str, ...] = Keep.__args__
+INITS: tuple[str, ...] = Init.__args__
 CITATION = (
     "Do Pre-Trained Language Models Truly Focus on the Content They Are Expected to? "
     "(co-perturbation, Eq. 2-4/9, Algorithm 1), generalising Guan et al. 2019 (ICML)"
@@ -118,7 +126,12 @@ ACTIVATION_BUDGET = 512 * 2**20
 GRAD_CHUNK_OVERHEAD = 64
 """What one more forward+backward chunk costs, in noised token positions, when problems are cut
 into chunks (measured on MiniLM, one thread: ~20 ms of per-call work against ~0.7 ms per
-noised position, i.e. ~30 positions; 64 leaves room for the lower efficiency of small chunks)."""
+noised position, i.e. ~30 positions; 64 leaves room for the lower efficiency of small chunks).
+
+Problems are chunked by the runner with padding costed per noised copy (``samples`` per
+problem): costing it per problem, sizing every chunk by the batch's longest problem and charging
+a forward pass's overhead at 256 cells padded 32 movie sentences (8..53 tokens) to 1.34x their
+real positions -- a third more arithmetic than running them one at a time; now 1.08x."""
 ADAM_BETAS = (0.9, 0.999)
 ADAM_EPS = 1e-8
 
@@ -130,7 +143,7 @@ class Settings:
     ``tol`` <= 0 disables the convergence test (run ``max_steps``). ``scale`` ``None``:
     ``scale_factor x`` the std of the noised representation (``scale_basis="input"``) or of the
     word-embedding matrix (``"word_embeddings"``, Guan et al.); see
-    :func:`~heedful.attribution._noise.noise_scale`. ``keep``: the state with the lowest ``J`` seen
+    :func:`~heedful.attribution.noise.noise_scale`. ``keep``: the state with the lowest ``J`` seen
     (``"best"``, Algorithm 1 / Guan et al.) or the final one (``"last"``; ``J`` is a noisy
     estimate, so the lowest one seen favours a lucky draw).
     """
@@ -212,16 +225,13 @@ def problem_generators(batch: Batch, example: torch.Tensor, key: torch.Tensor, s
 
 
 def fit_interest(
-    adapter: ModelAdapter,
-    batch: Batch,
-    target: ResolvedTarget,
+    problem: Problem,
     example: torch.Tensor,
     key: torch.Tensor,
     lam: torch.Tensor,
     settings: Settings = Settings(),
     seed: int | None = 0,
     probe: NoiseProbe | None = None,
-    reference: Forward | None = None,
 ) -> InterestFit:
     """Algorithm 1 for ``P`` problems at once: problem ``p`` estimates the noise tolerance of
     example ``example[p]`` with the distortion measured at layer key ``key[p]`` (``HEAD`` or
@@ -232,16 +242,17 @@ def fit_interest(
     an Adam step (written out as tensor ops so that problems can stop independently). A problem
     stops when the mean of ``J`` over the last ``window`` steps differs from the mean over the
     window before by less than ``tol`` relative, or after ``max_steps``. ``probe`` replaces the
-    model's :class:`NoiseProbe` (anything with ``dim`` and ``distortion``; used in tests);
-    ``reference``: the unperturbed pass with hidden states, when the caller has it (saves one).
+    model's :class:`NoiseProbe` (anything with ``dim`` and ``distortion``; used in tests). The
+    problem's reference pass is the clean pass (its hidden states are asked for once).
     """
     settings.check()
+    adapter, batch = problem.adapter, problem.batch
     example, key = example.long(), key.long()
     lam = lam.float()
     n_problems = example.shape[0]
     if probe is None:
         keys = tuple(sorted(set(key.tolist())))
-        probe = NoiseProbe.build(adapter, batch, target, keys, settings.space, settings.output, reference=reference)
+        probe = NoiseProbe.build(problem, keys, settings.space, settings.output)
     scale = noise_scale(adapter, probe, example, settings.scale_factor, settings.scale_basis, settings.scale)
     gens = problem_generators(batch, example, key, seed)
     lengths = batch.lengths[example]
@@ -261,15 +272,16 @@ def fit_interest(
     converged = torch.zeros(n_problems, dtype=torch.bool)
     active = torch.ones(n_problems, dtype=torch.bool)
     history = torch.full((settings.max_steps, n_problems), float("nan"))
-    rows_budget = settings.internal_batch_size or None
-    budget = grad_token_budget(adapter)
+    runner = Runner.for_problem(
+        problem, budget=grad_token_budget(adapter), rows=settings.internal_batch_size or None, overhead=GRAD_CHUNK_OVERHEAD
+    )
 
     for t in range(1, settings.max_steps + 1):
         act = active.nonzero().flatten()
         grad = torch.zeros(act.shape[0], seq)
         j_now = torch.zeros(act.shape[0])
         dist_now = torch.zeros(act.shape[0])
-        for idx, width in _chunks(lengths[act], samples, budget, rows_budget):
+        for idx, width in runner.plan(lengths[act], row_cells=samples):
             probs = act[idx]
             z = _draw_noise([gens[p] for p in probs.tolist()], lengths[probs], samples, width, dim)
             th = theta[probs, :width].clone().requires_grad_(True)
@@ -310,22 +322,6 @@ def grad_token_budget(adapter: ModelAdapter) -> int:
     small models, whose cost is per-call overhead, get big chunks."""
     per_position = 96 * adapter.num_layers * adapter.hidden_size
     return int(min(TOKEN_BUDGET, max(256, ACTIVATION_BUDGET // per_position)))
-
-
-def _chunks(lengths: torch.Tensor, samples: int, budget: int, rows: int | None = None) -> list[tuple[torch.Tensor, int]]:
-    """Problems in chunks of similar length (:func:`~heedful.attribution._common.length_chunks`:
-    least padding plus per-chunk overhead, padding counted in noised copies: ``samples`` per
-    problem), each cut to its longest problem and holding at most ``budget`` noised token
-    positions at its own width (or ``rows`` rows): ``(indices, width)`` pairs.
-
-    Costing padding per problem instead of per noised copy, sizing every chunk by the batch's
-    longest problem and charging a forward pass's overhead at 256 cells padded 32 movie
-    sentences (8..53 tokens) to 1.34x their real positions -- a third more arithmetic than
-    running them one at a time; now 1.08x (:data:`GRAD_CHUNK_OVERHEAD`).
-    """
-    if rows:
-        return length_chunks(lengths, max(1, rows // samples))
-    return length_chunks(lengths, row_cells=samples, budget=budget, overhead=GRAD_CHUNK_OVERHEAD)
 
 
 def _draw_noise(gens: list[torch.Generator], lengths: torch.Tensor, samples: int, seq: int, dim: int) -> torch.Tensor:
@@ -402,75 +398,46 @@ def interest_scores(
 
 
 def estimate_interest(
-    adapter: ModelAdapter,
-    batch: Batch,
-    target: ResolvedTarget,
+    problem: Problem,
     *,
     layers: list[int | None] | None = None,
     lams: list[float] | None = None,
     settings: Settings = Settings(),
     seed: int | None = 0,
-    reference: Forward | None = None,
 ) -> tuple[InterestFit, tuple[int, int, int]]:
     """Interest of every example at every layer in ``layers`` (``None`` = head output) and every
     lambda in ``lams``, optimised together. Problems are ordered example-major, then layer,
     then lambda: the result's ``sigma`` reshapes to ``[B, len(layers), len(lams), N]``.
     """
-    keys = [resolve_layer(adapter, k) for k in (layers or [None])]
+    keys = [resolve_layer(problem.adapter, k) for k in (layers or [None])]
     lam_values = list(lams) if lams is not None else [settings.lam]
-    bsz = len(batch)
+    bsz = len(problem)
     ex = torch.arange(bsz).repeat_interleave(len(keys) * len(lam_values))
     key = torch.tensor(keys).repeat_interleave(len(lam_values)).repeat(bsz)
     lam = torch.tensor(lam_values, dtype=torch.float32).repeat(bsz * len(keys))
-    fit = fit_interest(adapter, batch, target, ex, key, lam, settings, seed, reference=reference)
+    fit = fit_interest(problem, ex, key, lam, settings, seed)
     return fit, (bsz, len(keys), len(lam_values))
 
 
 def _scores_for(
-    adapter: ModelAdapter,
-    batch: Batch,
-    target: ResolvedTarget,
+    problem: Problem,
     settings: Settings,
     layer: int | None,
     layerwise: bool,
     score: str,
     normalize: bool,
     seed: int | None,
-    reference: Forward | None = None,
 ) -> torch.Tensor:
     if layerwise and layer is not None:
         raise InputError("give either layer=k or layerwise=True, not both")
-    check_choice("score", score, SCORES)
-    layers: list[int | None] = list(range(1, adapter.num_layers + 1)) if layerwise else [layer]
-    fit, (bsz, n_layers, _) = estimate_interest(
-        adapter, batch, target, layers=layers, settings=settings, seed=seed, reference=reference
-    )
+    batch = problem.batch
+    layers: list[int | None] = list(range(1, problem.adapter.num_layers + 1)) if layerwise else [layer]
+    fit, (bsz, n_layers, _) = estimate_interest(problem, layers=layers, settings=settings, seed=seed)
     sigma = fit.sigma.view(bsz, n_layers, batch.seq_len)
     content = batch.content_mask[:, None, :]
     real = batch.attention_mask.bool()[:, None, :]
     scores = interest_scores(sigma, content, real, score, normalize)
     return scores if layerwise else scores[:, 0]
-
-
-_COMMON_DEFAULTS = {
-    "samples": Settings.samples,
-    "max_steps": Settings.max_steps,
-    "window": Settings.window,
-    "tol": Settings.tol,
-    "lr": Settings.lr,
-    "scale": None,
-    "scale_factor": SCALE_FACTOR,
-    "scale_basis": "input",
-    "space": "embedding_output",
-    "output": "logits",
-    "layer": None,
-    "layerwise": False,
-    "score": "rho",
-    "normalize": True,
-    "normalise_objective": True,
-    "keep": "best",
-    "init": Settings.init,
-}
 
 
 @register(
@@ -479,36 +446,31 @@ _COMMON_DEFAULTS = {
     cost="steps x (samples forwards + 1 backward), batched over sentences (converged ones drop out)",
     citation=CITATION,
     summary="Learned per-token Gaussian noise on all tokens at once; interest = 1/sigma (tokens that tolerate little noise).",
-    stochastic=True,
-    layerwise=True,
     needs_hidden=True,  # the reference pass then serves as the clean pass (no second one)
-    defaults={"lam": Settings.lam, **_COMMON_DEFAULTS, "seed": 0},
 )
 def coperturbation(
-    adapter: ModelAdapter,
-    batch: Batch,
-    target: ResolvedTarget,
-    reference: Forward | None = None,
-    lam: float = Settings.lam,
-    samples: int = Settings.samples,
-    max_steps: int = Settings.max_steps,
-    window: int = Settings.window,
+    problem: Problem,
+    *,
+    lam: Annotated[float, NON_NEGATIVE] = Settings.lam,
+    samples: Annotated[int, AT_LEAST_ONE] = Settings.samples,
+    max_steps: Annotated[int, AT_LEAST_ONE] = Settings.max_steps,
+    window: Annotated[int, AT_LEAST_ONE] = Settings.window,
     tol: float = Settings.tol,
-    lr: float = Settings.lr,
-    scale: float | None = None,
-    scale_factor: float | None = None,
-    scale_basis: str = "input",
-    space: str = "embedding_output",
-    output: str = "logits",
+    lr: Annotated[float, POSITIVE] = Settings.lr,
+    scale: Annotated[float | None, POSITIVE] = None,
+    scale_factor: Annotated[float | None, POSITIVE] = None,
+    scale_basis: ScaleBasis = "input",
+    space: Space = "embedding_output",
+    output: PhiOutput = "logits",
     layer: int | None = None,
     layerwise: bool = False,
-    score: str = "rho",
+    score: Score = "rho",
     normalize: bool = True,
     normalise_objective: bool = True,
-    keep: str = "best",
-    init: str = Settings.init,
+    keep: Keep = "best",
+    init: Init = Settings.init,
     seed: int | None = 0,
-    internal_batch_size: int | None = None,
+    internal_batch_size: Annotated[int | None, AT_LEAST_ONE, RUNTIME] = None,
 ) -> torch.Tensor:
     """Co-perturbation interest ``[B, N]`` (``[B, L, N]`` with ``layerwise=True``: layers 1..L).
 
@@ -516,19 +478,21 @@ def coperturbation(
     (one batched forward). ``layer=k``: distortion of all tokens' states at layer ``k`` instead of
     the head's ``output`` (``"logits"``, ``"probs"``, ``"log_probs"`` or ``"target"``, the
     explained scalar -- use it for contrastive targets). ``space``: noise on the embedding
-    module's output (default) or the raw ``"word_embeddings"``. ``score``: normalised
-    ``"rho"`` (default) or ``"log_rho"``; ``normalize=False`` for raw ``1/sigma``.
-    ``normalise_objective=False``: paper Eq. 9 literally (raw sums; lambda then needs retuning).
-    ``keep``: report the lowest-objective state (``"best"``) or the final one (``"last"``).
-    ``init``: every ``theta`` starts at 0 (``"zeros"``) or at a seeded N(0, 1) draw (``"randn"``,
-    Guan et al.).
+    module's output (default) or the raw ``"word_embeddings"``. ``scale``: the noise ceiling;
+    ``None`` (default) is ``scale_factor x`` the std of the noised representation
+    (``scale_basis="input"``, factor 3 when ``None``) or of the word-embedding matrix
+    (``"word_embeddings"``, factor 10). ``score``: normalised ``"rho"`` (default) or
+    ``"log_rho"``; ``normalize=False`` for raw ``1/sigma``. ``normalise_objective=False``: paper
+    Eq. 9 literally (raw sums; lambda then needs retuning). ``keep``: report the
+    lowest-objective state (``"best"``) or the final one (``"last"``). ``init``: every ``theta``
+    starts at 0 (``"zeros"``) or at a seeded N(0, 1) draw (``"randn"``, Guan et al.).
     """
     settings = Settings(
         lam=lam, samples=samples, lr=lr, max_steps=max_steps, window=window, tol=tol, scale=scale,
         scale_factor=scale_factor, scale_basis=scale_basis, space=space, output=output, normalise=normalise_objective,
         keep=keep, init=init, internal_batch_size=internal_batch_size,
     )
-    return _scores_for(adapter, batch, target, settings, layer, layerwise, score, normalize, seed, reference)
+    return _scores_for(problem, settings, layer, layerwise, score, normalize, seed)
 
 
 @register(
@@ -537,47 +501,31 @@ def coperturbation(
     cost="5000 x (1 forward + 1 backward), batched over sentences",
     citation=GUAN_CITATION,
     summary="Guan et al.'s maximum-entropy noise learning with its reference settings (rate 0.1, 1 sample, 5000 steps).",
-    stochastic=True,
-    layerwise=True,
     needs_hidden=True,  # the reference pass then serves as the clean pass (no second one)
-    defaults={
-        "rate": 0.1,
-        **_COMMON_DEFAULTS,
-        "samples": GUAN2019.samples,
-        "max_steps": GUAN2019.max_steps,
-        "tol": GUAN2019.tol,
-        "lr": GUAN2019.lr,
-        "init": GUAN2019.init,
-        "scale_factor": GUAN_SCALE_FACTOR,
-        "scale_basis": "word_embeddings",
-        "seed": 0,
-    },
 )
 def guan2019(
-    adapter: ModelAdapter,
-    batch: Batch,
-    target: ResolvedTarget,
-    reference: Forward | None = None,
-    rate: float = 0.1,
-    samples: int = GUAN2019.samples,
-    max_steps: int = GUAN2019.max_steps,
-    window: int = Settings.window,
+    problem: Problem,
+    *,
+    rate: Annotated[float, NON_NEGATIVE] = 0.1,
+    samples: Annotated[int, AT_LEAST_ONE] = GUAN2019.samples,
+    max_steps: Annotated[int, AT_LEAST_ONE] = GUAN2019.max_steps,
+    window: Annotated[int, AT_LEAST_ONE] = Settings.window,
     tol: float = GUAN2019.tol,
-    lr: float = GUAN2019.lr,
-    scale: float | None = None,
-    scale_factor: float = GUAN_SCALE_FACTOR,
-    scale_basis: str = "word_embeddings",
-    space: str = "embedding_output",
-    output: str = "logits",
+    lr: Annotated[float, POSITIVE] = GUAN2019.lr,
+    scale: Annotated[float | None, POSITIVE] = None,
+    scale_factor: Annotated[float, POSITIVE] = GUAN_SCALE_FACTOR,
+    scale_basis: ScaleBasis = "word_embeddings",
+    space: Space = "embedding_output",
+    output: PhiOutput = "logits",
     layer: int | None = None,
     layerwise: bool = False,
-    score: str = "rho",
+    score: Score = "rho",
     normalize: bool = True,
     normalise_objective: bool = True,
-    keep: str = "best",
-    init: str = GUAN2019.init,
+    keep: Keep = "best",
+    init: Init = GUAN2019.init,
     seed: int | None = 0,
-    internal_batch_size: int | None = None,
+    internal_batch_size: Annotated[int | None, AT_LEAST_ONE, RUNTIME] = None,
 ) -> torch.Tensor:
     """Guan et al. 2019 (Eq. 7): ``L = mean(D^2) / mean(phi^2) - rate * mean_j log sigma_j``.
 
@@ -593,4 +541,4 @@ def guan2019(
         scale=scale, scale_factor=scale_factor, scale_basis=scale_basis, space=space, output=output,
         normalise=normalise_objective, keep=keep, init=init, internal_batch_size=internal_batch_size,
     )
-    return _scores_for(adapter, batch, target, settings, layer, layerwise, score, normalize, seed, reference)
+    return _scores_for(problem, settings, layer, layerwise, score, normalize, seed)

@@ -2,22 +2,31 @@
 
 ``rho_j ~ E_z ||phi(x) - phi(x | delta(x_j))||^2``: noise one token at a time with a fixed
 ``sigma`` and measure the output change. The noise, the noised representation and ``phi`` are
-those of co-perturbation (:mod:`heedful.attribution._noise`), so the two are directly
+those of co-perturbation (:mod:`heedful.attribution.noise`), so the two are directly
 comparable; what differs is that here each token is noised alone, so interactions between
 tokens are invisible (the paper's motivation for co-perturbation).
 """
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch
 
-from heedful.adapters import Forward, ModelAdapter
-from heedful.attribution._common import example_generators, length_chunks
-from heedful.attribution._noise import SCALE_FACTOR, NoiseProbe, noise_scale, resolve_layer
-from heedful.batch import Batch
-from heedful.errors import InputError
+from heedful.attribution.noise import (
+    SCALE_FACTOR,
+    NoiseProbe,
+    PhiOutput,
+    ScaleBasis,
+    Space,
+    noise_scale,
+    resolve_layer,
+)
+from heedful.options import AT_LEAST_ONE, POSITIVE, RUNTIME
+from heedful.problem import Problem
 from heedful.registry import register
-from heedful.targets import ResolvedTarget
+from heedful.runner import Runner
+from heedful.seeding import example_generators
 
 
 @register(
@@ -26,42 +35,36 @@ from heedful.targets import ResolvedTarget
     cost="N x samples forwards (batched)",
     citation="Seed paper (co-perturbation interest estimation), Eq. 1: word-by-word perturbation",
     summary="Output change when Gaussian noise of fixed sigma is added to one token at a time.",
-    stochastic=True,
-    defaults={"sigma": None, "scale_factor": SCALE_FACTOR, "scale_basis": "input", "samples": 8, "space": "embedding_output", "output": "logits", "layer": None, "seed": 0},
+    needs_hidden=True,  # the reference pass is the clean pass
 )
 @torch.no_grad()
 def individual_perturbation(
-    adapter: ModelAdapter,
-    batch: Batch,
-    target: ResolvedTarget,
-    reference: Forward | None = None,
-    sigma: float | None = None,
-    scale_factor: float = SCALE_FACTOR,
-    scale_basis: str = "input",
-    samples: int = 8,
-    space: str = "embedding_output",
-    output: str = "logits",
+    problem: Problem,
+    *,
+    sigma: Annotated[float | None, POSITIVE] = None,
+    scale_factor: Annotated[float, POSITIVE] = SCALE_FACTOR,
+    scale_basis: ScaleBasis = "input",
+    samples: Annotated[int, AT_LEAST_ONE] = 8,
+    space: Space = "embedding_output",
+    output: PhiOutput = "logits",
     layer: int | None = None,
     normalise: bool = True,
     seed: int | None = 0,
-    internal_batch_size: int | None = None,
+    internal_batch_size: Annotated[int | None, AT_LEAST_ONE, RUNTIME] = None,
 ) -> torch.Tensor:
     """Mean distortion when token ``j`` alone is noised, ``[B, N]`` (every real token, specials
     included, as co-perturbation noises them too; 0 on padding).
 
     ``sigma`` defaults to co-perturbation's noise ceiling, ``scale_factor x`` the std of the
-    noised representation (:func:`~heedful.attribution._noise.noise_scale`; ours: the paper fixes
+    noised representation (:func:`~heedful.attribution.noise.noise_scale`; ours: the paper fixes
     a sigma without giving it). ``samples`` noise draws per
     token (ours). ``space``, ``output``, ``layer`` and ``normalise`` as in
     :func:`~heedful.attribution.coperturbation.coperturbation`; ``normalise`` divides by the
     mean squared reference output, which leaves each sentence's ranking unchanged.
     """
-    if int(samples) < 1:
-        raise InputError(f"samples must be at least 1, got {samples}")
-    if sigma is not None and sigma <= 0:
-        raise InputError(f"sigma must be positive, got {sigma}")
+    adapter, batch = problem.adapter, problem.batch
     key = resolve_layer(adapter, layer)
-    probe = NoiseProbe.build(adapter, batch, target, (key,), space, output)
+    probe = NoiseProbe.build(problem, (key,), space, output)
     std = noise_scale(adapter, probe, torch.arange(len(batch)), scale_factor, scale_basis, sigma)  # [B]
     real = batch.attention_mask.bool()
     example, position = real.nonzero(as_tuple=True)  # one group of rows per (example, token)
@@ -77,7 +80,7 @@ def individual_perturbation(
     flat = (draws * std[example, None, None]).reshape(-1, dim)
     out = torch.zeros(rows_example.shape[0])
     # rows of similar length run together, each chunk cut to its longest row
-    for idx, width in length_chunks(batch.lengths[rows_example], internal_batch_size):
+    for idx, width in Runner.for_problem(problem, rows=internal_batch_size).plan(batch.lengths[rows_example]):
         n_rows = idx.shape[0]
         noise = torch.zeros(n_rows, width, dim)
         noise[torch.arange(n_rows), rows_position[idx]] = flat[idx]

@@ -10,35 +10,39 @@ anchor's own entry set to 0, as in the reference implementations.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import torch
 
-from heedful.adapters import Forward, ModelAdapter
-from heedful.attribution._common import length_chunks
+from heedful.adapters import ModelAdapter
 from heedful.attribution.attention_gradient import (
-    _mean_over_real_rows,
     attention_gradients,
     attention_reference,
+    mean_over_real_rows,
 )
 from heedful.batch import Batch
 from heedful.errors import InputError
 from heedful.lrp import rule_set
+from heedful.lrp.masks import Ablation
 from heedful.lrp.propagate import LRPForward, Prepared, RelevancePass, lrp_backward, lrp_forward
+from heedful.options import OPEN_UNIT, UNIT
+from heedful.problem import Problem
 from heedful.registry import register
-from heedful.targets import ResolvedTarget
+from heedful.runner import length_chunks
 
 RELPROP_COST = "1 forward + 1 backward + 1 relevance pass"
 
 
-def lrp_reference(rules: str) -> Callable[[ModelAdapter, Batch, torch.Tensor], LRPForward]:
+def lrp_reference(rules: str) -> Callable[..., LRPForward]:
     """A reference pass (see :class:`~heedful.registry.MethodInfo`) that is the LRP forward of
     ``rules`` itself, run in groups of rows of similar length, each cut to its longest row: the
     method then needs no forward of its own."""
 
-    def reference(adapter: ModelAdapter, batch: Batch, anchor: torch.Tensor) -> LRPForward:
+    def reference(
+        adapter: ModelAdapter, batch: Batch, anchor: torch.Tensor, inputs_embeds: torch.Tensor | None = None
+    ) -> LRPForward:
         chunks = [
-            lrp_forward(adapter, batch, anchor, rule_set(rules), rows, width)
+            lrp_forward(adapter, batch, anchor, rule_set(rules), rows, width, inputs_embeds)
             for rows, width in length_chunks(batch.lengths)
         ]
         order = torch.argsort(torch.cat([c.rows for c in chunks]))
@@ -48,17 +52,16 @@ def lrp_reference(rules: str) -> Callable[[ModelAdapter, Batch, torch.Tensor], L
     return reference
 
 
-def _passes(
-    adapter: ModelAdapter, batch: Batch, target: ResolvedTarget, reference: Forward | None, rules: str, **options: Any
-) -> Iterator[tuple[Prepared, RelevancePass]]:
-    """The backward passes of ``rules`` on each length chunk, reusing the reference pass when it
-    is the LRP forward of the same rules."""
+def _passes(problem: Problem, rules: str, **options: Any) -> Iterator[tuple[Prepared, RelevancePass]]:
+    """The backward passes of ``rules`` on each length chunk, reusing the problem's reference
+    pass when it is the LRP forward of the same rules."""
+    reference, target = problem.reference, problem.target
     if isinstance(reference, LRPForward) and reference.rules == rules and reference.chunks:
         chunks = reference.chunks
     else:
-        chunks = lrp_reference(rules)(adapter, batch, target.anchor).chunks
+        chunks = lrp_reference(rules)(problem.adapter, problem.batch, target.anchor, problem.inputs_embeds).chunks
     for chunk in chunks:
-        yield chunk, lrp_backward(chunk, adapter, target.select(chunk.rows), **options)
+        yield chunk, lrp_backward(chunk, problem.adapter, target.select(chunk.rows), **options)
 
 
 def _scatter(batch: Batch, parts: list[tuple[Prepared, torch.Tensor]]) -> torch.Tensor:
@@ -106,12 +109,9 @@ def _weighted_maps(grads: list[torch.Tensor], maps: dict[int, torch.Tensor]) -> 
     cost="1 forward + 1 relevance pass",
     citation="Bach et al. 2015, Layer-wise Relevance Propagation (Eq. 2, alpha1-beta0 / z-rules) with Chefer et al. 2021a's transformer rules (original-LRP additions, their layers_lrp.py)",
     summary="Relevance of each token's input to the first block, propagated from the target logit (sums to 1).",
-    reference_pass=lrp_reference("lrp"),
-    defaults={"rules": "lrp"},
+    reference=lrp_reference("lrp"),
 )
-def lrp(
-    adapter: ModelAdapter, batch: Batch, target: ResolvedTarget, reference: Forward | None = None, rules: str = "lrp"
-) -> torch.Tensor:
+def lrp(problem: Problem, *, rules: Literal["lrp", "chefer"] = "lrp") -> torch.Tensor:
     """Full LRP: ``R`` at the first block's input, summed over the hidden dimension ``[B, N]``.
 
     Starts from ``R = 1`` on the explained logit (contrast targets: +1 / -1) and conserves it
@@ -119,10 +119,8 @@ def lrp(
     z-rule products, identity non-linearities, plain z-rule additions -- the "LRP" baseline of
     Chefer et al. 2021a and Song et al. 2024; ``rules="chefer"``: renormalised additions.
     """
-    if rules not in ("lrp", "chefer"):
-        raise InputError(f"rules must be 'lrp' or 'chefer', got {rules!r}", hint="use rules='lrp' or rules='chefer'")
-    parts = [(c, p.inputs.sum(dim=-1)) for c, p in _passes(adapter, batch, target, reference, rules)]
-    return _scatter(batch, parts)
+    parts = [(c, p.inputs.sum(dim=-1)) for c, p in _passes(problem, rules)]
+    return _scatter(problem.batch, parts)
 
 
 @register(
@@ -131,18 +129,16 @@ def lrp(
     cost="1 forward + 1 relevance pass (last layer)",
     citation="Voita et al. 2019, Analyzing Multi-Head Self-Attention (relevance of heads, Sec. 4), as the PartialLRP baseline of Chefer et al. 2021a / Song et al. 2024",
     summary="Positive LRP relevance of the last layer's attention probabilities, averaged over heads, anchor row.",
-    reference_pass=lrp_reference("lrp"),
+    reference=lrp_reference("lrp"),
 )
-def partial_lrp(
-    adapter: ModelAdapter, batch: Batch, target: ResolvedTarget, reference: Forward | None = None
-) -> torch.Tensor:
+def partial_lrp(problem: Problem) -> torch.Tensor:
     """``mean_h (R_A_L)^+[anchor, :]`` with the anchor's self-entry 0 ``[B, N]``; ``R_A_L``: the
     relevance of the last layer's attention probabilities under the original LRP rules."""
     parts = []
-    for chunk, found in _passes(adapter, batch, target, reference, "lrp", maps=True, inputs=False, last_layer_only=True):
+    for chunk, found in _passes(problem, "lrp", maps=True, inputs=False, last_layer_only=True):
         last = found.maps[max(found.maps)]
-        parts.append((chunk, _anchor_row(last.clamp(min=0).mean(dim=1), target.anchor[chunk.rows])))
-    return _scatter(batch, parts)
+        parts.append((chunk, _anchor_row(last.clamp(min=0).mean(dim=1), problem.anchor[chunk.rows])))
+    return _scatter(problem.batch, parts)
 
 
 @register(
@@ -151,35 +147,23 @@ def partial_lrp(
     cost=RELPROP_COST,
     citation="Chefer, Gur & Wolf 2021a, Transformer Interpretability Beyond Attention Visualization (Eq. 13-14; ExplanationGenerator.generate_LRP)",
     summary="LRP relevance of attention maps weighted by their gradients, positive part, rolled out over the layers.",
-    reference_pass=lrp_reference("chefer"),
-    defaults={"start_layer": 0},
+    reference=lrp_reference("chefer"),
 )
-def chefer(
-    adapter: ModelAdapter, batch: Batch, target: ResolvedTarget, reference: Forward | None = None, start_layer: int = 0
-) -> torch.Tensor:
+def chefer(problem: Problem, *, start_layer: int = 0) -> torch.Tensor:
     """``Abar_l = mean_h (grad A_l * R_A_l)^+``, ``C = prod_l norm_rows(Abar_l + I)`` from
     ``start_layer`` (0 = all layers; the reference default 11 = last layer of BERT-base); the
     anchor row of ``C`` with its self-entry 0 ``[B, N]``."""
-    return _rollout_scores(adapter, batch, target, reference, start_layer)
+    return _rollout_scores(problem, start_layer)
 
 
-def _rollout_scores(
-    adapter: ModelAdapter,
-    batch: Batch,
-    target: ResolvedTarget,
-    reference: Forward | None,
-    start_layer: int,
-    **options: Any,
-) -> torch.Tensor:
+def _rollout_scores(problem: Problem, start_layer: int, **options: Any) -> torch.Tensor:
     """Chefer's rollout of ``mean_h (grad A * R_A)^+`` per chunk, anchor rows ``[B, N]``."""
     parts = []
-    for chunk, found in _passes(
-        adapter, batch, target, reference, "chefer", gradients=True, maps=True, inputs=False, **options
-    ):
+    for chunk, found in _passes(problem, "chefer", gradients=True, maps=True, inputs=False, **options):
         start = _start_layer(start_layer, len(found.probs))
         joint = relevance_rollout(_weighted_maps(found.attn_grads, found.maps), start)
-        parts.append((chunk, _anchor_row(joint, target.anchor[chunk.rows])))
-    return _scatter(batch, parts)
+        parts.append((chunk, _anchor_row(joint, problem.anchor[chunk.rows])))
+    return _scatter(problem.batch, parts)
 
 
 @register(
@@ -188,22 +172,19 @@ def _rollout_scores(
     cost=RELPROP_COST + " (+ head statistics once per model)",
     citation="Song et al. 2024, Better Explain Transformers by Illuminating Important Information (Eq. 6-11; Mask-LRP ExplanationGenerator.MGAE)",
     summary="Chefer's rollout with relevance propagated only through syntactic and positional heads.",
-    reference_pass=lrp_reference("chefer"),
-    defaults={"head_mask": None, "start_layer": 0, "reference_scale": True, "ablation": None},
+    reference=lrp_reference("chefer"),
 )
 def mask_lrp(
-    adapter: ModelAdapter,
-    batch: Batch,
-    target: ResolvedTarget,
-    reference: Forward | None = None,
+    problem: Problem,
+    *,
     head_mask: Any = None,
     start_layer: int = 0,
     reference_scale: bool = True,
-    xi_synt: float = 0.1,
-    xi_pos: float = 0.8,
-    ablation: str | None = None,
+    xi_synt: Annotated[float, UNIT] = 0.1,
+    xi_pos: Annotated[float, OPEN_UNIT] = 0.8,
+    ablation: Ablation | None = None,
     ablation_seed: int = 0,
-    corruption_rate: float = 0.1,
+    corruption_rate: Annotated[float, UNIT] = 0.1,
 ) -> torch.Tensor:
     """Mask-LRP: the head mask ``M`` ``[L, H]`` multiplies each head's output relevance before it
     enters ``A V`` during the relevance pass only (the forward and the gradients are the model's);
@@ -228,15 +209,13 @@ def mask_lrp(
     from heedful.lrp.heads import default_head_mask
     from heedful.lrp.masks import ablate, as_head_mask
 
+    adapter = problem.adapter
     adapter.lrp_roles()  # an unmapped family fails here, before any head statistics are computed
     mask = default_head_mask(adapter, xi_synt=xi_synt, xi_pos=xi_pos) if head_mask is None else as_head_mask(head_mask)
     if ablation is not None:
         mask = ablate(mask, ablation, ablation_seed, corruption_rate)
     return _rollout_scores(
-        adapter,
-        batch,
-        target,
-        reference,
+        problem,
         start_layer,
         head_mask=torch.as_tensor(mask.as_float()),
         reference_scale=reference_scale,
@@ -249,15 +228,13 @@ def mask_lrp(
     cost="1 forward + 1 backward",
     citation="Achtibat et al. 2024, AttnLRP: Attention-Aware Layer-Wise Relevance Propagation for Transformers (Eq. 7, 9, 13; lxt.efficient rules)",
     summary="AttnLRP relevance of each word embedding (one modified backward pass), summed over the embedding.",
-    reference_pass=lrp_reference("attnlrp"),
+    reference=lrp_reference("attnlrp"),
 )
-def attnlrp(
-    adapter: ModelAdapter, batch: Batch, target: ResolvedTarget, reference: Forward | None = None
-) -> torch.Tensor:
+def attnlrp(problem: Problem) -> torch.Tensor:
     """``sum_d e_id * g_id`` with ``g`` the AttnLRP-modified gradient of the target logit at the
     word embeddings ``e`` ``[B, N]``; the scores sum to the logit minus what biases absorb."""
-    parts = [(c, p.inputs.sum(dim=-1)) for c, p in _passes(adapter, batch, target, reference, "attnlrp")]
-    return _scatter(batch, parts)
+    parts = [(c, p.inputs.sum(dim=-1)) for c, p in _passes(problem, "attnlrp")]
+    return _scatter(problem.batch, parts)
 
 
 @register(
@@ -266,13 +243,13 @@ def attnlrp(
     cost="1 forward + 1 backward",
     citation="Zhou et al. 2016 (CAM) on attention gradients, as the CAM baseline of Song et al. 2024 (Mask-LRP ExplanationGenerator.generate_gradcam)",
     summary="Last layer's attention gradient averaged over heads and query rows, positive part.",
-    reference_pass=attention_reference(),
+    reference=attention_reference(),
 )
-def cam(adapter: ModelAdapter, batch: Batch, target: ResolvedTarget, reference: Forward | None = None) -> torch.Tensor:
+def cam(problem: Problem) -> torch.Tensor:
     """``max(0, mean_{h,i} dF/dA_L[h, i, :])`` over real query rows, anchor column 0 ``[B, N]``."""
-    _, grads, _ = attention_gradients(adapter, batch, target, reference=reference)
-    scores = _mean_over_real_rows(grads[-1].mean(dim=1), batch.attention_mask).clamp(min=0)
-    scores[torch.arange(scores.shape[0]), target.anchor] = 0.0
+    _, grads, _ = attention_gradients(problem)
+    scores = mean_over_real_rows(grads[-1].mean(dim=1), problem.batch.attention_mask).clamp(min=0)
+    scores[torch.arange(scores.shape[0]), problem.anchor] = 0.0
     return scores
 
 
@@ -282,17 +259,15 @@ def cam(adapter: ModelAdapter, batch: Batch, target: ResolvedTarget, reference: 
     cost="1 forward + 1 backward",
     citation="Chefer et al. 2021a's GradCAM-on-attention baseline, as GradCAM in Song et al. 2024 (ExplanationGenerator.generate_attn_gradcam)",
     summary="Last layer's attention weighted per head by its mean gradient, positive part, min-max normalised.",
-    reference_pass=attention_reference(),
+    reference=attention_reference(),
 )
-def attention_gradcam(
-    adapter: ModelAdapter, batch: Batch, target: ResolvedTarget, reference: Forward | None = None
-) -> torch.Tensor:
+def attention_gradcam(problem: Problem) -> torch.Tensor:
     """``w_h = mean_{i,j} dF/dA_L[h]``; ``G = max(0, mean_h w_h A_L[h])`` min-max normalised over
     the real ``N x N`` block; anchor row with self-entry 0 ``[B, N]``. (Grad-SAM proper is
     ``grad_sam``.)"""
-    fwd, grads, _ = attention_gradients(adapter, batch, target, reference=reference)
+    fwd, grads, _ = attention_gradients(problem)
     attn, grad = fwd.attentions[-1], grads[-1]
-    real = batch.attention_mask.to(attn.dtype)
+    real = problem.batch.attention_mask.to(attn.dtype)
     cells = (real[:, :, None] * real[:, None, :])[:, None]  # [B, 1, N, N]
     weights = (grad * cells).sum(dim=(-1, -2), keepdim=True) / cells.sum(dim=(-1, -2), keepdim=True)
     maps = (weights * attn).mean(dim=1).clamp(min=0)  # [B, N, N]
@@ -301,4 +276,4 @@ def attention_gradcam(
     low = maps.masked_fill(~inside, big).amin(dim=(-1, -2), keepdim=True)
     high = maps.masked_fill(~inside, -big).amax(dim=(-1, -2), keepdim=True)
     maps = torch.where(inside, (maps - low) / (high - low).clamp(min=1e-12), torch.zeros_like(maps))
-    return _anchor_row(maps, target.anchor)
+    return _anchor_row(maps, problem.anchor)

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch
 
-from heedful.adapters import Forward, ModelAdapter
-from heedful.attribution._common import example_generators
 from heedful.attribution._masks import features_of, score_samples, to_tokens
-from heedful.batch import Batch
-from heedful.errors import InputError
+from heedful.attribution.perturbation import Output
+from heedful.options import AT_LEAST_ONE, OPEN_UNIT, RUNTIME
+from heedful.perturb import Removal
+from heedful.problem import Problem
 from heedful.registry import register
-from heedful.targets import ResolvedTarget
+from heedful.seeding import example_generators
 
 
 @register(
@@ -19,20 +21,16 @@ from heedful.targets import ResolvedTarget
     cost="n_masks forwards (batched)",
     citation="Petsiuk et al. 2018, RISE: Randomized Input Sampling for Explanation (Eq. 6), over tokens",
     summary="Mean output over random token keep-masks, weighted by whether each token was kept.",
-    stochastic=True,
-    defaults={"n_masks": 500, "p_keep": 0.5, "removal": "auto", "output": "probability", "seed": 0},
 )
 def rise(
-    adapter: ModelAdapter,
-    batch: Batch,
-    target: ResolvedTarget,
-    reference: Forward | None = None,
-    n_masks: int = 500,
-    p_keep: float = 0.5,
-    removal: str = "auto",
-    output: str = "probability",
+    problem: Problem,
+    *,
+    n_masks: Annotated[int, AT_LEAST_ONE] = 500,
+    p_keep: Annotated[float, OPEN_UNIT] = 0.5,
+    removal: Removal = "auto",
+    output: Output = "probability",
     seed: int | None = 0,
-    internal_batch_size: int | None = None,
+    internal_batch_size: Annotated[int | None, AT_LEAST_ONE, RUNTIME] = None,
 ) -> torch.Tensor:
     """``S_j = 1 / (n_masks * p) * sum_m f(x . m_m) m_m[j]`` per removable token ``[B, N]``.
 
@@ -42,14 +40,11 @@ def rise(
     smooth masks have no text analogue). ``output``: class probability (RISE's choice) or logit.
     ``n_masks`` 500 is ours (the paper uses 4000-8000 for images with many more cells).
     """
-    if int(n_masks) < 1:
-        raise InputError(f"n_masks must be at least 1, got {n_masks}")
-    if not 0.0 < p_keep < 1.0:
-        raise InputError(f"p_keep must be in (0, 1), got {p_keep}")
-    features = features_of(batch, target)
+    batch = problem.batch
+    features = features_of(batch, problem.target)
     keep = torch.zeros(len(batch), int(n_masks), features.width, dtype=torch.bool)
     for b, (g, m) in enumerate(zip(example_generators(batch, seed), features.counts.tolist(), strict=True)):
         keep[b, :, :m] = torch.rand((int(n_masks), m), generator=g) < p_keep
-    y = score_samples(adapter, batch, target, features, keep, removal, output, internal_batch_size)
+    y = score_samples(problem, features, keep, removal, output, internal_batch_size)
     importance = torch.einsum("bs,bsm->bm", y.double(), keep.double()) / (int(n_masks) * p_keep)
     return to_tokens(features, importance.float(), batch.seq_len)

@@ -19,27 +19,26 @@ the same samples) but fit every example's model at once as one batched least-squ
 
 from __future__ import annotations
 
+from typing import Annotated, Literal
+
 import torch
 
-from heedful.adapters import Forward, ModelAdapter
-from heedful.attribution._common import example_generators
 from heedful.attribution._masks import Features, features_of, score_samples, to_tokens
-from heedful.batch import Batch
+from heedful.attribution.perturbation import Output
 from heedful.errors import InputError
+from heedful.options import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, RUNTIME, Range
+from heedful.perturb import Removal
+from heedful.problem import Problem
 from heedful.registry import register
-from heedful.targets import ResolvedTarget
+from heedful.seeding import example_generators
 
-LIME_SAMPLING = ("lime", "bernoulli")
+Sampling = Literal["lime", "bernoulli"]
+AT_LEAST_TWO = Range(2)
 SHAP_INFINITE_WEIGHT = 1e6
 """Weight of the empty and full coalitions (Captum's ``KernelShap.inf_weight``)."""
 
 
 # ---------------------------------------------------------------------------------- sampling
-def _check_samples(n_samples: int, least: int) -> None:
-    if int(n_samples) < least:
-        raise InputError(f"n_samples must be at least {least}, got {n_samples}")
-
-
 def lime_samples(features: Features, n_samples: int, sampling: str, gens: list[torch.Generator]) -> torch.Tensor:
     """Keep-masks ``[B, S, M]`` (bool; padding features False).
 
@@ -47,8 +46,6 @@ def lime_samples(features: Features, n_samples: int, sampling: str, gens: list[t
     removes ``r ~ U{1..M}`` features chosen uniformly. ``"bernoulli"`` (Captum's
     ``default_perturb_func``): each feature kept with probability 0.5.
     """
-    if sampling not in LIME_SAMPLING:
-        raise InputError(f"unknown sampling {sampling!r}", hint=f"use one of {', '.join(LIME_SAMPLING)}")
     bsz, width = features.positions.shape
     keep = torch.zeros(bsz, n_samples, width, dtype=torch.bool)
     for b, (g, m) in enumerate(zip(gens, features.counts.tolist(), strict=True)):
@@ -133,22 +130,18 @@ def weighted_linear_fit(
     cost="n_samples forwards (batched)",
     citation="Ribeiro et al. 2016, \"Why Should I Trust You?\" (Eq. 1-2; LimeTextExplainer settings)",
     summary="Weighted ridge fit of the output on random token removals near the input.",
-    stochastic=True,
-    defaults={"n_samples": 200, "sampling": "lime", "kernel_width": 0.25, "alpha": 1.0, "removal": "auto", "output": "probability", "seed": 0},
 )
 def lime(
-    adapter: ModelAdapter,
-    batch: Batch,
-    target: ResolvedTarget,
-    reference: Forward | None = None,
-    n_samples: int = 200,
-    sampling: str = "lime",
-    kernel_width: float = 0.25,
-    alpha: float = 1.0,
-    removal: str = "auto",
-    output: str = "probability",
+    problem: Problem,
+    *,
+    n_samples: Annotated[int, AT_LEAST_TWO] = 200,
+    sampling: Sampling = "lime",
+    kernel_width: Annotated[float, POSITIVE] = 0.25,
+    alpha: Annotated[float, NON_NEGATIVE] = 1.0,
+    removal: Removal = "auto",
+    output: Output = "probability",
     seed: int | None = 0,
-    internal_batch_size: int | None = None,
+    internal_batch_size: Annotated[int | None, AT_LEAST_ONE, RUNTIME] = None,
 ) -> torch.Tensor:
     """LIME coefficients per removable token ``[B, N]`` (0 for special tokens and a fixed anchor).
 
@@ -158,11 +151,10 @@ def lime(
     Captum: 50). Captum's ``Lime`` defaults differ (Bernoulli sampling -- ``sampling="bernoulli"``
     --, kernel on the model inputs, ``Lasso(alpha=0.01)``).
     """
-    _check_samples(n_samples, 2)
-    features = features_of(batch, target)
-    gens = example_generators(batch, seed)
-    keep = lime_samples(features, int(n_samples), sampling, gens)
-    y = score_samples(adapter, batch, target, features, keep, removal, output, internal_batch_size)
+    batch = problem.batch
+    features = features_of(batch, problem.target)
+    keep = lime_samples(features, n_samples, sampling, example_generators(batch, seed))
+    y = score_samples(problem, features, keep, removal, output, internal_batch_size)
     w = lime_kernel(keep, features.counts, kernel_width)
     coef, _ = weighted_linear_fit(keep, y, w, features.valid, alpha)
     return to_tokens(features, coef.float(), batch.seq_len)
@@ -174,19 +166,15 @@ def lime(
     cost="n_samples forwards (batched)",
     citation="Lundberg & Lee 2017, A Unified Approach to Interpreting Model Predictions (Kernel SHAP, Theorem 2)",
     summary="Shapley-kernel-weighted linear fit of the output on random token coalitions (approximate Shapley values).",
-    stochastic=True,
-    defaults={"n_samples": 200, "removal": "auto", "output": "probability", "seed": 0},
 )
 def kernel_shap(
-    adapter: ModelAdapter,
-    batch: Batch,
-    target: ResolvedTarget,
-    reference: Forward | None = None,
-    n_samples: int = 200,
-    removal: str = "auto",
-    output: str = "probability",
+    problem: Problem,
+    *,
+    n_samples: Annotated[int, AT_LEAST_TWO] = 200,
+    removal: Removal = "auto",
+    output: Output = "probability",
     seed: int | None = 0,
-    internal_batch_size: int | None = None,
+    internal_batch_size: Annotated[int | None, AT_LEAST_ONE, RUNTIME] = None,
 ) -> torch.Tensor:
     """Approximate Shapley values per removable token ``[B, N]``.
 
@@ -195,11 +183,10 @@ def kernel_shap(
     squares with intercept. Removed tokens become the ``removal`` token (``[MASK]``; deleted for
     causal LMs). ``n_samples`` 200 is ours (Captum: 25).
     """
-    _check_samples(n_samples, 2)
-    features = features_of(batch, target)
-    gens = example_generators(batch, seed)
-    keep = shap_samples(features, int(n_samples), gens)
-    y = score_samples(adapter, batch, target, features, keep, removal, output, internal_batch_size)
+    batch = problem.batch
+    features = features_of(batch, problem.target)
+    keep = shap_samples(features, n_samples, example_generators(batch, seed))
+    y = score_samples(problem, features, keep, removal, output, internal_batch_size)
     full = keep.sum(dim=2)
     extreme = (full == 0) | (full == features.counts[:, None])
     w = torch.where(extreme, torch.full_like(y, SHAP_INFINITE_WEIGHT), torch.ones_like(y))

@@ -21,18 +21,18 @@ nothing would remain (e.g. GPT-2 without a BOS token, where the reference also s
 
 from __future__ import annotations
 
+from typing import Annotated, Literal
+
 import torch
 
-from heedful.adapters import ModelAdapter
-from heedful.adapters.base import Forward
-from heedful.attribution._common import score_perturbed
 from heedful.attribution._masks import Features, features_of, perturbed_rows, to_tokens
-from heedful.batch import Batch
-from heedful.errors import InputError
+from heedful.options import AT_LEAST_ONE, RUNTIME
+from heedful.problem import Problem
 from heedful.registry import register
+from heedful.runner import Copies, Runner
 from heedful.targets import ResolvedTarget
 
-DIRECTIONS = ("forward", "backward", "bidirectional")
+Direction = Literal["forward", "backward", "bidirectional"]
 
 
 def is_contrast(target: ResolvedTarget) -> bool:
@@ -48,36 +48,28 @@ def tdd_output(target: ResolvedTarget, logits: torch.Tensor) -> torch.Tensor:
     return target.score(torch.softmax(logits.float(), dim=-1))
 
 
-def _row_scores(
-    adapter: ModelAdapter,
-    batch: Batch,
-    target: ResolvedTarget,
-    features: Features,
-    keep: torch.Tensor,
-    chunk: int | None,
-) -> torch.Tensor:
+def _row_scores(problem: Problem, features: Features, keep: torch.Tensor, chunk: int | None) -> torch.Tensor:
     """TDD output for keep-patterns ``keep`` ``[B, M + 1, M]`` with deletion -> ``[B, M + 1]``;
     rows with nothing left to run (all features gone, no special token) give 0."""
+    batch = problem.batch
     bsz, steps, width = keep.shape
     kept = (keep & features.valid[:, None, :]).sum(dim=2)
     remaining = batch.lengths[:, None] - features.counts[:, None] + kept  # tokens left per row
     run = (torch.arange(steps)[None, :] <= features.counts[:, None]) & (remaining > 0)
     example, step = run.nonzero(as_tuple=True)
-    perturbed = perturbed_rows(adapter, batch, target, features, keep[example, step], example, "delete")
-    if is_contrast(target) or target.task == "regression":
-        values = score_perturbed(adapter, batch, target, perturbed, example, "logit", chunk)
-        values = values if target.task == "regression" else torch.tanh(values / 2)
-    else:
-        values = score_perturbed(adapter, batch, target, perturbed, example, "probability", chunk)
+    perturbed = perturbed_rows(problem, features, keep[example, step], example, "delete")
+    runner = Runner.for_problem(problem, rows=chunk)
+    values = runner.map(Copies.of(perturbed, example), lambda part, fwd: tdd_output(part.target, fwd.logits))
     out = torch.zeros(bsz, steps)
     out[example, step] = values.float()
     return out
 
 
-def _prefix_one_pass(adapter: ModelAdapter, batch: Batch, target: ResolvedTarget, features: Features) -> torch.Tensor | None:
+def _prefix_one_pass(problem: Problem, features: Features) -> torch.Tensor | None:
     """``d`` ``[B, M + 1]`` from one forward for causal decoders whose special tokens all come
     before the content (then the prefix ending at a token is exactly what its position sees);
     ``None`` when that does not hold."""
+    adapter, batch, target = problem.adapter, problem.batch, problem.target
     if not adapter.is_decoder or target.anchor_kind != "last":
         return None
     positions = torch.arange(batch.seq_len)[None, :]
@@ -85,9 +77,7 @@ def _prefix_one_pass(adapter: ModelAdapter, batch: Batch, target: ResolvedTarget
     late_special = (batch.special_mask & (positions > first[:, None])).any()
     if late_special:
         return None
-    with torch.no_grad():
-        fwd = adapter.forward(batch, target.anchor, hidden_states=True)
-    h = fwd.hidden_states[-1]  # [B, N, D], final norm included
+    h = problem.reference_with(hidden_states=True).hidden_states[-1]  # [B, N, D], final norm included
     bsz, seq, dim = h.shape
     logits = adapter.head_at_layer(h.reshape(bsz * seq, dim), adapter.num_layers)
     per_pos = tdd_output(target.repeat(seq), logits).view(bsz, seq)
@@ -106,16 +96,14 @@ def _prefix_one_pass(adapter: ModelAdapter, batch: Batch, target: ResolvedTarget
     cost="forward: 1 forward (decoders) or N+1; backward: N+1; bidirectional: both (batched)",
     citation="Feng et al. 2024, Unveiling and Manipulating Prompt Influence in LLMs (TDD, ICLR)",
     summary="Change of the (contrastive) output distribution as each token joins the prefix / suffix.",
-    defaults={"direction": "bidirectional"},
+    needs_hidden=True,  # decoders read every prefix off the reference pass
 )
 @torch.no_grad()
 def tdd(
-    adapter: ModelAdapter,
-    batch: Batch,
-    target: ResolvedTarget,
-    reference: Forward | None = None,
-    direction: str = "bidirectional",
-    internal_batch_size: int | None = None,
+    problem: Problem,
+    *,
+    direction: Direction = "bidirectional",
+    internal_batch_size: Annotated[int | None, AT_LEAST_ONE, RUNTIME] = None,
 ) -> torch.Tensor:
     """TDD saliency per content token ``[B, N]`` (special tokens and a fixed anchor 0).
 
@@ -123,24 +111,23 @@ def tdd(
     reference's best variant). Use a contrastive target (``"A vs B"``) for the paper's
     target/foil score.
     """
-    if direction not in DIRECTIONS:
-        raise InputError(f"unknown direction {direction!r}", hint=f"use one of {', '.join(DIRECTIONS)}")
-    features = features_of(batch, target)
+    batch = problem.batch
+    features = features_of(batch, problem.target)
     width = features.width
     steps = torch.arange(width + 1)[:, None]
     feat = torch.arange(width)[None, :]
     counts = features.counts
     total = torch.zeros(len(batch), width)
     if direction in ("forward", "bidirectional"):
-        d = _prefix_one_pass(adapter, batch, target, features)
+        d = _prefix_one_pass(problem, features)
         if d is None:
             prefix_keep = (feat < steps)[None].expand(len(batch), -1, -1)  # row i keeps the first i
-            d = _row_scores(adapter, batch, target, features, prefix_keep, internal_batch_size)
+            d = _row_scores(problem, features, prefix_keep, internal_batch_size)
         total += d[:, 1:] - d[:, :-1]
     if direction in ("backward", "bidirectional"):
         # row i keeps the last i features of each example
         suffix_keep = feat[None] >= (counts[:, None, None] - steps[None])
-        b = _row_scores(adapter, batch, target, features, suffix_keep, internal_batch_size)
+        b = _row_scores(problem, features, suffix_keep, internal_batch_size)
         i = (counts[:, None] - feat).clamp(min=1, max=width)  # suffix length that adds feature f
         total += b.gather(1, i) - b.gather(1, i - 1)
     if direction == "bidirectional":

@@ -7,21 +7,21 @@ logit by the norm of the token's input embedding. One forward pass and one batch
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 
-from heedful.adapters import Forward, ModelAdapter
-from heedful.batch import Batch
+from heedful.adapters import ModelAdapter
 from heedful.errors import InputError
+from heedful.problem import Problem
 from heedful.registry import register
 from heedful.targets import ResolvedTarget
 
 NORMXLOGIT_CITATION = "Abbasi et al. 2025, NormXLogit: The Head-on-Top Never Lies (Eq. 7-9)"
-NORM_SOURCES = ("embedding_output", "word_embedding")
+NormSource = Literal["embedding_output", "word_embedding"]
 
 
-def embedding_norms(
-    adapter: ModelAdapter, batch: Batch, reference: Forward, norm: str = "embedding_output"
-) -> torch.Tensor:
+def embedding_norms(problem: Problem, norm: str = "embedding_output") -> torch.Tensor:
     """``||x_i^0||_2`` per token ``[B, N]``.
 
     ``norm="embedding_output"`` (default, as the reference code) uses the embedding module's
@@ -29,10 +29,10 @@ def embedding_norms(
     does); ``"word_embedding"`` uses the raw word embedding (the paper's wording).
     """
     if norm == "embedding_output":
-        return reference.hidden_states[0].norm(dim=-1)
+        return problem.reference_with(hidden_states=True).hidden_states[0].norm(dim=-1)
     if norm == "word_embedding":
-        return adapter.embed(batch.input_ids).norm(dim=-1)
-    raise InputError(f"norm must be one of {NORM_SOURCES}, got {norm!r}")
+        return problem.word_embeddings().norm(dim=-1)
+    raise InputError(f"norm must be embedding_output or word_embedding, got {norm!r}")
 
 
 def _layer_logits(
@@ -55,11 +55,10 @@ def _layer_logits(
     return (picked * target.weights.to(picked)).sum(dim=1).reshape(bsz, seq)
 
 
-def logit_attribution(
-    adapter: ModelAdapter, target: ResolvedTarget, reference: Forward, layerwise: bool
-) -> torch.Tensor:
+def logit_attribution(problem: Problem, layerwise: bool) -> torch.Tensor:
     """LogAt scores ``[B, N]`` from the last layer, or ``[B, L, N]`` for layers 1..L."""
-    hs = reference.hidden_states
+    adapter, target = problem.adapter, problem.target
+    hs = problem.reference_with(hidden_states=True).hidden_states
     last = len(hs) - 1
     if not layerwise:
         return _layer_logits(adapter, target, hs[last], last)
@@ -75,15 +74,9 @@ def logit_attribution(
     needs_hidden=True,
 )
 @torch.no_grad()
-def embedding_norm(
-    adapter: ModelAdapter,
-    batch: Batch,
-    target: ResolvedTarget,
-    reference: Forward,
-    norm: str = "embedding_output",
-) -> torch.Tensor:
+def embedding_norm(problem: Problem, *, norm: NormSource = "embedding_output") -> torch.Tensor:
     """``||x_i^0||_2`` for every token, ``[B, N]`` (see :func:`embedding_norms` for ``norm``)."""
-    return embedding_norms(adapter, batch, reference, norm)
+    return embedding_norms(problem, norm)
 
 
 @register(
@@ -93,23 +86,15 @@ def embedding_norm(
     citation=NORMXLOGIT_CITATION + ", LogAt (Eq. 7, regression Eq. 8)",
     summary="Head-on-top logit of the target read off every token's final representation.",
     needs_hidden=True,
-    layerwise=True,
-    defaults={"layerwise": False},
 )
 @torch.no_grad()
-def logat(
-    adapter: ModelAdapter,
-    batch: Batch,
-    target: ResolvedTarget,
-    reference: Forward,
-    layerwise: bool = False,
-) -> torch.Tensor:
+def logat(problem: Problem, *, layerwise: bool = False) -> torch.Tensor:
     """LogAt: ``Att(x_i) = HoT(x_i^L)[target]`` (Eq. 7); regression ``|HoT(x_i^L) - HoT(CLS^L)|`` (Eq. 8).
 
     Returns ``[B, N]``, or ``[B, L, N]`` with ``layerwise=True`` (head applied to every
     layer's output; pre-LN decoders get their final norm first).
     """
-    return logit_attribution(adapter, target, reference, layerwise)
+    return logit_attribution(problem, layerwise)
 
 
 @register(
@@ -119,18 +104,9 @@ def logat(
     citation=NORMXLOGIT_CITATION,
     summary="Input-embedding norm x head-on-top logit per token (signed, per label).",
     needs_hidden=True,
-    layerwise=True,
-    defaults={"layerwise": False, "norm": "embedding_output"},
 )
 @torch.no_grad()
-def normxlogit(
-    adapter: ModelAdapter,
-    batch: Batch,
-    target: ResolvedTarget,
-    reference: Forward,
-    layerwise: bool = False,
-    norm: str = "embedding_output",
-) -> torch.Tensor:
+def normxlogit(problem: Problem, *, layerwise: bool = False, norm: NormSource = "embedding_output") -> torch.Tensor:
     """NormXLogit (Eq. 9): ``||x_i^0||_2 * LogAt(x_i)``, signed.
 
     Classification: the target class's logit (any class for per-label attribution; a
@@ -138,6 +114,6 @@ def normxlogit(
     LM: the LM head is the head-on-top and the target is a vocabulary token. ``layerwise``
     gives ``[B, L, N]`` (layers 1..L), otherwise ``[B, N]``.
     """
-    norms = embedding_norms(adapter, batch, reference, norm)
-    logits = logit_attribution(adapter, target, reference, layerwise)
+    norms = embedding_norms(problem, norm)
+    logits = logit_attribution(problem, layerwise)
     return logits * (norms[:, None, :] if layerwise else norms)

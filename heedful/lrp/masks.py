@@ -15,7 +15,7 @@ import json
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -154,7 +154,8 @@ def without_syntactic(mask: HeadMask) -> HeadMask:
     )
 
 
-ABLATIONS = ("random", "corrupted", "no_positional", "no_syntactic")
+Ablation = Literal["random", "corrupted", "no_positional", "no_syntactic"]
+ABLATIONS: tuple[str, ...] = Ablation.__args__
 
 
 def ablate(mask: HeadMask, kind: str, seed: int = 0, rate: float = 0.1) -> HeadMask:

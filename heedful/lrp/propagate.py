@@ -74,15 +74,18 @@ def lrp_forward(
     rules: RuleSet,
     rows: torch.Tensor | None = None,
     width: int | None = None,
+    inputs_embeds: torch.Tensor | None = None,
 ) -> Prepared:
-    """Forward of rows ``rows`` (default all) cut to ``width`` positions (default all) under ``rules``."""
+    """Forward of rows ``rows`` (default all) cut to ``width`` positions (default all) under
+    ``rules``, from the batch's word embeddings or ``inputs_embeds`` ``[B, N, E]``."""
     rows = torch.arange(len(batch)) if rows is None else rows
     width = batch.input_ids.shape[1] if width is None else width
     lm = adapter.task in ("masked_lm", "causal_lm")
     types = None if batch.token_type_ids is None else batch.token_type_ids[rows, :width]
     session = LRPSession(adapter, rules)
     with session, torch.enable_grad():
-        embeds = adapter.embed(batch.input_ids[rows, :width]).detach()
+        start = adapter.embed(batch.input_ids[rows, :width]) if inputs_embeds is None else inputs_embeds[rows, :width]
+        embeds = start.detach()
         if not rules.relevance_form:
             embeds.requires_grad_(True)
         fwd = adapter.forward(

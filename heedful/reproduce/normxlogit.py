@@ -27,7 +27,6 @@ baseline in Experiment 1, default 2), ``batch_size`` (default 16).
 
 from __future__ import annotations
 
-import inspect
 import math
 import time
 from dataclasses import dataclass, replace
@@ -125,11 +124,11 @@ def gradient_aggregation() -> str | None:
     """``"l1"`` when saliency, gradient x input and integrated gradients all take an
     ``aggregate`` option with that choice (the paper aggregates gradients with the L1 norm), else
     ``None`` (each method's default aggregation)."""
-    from heedful.registry import get_method
+    from heedful.attribution import get_method
 
     for name in GRADIENT_METHODS:
-        params = inspect.signature(get_method(name, None).fn).parameters
-        if "aggregate" not in params:
+        info = get_method(name, None)
+        if not info.takes("aggregate") or "l1" not in (info.option("aggregate").choices or ()):
             return None
     return "l1"
 
@@ -407,35 +406,32 @@ def alignment_scores(model, items, batch_size: int) -> tuple[dict[str, list[np.n
     """
     import torch
 
+    from heedful.attribution import get_method
     from heedful.datasets.evidence import token_evidence
-    from heedful.registry import get_method
-    from heedful.targets import Target, resolve_target
+    from heedful.targets import Columns
 
     adapter = model.adapter
-    logat = get_method("logat", adapter.task).fn
-    normxlogit = get_method("normxlogit", adapter.task).fn
-    embedding_norm = get_method("embedding_norm", adapter.task).fn
-    random_fn = get_method("random", adapter.task).fn
+    logat = get_method("logat", adapter.task)
+    normxlogit = get_method("normxlogit", adapter.task)
+    embedding_norm = get_method("embedding_norm", adapter.task)
+    random_fn = get_method("random", adapter.task)
     scores: dict[str, list[np.ndarray]] = {m: [] for m in EXP2_METHODS}
     evidence: list[np.ndarray] = []
     for start in range(0, len(items), batch_size):
         part = items[start : start + batch_size]
-        batch = adapter.encode([i.text for i, _, _ in part], None, True, None)
-        anchor, _ = adapter.anchor_positions(batch)
+        targets = [int(i.target.value) for i, _, _ in part]
+        columns = Columns(tuple((t,) for t in targets), (1.0,), tuple(adapter.output_name(t) for t in targets))
+        on_target = model.prepare([i.text for i, _, _ in part], columns, hidden_states=True)
+        batch = on_target.batch
+        foils = torch.tensor([[f] for _, f, _ in part], dtype=torch.long)
+        on_foil = replace(on_target, target=replace(on_target.target, classes=foils))
         with torch.no_grad():
-            reference = adapter.forward(batch, anchor, hidden_states=True)
-            resolved = resolve_target(Target("given", part[0][0].target.value), adapter, batch, reference.logits)
-            targets = torch.tensor([[i.target.value] for i, _, _ in part], dtype=torch.long)
-            foils = torch.tensor([[f] for _, f, _ in part], dtype=torch.long)
-            on_target = replace(resolved, classes=targets)
-            on_foil = replace(resolved, classes=foils)
             found = {
-                "logat_target": logat(adapter, batch, on_target, reference, layerwise=True),
-                "logat_foil": logat(adapter, batch, on_foil, reference, layerwise=True),
-                "normxlogit": normxlogit(adapter, batch, on_target, reference, layerwise=True),
-                "embedding_norm": embedding_norm(adapter, batch, on_target, reference),
-                "random": torch.stack([random_fn(adapter, batch, on_target, reference, seed=s)
-                                       for s in range(RANDOM_SEEDS_EXP2)], dim=1),
+                "logat_target": logat(on_target, layerwise=True),
+                "logat_foil": logat(on_foil, layerwise=True),
+                "normxlogit": normxlogit(on_target, layerwise=True),
+                "embedding_norm": embedding_norm(on_target),
+                "random": torch.stack([random_fn(on_target, seed=s) for s in range(RANDOM_SEEDS_EXP2)], dim=1),
             }
         for b, (item, _, _) in enumerate(part):
             n = int(batch.lengths[b])

@@ -21,21 +21,25 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
 from heedful.adapters import Forward, ModelAdapter
 from heedful.batch import Batch
 from heedful.errors import InputError
+from heedful.problem import Problem
 from heedful.targets import ResolvedTarget
 
 HEAD = -1
 """Layer key meaning "the head's output at the anchor position"."""
 
-SPACES = ("embedding_output", "word_embeddings")
-OUTPUTS = ("logits", "probs", "log_probs", "target")
-
-SCALE_BASES = ("input", "word_embeddings")
+Space = Literal["embedding_output", "word_embeddings"]
+PhiOutput = Literal["logits", "probs", "log_probs", "target"]
+ScaleBasis = Literal["input", "word_embeddings"]
+SPACES: tuple[str, ...] = Space.__args__
+OUTPUTS: tuple[str, ...] = PhiOutput.__args__
+SCALE_BASES: tuple[str, ...] = ScaleBasis.__args__
 SCALE_FACTOR = 3.0
 """Default noise ceiling in units of the std of the noised representation (ours; see
 :func:`noise_scale`)."""
@@ -139,28 +143,17 @@ class NoiseProbe:
 
     @classmethod
     def build(
-        cls,
-        adapter: ModelAdapter,
-        batch: Batch,
-        target: ResolvedTarget,
-        keys: tuple[int, ...],
-        space: str = "embedding_output",
-        output: str = "logits",
-        inputs_embeds: torch.Tensor | None = None,
-        reference: Forward | None = None,
+        cls, problem: Problem, keys: tuple[int, ...], space: str = "embedding_output", output: str = "logits"
     ) -> NoiseProbe:
-        """One unperturbed forward with hidden states, from the batch's ids or from
-        ``inputs_embeds`` ``[B, N, E]``; a caller that already ran that pass on the ids (with
-        hidden states, at ``target.anchor``) hands it over as ``reference`` instead."""
+        """The probe of a problem: the problem's reference pass (with hidden states; from its
+        ``inputs_embeds`` when it has them) is the clean pass every distortion is measured from."""
         check_choice("space", space, SPACES)
         check_choice("output", output, OUTPUTS)
+        adapter, batch, target = problem.adapter, problem.batch, problem.target
+        inputs_embeds = problem.inputs_embeds
         if inputs_embeds is not None:
             inputs_embeds = inputs_embeds.detach()
-        if reference is not None and reference.hidden_states is not None and inputs_embeds is None:
-            fwd = reference
-        else:
-            with torch.no_grad():
-                fwd = adapter.forward(batch, target.anchor, inputs_embeds=inputs_embeds, hidden_states=True)
+        fwd = problem.reference_with(hidden_states=True)
         mask = batch.attention_mask.bool()
         probe = cls(
             adapter, batch, target, space, output, tuple(sorted(set(keys))), {}, {}, 0, None, torch.zeros(0),

@@ -1,0 +1,172 @@
+"""Problem: what to explain, prepared once -- the encoded batch, the resolved target with its
+anchor positions, and the unperturbed reference pass.
+
+Every method takes a :class:`Problem` and returns scores for every position of its batch; the
+applications, the evaluation and the reproductions build theirs with :func:`prepare` (or
+:meth:`heedful.Model.prepare`) and never rebuild the sequence encode -> anchor -> forward ->
+resolve target themselves.
+
+>>> import heedful
+>>> model = heedful.load("minilm-sentiment")                                  # doctest: +SKIP
+>>> problem = model.prepare(["great acting", "a dull plot"])                  # doctest: +SKIP
+>>> problem.target.labels                                                      # doctest: +SKIP
+['POSITIVE', 'NEGATIVE']
+>>> heedful.get_method("saliency")(problem).shape                              # doctest: +SKIP
+torch.Size([2, 5])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import torch
+
+from heedful.adapters import Forward, ModelAdapter
+from heedful.batch import Batch
+from heedful.targets import Columns, ResolvedTarget, Target, resolve_target
+
+ReferencePass = Callable[[ModelAdapter, Batch, torch.Tensor, "torch.Tensor | None"], Forward]
+"""``reference(adapter, batch, anchor, inputs_embeds) -> Forward``: a method's own reference
+pass (see :class:`~heedful.registry.MethodInfo`)."""
+
+
+@dataclass
+class Problem:
+    """A batch to explain, ready for any method.
+
+    ``batch``: the encoded texts ``[B, N]``; ``target``: the resolved target (per-example anchor
+    position ``[B]``, output columns ``[B, K]`` and weights ``[K]``); ``reference``: the
+    unperturbed pass from which the target was resolved (``logits`` ``[B, C]`` at the anchors;
+    hidden states and attention probabilities when they were asked for -- see
+    :meth:`reference_with`); ``request``: the target as the user asked for it;
+    ``inputs_embeds`` ``[B, N, E]``: word embeddings that replace the ids' own (a problem about
+    edited inputs: noised, down-weighted), ``None`` for the ids' embeddings.
+    """
+
+    adapter: ModelAdapter
+    batch: Batch
+    target: ResolvedTarget
+    reference: Forward
+    request: Target | Columns
+    inputs_embeds: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return len(self.batch)
+
+    @property
+    def anchor(self) -> torch.Tensor:
+        """``[B]``: the position whose head output is explained, per example."""
+        return self.target.anchor
+
+    @property
+    def device(self) -> torch.device:
+        return self.adapter.device
+
+    def word_embeddings(self) -> torch.Tensor:
+        """The word embeddings the problem starts from ``[B, N, E]`` (detached)."""
+        if self.inputs_embeds is not None:
+            return self.inputs_embeds.detach()
+        return self.adapter.embed(self.batch.input_ids).detach()
+
+    def forward(
+        self,
+        *,
+        rows: torch.Tensor | None = None,
+        width: int | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        hidden_states: bool = False,
+        attentions: bool = False,
+    ) -> Forward:
+        """A pass over examples ``rows`` (default all) cut to the first ``width`` positions,
+        from ``inputs_embeds`` ``[R, W, E]`` when given (else the problem's own start), read at
+        the examples' anchors."""
+        batch = self.batch
+        rows = torch.arange(len(batch)) if rows is None else rows
+        width = batch.seq_len if width is None else width
+        if inputs_embeds is None and self.inputs_embeds is not None:
+            inputs_embeds = self.inputs_embeds[rows, :width]
+        types = batch.token_type_ids
+        return self.adapter.forward(
+            batch,
+            self.target.anchor[rows],
+            input_ids=None if inputs_embeds is not None else batch.input_ids[rows, :width],
+            inputs_embeds=inputs_embeds,
+            attention_mask=batch.attention_mask[rows, :width],
+            token_type_ids=None if types is None else types[rows, :width],
+            hidden_states=hidden_states,
+            attentions=attentions,
+        )
+
+    def reference_with(self, *, hidden_states: bool = False, attentions: bool = False) -> Forward:
+        """The reference pass with hidden states / attention probabilities; the pass runs once
+        more (and the problem keeps the result) only when they were not asked for up front."""
+        ref = self.reference
+        missing_hidden = hidden_states and ref.hidden_states is None
+        missing_attn = attentions and ref.attentions is None
+        if missing_hidden or missing_attn:
+            with torch.no_grad():
+                fwd = self.forward(
+                    hidden_states=hidden_states or ref.hidden_states is not None,
+                    attentions=attentions or ref.attentions is not None,
+                )
+            self.reference = Forward(ref.logits, fwd.hidden_states, fwd.attentions, ref.inputs_embeds)
+        return self.reference
+
+    def select(self, rows: list[int] | torch.Tensor) -> Problem:
+        """The problem restricted to examples ``rows`` (the batch trimmed to their longest)."""
+        idx = torch.as_tensor(rows, dtype=torch.long)
+        batch = self.batch.select(idx.tolist())
+        width = batch.seq_len
+        ref = self.reference
+        reference = Forward(
+            ref.logits[idx].detach(),
+            None if ref.hidden_states is None else tuple(h[idx, :width].detach() for h in ref.hidden_states),
+            None if ref.attentions is None else tuple(a[idx][..., :width, :width].detach() for a in ref.attentions),
+        )
+        embeds = None if self.inputs_embeds is None else self.inputs_embeds[idx, :width]
+        return replace(self, batch=batch, target=self.target.select(idx), reference=reference, inputs_embeds=embeds)
+
+    def release_graph(self) -> Problem:
+        """Drop the autograd graph a method's reference pass kept (a graph serves one backward;
+        later methods run passes of their own). Returns the problem itself."""
+        ref = self.reference
+        if ref.inputs_embeds is not None or ref.logits.requires_grad:
+            self.reference = Forward(
+                ref.logits.detach(),
+                None if ref.hidden_states is None else tuple(h.detach() for h in ref.hidden_states),
+                None if ref.attentions is None else tuple(a.detach() for a in ref.attentions),
+            )
+        return self
+
+
+def prepare(
+    adapter: ModelAdapter,
+    batch: Batch,
+    target: Target | Columns | int | str | tuple | None = None,
+    *,
+    inputs_embeds: torch.Tensor | None = None,
+    hidden_states: bool = False,
+    attentions: bool = False,
+    reference: ReferencePass | None = None,
+) -> Problem:
+    """A :class:`Problem` for an encoded ``batch``: anchor positions, one reference pass (no
+    gradient, with hidden states / attentions when asked for; or ``reference``'s own pass), and
+    the target resolved against its logits.
+
+    ``target``: ``None`` (the predicted class / next token), a class index or label, a token
+    string for language models, ``"A vs B"`` or ``(A, B)`` for a contrast; or
+    :class:`~heedful.targets.Columns`, explicit columns per example. ``inputs_embeds``
+    ``[B, N, E]``: start from these word embeddings instead of the ids'.
+    """
+    request = target if isinstance(target, Columns) else Target.parse(target)
+    anchor, anchor_kind = adapter.anchor_positions(batch)
+    if reference is not None:
+        forward = reference(adapter, batch, anchor, inputs_embeds)
+    else:
+        with torch.no_grad():
+            forward = adapter.forward(
+                batch, anchor, inputs_embeds=inputs_embeds, hidden_states=hidden_states, attentions=attentions
+            )
+    resolved = resolve_target(request, adapter, anchor, anchor_kind, forward.logits.detach())
+    return Problem(adapter, batch, resolved, forward, request, inputs_embeds)
