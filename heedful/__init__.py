@@ -13,10 +13,10 @@ from heedful.model import Model
 from heedful.problem import Problem, prepare
 from heedful.registry import MethodInfo, register
 from heedful.targets import Target
-
-__version__ = "0.1.0"
+from heedful.version import __version__
 
 __all__ = [
+    "__version__",
     "Cost",
     "Explanation",
     "HeedfulError",

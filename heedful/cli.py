@@ -10,8 +10,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.markup import escape
 from rich.table import Table
 
 # Busy-waiting OpenMP threads cost far more than they save when the cores are shared
@@ -24,6 +23,7 @@ from heedful.commands import interest as interest_command
 from heedful.commands import rectify as rectify_command
 from heedful.commands import reproduce as reproduce_command
 from heedful.commands import steer as steer_command
+from heedful.commands.console import err, load_model, out, progress
 from heedful.commands.options import options
 from heedful.errors import HeedfulError
 from heedful.targets import TASKS
@@ -38,10 +38,6 @@ app = typer.Typer(
 models_app = typer.Typer(help="List zoo models, or build one.", invoke_without_command=True)
 app.add_typer(models_app, name="models")
 
-out = Console()
-err = Console(stderr=True)
-
-
 def _read_texts(texts: list[str], file: str | None) -> list[str]:
     found = list(texts)
     if file is not None:
@@ -51,17 +47,6 @@ def _read_texts(texts: list[str], file: str | None) -> list[str]:
     if not found:
         raise HeedfulError("no text given", hint='pass TEXT arguments or --file PATH (use "-" for stdin)')
     return found
-
-
-def _progress() -> Progress:
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err,
-        transient=True,
-    )
 
 
 @app.command()
@@ -79,6 +64,7 @@ def explain(
     seed: Annotated[int | None, typer.Option("--seed", help="Seed for stochastic methods.")] = None,
     layerwise: Annotated[bool, typer.Option("--layerwise", help="Layer x token scores (methods that support it).")] = False,
     option: Annotated[list[str] | None, typer.Option("--option", "-o", help="Method option key=value; repeatable.")] = None,
+    device: Annotated[str, typer.Option("--device", help="Where the model runs: cpu, cuda, cuda:1, mps.")] = "cpu",
 ) -> None:
     """Explain TEXT(s) with one or more methods and show a heatmap (or JSON / HTML)."""
     import heedful
@@ -86,22 +72,13 @@ def explain(
     from heedful.render.terminal import print_explanations
 
     items = _read_texts(texts or [], file)
-    names = method or ["normxlogit"]
-    infos = [heedful.get_method(name) for name in names]  # fail fast on unknown names
-    extra = options(option, "--option n_steps=100")
-    with err.status(f"loading {model} …"):
-        loaded = heedful.load(model)
+    infos = [heedful.get_method(name) for name in method or ["normxlogit"]]  # fail fast on unknown names
+    runs = _method_options(infos, options(option, "--option n_steps=100"), seed, layerwise)
+    loaded = load_model(model, device)
     results: list[heedful.Explanation] = []
     show_bar = len(items) > batch_size
-    with _progress() as bar:
-        for info in infos:
-            kwargs = dict(extra)
-            if seed is not None and info.stochastic:
-                kwargs["seed"] = seed
-            if layerwise:
-                if not info.layerwise:
-                    raise HeedfulError(f"{info.name} has no layer-wise scores", hint="drop --layerwise")
-                kwargs["layerwise"] = True
+    with progress() as bar:
+        for info, kwargs in zip(infos, runs, strict=True):
             task_id = bar.add_task(info.name, total=len(items), visible=show_bar)
             found = loaded.explain(
                 items,
@@ -126,6 +103,31 @@ def explain(
         print_explanations(ordered, words=words, console=out)
 
 
+def _method_options(infos, extra: dict[str, Any], seed: int | None, layerwise: bool) -> list[dict[str, Any]]:
+    """Every method's options from ``--option`` (each method gets the ones it takes), ``--seed``
+    (stochastic methods) and ``--layerwise``, validated before the model is loaded. An option no
+    method takes is an error, as is ``--layerwise`` for a method without layer-wise scores."""
+    unused = sorted(k for k in extra if not any(info.takes(k) for info in infos))
+    if unused:
+        who = infos[0].name if len(infos) == 1 else "none of " + ", ".join(info.name for info in infos)
+        raise HeedfulError(
+            f"{who} {'does not take' if len(infos) == 1 else 'takes'} the option(s) {', '.join(unused)}",
+            hint="see `heedful methods METHOD` for a method's options",
+        )
+    found = []
+    for info in infos:
+        kwargs = {k: v for k, v in extra.items() if info.takes(k)}
+        if seed is not None and info.stochastic:
+            kwargs["seed"] = seed
+        if layerwise:
+            if not info.layerwise:
+                raise HeedfulError(f"{info.name} has no layer-wise scores", hint="drop --layerwise")
+            kwargs["layerwise"] = True
+        info.bind(kwargs)  # wrong types and values fail here, before any work
+        found.append(kwargs)
+    return found
+
+
 def _json_view(expl, words: bool) -> dict[str, Any]:
     data = expl.to_dict()
     if words:
@@ -134,17 +136,34 @@ def _json_view(expl, words: bool) -> dict[str, Any]:
 
 
 @app.command()
-def methods() -> None:
-    """List the attribution methods with their family, tasks, cost and source."""
+def methods(
+    name: Annotated[str | None, typer.Argument(help="Show this method's options.")] = None,
+    markdown: Annotated[bool, typer.Option("--markdown", help="Print the table as markdown (the README's).")] = False,
+) -> None:
+    """List the attribution methods with their family, tasks, cost and source; with NAME, that
+    method's options (defaults, choices, ranges)."""
     import heedful
+    from heedful.render.methods import method_table
 
+    if name is not None:
+        info = heedful.get_method(name)
+        table = Table(title=f"{info.name}: {escape(info.summary)}", caption=escape(info.citation))
+        for col in ("option", "default", "accepts"):
+            table.add_column(col, overflow="fold")
+        for spec in info.options:
+            table.add_row(spec.name, escape(repr(spec.default)), escape(spec.describe()) + (" (runtime)" if spec.runtime else ""))
+        out.print(table)
+        return
+    if markdown:
+        print(method_table(heedful.methods()))
+        return
     table = Table(title="heedful methods", show_lines=False)
     table.add_column("method", no_wrap=True, style="bold")
     for col in ("family", "tasks", "cost per example", "source"):
         table.add_column(col, overflow="fold")
     for info in heedful.methods():
         tasks = "all" if set(info.tasks) == set(TASKS) else ", ".join(info.tasks)
-        table.add_row(info.name, info.family, tasks, info.cost, info.citation)
+        table.add_row(info.name, info.family, tasks, escape(info.cost), escape(info.citation))
     out.print(table)
 
 

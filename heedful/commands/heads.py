@@ -42,8 +42,7 @@ def heads(
     from rich.console import Console
     from rich.table import Table
 
-    import heedful
-    from heedful.cli import _progress, err
+    from heedful.commands.console import load_model, progress
     from heedful.datasets import load as load_dataset
     from heedful.errors import InputError
     from heedful.lrp.heads import PARSER, cached_arcs, head_statistics, load_parser, plot_head_map
@@ -51,13 +50,12 @@ def heads(
 
     if not 0 <= xi_pos <= 1:
         raise InputError(f"--xi-pos must be in [0, 1], got {xi_pos}")
-    with err.status(f"loading {model} …"):
-        loaded = heedful.load(model)
-        loaded.adapter.num_layers  # noqa: B018  (fail early on a model without blocks)
+    loaded = load_model(model)
+    loaded.adapter.num_layers  # noqa: B018  (fail early on a model without blocks)
     nlp = _LazyParser(load_parser)
     texts = [ex.text for ex in load_dataset(dataset, split, n)]
     meta = {"model": loaded.name, "dataset": dataset, "split": split, "parser": PARSER}
-    with _progress() as bar:
+    with progress() as bar:
         parsing = bar.add_task(f"parsing {len(texts)} texts", total=len(texts))
         arcs = cached_arcs(texts, f"{Path(dataset).name}-{split}", nlp=nlp, progress=lambda k: bar.advance(parsing, k))
         counting = bar.add_task("head statistics", total=len(texts))

@@ -16,7 +16,7 @@ from heedful.errors import HeedfulError
 app = typer.Typer(help="Co-perturbation interest studies: layer x token map, lambda sweep.", no_args_is_help=True)
 
 
-def _options(raw: list[str] | None, **given: Any) -> dict[str, Any]:
+def settings_options(raw: list[str] | None, **given: Any) -> dict[str, Any]:
     """Optimiser settings: the named options set, then ``key=value`` items."""
     return options(raw, "--option window=25", **given)
 
@@ -53,16 +53,14 @@ def layers_command(
     option: OptionOpt = None,
 ) -> None:
     """Layer x token interest map of TEXT (the paper's Figure 5)."""
-    import heedful
-    from heedful.cli import err
-    from heedful.cli import out as console
+    from heedful.commands.console import err, load_model
+    from heedful.commands.console import out as console
     from heedful.interest import layer_map
     from heedful.interest.plots import plot_layer_map
 
     wanted = _numbers(layers, "layers", int) if layers else None
-    settings = _options(option, lam=lam, max_steps=max_steps, samples=samples)
-    with err.status(f"loading {model} …"):
-        loaded = heedful.load(model)
+    settings = settings_options(option, lam=lam, max_steps=max_steps, samples=samples)
+    loaded = load_model(model)
     with err.status("estimating interest at every layer …"):
         result = layer_map(loaded, text, target=target, layers=wanted, seed=seed, **settings)
     path = plot_layer_map(result, out)
@@ -98,16 +96,14 @@ def lambda_sweep_command(
     option: OptionOpt = None,
 ) -> None:
     """Interest of chosen WORDS and the distortion against lambda (the paper's Figure 4)."""
-    import heedful
-    from heedful.cli import err
-    from heedful.cli import out as console
+    from heedful.commands.console import err, load_model
+    from heedful.commands.console import out as console
     from heedful.interest import lambda_sweep
     from heedful.interest.plots import plot_lambda_sweep
 
     values = _numbers(lams, "lambdas")
-    settings = _options(option, max_steps=max_steps, samples=samples)
-    with err.status(f"loading {model} …"):
-        loaded = heedful.load(model)
+    settings = settings_options(option, max_steps=max_steps, samples=samples)
+    loaded = load_model(model)
     with err.status(f"estimating interest for {len(values)} lambdas …"):
         result = lambda_sweep(loaded, text, words, values, target=target, layer=layer, word_token=word_token, seed=seed, **settings)
     path = plot_lambda_sweep(result, out)

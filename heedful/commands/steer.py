@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from heedful.commands.interest import OptionOpt, _options
+from heedful.commands.interest import OptionOpt, settings_options
 
 
 def steer(
@@ -37,14 +37,12 @@ def steer(
     after suppression, and shows both side by side. The suppressed embeddings feed the prompt
     pass, whose cached keys and values every generated token attends to.
     """
-    import heedful
-    from heedful.cli import err, out
+    from heedful.commands.console import err, load_model, out
     from heedful.interest.steer import steer as run_steer
-    from heedful.render.steer import steering_page, steering_renderable
+    from heedful.interest.steering_view import steering_page, steering_renderable
 
-    settings = _options(option)
-    with err.status(f"loading {model} …"):
-        loaded = heedful.load(model)
+    settings = settings_options(option)
+    loaded = load_model(model)
     with err.status("estimating interest, generating with and without suppression …"):
         result = run_steer(
             loaded, prompt, suppress, weight=weight, max_new_tokens=max_new_tokens, beams=beams, seed=seed, **settings

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import html
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from heedful.explanation import Explanation
 from heedful.render.colors import Scale
 from heedful.render.layout import pieces
+
+if TYPE_CHECKING:  # render reads explanations as plain data; heedful.explanation imports render
+    from heedful.explanation import Explanation
+
 
 CSS = """
 body { font-family: system-ui, -apple-system, 'Segoe UI', sans-serif; margin: 2rem; color: #222; }

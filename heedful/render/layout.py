@@ -4,8 +4,10 @@ and the untouched text between them, in reading order."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from heedful.explanation import Explanation
+if TYPE_CHECKING:  # render reads explanations as plain data; heedful.explanation imports render
+    from heedful.explanation import Explanation
 
 
 @dataclass

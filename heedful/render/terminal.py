@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 from rich.console import Console, Group, RenderableType
@@ -10,9 +11,11 @@ from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
-from heedful.explanation import Explanation
 from heedful.render.colors import Scale
 from heedful.render.layout import pieces
+
+if TYPE_CHECKING:  # render reads explanations as plain data; heedful.explanation imports render
+    from heedful.explanation import Explanation
 
 
 def _style(scale: Scale, score: float, special: bool = False) -> Style:

@@ -282,14 +282,11 @@ def build_smollm2_135m(out_dir: Path, progress: bool = True) -> dict:
     }
 
 
-def build_smollm2_sentiment(out_dir: Path, progress: bool = True) -> dict:
-    """SmolLM2-135M + 2-way score head read at the last token; the top blocks, final norm and
-    head are fine-tuned on the movies train split (the lower blocks stay as shipped)."""
-    from heedful.zoo.registry import ensure_built, zoo_dir
-
+def build_smollm2_sentiment(out_dir: Path, progress: bool = True, *, base: Path) -> dict:
+    """SmolLM2-135M (built at ``base``) + 2-way score head read at the last token; the top
+    blocks, final norm and head are fine-tuned on the movies train split (the lower blocks stay
+    as shipped)."""
     cfg = DECODER_CLASSIFIER_CONFIG
-    ensure_built("smollm2-135m", progress=progress)
-    base = zoo_dir("smollm2-135m")
     train, test = load_split("movies", "train"), load_split("movies", "test")
     tokenizer = AutoTokenizer.from_pretrained(base, local_files_only=True)
     tokenizer.padding_side = "right"

@@ -45,10 +45,13 @@ class ZooEntry:
     base: str
     size_mb: float
     builder: str = field(default="", repr=False)  # function name in heedful.zoo.builders
+    requires: str | None = None
+    """A zoo model this one is built from (built first; its folder is handed to the builder)."""
 
     def to_dict(self) -> dict:
         fields = asdict(self)
         fields.pop("builder")
+        fields.pop("requires")
         return fields
 
 
@@ -86,6 +89,7 @@ ENTRIES: dict[str, ZooEntry] = {
             base="smollm2-135m (this zoo), score head at the last token",
             size_mb=515,
             builder="build_smollm2_sentiment",
+            requires="smollm2-135m",
         ),
     )
 }
@@ -137,14 +141,10 @@ def is_built(name: str) -> bool:
 
 
 def heedful_version() -> str:
-    """heedful's version: ``heedful.__version__``, else the installed distribution's, else unknown."""
-    with contextlib.suppress(Exception):
-        version = getattr(importlib.import_module("heedful"), "__version__", None)
-        if version:
-            return str(version)
-    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-        return importlib.metadata.version("heedful")
-    return "unknown"
+    """heedful's version."""
+    from heedful.version import __version__
+
+    return __version__
 
 
 def _library_versions() -> dict[str, str]:
@@ -155,17 +155,20 @@ def _library_versions() -> dict[str, str]:
     return versions
 
 
-def _builder(entry: ZooEntry) -> Callable[[Path, bool], dict]:
-    module = importlib.import_module("heedful.zoo.builders")
-    return getattr(module, entry.builder)
+def _builder(entry: ZooEntry) -> Callable[..., dict]:
+    from heedful.zoo import builders  # imports torch and transformers
+
+    return getattr(builders, entry.builder)
 
 
 def _run_builder(entry: ZooEntry, out_dir: Path, progress: bool) -> dict:
-    """Run ``entry``'s builder into ``out_dir`` with transformers' own chatter silenced."""
+    """Run ``entry``'s builder into ``out_dir`` with transformers' own chatter silenced; a model
+    it is built from is built first and its folder handed over as ``base``."""
     from heedful.quiet import quiet_transformers  # imports transformers
 
+    extra = {} if entry.requires is None else {"base": ensure_built(entry.requires, progress=progress)}
     with quiet_transformers():
-        return _builder(entry)(out_dir, progress)
+        return _builder(entry)(out_dir, progress, **extra)
 
 
 @contextlib.contextmanager

@@ -4,18 +4,15 @@ over the prompt's tokens before and after suppression (terminal and self-contain
 from __future__ import annotations
 
 import html
-from typing import TYPE_CHECKING
 
 import numpy as np
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from heedful.interest.steer import Steering
 from heedful.render.colors import NEGATIVE, POSITIVE
 from heedful.render.html import CSS
-
-if TYPE_CHECKING:
-    from heedful.interest.steer import Steering
 
 BEFORE, AFTER = NEGATIVE, POSITIVE
 EIGHTHS = " ▏▎▍▌▋▊▉"
