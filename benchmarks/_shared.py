@@ -67,7 +67,7 @@ def machine_lines(
 ) -> list[str]:
     """The Markdown bullets every results file ends with: date, machine and load (``loads``: the
     1-minute load average before and after), library ``versions``, model, inputs and timing."""
-    lengths = model.adapter.encode(texts).lengths.float()
+    lengths = model.encode(texts).lengths.float()
     return [
         f"- date: {dt.datetime.now().astimezone().isoformat(timespec='seconds')}",
         f"- machine: {platform.machine()}, {cpu_name()}, {os.cpu_count()} logical cores; torch threads "

@@ -465,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
 
     model = load_model(args)
     texts = load_texts(args.n)
-    batch = model.adapter.encode(texts)
+    batch = model.encode(texts)
     inputs = model_inputs(batch)
     hf = model.hf_model
 

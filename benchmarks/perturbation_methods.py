@@ -50,7 +50,6 @@ import heedful
 from heedful.attribution import surrogate
 from heedful.attribution._masks import features_of
 from heedful.seeding import example_generators
-from heedful.targets import Target, resolve_target
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -140,15 +139,9 @@ def position_cost(model: heedful.Model, texts: list[str], samples: int, repeats:
     can only save per-call overhead."""
     from heedful.attribution.noise import HEAD, NoiseProbe
 
-    adapter = model.adapter
-    text = max(texts, key=len)
-    batch = adapter.encode([text])
-    anchor, _ = adapter.anchor_positions(batch)
-    with torch.no_grad():
-        ref = adapter.forward(batch, anchor)
-    target = resolve_target(Target.parse(None), adapter, batch, ref.logits)
-    probe = NoiseProbe.build(adapter, batch, target, (HEAD,))
-    n = int(batch.lengths[0])
+    problem = model.prepare([max(texts, key=len)], hidden_states=True)
+    probe = NoiseProbe.build(problem, (HEAD,))
+    n = int(problem.batch.lengths[0])
     rows_out = []
     for problems in (1, 4, 16, 32):
         rows = problems * samples
@@ -172,11 +165,8 @@ class CaptumSurrogates:
 
     def __init__(self, model: heedful.Model, texts: list[str], n_samples: int) -> None:
         self.adapter = model.adapter
-        self.batch = self.adapter.encode(texts)
-        anchor, _ = self.adapter.anchor_positions(self.batch)
-        with torch.no_grad():
-            ref = self.adapter.forward(self.batch, anchor)
-        self.target = resolve_target(Target.parse(None), self.adapter, self.batch, ref.logits)
+        problem = model.prepare(texts)
+        self.batch, self.target = problem.batch, problem.target
         self.features = features_of(self.batch, self.target)
         self.n_samples = n_samples
         self.mask_id = self.adapter.removal_token_id

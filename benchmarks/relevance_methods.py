@@ -163,7 +163,6 @@ torch.set_num_threads({threads})
 import heedful, lxt
 from transformers import AttentionInterface
 from heedful.lrp import AttnLRPRules, propagate
-from heedful.targets import Target, resolve_target
 
 if {tiny}:
     from tiny import tiny_model
@@ -173,11 +172,8 @@ else:
 texts = {texts!r}
 a = model.adapter
 family = model.hf_model.config.model_type
-batch = a.encode(texts)
-anchor, _ = a.anchor_positions(batch)
-with torch.no_grad():
-    ref = a.forward(batch, anchor)
-target = resolve_target(Target.parse(None), a, batch, ref.logits)
+problem = model.prepare(texts)
+batch, target = problem.batch, problem.target
 
 base = os.path.dirname(lxt.__file__)
 for name in ("lxt.efficient", "lxt.efficient.models"):  # skip lxt's package __init__ (its BERT module needs transformers 4)
@@ -210,8 +206,8 @@ def unpatch():
 def run_lxt():
     patch()
     try:
-        emb = a.embed(batch.input_ids).detach().requires_grad_(True)
-        fwd = a.forward(batch, anchor, inputs_embeds=emb)
+        emb = problem.word_embeddings().requires_grad_(True)
+        fwd = problem.forward(inputs_embeds=emb)
         (g,) = torch.autograd.grad(target.score(fwd.logits).sum(), emb)
         return (emb * g).sum(-1).detach()
     finally:

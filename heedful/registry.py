@@ -124,8 +124,8 @@ def register(
     *,
     family: str,
     cost: str,
-    citation: str,
-    summary: str,
+    citation: str | None = None,
+    summary: str | None = None,
     tasks: tuple[str, ...] = ALL_TASKS,
     needs_hidden: bool = False,
     needs_attentions: bool = False,
@@ -136,9 +136,11 @@ def register(
     """Register ``fn`` under ``name`` (see :class:`MethodInfo`); ``fn`` is returned unchanged.
 
     ``fn``'s first parameter is the :class:`~heedful.Problem`; every further parameter is an
-    option with a type hint and a default. ``per_dimension(problem, embeds) -> [B, N, E]``
-    (gradient methods): the method's attributions per embedding dimension at word embeddings
-    ``embeds``, which lets wrappers such as SmoothGrad's noise tunnel compose with it.
+    option with a type hint and a default. ``summary`` and ``citation`` default to the first
+    line of ``fn``'s docstring and its paragraph that starts with ``Source:``.
+    ``per_dimension(problem, embeds, options) -> [B, N, E]`` (gradient methods): the method's
+    attributions per embedding dimension at word embeddings ``embeds``, which lets wrappers
+    such as SmoothGrad's noise tunnel compose with it.
     """
 
     def deco(fn: Callable) -> Callable:
@@ -149,14 +151,20 @@ def register(
         first = next(iter(inspect.signature(fn).parameters), None)
         if first != "problem":
             raise TypeError(f"method {name!r}: the first parameter must be `problem`, not {first!r}")
+        doc_summary, doc_citation = _described(fn)
+        if not (summary or doc_summary) or not (citation or doc_citation):
+            raise TypeError(
+                f"method {name!r}: give a summary (the docstring's first line) and a citation "
+                "(a docstring paragraph starting with 'Source:')"
+            )
         _REGISTRY[name] = MethodInfo(
             name=name,
             fn=fn,
             family=family,
             tasks=tasks,
             cost=cost,
-            citation=citation,
-            summary=summary,
+            citation=citation or doc_citation,
+            summary=summary or doc_summary,
             options=option_specs(fn),
             needs_hidden=needs_hidden,
             needs_attentions=needs_attentions,
@@ -167,6 +175,16 @@ def register(
         return fn
 
     return deco
+
+
+def _described(fn: Callable) -> tuple[str, str]:
+    """The summary (first line) and citation (the paragraph starting ``Source:``) of ``fn``'s
+    docstring; empty strings where absent."""
+    doc = inspect.getdoc(fn) or ""
+    paragraphs = [" ".join(p.split()) for p in doc.split("\n\n")]
+    summary = paragraphs[0] if paragraphs and paragraphs[0] else ""
+    citation = next((p.removeprefix("Source:").strip() for p in paragraphs if p.startswith("Source:")), "")
+    return summary, citation
 
 
 def unregister(name: str) -> None:

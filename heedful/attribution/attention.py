@@ -20,20 +20,17 @@ def _layer_index(layer: int, num_layers: int) -> int:
     return layer % num_layers
 
 
-@register(
-    "raw_attention",
-    family="attention",
-    cost="1 forward",
-    citation="Attention weights as explanation (e.g. Jain & Wallace 2019; Mask-LRP's RawAtt baseline)",
-    summary="Attention from the explained position, averaged over heads, in one layer (last by default).",
-    needs_attentions=True,
-)
+@register("raw_attention", family="attention", cost="1 forward", needs_attentions=True)
 @torch.no_grad()
 def raw_attention(problem: Problem, *, layer: int = -1, head: int | None = None) -> torch.Tensor:
-    """``mean_h A[layer][h, a, :]`` for the anchor row ``a`` (the [CLS] / last token) ``[B, N]``.
+    """Attention from the explained position, averaged over heads, in one layer (last by default).
+
+    ``mean_h A[layer][h, a, :]`` for the anchor row ``a`` (the [CLS] / last token) ``[B, N]``.
 
     ``layer``: 0-based, negative from the end (default the last); ``head`` picks one head
     instead of the mean.
+
+    Source: Attention weights as explanation (e.g. Jain & Wallace 2019; Mask-LRP's RawAtt baseline)
     """
     attentions = problem.reference_with(attentions=True).attentions
     attn = attentions[_layer_index(layer, len(attentions))]  # [B, H, N, N]
@@ -46,17 +43,16 @@ def raw_attention(problem: Problem, *, layer: int = -1, head: int | None = None)
     return _anchor_rows(per_layer, problem.anchor)
 
 
-@register(
-    "rollout",
-    family="attention",
-    cost="1 forward",
-    citation="Abnar & Zuidema 2020, Quantifying Attention Flow in Transformers (attention rollout, Eq. 1)",
-    summary="Head-averaged attention plus identity, row-normalised, multiplied through the layers.",
-    needs_attentions=True,
-)
+@register("rollout", family="attention", cost="1 forward", needs_attentions=True)
 @torch.no_grad()
 def rollout(problem: Problem, *, start_layer: int = 0) -> torch.Tensor:
-    """``R = Abar_L ... Abar_start`` with ``Abar_l = norm_rows(mean_h A_l + I)``; anchor row ``[B, N]``."""
+    """Head-averaged attention plus identity, row-normalised, multiplied through the layers.
+
+    ``R = Abar_L ... Abar_start`` with ``Abar_l = norm_rows(mean_h A_l + I)``; anchor row ``[B, N]``.
+
+    Source: Abnar & Zuidema 2020, Quantifying Attention Flow in Transformers (attention rollout, Eq.
+    1)
+    """
     attentions = problem.reference_with(attentions=True).attentions
     start = _layer_index(start_layer, len(attentions))
     seq = attentions[0].shape[-1]

@@ -70,17 +70,15 @@ def mean_over_real_rows(matrix: torch.Tensor, mask: torch.Tensor) -> torch.Tenso
     return (matrix * weights[:, :, None]).sum(dim=1) / weights.sum(dim=1, keepdim=True)
 
 
-@register(
-    "gae",
-    family="relevance",
-    cost="1 forward + 1 backward",
-    citation="Chefer et al. 2021b, Generic Attention-model Explainability (Eq. 5-6)",
-    summary="Gradient-weighted attention, positive part, accumulated through the layers (R += Abar R).",
-    reference=attention_reference(),
-)
+@register("gae", family="relevance", cost="1 forward + 1 backward", reference=attention_reference())
 def gae(problem: Problem) -> torch.Tensor:
-    """``Abar_l = mean_h (grad A_l * A_l)^+``; ``R = I``; ``R <- R + Abar_l R`` for each layer in
-    forward order; the anchor row of ``R`` with its self-entry set to 0 ``[B, N]``."""
+    """Gradient-weighted attention, positive part, accumulated through the layers (R += Abar R).
+
+    ``Abar_l = mean_h (grad A_l * A_l)^+``; ``R = I``; ``R <- R + Abar_l R`` for each layer in
+    forward order; the anchor row of ``R`` with its self-entry set to 0 ``[B, N]``.
+
+    Source: Chefer et al. 2021b, Generic Attention-model Explainability (Eq. 5-6)
+    """
     fwd, grads, _ = attention_gradients(problem)
     bsz, seq = problem.batch.input_ids.shape
     relevance = torch.eye(seq, dtype=fwd.attentions[0].dtype).expand(bsz, seq, seq).clone()
@@ -93,16 +91,15 @@ def gae(problem: Problem) -> torch.Tensor:
     return scores
 
 
-@register(
-    "grad_sam",
-    family="relevance",
-    cost="1 forward + 1 backward",
-    citation="Barkan et al. 2021, Grad-SAM: Explaining Transformers via Gradient Self-Attention Maps (Eq. 2-3)",
-    summary="Attention times ReLU of its gradient, averaged over layers, heads and query rows.",
-    reference=attention_reference(),
-)
+@register("grad_sam", family="relevance", cost="1 forward + 1 backward", reference=attention_reference())
 def grad_sam(problem: Problem) -> torch.Tensor:
-    """``s_j = mean_{l,h,i} A_l[h,i,j] * ReLU(dF/dA_l[h,i,j])`` over real query rows ``i`` ``[B, N]``."""
+    """Attention times ReLU of its gradient, averaged over layers, heads and query rows.
+
+    ``s_j = mean_{l,h,i} A_l[h,i,j] * ReLU(dF/dA_l[h,i,j])`` over real query rows ``i`` ``[B, N]``.
+
+    Source: Barkan et al. 2021, Grad-SAM: Explaining Transformers via Gradient Self-Attention Maps
+    (Eq. 2-3)
+    """
     fwd, grads, _ = attention_gradients(problem)
     maps = torch.stack([(a * g.clamp(min=0)).mean(dim=1) for a, g in zip(fwd.attentions, grads, strict=True)])
     return mean_over_real_rows(maps.mean(dim=0), problem.batch.attention_mask)
@@ -112,13 +109,17 @@ def grad_sam(problem: Problem) -> torch.Tensor:
     "attcat",
     family="relevance",
     cost="1 forward + 1 backward",
-    citation="Qiang et al. 2022, AttCAT: Explaining Transformers via Attentive Class Activation Tokens (Eq. 6-7)",
-    summary="Per layer: gradient x hidden state of each token, weighted by the attention it receives; summed over layers.",
     reference=attention_reference(hidden=True),
 )
 def attcat(problem: Problem) -> torch.Tensor:
-    """``AttCAT_j = sum_l (sum_d dF/dh_l[j,d] * h_l[j,d]) * mean_{h,i} A_l[h,i,j]`` with ``h_l`` the
-    input of block ``l`` and the mean over heads and real query rows ``[B, N]`` (signed)."""
+    """Per layer: gradient x hidden state of each token, weighted by the attention it receives; summed over layers.
+
+    ``AttCAT_j = sum_l (sum_d dF/dh_l[j,d] * h_l[j,d]) * mean_{h,i} A_l[h,i,j]`` with ``h_l`` the
+    input of block ``l`` and the mean over heads and real query rows ``[B, N]`` (signed).
+
+    Source: Qiang et al. 2022, AttCAT: Explaining Transformers via Attentive Class Activation Tokens
+    (Eq. 6-7)
+    """
     fwd, attn_grads, hidden_grads = attention_gradients(problem, hidden=True)
     batch = problem.batch
     total = torch.zeros(batch.input_ids.shape)

@@ -13,14 +13,16 @@ from heedful.seeding import example_generators
     "random",
     family="baseline",
     cost="no pass of its own (explain still runs the 1 forward that gives the prediction)",
-    citation="Random baseline (e.g. DeYoung et al. 2020, ERASER)",
-    summary="Uniform random scores in [0, 1); the floor any method must beat.",
 )
 def random_scores(problem: Problem, *, seed: int | None = 0) -> torch.Tensor:
-    """Scores ``[B, N]`` drawn uniformly from [0, 1).
+    """Uniform random scores in [0, 1); the floor any method must beat.
+
+    Scores ``[B, N]`` drawn uniformly from [0, 1).
 
     Each example's generator is seeded from ``seed`` and the example's text, so the same seed
     gives the same scores whatever the batch composition.
+
+    Source: Random baseline (e.g. DeYoung et al. 2020, ERASER)
     """
     batch = problem.batch
     scores = torch.zeros(batch.input_ids.shape)

@@ -113,14 +113,6 @@ Init = Literal["randn", "zeros"]
 SCORES: tuple[str, ...] = Score.__args__
 KEEP: tuple[str, ...] = Keep.__args__
 INITS: tuple[str, ...] = Init.__args__
-CITATION = (
-    "Do Pre-Trained Language Models Truly Focus on the Content They Are Expected to? "
-    "(co-perturbation, Eq. 2-4/9, Algorithm 1), generalising Guan et al. 2019 (ICML)"
-)
-GUAN_CITATION = (
-    "Guan et al. 2019, Towards a Deep and Unified Understanding of Deep Neural Models in NLP "
-    "(ICML, Eq. 7; microsoft/nlp-recipes Interpreter.py reference settings)"
-)
 ACTIVATION_BUDGET = 512 * 2**20
 """Bytes of saved activations a forward+backward chunk may hold (see :func:`grad_token_budget`)."""
 GRAD_CHUNK_OVERHEAD = 64
@@ -444,8 +436,6 @@ def _scores_for(
     "coperturbation",
     family="perturbation",
     cost="steps x (samples forwards + 1 backward), batched over sentences (converged ones drop out)",
-    citation=CITATION,
-    summary="Learned per-token Gaussian noise on all tokens at once; interest = 1/sigma (tokens that tolerate little noise).",
     needs_hidden=True,  # the reference pass then serves as the clean pass (no second one)
 )
 def coperturbation(
@@ -472,7 +462,9 @@ def coperturbation(
     seed: int | None = 0,
     internal_batch_size: Annotated[int | None, AT_LEAST_ONE, RUNTIME] = None,
 ) -> torch.Tensor:
-    """Co-perturbation interest ``[B, N]`` (``[B, L, N]`` with ``layerwise=True``: layers 1..L).
+    """Learned per-token Gaussian noise on all tokens at once; interest = 1/sigma (tokens that tolerate little noise).
+
+    Co-perturbation interest ``[B, N]`` (``[B, L, N]`` with ``layerwise=True``: layers 1..L).
 
     ``lam``: weight of the maximum-entropy term (paper Eq. 4). ``samples``: noise draws per step
     (one batched forward). ``layer=k``: distortion of all tokens' states at layer ``k`` instead of
@@ -486,6 +478,9 @@ def coperturbation(
     Eq. 9 literally (raw sums; lambda then needs retuning). ``keep``: report the
     lowest-objective state (``"best"``) or the final one (``"last"``). ``init``: every ``theta``
     starts at 0 (``"zeros"``) or at a seeded N(0, 1) draw (``"randn"``, Guan et al.).
+
+    Source: Do Pre-Trained Language Models Truly Focus on the Content They Are Expected to?
+    (co-perturbation, Eq. 2-4/9, Algorithm 1), generalising Guan et al. 2019 (ICML)
     """
     settings = Settings(
         lam=lam, samples=samples, lr=lr, max_steps=max_steps, window=window, tol=tol, scale=scale,
@@ -499,8 +494,6 @@ def coperturbation(
     "guan2019",
     family="perturbation",
     cost="5000 x (1 forward + 1 backward), batched over sentences",
-    citation=GUAN_CITATION,
-    summary="Guan et al.'s maximum-entropy noise learning with its reference settings (rate 0.1, 1 sample, 5000 steps).",
     needs_hidden=True,  # the reference pass then serves as the clean pass (no second one)
 )
 def guan2019(
@@ -527,7 +520,9 @@ def guan2019(
     seed: int | None = 0,
     internal_batch_size: Annotated[int | None, AT_LEAST_ONE, RUNTIME] = None,
 ) -> torch.Tensor:
-    """Guan et al. 2019 (Eq. 7): ``L = mean(D^2) / mean(phi^2) - rate * mean_j log sigma_j``.
+    """Guan et al.'s maximum-entropy noise learning with its reference settings (rate 0.1, 1 sample, 5000 steps).
+
+    Guan et al. 2019 (Eq. 7): ``L = mean(D^2) / mean(phi^2) - rate * mean_j log sigma_j``.
 
     The same optimiser as :func:`coperturbation` with the reference code's settings: ``rate``
     0.1 (``lam = 2 * rate``), one noise draw per step, 5000 Adam steps at lr 0.01 with no early
@@ -535,6 +530,9 @@ def guan2019(
     default 0.5 is that value for BERT-base), lowest-loss state kept. One deliberate
     difference: the reference saves the parameters *after* the step that produced the lowest
     loss; we keep the parameters that produced it. Shapes as :func:`coperturbation`.
+
+    Source: Guan et al. 2019, Towards a Deep and Unified Understanding of Deep Neural Models in NLP
+    (ICML, Eq. 7; microsoft/nlp-recipes Interpreter.py reference settings)
     """
     settings = replace(
         GUAN2019, lam=2.0 * rate, samples=samples, lr=lr, max_steps=max_steps, window=window, tol=tol,

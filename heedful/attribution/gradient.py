@@ -40,7 +40,6 @@ from heedful.registry import find, register
 from heedful.runner import Copies, Runner, length_chunks
 from heedful.seeding import example_generators
 
-GRADIENT_TASKS = ("classification", "regression", "masked_lm", "causal_lm")
 Aggregate = Literal["sum", "l1", "l2"]
 """How per-dimension attributions ``[B, N, E]`` become token scores ``[B, N]``: signed sum, l1
 norm, l2 norm (see the module docstring)."""
@@ -124,19 +123,20 @@ def _gradient_x_input_map(problem: Problem, embeds: torch.Tensor, options: dict[
     "saliency",
     family="gradient",
     cost="1 forward + 1 backward",
-    citation="Simonyan et al. 2014, Deep Inside Convolutional Networks (Eq. 2); L2 norm over the embedding "
-    "(aggregate='l1': NormXLogit §4's Gradient Norm)",
-    summary="L2 norm of the gradient of the target logit w.r.t. each word embedding.",
-    tasks=GRADIENT_TASKS,
     reference=gradient_reference,
     per_dimension=_gradient_map,
 )
 def saliency(problem: Problem, *, aggregate: GradientAggregate = "l2") -> torch.Tensor:
-    """``||d f / d e_i||_2`` per token ``[B, N]`` (unsigned; Simonyan et al. 2014, Eq. 2, with
+    """L2 norm of the gradient of the target logit w.r.t. each word embedding.
+
+    ``||d f / d e_i||_2`` per token ``[B, N]`` (unsigned; Simonyan et al. 2014, Eq. 2, with
     the gradient ``d f / d e_i`` ``[B, N, E]`` reduced over the embedding).
 
     ``aggregate``: ``"l2"`` (default) or ``"l1"`` (``sum_d |d f / d e_id|``, NormXLogit §4's
     "Gradient Norm"); a signed sum of the gradient is no token score (see the module docstring).
+
+    Source: Simonyan et al. 2014, Deep Inside Convolutional Networks (Eq. 2); L2 norm over the
+    embedding (aggregate='l1': NormXLogit §4's Gradient Norm)
     """
     grad, _ = gradient_and_input(problem)
     return aggregate_embedding(grad, aggregate)
@@ -146,19 +146,20 @@ def saliency(problem: Problem, *, aggregate: GradientAggregate = "l2") -> torch.
     "grad_x_input",
     family="gradient",
     cost="1 forward + 1 backward",
-    citation="Shrikumar et al. 2016 / Denil et al. 2014: gradient x input, summed over the embedding "
-    "(aggregate='l1': NormXLogit §4)",
-    summary="Dot product of each word embedding with its gradient (signed).",
-    tasks=GRADIENT_TASKS,
     reference=gradient_reference,
     per_dimension=_gradient_x_input_map,
 )
 def grad_x_input(problem: Problem, *, aggregate: Aggregate = "sum") -> torch.Tensor:
-    """``sum_d e_id * (d f / d e_id)`` per token ``[B, N]``: the per-dimension products
+    """Dot product of each word embedding with its gradient (signed).
+
+    ``sum_d e_id * (d f / d e_id)`` per token ``[B, N]``: the per-dimension products
     ``e * d f / d e`` ``[B, N, E]`` summed over the embedding (signed).
 
     ``aggregate``: ``"sum"`` (default), ``"l1"`` (``sum_d |e_id * d f / d e_id|``, unsigned: the
     aggregation of NormXLogit §4's tables) or ``"l2"``.
+
+    Source: Shrikumar et al. 2016 / Denil et al. 2014: gradient x input, summed over the embedding
+    (aggregate='l1': NormXLogit §4)
     """
     grad, embeds = gradient_and_input(problem)
     return aggregate_embedding(grad * embeds, aggregate)
@@ -227,9 +228,6 @@ def _integrated_map(problem: Problem, embeds: torch.Tensor, options: dict[str, A
     "integrated_gradients",
     family="gradient",
     cost="n_steps x (1 forward + 1 backward)",
-    citation="Sundararajan et al. 2017, Axiomatic Attribution for Deep Networks (Eq. 1, Riemann/Gauss-Legendre approximation)",
-    summary="Path integral of gradients from a baseline to the input, times (input - baseline).",
-    tasks=GRADIENT_TASKS,
     per_dimension=_integrated_map,
 )
 def integrated_gradients(
@@ -241,7 +239,9 @@ def integrated_gradients(
     internal_batch_size: Annotated[int | None, AT_LEAST_ONE, RUNTIME] = None,
     aggregate: Aggregate = "sum",
 ) -> torch.Tensor:
-    """``IG_i = sum_d (e_id - e'_id) * sum_s w_s dF(e' + a_s (e - e'))/de_id``  ``[B, N]``: the
+    """Path integral of gradients from a baseline to the input, times (input - baseline).
+
+    ``IG_i = sum_d (e_id - e'_id) * sum_s w_s dF(e' + a_s (e - e'))/de_id``  ``[B, N]``: the
     per-dimension attributions ``IG_id`` ``[B, N, E]`` of Eq. 1 summed over the embedding.
 
     ``aggregate``: ``"sum"`` (default; signed, keeps completeness), ``"l1"`` (``sum_d |IG_id|``,
@@ -252,6 +252,9 @@ def integrated_gradients(
     (:class:`~heedful.runner.Runner`): chunks of rows of similar length, each cut to its longest
     row and holding at most about 16k token positions (or ``internal_batch_size`` rows).
     Completeness: ``sum_i IG_i ~= F(e) - F(e')``.
+
+    Source: Sundararajan et al. 2017, Axiomatic Attribution for Deep Networks (Eq. 1,
+    Riemann/Gauss-Legendre approximation)
     """
     options = {"n_steps": n_steps, "baseline": baseline, "rule": rule, "internal_batch_size": internal_batch_size}
     return aggregate_embedding(_integrated_map(problem, problem.word_embeddings(), options), aggregate)
@@ -278,10 +281,6 @@ def _noise(problem: Problem, embeds: torch.Tensor, n_samples: int, noise_level: 
     "smoothgrad",
     family="gradient",
     cost="n_samples x the wrapped method (saliency: 1 forward + 1 backward)",
-    citation="Smilkov et al. 2017, SmoothGrad: removing noise by adding noise (Eq. 3); "
-    "nt_type as Captum's NoiseTunnel (smoothgrad_sq, vargrad: Adebayo et al. 2018)",
-    summary="A gradient method (saliency by default) averaged over Gaussian-noised copies of the embeddings.",
-    tasks=GRADIENT_TASKS,
 )
 def smoothgrad(
     problem: Problem,
@@ -295,7 +294,9 @@ def smoothgrad(
     internal_batch_size: Annotated[int | None, AT_LEAST_ONE, RUNTIME] = None,
     aggregate: Aggregate | None = None,
 ) -> torch.Tensor:
-    """A noise tunnel around the gradient method ``method``: its per-dimension attributions
+    """A gradient method (saliency by default) averaged over Gaussian-noised copies of the embeddings.
+
+    A noise tunnel around the gradient method ``method``: its per-dimension attributions
     ``a(e)`` ``[B, N, E]`` at ``n_samples`` noised copies ``e + z_k``, ``z_k ~ N(0, sigma^2)``,
     ``sigma = noise_level * (max(e) - min(e))`` per example (the paper's 10-20 % noise level),
     combined per ``nt_type``: the mean ``M(e) = 1/n sum_k a(e + z_k)`` (``"smoothgrad"``, Eq. 3),
@@ -307,6 +308,9 @@ def smoothgrad(
     ``[B, N]`` by ``aggregate``: ``None`` (default) is the L2 norm of a bare gradient
     (saliency without ``multiply_by_inputs``) and the signed sum otherwise; a bare gradient takes
     only the norms.
+
+    Source: Smilkov et al. 2017, SmoothGrad: removing noise by adding noise (Eq. 3); nt_type as
+    Captum's NoiseTunnel (smoothgrad_sq, vargrad: Adebayo et al. 2018)
     """
     inner = find(method)
     bare = method == "saliency" and not multiply_by_inputs and nt_type == "smoothgrad"

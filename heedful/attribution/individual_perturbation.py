@@ -33,8 +33,6 @@ from heedful.seeding import example_generators
     "individual_perturbation",
     family="perturbation",
     cost="N x samples forwards (batched)",
-    citation="Seed paper (co-perturbation interest estimation), Eq. 1: word-by-word perturbation",
-    summary="Output change when Gaussian noise of fixed sigma is added to one token at a time.",
     needs_hidden=True,  # the reference pass is the clean pass
 )
 @torch.no_grad()
@@ -52,7 +50,9 @@ def individual_perturbation(
     seed: int | None = 0,
     internal_batch_size: Annotated[int | None, AT_LEAST_ONE, RUNTIME] = None,
 ) -> torch.Tensor:
-    """Mean distortion when token ``j`` alone is noised, ``[B, N]`` (every real token, specials
+    """Output change when Gaussian noise of fixed sigma is added to one token at a time.
+
+    Mean distortion when token ``j`` alone is noised, ``[B, N]`` (every real token, specials
     included, as co-perturbation noises them too; 0 on padding).
 
     ``sigma`` defaults to co-perturbation's noise ceiling, ``scale_factor x`` the std of the
@@ -61,6 +61,8 @@ def individual_perturbation(
     token (ours). ``space``, ``output``, ``layer`` and ``normalise`` as in
     :func:`~heedful.attribution.coperturbation.coperturbation`; ``normalise`` divides by the
     mean squared reference output, which leaves each sentence's ranking unchanged.
+
+    Source: Seed paper (co-perturbation interest estimation), Eq. 1: word-by-word perturbation
     """
     adapter, batch = problem.adapter, problem.batch
     key = resolve_layer(adapter, layer)

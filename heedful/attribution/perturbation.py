@@ -15,13 +15,7 @@ from heedful.runner import Copies, Runner
 Output = Literal["logit", "probability"]
 
 
-@register(
-    "leave_one_out",
-    family="perturbation",
-    cost="1 + N forwards (batched)",
-    citation="Li et al. 2016, Understanding Neural Networks through Representation Erasure (Eq. 2)",
-    summary="Output drop when each token alone is removed (replaced by [MASK], or deleted for causal LMs).",
-)
+@register("leave_one_out", family="perturbation", cost="1 + N forwards (batched)")
 @torch.no_grad()
 def leave_one_out(
     problem: Problem,
@@ -30,11 +24,15 @@ def leave_one_out(
     output: Output = "logit",
     internal_batch_size: Annotated[int | None, AT_LEAST_ONE, RUNTIME] = None,
 ) -> torch.Tensor:
-    """``LOO_i = f(x) - f(x \\ x_i)`` for every removable token; 0 for special tokens ``[B, N]``.
+    """Output drop when each token alone is removed (replaced by [MASK], or deleted for causal LMs).
+
+    ``LOO_i = f(x) - f(x \\ x_i)`` for every removable token; 0 for special tokens ``[B, N]``.
 
     ``removal="auto"`` uses the model's removal token (``[MASK]`` for encoders; deletion for
     causal LMs); ``output`` chooses the target logit or its probability as ``f``. All ``sum_b
     N_b`` perturbed copies run through the batched runner.
+
+    Source: Li et al. 2016, Understanding Neural Networks through Representation Erasure (Eq. 2)
     """
     batch, target = problem.batch, problem.target
     allowed = removable_positions(batch, target)

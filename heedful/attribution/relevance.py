@@ -103,21 +103,19 @@ def _weighted_maps(grads: list[torch.Tensor], maps: dict[int, torch.Tensor]) -> 
     return [(g * maps[layer]).clamp(min=0).mean(dim=1) for layer, g in enumerate(grads)]
 
 
-@register(
-    "lrp",
-    family="relevance",
-    cost="1 forward + 1 relevance pass",
-    citation="Bach et al. 2015, Layer-wise Relevance Propagation (Eq. 2, alpha1-beta0 / z-rules) with Chefer et al. 2021a's transformer rules (original-LRP additions, their layers_lrp.py)",
-    summary="Relevance of each token's input to the first block, propagated from the target logit (sums to 1).",
-    reference=lrp_reference("lrp"),
-)
+@register("lrp", family="relevance", cost="1 forward + 1 relevance pass", reference=lrp_reference("lrp"))
 def lrp(problem: Problem, *, rules: Literal["lrp", "chefer"] = "lrp") -> torch.Tensor:
-    """Full LRP: ``R`` at the first block's input, summed over the hidden dimension ``[B, N]``.
+    """Relevance of each token's input to the first block, propagated from the target logit (sums to 1).
+
+    Full LRP: ``R`` at the first block's input, summed over the hidden dimension ``[B, N]``.
 
     Starts from ``R = 1`` on the explained logit (contrast targets: +1 / -1) and conserves it
     (the scores sum to the seed). ``rules="lrp"`` (default): alpha=1, beta=0 linears, halved
     z-rule products, identity non-linearities, plain z-rule additions -- the "LRP" baseline of
     Chefer et al. 2021a and Song et al. 2024; ``rules="chefer"``: renormalised additions.
+
+    Source: Bach et al. 2015, Layer-wise Relevance Propagation (Eq. 2, alpha1-beta0 / z-rules) with
+    Chefer et al. 2021a's transformer rules (original-LRP additions, their layers_lrp.py)
     """
     parts = [(c, p.inputs.sum(dim=-1)) for c, p in _passes(problem, rules)]
     return _scatter(problem.batch, parts)
@@ -127,13 +125,17 @@ def lrp(problem: Problem, *, rules: Literal["lrp", "chefer"] = "lrp") -> torch.T
     "partial_lrp",
     family="relevance",
     cost="1 forward + 1 relevance pass (last layer)",
-    citation="Voita et al. 2019, Analyzing Multi-Head Self-Attention (relevance of heads, Sec. 4), as the PartialLRP baseline of Chefer et al. 2021a / Song et al. 2024",
-    summary="Positive LRP relevance of the last layer's attention probabilities, averaged over heads, anchor row.",
     reference=lrp_reference("lrp"),
 )
 def partial_lrp(problem: Problem) -> torch.Tensor:
-    """``mean_h (R_A_L)^+[anchor, :]`` with the anchor's self-entry 0 ``[B, N]``; ``R_A_L``: the
-    relevance of the last layer's attention probabilities under the original LRP rules."""
+    """Positive LRP relevance of the last layer's attention probabilities, averaged over heads, anchor row.
+
+    ``mean_h (R_A_L)^+[anchor, :]`` with the anchor's self-entry 0 ``[B, N]``; ``R_A_L``: the
+    relevance of the last layer's attention probabilities under the original LRP rules.
+
+    Source: Voita et al. 2019, Analyzing Multi-Head Self-Attention (relevance of heads, Sec. 4), as
+    the PartialLRP baseline of Chefer et al. 2021a / Song et al. 2024
+    """
     parts = []
     for chunk, found in _passes(problem, "lrp", maps=True, inputs=False, last_layer_only=True):
         last = found.maps[max(found.maps)]
@@ -141,18 +143,17 @@ def partial_lrp(problem: Problem) -> torch.Tensor:
     return _scatter(problem.batch, parts)
 
 
-@register(
-    "chefer",
-    family="relevance",
-    cost=RELPROP_COST,
-    citation="Chefer, Gur & Wolf 2021a, Transformer Interpretability Beyond Attention Visualization (Eq. 13-14; ExplanationGenerator.generate_LRP)",
-    summary="LRP relevance of attention maps weighted by their gradients, positive part, rolled out over the layers.",
-    reference=lrp_reference("chefer"),
-)
+@register("chefer", family="relevance", cost=RELPROP_COST, reference=lrp_reference("chefer"))
 def chefer(problem: Problem, *, start_layer: int = 0) -> torch.Tensor:
-    """``Abar_l = mean_h (grad A_l * R_A_l)^+``, ``C = prod_l norm_rows(Abar_l + I)`` from
+    """LRP relevance of attention maps weighted by their gradients, positive part, rolled out over the layers.
+
+    ``Abar_l = mean_h (grad A_l * R_A_l)^+``, ``C = prod_l norm_rows(Abar_l + I)`` from
     ``start_layer`` (0 = all layers; the reference default 11 = last layer of BERT-base); the
-    anchor row of ``C`` with its self-entry 0 ``[B, N]``."""
+    anchor row of ``C`` with its self-entry 0 ``[B, N]``.
+
+    Source: Chefer, Gur & Wolf 2021a, Transformer Interpretability Beyond Attention Visualization
+    (Eq. 13-14; ExplanationGenerator.generate_LRP)
+    """
     return _rollout_scores(problem, start_layer)
 
 
@@ -170,8 +171,6 @@ def _rollout_scores(problem: Problem, start_layer: int, **options: Any) -> torch
     "mask_lrp",
     family="relevance",
     cost=RELPROP_COST + " (+ head statistics once per model)",
-    citation="Song et al. 2024, Better Explain Transformers by Illuminating Important Information (Eq. 6-11; Mask-LRP ExplanationGenerator.MGAE)",
-    summary="Chefer's rollout with relevance propagated only through syntactic and positional heads.",
     reference=lrp_reference("chefer"),
 )
 def mask_lrp(
@@ -186,7 +185,9 @@ def mask_lrp(
     ablation_seed: int = 0,
     corruption_rate: Annotated[float, UNIT] = 0.1,
 ) -> torch.Tensor:
-    """Mask-LRP: the head mask ``M`` ``[L, H]`` multiplies each head's output relevance before it
+    """Chefer's rollout with relevance propagated only through syntactic and positional heads.
+
+    Mask-LRP: the head mask ``M`` ``[L, H]`` multiplies each head's output relevance before it
     enters ``A V`` during the relevance pass only (the forward and the gradients are the model's);
     masked heads pass nothing to ``A``, ``Q``, ``K``, ``V``; the residual keeps its relevance and
     the renormalised addition restores conservation. Then the rollout of :func:`chefer` over all
@@ -205,6 +206,9 @@ def mask_lrp(
     ``ablation="random"`` (same number of heads, ``ablation_seed``), ``"corrupted"``
     (``corruption_rate`` of the unselected heads switched on), ``"no_positional"``,
     ``"no_syntactic"``.
+
+    Source: Song et al. 2024, Better Explain Transformers by Illuminating Important Information (Eq.
+    6-11; Mask-LRP ExplanationGenerator.MGAE)
     """
     from heedful.lrp.heads import default_head_mask
     from heedful.lrp.masks import ablate, as_head_mask
@@ -222,31 +226,29 @@ def mask_lrp(
     )
 
 
-@register(
-    "attnlrp",
-    family="relevance",
-    cost="1 forward + 1 backward",
-    citation="Achtibat et al. 2024, AttnLRP: Attention-Aware Layer-Wise Relevance Propagation for Transformers (Eq. 7, 9, 13; lxt.efficient rules)",
-    summary="AttnLRP relevance of each word embedding (one modified backward pass), summed over the embedding.",
-    reference=lrp_reference("attnlrp"),
-)
+@register("attnlrp", family="relevance", cost="1 forward + 1 backward", reference=lrp_reference("attnlrp"))
 def attnlrp(problem: Problem) -> torch.Tensor:
-    """``sum_d e_id * g_id`` with ``g`` the AttnLRP-modified gradient of the target logit at the
-    word embeddings ``e`` ``[B, N]``; the scores sum to the logit minus what biases absorb."""
+    """AttnLRP relevance of each word embedding (one modified backward pass), summed over the embedding.
+
+    ``sum_d e_id * g_id`` with ``g`` the AttnLRP-modified gradient of the target logit at the
+    word embeddings ``e`` ``[B, N]``; the scores sum to the logit minus what biases absorb.
+
+    Source: Achtibat et al. 2024, AttnLRP: Attention-Aware Layer-Wise Relevance Propagation for
+    Transformers (Eq. 7, 9, 13; lxt.efficient rules)
+    """
     parts = [(c, p.inputs.sum(dim=-1)) for c, p in _passes(problem, "attnlrp")]
     return _scatter(problem.batch, parts)
 
 
-@register(
-    "cam",
-    family="relevance",
-    cost="1 forward + 1 backward",
-    citation="Zhou et al. 2016 (CAM) on attention gradients, as the CAM baseline of Song et al. 2024 (Mask-LRP ExplanationGenerator.generate_gradcam)",
-    summary="Last layer's attention gradient averaged over heads and query rows, positive part.",
-    reference=attention_reference(),
-)
+@register("cam", family="relevance", cost="1 forward + 1 backward", reference=attention_reference())
 def cam(problem: Problem) -> torch.Tensor:
-    """``max(0, mean_{h,i} dF/dA_L[h, i, :])`` over real query rows, anchor column 0 ``[B, N]``."""
+    """Last layer's attention gradient averaged over heads and query rows, positive part.
+
+    ``max(0, mean_{h,i} dF/dA_L[h, i, :])`` over real query rows, anchor column 0 ``[B, N]``.
+
+    Source: Zhou et al. 2016 (CAM) on attention gradients, as the CAM baseline of Song et al. 2024
+    (Mask-LRP ExplanationGenerator.generate_gradcam)
+    """
     _, grads, _ = attention_gradients(problem)
     scores = mean_over_real_rows(grads[-1].mean(dim=1), problem.batch.attention_mask).clamp(min=0)
     scores[torch.arange(scores.shape[0]), problem.anchor] = 0.0
@@ -257,14 +259,18 @@ def cam(problem: Problem) -> torch.Tensor:
     "attention_gradcam",
     family="relevance",
     cost="1 forward + 1 backward",
-    citation="Chefer et al. 2021a's GradCAM-on-attention baseline, as GradCAM in Song et al. 2024 (ExplanationGenerator.generate_attn_gradcam)",
-    summary="Last layer's attention weighted per head by its mean gradient, positive part, min-max normalised.",
     reference=attention_reference(),
 )
 def attention_gradcam(problem: Problem) -> torch.Tensor:
-    """``w_h = mean_{i,j} dF/dA_L[h]``; ``G = max(0, mean_h w_h A_L[h])`` min-max normalised over
+    """Last layer's attention weighted per head by its mean gradient, positive part, min-max normalised.
+
+    ``w_h = mean_{i,j} dF/dA_L[h]``; ``G = max(0, mean_h w_h A_L[h])`` min-max normalised over
     the real ``N x N`` block; anchor row with self-entry 0 ``[B, N]``. (Grad-SAM proper is
-    ``grad_sam``.)"""
+    ``grad_sam``.)
+
+    Source: Chefer et al. 2021a's GradCAM-on-attention baseline, as GradCAM in Song et al. 2024
+    (ExplanationGenerator.generate_attn_gradcam)
+    """
     fwd, grads, _ = attention_gradients(problem)
     attn, grad = fwd.attentions[-1], grads[-1]
     real = problem.batch.attention_mask.to(attn.dtype)

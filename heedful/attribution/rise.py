@@ -15,13 +15,7 @@ from heedful.registry import register
 from heedful.seeding import example_generators
 
 
-@register(
-    "rise",
-    family="perturbation",
-    cost="n_masks forwards (batched)",
-    citation="Petsiuk et al. 2018, RISE: Randomized Input Sampling for Explanation (Eq. 6), over tokens",
-    summary="Mean output over random token keep-masks, weighted by whether each token was kept.",
-)
+@register("rise", family="perturbation", cost="n_masks forwards (batched)")
 def rise(
     problem: Problem,
     *,
@@ -32,13 +26,18 @@ def rise(
     seed: int | None = 0,
     internal_batch_size: Annotated[int | None, AT_LEAST_ONE, RUNTIME] = None,
 ) -> torch.Tensor:
-    """``S_j = 1 / (n_masks * p) * sum_m f(x . m_m) m_m[j]`` per removable token ``[B, N]``.
+    """Mean output over random token keep-masks, weighted by whether each token was kept.
+
+    ``S_j = 1 / (n_masks * p) * sum_m f(x . m_m) m_m[j]`` per removable token ``[B, N]``.
 
     Masks keep each removable token independently with probability ``p_keep`` (RISE's
     ``p = 0.5``); removed tokens become the ``removal`` token (deleted for causal LMs); special
     tokens are always kept and score 0. Token masks need no up-sampling (the image method's
     smooth masks have no text analogue). ``output``: class probability (RISE's choice) or logit.
     ``n_masks`` 500 is ours (the paper uses 4000-8000 for images with many more cells).
+
+    Source: Petsiuk et al. 2018, RISE: Randomized Input Sampling for Explanation (Eq. 6), over
+    tokens
     """
     batch = problem.batch
     features = features_of(batch, problem.target)

@@ -124,13 +124,7 @@ def weighted_linear_fit(
 
 
 # ---------------------------------------------------------------------------------- methods
-@register(
-    "lime",
-    family="perturbation",
-    cost="n_samples forwards (batched)",
-    citation="Ribeiro et al. 2016, \"Why Should I Trust You?\" (Eq. 1-2; LimeTextExplainer settings)",
-    summary="Weighted ridge fit of the output on random token removals near the input.",
-)
+@register("lime", family="perturbation", cost="n_samples forwards (batched)")
 def lime(
     problem: Problem,
     *,
@@ -143,13 +137,17 @@ def lime(
     seed: int | None = 0,
     internal_batch_size: Annotated[int | None, AT_LEAST_ONE, RUNTIME] = None,
 ) -> torch.Tensor:
-    """LIME coefficients per removable token ``[B, N]`` (0 for special tokens and a fixed anchor).
+    """Weighted ridge fit of the output on random token removals near the input.
+
+    LIME coefficients per removable token ``[B, N]`` (0 for special tokens and a fixed anchor).
 
     Defaults follow the ``lime`` package's text explainer: ``sampling="lime"`` (remove
     ``U{1..M}`` tokens; the first sample is the input), cosine kernel of width 0.25, ``Ridge(alpha=1)``
     with intercept, class probability as the output. ``n_samples`` 200 is ours (lime: 5000,
     Captum: 50). Captum's ``Lime`` defaults differ (Bernoulli sampling -- ``sampling="bernoulli"``
     --, kernel on the model inputs, ``Lasso(alpha=0.01)``).
+
+    Source: Ribeiro et al. 2016, "Why Should I Trust You?" (Eq. 1-2; LimeTextExplainer settings)
     """
     batch = problem.batch
     features = features_of(batch, problem.target)
@@ -160,13 +158,7 @@ def lime(
     return to_tokens(features, coef.float(), batch.seq_len)
 
 
-@register(
-    "kernel_shap",
-    family="perturbation",
-    cost="n_samples forwards (batched)",
-    citation="Lundberg & Lee 2017, A Unified Approach to Interpreting Model Predictions (Kernel SHAP, Theorem 2)",
-    summary="Shapley-kernel-weighted linear fit of the output on random token coalitions (approximate Shapley values).",
-)
+@register("kernel_shap", family="perturbation", cost="n_samples forwards (batched)")
 def kernel_shap(
     problem: Problem,
     *,
@@ -176,12 +168,17 @@ def kernel_shap(
     seed: int | None = 0,
     internal_batch_size: Annotated[int | None, AT_LEAST_ONE, RUNTIME] = None,
 ) -> torch.Tensor:
-    """Approximate Shapley values per removable token ``[B, N]``.
+    """Shapley-kernel-weighted linear fit of the output on random token coalitions (approximate Shapley values).
+
+    Approximate Shapley values per removable token ``[B, N]``.
 
     Sampling and weights as Captum's ``KernelShap`` (full and empty coalitions first with weight
     10^6, then Shapley-kernel-distributed coalition sizes with unit weight), ordinary least
     squares with intercept. Removed tokens become the ``removal`` token (``[MASK]``; deleted for
     causal LMs). ``n_samples`` 200 is ours (Captum: 25).
+
+    Source: Lundberg & Lee 2017, A Unified Approach to Interpreting Model Predictions (Kernel SHAP,
+    Theorem 2)
     """
     batch = problem.batch
     features = features_of(batch, problem.target)

@@ -94,8 +94,6 @@ def _prefix_one_pass(problem: Problem, features: Features) -> torch.Tensor | Non
     "tdd",
     family="perturbation",
     cost="forward: 1 forward (decoders) or N+1; backward: N+1; bidirectional: both (batched)",
-    citation="Feng et al. 2024, Unveiling and Manipulating Prompt Influence in LLMs (TDD, ICLR)",
-    summary="Change of the (contrastive) output distribution as each token joins the prefix / suffix.",
     needs_hidden=True,  # decoders read every prefix off the reference pass
 )
 @torch.no_grad()
@@ -105,11 +103,15 @@ def tdd(
     direction: Direction = "bidirectional",
     internal_batch_size: Annotated[int | None, AT_LEAST_ONE, RUNTIME] = None,
 ) -> torch.Tensor:
-    """TDD saliency per content token ``[B, N]`` (special tokens and a fixed anchor 0).
+    """Change of the (contrastive) output distribution as each token joins the prefix / suffix.
+
+    TDD saliency per content token ``[B, N]`` (special tokens and a fixed anchor 0).
 
     ``direction``: ``"forward"``, ``"backward"`` or ``"bidirectional"`` (mean of both; the
     reference's best variant). Use a contrastive target (``"A vs B"``) for the paper's
     target/foil score.
+
+    Source: Feng et al. 2024, Unveiling and Manipulating Prompt Influence in LLMs (TDD, ICLR)
     """
     batch = problem.batch
     features = features_of(batch, problem.target)

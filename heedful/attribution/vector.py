@@ -17,7 +17,6 @@ from heedful.problem import Problem
 from heedful.registry import register
 from heedful.targets import ResolvedTarget
 
-NORMXLOGIT_CITATION = "Abbasi et al. 2025, NormXLogit: The Head-on-Top Never Lies (Eq. 7-9)"
 NormSource = Literal["embedding_output", "word_embedding"]
 
 
@@ -65,54 +64,47 @@ def logit_attribution(problem: Problem, layerwise: bool) -> torch.Tensor:
     return torch.stack([_layer_logits(adapter, target, hs[layer], layer) for layer in range(1, last + 1)], dim=1)
 
 
-@register(
-    "embedding_norm",
-    family="vector",
-    cost="1 forward",
-    citation="Kobayashi et al. 2020 (norm of input vectors); NormXLogit paper's Norm baseline",
-    summary="L2 norm of each token's input embedding; task-independent.",
-    needs_hidden=True,
-)
+@register("embedding_norm", family="vector", cost="1 forward", needs_hidden=True)
 @torch.no_grad()
 def embedding_norm(problem: Problem, *, norm: NormSource = "embedding_output") -> torch.Tensor:
-    """``||x_i^0||_2`` for every token, ``[B, N]`` (see :func:`embedding_norms` for ``norm``)."""
+    """L2 norm of each token's input embedding; task-independent.
+
+    ``||x_i^0||_2`` for every token, ``[B, N]`` (see :func:`embedding_norms` for ``norm``).
+
+    Source: Kobayashi et al. 2020 (norm of input vectors); NormXLogit paper's Norm baseline
+    """
     return embedding_norms(problem, norm)
 
 
-@register(
-    "logat",
-    family="vector",
-    cost="1 forward + 1 batched head call",
-    citation=NORMXLOGIT_CITATION + ", LogAt (Eq. 7, regression Eq. 8)",
-    summary="Head-on-top logit of the target read off every token's final representation.",
-    needs_hidden=True,
-)
+@register("logat", family="vector", cost="1 forward + 1 batched head call", needs_hidden=True)
 @torch.no_grad()
 def logat(problem: Problem, *, layerwise: bool = False) -> torch.Tensor:
-    """LogAt: ``Att(x_i) = HoT(x_i^L)[target]`` (Eq. 7); regression ``|HoT(x_i^L) - HoT(CLS^L)|`` (Eq. 8).
+    """Head-on-top logit of the target read off every token's final representation.
+
+    LogAt: ``Att(x_i) = HoT(x_i^L)[target]`` (Eq. 7); regression ``|HoT(x_i^L) - HoT(CLS^L)|`` (Eq. 8).
 
     Returns ``[B, N]``, or ``[B, L, N]`` with ``layerwise=True`` (head applied to every
     layer's output; pre-LN decoders get their final norm first).
+
+    Source: Abbasi et al. 2025, NormXLogit: The Head-on-Top Never Lies (Eq. 7-9), LogAt (Eq. 7,
+    regression Eq. 8)
     """
     return logit_attribution(problem, layerwise)
 
 
-@register(
-    "normxlogit",
-    family="vector",
-    cost="1 forward + 1 batched head call",
-    citation=NORMXLOGIT_CITATION,
-    summary="Input-embedding norm x head-on-top logit per token (signed, per label).",
-    needs_hidden=True,
-)
+@register("normxlogit", family="vector", cost="1 forward + 1 batched head call", needs_hidden=True)
 @torch.no_grad()
 def normxlogit(problem: Problem, *, layerwise: bool = False, norm: NormSource = "embedding_output") -> torch.Tensor:
-    """NormXLogit (Eq. 9): ``||x_i^0||_2 * LogAt(x_i)``, signed.
+    """Input-embedding norm x head-on-top logit per token (signed, per label).
+
+    NormXLogit (Eq. 9): ``||x_i^0||_2 * LogAt(x_i)``, signed.
 
     Classification: the target class's logit (any class for per-label attribution; a
     contrast A vs B gives the logit difference). Regression: Eq. 8 distance. Masked / causal
     LM: the LM head is the head-on-top and the target is a vocabulary token. ``layerwise``
     gives ``[B, L, N]`` (layers 1..L), otherwise ``[B, N]``.
+
+    Source: Abbasi et al. 2025, NormXLogit: The Head-on-Top Never Lies (Eq. 7-9)
     """
     norms = embedding_norms(problem, norm)
     logits = logit_attribution(problem, layerwise)
