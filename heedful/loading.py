@@ -10,33 +10,22 @@ import transformers
 from transformers import AutoConfig, AutoTokenizer
 
 from heedful.adapters import FAMILIES, adapter_for
+from heedful.adapters.heads import TASKS, head_of_class, head_of_task
 from heedful.errors import HeedfulError, UnsupportedModelError
 from heedful.model import Model
 from heedful.quiet import quiet_transformers
 
-_AUTO_BY_TASK = {
-    "classification": "AutoModelForSequenceClassification",
-    "regression": "AutoModelForSequenceClassification",
-    "masked_lm": "AutoModelForMaskedLM",
-    "causal_lm": "AutoModelForCausalLM",
-}
-_AUTO_BY_SUFFIX = {
-    "ForSequenceClassification": "AutoModelForSequenceClassification",
-    "ForMaskedLM": "AutoModelForMaskedLM",
-    "ForCausalLM": "AutoModelForCausalLM",
-    "LMHeadModel": "AutoModelForCausalLM",
-}
-
 
 def _auto_class(config, task: str | None) -> type:
     if task is not None:
-        if task not in _AUTO_BY_TASK:
-            raise HeedfulError(f"unknown task {task!r}", hint=f"use one of {', '.join(_AUTO_BY_TASK)}")
-        return getattr(transformers, _AUTO_BY_TASK[task])
+        head = head_of_task(task)
+        if head is None:
+            raise HeedfulError(f"unknown task {task!r}", hint=f"use one of {', '.join(TASKS)}")
+        return getattr(transformers, head.auto_class)
     for arch in getattr(config, "architectures", None) or []:
-        for suffix, auto in _AUTO_BY_SUFFIX.items():
-            if arch.endswith(suffix):
-                return getattr(transformers, auto)
+        head = head_of_class(arch)
+        if head is not None:
+            return getattr(transformers, head.auto_class)
     names = ", ".join(getattr(config, "architectures", None) or ["none recorded"])
     raise UnsupportedModelError(
         f"the checkpoint has no head heedful can explain (architectures: {names})",

@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from heedful.adapters.lrp_roles import BlockRoles, LRPRoles, linear_sites
+from heedful.adapters.roles import LRPBlock, LRPRoles, linear_sites
 from heedful.attribution.attention_gradient import attention_gradients
 from heedful.lrp import AttnLRPRules, CheferRules, LRPSession, propagate
 
@@ -216,7 +216,7 @@ class _LinearOnly:
 
     def lrp_roles(self) -> LRPRoles:
         net = self.hf_model
-        block = BlockRoles(attention=nn.Identity(), linears=linear_sites(net[0], net[1]), norms=[], activations=[net[2]], residuals=[])
+        block = LRPBlock(attention=nn.Identity(), linears=linear_sites(net[0], net[1]), norms=[], activations=[net[2]], residuals=[])
         return LRPRoles(blocks=[block], head_linears=linear_sites(net[3]))
 
 

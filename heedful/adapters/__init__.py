@@ -1,4 +1,9 @@
-"""Adapters: the only code that knows architectures (see :class:`ModelAdapter`)."""
+"""Adapters: the only code that knows architectures (see :class:`ModelAdapter`).
+
+Roles (:mod:`heedful.adapters.roles`) say where each tensor of a block lives; the interception
+context (:mod:`heedful.adapters.intercept`, ``adapter.intercept()``) reads, replaces or attaches
+rules to them; :data:`~heedful.adapters.heads.HEADS` is the table of heads heedful explains.
+"""
 
 from __future__ import annotations
 
@@ -6,33 +11,50 @@ from torch import nn
 
 from heedful.adapters.base import Forward, LMHeadParts, ModelAdapter, PassCounter
 from heedful.adapters.families import FAMILIES
+from heedful.adapters.heads import head_of_class, head_of_task
+from heedful.adapters.intercept import Interception
+from heedful.adapters.roles import ROLES, BlockRoles, ModelRoles, Site
 from heedful.errors import UnsupportedModelError
 
-__all__ = ["FAMILIES", "Forward", "LMHeadParts", "ModelAdapter", "PassCounter", "adapter_for", "infer_task"]
+__all__ = [
+    "FAMILIES",
+    "ROLES",
+    "BlockRoles",
+    "Forward",
+    "Interception",
+    "LMHeadParts",
+    "ModelAdapter",
+    "ModelRoles",
+    "PassCounter",
+    "Site",
+    "adapter_for",
+    "infer_task",
+    "register_family",
+]
 
-_HEAD_SUFFIXES = {
-    "ForSequenceClassification": "classification",
-    "ForMaskedLM": "masked_lm",
-    "ForCausalLM": "causal_lm",
-    "LMHeadModel": "causal_lm",
-}
+
+def register_family(model_type: str, adapter_class: type[ModelAdapter]) -> None:
+    """Make models whose ``config.model_type`` is ``model_type`` load with ``adapter_class`` (a
+    :class:`ModelAdapter` subclass filling in the family's roles); replaces an earlier entry."""
+    if not (isinstance(adapter_class, type) and issubclass(adapter_class, ModelAdapter)):
+        raise TypeError(f"{adapter_class!r} is not a ModelAdapter subclass")
+    FAMILIES[model_type] = adapter_class
 
 
 def infer_task(hf_model: nn.Module) -> str:
     """Task from the model's head: classification, regression, masked_lm or causal_lm."""
     cls_name = type(hf_model).__name__
-    for suffix, task in _HEAD_SUFFIXES.items():
-        if cls_name.endswith(suffix):
-            if task == "classification":
-                cfg = hf_model.config
-                if cfg.num_labels == 1 or getattr(cfg, "problem_type", None) == "regression":
-                    return "regression"
-            return task
-    raise UnsupportedModelError(
-        f"{cls_name} has no head heedful can explain",
-        hint="load a checkpoint with a sequence-classification, masked-LM or causal-LM head "
-        "(e.g. *ForSequenceClassification)",
-    )
+    head = head_of_class(cls_name)
+    if head is None:
+        raise UnsupportedModelError(
+            f"{cls_name} has no head heedful can explain",
+            hint="load a checkpoint with a sequence-classification, masked-LM or causal-LM head "
+            "(e.g. *ForSequenceClassification)",
+        )
+    cfg = hf_model.config
+    if "regression" in head.tasks and (cfg.num_labels == 1 or getattr(cfg, "problem_type", None) == "regression"):
+        return "regression"
+    return head.tasks[0]
 
 
 def adapter_for(hf_model: nn.Module, tokenizer, task: str | None = None, name: str = "model") -> ModelAdapter:
@@ -46,8 +68,7 @@ def adapter_for(hf_model: nn.Module, tokenizer, task: str | None = None, name: s
         )
     inferred = infer_task(hf_model)
     if task is not None and task != inferred:
-        compatible = {task, inferred} == {"classification", "regression"}
-        if not compatible:
+        if head_of_task(task) is not head_of_task(inferred):  # classification and regression share a head
             raise UnsupportedModelError(
                 f"task {task!r} needs a different head than {type(hf_model).__name__} has ({inferred})",
                 hint=f"use task={inferred!r} or load a checkpoint with a {task} head",

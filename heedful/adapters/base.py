@@ -2,8 +2,9 @@
 
 Methods ask the adapter for things by role -- the input embedding layer, a forward pass from
 embeddings, every layer's hidden states and attention probabilities, the head-on-top applied to
-any token's representation, the token that removes a token -- and never name an architecture.
-Family subclasses (``heedful.adapters.families``) fill in the roles.
+any token's representation, the token that removes a token, any tensor inside a block
+(:meth:`ModelAdapter.intercept`) -- and never name an architecture. Family subclasses
+(``heedful.adapters.families``) fill in the roles.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from heedful.adapters.lrp_roles import LRPRoles
+from heedful.adapters.intercept import Interception
+from heedful.adapters.roles import LRPRoles, ModelRoles
 from heedful.batch import Batch
 from heedful.errors import InputError, UnsupportedModelError
 
@@ -73,6 +75,8 @@ class ModelAdapter:
 
     family: ClassVar[str] = "generic"
     is_decoder: ClassVar[bool] = False
+    lrp_mapped: ClassVar[bool] = False
+    """Relevance propagation's rules have been checked against this family's blocks."""
 
     def __post_init__(self) -> None:
         self.hf_model.eval()
@@ -120,12 +124,28 @@ class ModelAdapter:
     def uses_token_types(self) -> bool:
         return getattr(self.hf_model.config, "type_vocab_size", 0) > 0
 
+    def roles(self) -> ModelRoles:
+        """Where each role lives in the model (see :mod:`heedful.adapters.roles`)."""
+        raise UnsupportedModelError(f"the roles of the {self.family} family are not mapped")
+
+    def intercept(self) -> Interception:
+        """A context in which any role can be recorded, replaced or given a rule (see
+        :mod:`heedful.adapters.intercept`)::
+
+            with adapter.intercept() as hooks:
+                probs = hooks.record("probs")
+                adapter.forward(batch, anchor)
+        """
+        return Interception(self.hf_model, self.roles())
+
     def lrp_roles(self) -> LRPRoles:
-        """Modules that relevance propagation attaches its rules to (see :mod:`heedful.adapters.lrp_roles`)."""
-        raise UnsupportedModelError(
-            f"relevance propagation (LRP) rules are not mapped for the {self.family} family",
-            hint="LRP-based methods support the BERT and Llama families (Llama, Mistral, Qwen2) and GPT-2",
-        )
+        """The operations relevance propagation attaches its rules to, from :meth:`roles`."""
+        if not self.lrp_mapped:
+            raise UnsupportedModelError(
+                f"relevance propagation (LRP) rules are not mapped for the {self.family} family",
+                hint="LRP-based methods support the BERT and Llama families (Llama, Mistral, Qwen2) and GPT-2",
+            )
+        return self.roles().lrp()
 
     # ------------------------------------------------------------------ generic behaviour
     def _check_roles(self) -> None:

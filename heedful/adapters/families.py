@@ -11,32 +11,101 @@ import torch
 from torch import nn
 
 from heedful.adapters.base import LMHeadParts, ModelAdapter
-from heedful.adapters.lrp_roles import (
-    BlockRoles,
-    LRPRoles,
-    NormSite,
-    ProductSite,
-    ResidualSite,
-    linear_sites,
-)
+from heedful.adapters.roles import BlockRoles, HeadRoles, ModelRoles, NormSite, Site, linear_sites
+
+CLASSIFIER_TASKS = ("classification", "regression")
 
 
 def _identity(h: torch.Tensor) -> torch.Tensor:
     return h
 
 
-def _layer_norm(module: nn.Module) -> NormSite:
-    return NormSite(module, "layernorm", float(module.eps))
+def _layer_norm(module: nn.Module, layout: nn.Module | None = None) -> NormSite:
+    return NormSite(module, "layernorm", float(module.eps), layout)
 
 
 def _rms_norm(module: nn.Module) -> NormSite:
     return NormSite(module, "rmsnorm", float(module.variance_epsilon))
 
 
+def _sites(heads: int, *modules: nn.Module, **where) -> tuple[Site, ...]:
+    """Output sites of ``modules`` whose last dimension holds ``heads`` heads."""
+    return tuple(Site(m, heads=heads, **where) for m in modules)
+
+
+def _block(
+    layer: nn.Module,
+    *,
+    attention: nn.Module,
+    qkv: tuple[Site, ...],
+    out: nn.Module,
+    mlp: tuple[nn.Module, nn.Module, nn.Module, nn.Module],
+    norms: tuple[NormSite, NormSite],
+    heads: int,
+    pre_ln: bool,
+    probs: Site | None = None,
+    layout: nn.Module | None = None,
+    **facts,
+) -> BlockRoles:
+    """A block's roles from its modules: ``qkv`` the query, key and value sites; ``out`` the
+    attention output projection (its input holds the merged heads); ``mlp`` the MLP's
+    ``(entry, up, activation, down)`` modules, seeing flattened tokens when ``layout`` is given;
+    ``norms`` at the attention and MLP sub-layers. The probabilities come from the attention
+    implementation unless ``probs`` says where else; ``facts``: the remaining
+    :class:`BlockRoles` fields (``mlp_gate``, ``transposed``, ``rotary``)."""
+    entry, up, act, down = mlp
+    return BlockRoles(
+        block=layer,
+        attention=attention,
+        query=qkv[0],
+        key=qkv[1],
+        value=qkv[2],
+        probs=probs or Site(attention, "attention"),
+        context=Site(out, "input", heads=heads),
+        attn_out=Site(out),
+        attn_norm=norms[0],
+        mlp_in=Site(entry, "input", layout=layout),
+        mlp_up=Site(up, layout=layout),
+        mlp_act=Site(act, layout=layout),
+        mlp_out=Site(down, layout=layout),
+        mlp_norm=norms[1],
+        pre_ln=pre_ln,
+        **facts,
+    )
+
+
+def _bert_block(layer: nn.Module, heads: int) -> BlockRoles:
+    """BERT-shaped post-LN block (BERT, RoBERTa, ELECTRA; ``modeling_bert.BertLayer``):
+    ``h = LN(x + dense(attn(x)))``, then ``LN(h + dense(act(dense(h))))``."""
+    att, inter, out = layer.attention, layer.intermediate, layer.output
+    sa = att.self
+    return _block(
+        layer,
+        attention=sa,
+        qkv=_sites(heads, sa.query, sa.key, sa.value),
+        out=att.output.dense,
+        mlp=(inter, inter.dense, inter.intermediate_act_fn, out.dense),
+        norms=(_layer_norm(att.output.LayerNorm), _layer_norm(out.LayerNorm)),
+        heads=heads,
+        pre_ln=False,
+    )
+
+
+def _bert_roles(adapter: ModelAdapter, head: HeadRoles) -> ModelRoles:
+    """A BERT-shaped encoder: :func:`_bert_block` blocks after the embedding LayerNorm, ``head``."""
+    heads = adapter.config.num_attention_heads
+    return ModelRoles(
+        blocks=[_bert_block(layer, heads) for layer in adapter.blocks],
+        embedding_norms=[_layer_norm(adapter.backbone.embeddings.LayerNorm)],
+        head=head,
+    )
+
+
 class BertAdapter(ModelAdapter):
     """BERT (and MiniLM and other BERT-shaped checkpoints)."""
 
     family = "bert"
+    lrp_mapped = True
 
     @property
     def blocks(self) -> Sequence[nn.Module]:
@@ -54,39 +123,21 @@ class BertAdapter(ModelAdapter):
         dec = cls.predictions.decoder
         return LMHeadParts(cls.predictions.transform, dec.weight, dec.bias)
 
-    def lrp_roles(self) -> LRPRoles:
-        """Post-LN blocks: ``LN(x + dense(attn(x)))`` then ``LN(h + dense(gelu(dense(h))))``;
-        head = pooler (dense + tanh) and classifier, or the masked-LM transform."""
-        blocks = []
-        for layer in self.blocks:
-            att, inter, out = layer.attention, layer.intermediate, layer.output
-            blocks.append(
-                BlockRoles(
-                    attention=att.self,
-                    linears=linear_sites(att.self.query, att.self.key, att.self.value, att.output.dense, inter.dense, out.dense),
-                    norms=[_layer_norm(att.output.LayerNorm), _layer_norm(out.LayerNorm)],
-                    activations=[inter.intermediate_act_fn],
-                    residuals=[ResidualSite(att.output.dense, att), ResidualSite(out.dense, inter)],
-                )
-            )
+    def roles(self) -> ModelRoles:
+        """Post-LN blocks (:func:`_bert_block`); head = pooler (dense + tanh) and classifier, or
+        the masked-LM transform (dense, activation, LayerNorm)."""
         m = self.hf_model
-        head_linears, head_norms, head_acts = [], [], []
+        head = HeadRoles()
         pooler = getattr(self.backbone, "pooler", None)
-        if self.task in ("classification", "regression"):
-            head_linears = linear_sites(pooler.dense if pooler is not None else None, m.classifier)
-            head_acts = [pooler.activation] if pooler is not None else []
+        if self.task in CLASSIFIER_TASKS:
+            head = HeadRoles(
+                linears=linear_sites(pooler.dense if pooler is not None else None, m.classifier),
+                activations=[pooler.activation] if pooler is not None else [],
+            )
         elif getattr(m, "cls", None) is not None:
             transform = m.cls.predictions.transform
-            head_linears = linear_sites(transform.dense)
-            head_norms = [_layer_norm(transform.LayerNorm)]
-            head_acts = [transform.transform_act_fn]
-        return LRPRoles(
-            blocks=blocks,
-            embedding_norms=[_layer_norm(self.backbone.embeddings.LayerNorm)],
-            head_linears=head_linears,
-            head_norms=head_norms,
-            head_activations=head_acts,
-        )
+            head = HeadRoles(linear_sites(transform.dense), [_layer_norm(transform.LayerNorm)], [transform.transform_act_fn])
+        return _bert_roles(self, head)
 
 
 class DistilBertAdapter(ModelAdapter):
@@ -113,6 +164,33 @@ class DistilBertAdapter(ModelAdapter):
             return m.vocab_layer_norm(m.activation(m.vocab_transform(h)))
 
         return LMHeadParts(transform, m.vocab_projector.weight, m.vocab_projector.bias)
+
+    def roles(self) -> ModelRoles:
+        """Post-LN blocks (``modeling_distilbert.TransformerBlock``): ``h = LN(x + out_lin(attn(x)))``,
+        then ``LN(h + lin2(act(lin1(h))))``; head = pre-classifier and classifier (ReLU between
+        them is a function), or the masked-LM transform."""
+        m = self.hf_model
+        if self.task in CLASSIFIER_TASKS:
+            head = HeadRoles(linear_sites(m.pre_classifier, m.classifier))
+        else:
+            head = HeadRoles(linear_sites(m.vocab_transform), [_layer_norm(m.vocab_layer_norm)], [m.activation])
+        heads = self.config.num_attention_heads
+        blocks = []
+        for layer in self.blocks:
+            att, ffn = layer.attention, layer.ffn
+            blocks.append(
+                _block(
+                    layer,
+                    attention=att,
+                    qkv=_sites(heads, att.q_lin, att.k_lin, att.v_lin),
+                    out=att.out_lin,
+                    mlp=(ffn, ffn.lin1, ffn.activation, ffn.lin2),
+                    norms=(_layer_norm(layer.sa_layer_norm), _layer_norm(layer.output_layer_norm)),
+                    heads=heads,
+                    pre_ln=False,
+                )
+            )
+        return ModelRoles(blocks=blocks, embedding_norms=[_layer_norm(self.backbone.embeddings.LayerNorm)], head=head)
 
 
 class RobertaAdapter(ModelAdapter):
@@ -141,6 +219,16 @@ class RobertaAdapter(ModelAdapter):
 
         return LMHeadParts(transform, head.decoder.weight, head.decoder.bias)
 
+    def roles(self) -> ModelRoles:
+        """BERT-shaped blocks (:func:`_bert_block`); head = the classifier's dense and output
+        projection (tanh between them is a function), or the masked-LM dense and LayerNorm."""
+        m = self.hf_model
+        if self.task in CLASSIFIER_TASKS:
+            head = HeadRoles(linear_sites(m.classifier.dense, m.classifier.out_proj))
+        else:
+            head = HeadRoles(linear_sites(m.lm_head.dense), [_layer_norm(m.lm_head.layer_norm)])
+        return _bert_roles(self, head)
+
 
 class DebertaV2Adapter(ModelAdapter):
     """DeBERTa v2 and v3."""
@@ -164,6 +252,39 @@ class DebertaV2Adapter(ModelAdapter):
     def lm_head_parts(self) -> LMHeadParts | None:
         return None
 
+    def roles(self) -> ModelRoles:
+        """Post-LN blocks like BERT's (``modeling_deberta_v2.DebertaV2Layer``) whose
+        ``DisentangledSelfAttention`` computes the softmax inline and passes the probabilities
+        through its ``dropout`` module: that module's output is the ``probs`` role. The query and
+        key projections also run on the relative-position embeddings (``share_att_key``); only
+        their first call in each attention call is the tokens'. Head = pooler dense (its
+        activation is a function) and classifier, or the masked-LM transform."""
+        m = self.hf_model
+        if self.task in CLASSIFIER_TASKS:
+            head = HeadRoles(linear_sites(m.pooler.dense, m.classifier))
+        else:
+            lm = m.lm_predictions.lm_head if getattr(m, "lm_predictions", None) is not None else m.cls.predictions.transform
+            head = HeadRoles(linear_sites(lm.dense), [_layer_norm(lm.LayerNorm)], [lm.transform_act_fn])
+        heads = self.config.num_attention_heads
+        blocks = []
+        for layer in self.blocks:
+            att, inter, out = layer.attention, layer.intermediate, layer.output
+            sa = att.self
+            blocks.append(
+                _block(
+                    layer,
+                    attention=sa,
+                    qkv=(*_sites(heads, sa.query_proj, sa.key_proj, first_call_within=sa), Site(sa.value_proj, heads=heads)),
+                    out=att.output.dense,
+                    mlp=(inter, inter.dense, inter.intermediate_act_fn, out.dense),
+                    norms=(_layer_norm(att.output.LayerNorm), _layer_norm(out.LayerNorm)),
+                    heads=heads,
+                    pre_ln=False,
+                    probs=Site(sa.dropout),
+                )
+            )
+        return ModelRoles(blocks=blocks, embedding_norms=[_layer_norm(self.backbone.embeddings.LayerNorm)], head=head)
+
 
 class ElectraAdapter(ModelAdapter):
     family = "electra"
@@ -181,6 +302,18 @@ class ElectraAdapter(ModelAdapter):
             return None
         lin = m.generator_lm_head
         return LMHeadParts(m.generator_predictions, lin.weight, lin.bias)
+
+    def roles(self) -> ModelRoles:
+        """BERT-shaped blocks (:func:`_bert_block`); head = the classifier's dense, activation and
+        output projection, or the generator's dense, activation and LayerNorm."""
+        m = self.hf_model
+        if self.task in CLASSIFIER_TASKS:
+            cls = m.classifier
+            head = HeadRoles(linear_sites(cls.dense, cls.out_proj), activations=[cls.activation])
+        else:
+            gen = m.generator_predictions
+            head = HeadRoles(linear_sites(gen.dense), [_layer_norm(gen.LayerNorm)], [gen.activation])
+        return _bert_roles(self, head)
 
 
 class _DecoderAdapter(ModelAdapter):
@@ -201,9 +334,16 @@ class _DecoderAdapter(ModelAdapter):
             return None
         return LMHeadParts(_identity, lin.weight, lin.bias)
 
+    def _head_roles(self, *before: nn.Module | None) -> HeadRoles:
+        """Linear modules ``before`` the head, then the ``score`` of a classifier (an LM head's
+        vocabulary projection is not a module call in heedful)."""
+        score = self.hf_model.score if self.task in CLASSIFIER_TASKS else None
+        return HeadRoles(linear_sites(*before, score))
+
 
 class GPT2Adapter(_DecoderAdapter):
     family = "gpt2"
+    lrp_mapped = True
 
     @property
     def blocks(self) -> Sequence[nn.Module]:
@@ -213,22 +353,28 @@ class GPT2Adapter(_DecoderAdapter):
     def final_norm(self) -> nn.Module | None:
         return self.backbone.ln_f
 
-    def lrp_roles(self) -> LRPRoles:
-        """Pre-LN blocks with ``Conv1D`` linears (weights stored transposed) and a fused QKV projection."""
+    def roles(self) -> ModelRoles:
+        """Pre-LN blocks (``modeling_gpt2.GPT2Block``): ``h = x + c_proj(attn(ln_1(x)))``, then
+        ``h + c_proj(act(c_fc(ln_2(h))))``, with ``Conv1D`` linears (weights stored transposed) and
+        one fused projection ``c_attn`` whose output columns are query, key and value."""
+        heads, width = self.config.num_attention_heads, self.hidden_size
         blocks = []
         for layer in self.blocks:
             att, mlp = layer.attn, layer.mlp
             blocks.append(
-                BlockRoles(
+                _block(
+                    layer,
                     attention=att,
-                    linears=linear_sites(att.c_attn, att.c_proj, mlp.c_fc, mlp.c_proj, transposed=True),
-                    norms=[_layer_norm(layer.ln_1), _layer_norm(layer.ln_2)],
-                    activations=[mlp.act],
-                    residuals=[ResidualSite(att.c_proj, layer.ln_1), ResidualSite(mlp.c_proj, layer.ln_2)],
+                    qkv=tuple(Site(att.c_attn, columns=(i * width, (i + 1) * width), heads=heads) for i in range(3)),
+                    out=att.c_proj,
+                    mlp=(mlp, mlp.c_fc, mlp.act, mlp.c_proj),
+                    norms=(_layer_norm(layer.ln_1), _layer_norm(layer.ln_2)),
+                    heads=heads,
+                    pre_ln=True,
+                    transposed=True,
                 )
             )
-        head = linear_sites(self.hf_model.score) if self.task in ("classification", "regression") else []
-        return LRPRoles(blocks=blocks, head_linears=head, head_norms=[_layer_norm(self.backbone.ln_f)])
+        return ModelRoles(blocks=blocks, final_norm=_layer_norm(self.final_norm), head=self._head_roles())
 
 
 class OPTAdapter(_DecoderAdapter):
@@ -244,11 +390,40 @@ class OPTAdapter(_DecoderAdapter):
         steps = [m for m in (dec.final_layer_norm, dec.project_out) if m is not None]
         return nn.Sequential(*steps) if steps else None
 
+    def roles(self) -> ModelRoles:
+        """``modeling_opt.OPTDecoderLayer``: pre-LN when ``config.do_layer_norm_before`` (125m,
+        1.3b, ...) and post-LN otherwise (350m). The MLP is not a module: ``fc1`` and ``fc2`` see
+        the tokens flattened to ``[B * N, D]`` (and so does the pre-LN ``final_layer_norm``); those
+        roles are read and replaced as ``[B, N, ...]``. The query role is ``q_proj``'s output before
+        OPT scales it by ``d**-0.5``. Head = ``project_out`` (when the model has one) and the score."""
+        pre_ln = bool(self.config.do_layer_norm_before)
+        heads = self.config.num_attention_heads
+        blocks = []
+        for layer in self.blocks:
+            att = layer.self_attn
+            blocks.append(
+                _block(
+                    layer,
+                    attention=att,
+                    qkv=_sites(heads, att.q_proj, att.k_proj, att.v_proj),
+                    out=att.out_proj,
+                    mlp=(layer.fc1, layer.fc1, layer.activation_fn, layer.fc2),
+                    norms=(_layer_norm(layer.self_attn_layer_norm), _layer_norm(layer.final_layer_norm, layer if pre_ln else None)),
+                    heads=heads,
+                    pre_ln=pre_ln,
+                    layout=layer,
+                )
+            )
+        dec = self.backbone.decoder
+        final = None if dec.final_layer_norm is None else _layer_norm(dec.final_layer_norm)
+        return ModelRoles(blocks=blocks, final_norm=final, head=self._head_roles(dec.project_out))
+
 
 class LlamaAdapter(_DecoderAdapter):
     """Llama-style decoders (Llama, Mistral, Qwen2, SmolLM2): RMSNorm, gated MLP, rotary positions."""
 
     family = "llama"
+    lrp_mapped = True
 
     @property
     def blocks(self) -> Sequence[nn.Module]:
@@ -258,28 +433,31 @@ class LlamaAdapter(_DecoderAdapter):
     def final_norm(self) -> nn.Module | None:
         return self.backbone.norm
 
-    def lrp_roles(self) -> LRPRoles:
-        """Pre-norm blocks: ``x + o(attn(rope(q(n(x))), rope(k(n(x))), v(n(x))))`` then
-        ``h + down(act(gate(n(h))) * up(n(h)))``; head = final RMSNorm and the score / LM head."""
+    def roles(self) -> ModelRoles:
+        """Pre-norm blocks (``modeling_llama.LlamaDecoderLayer``, and Mistral's and Qwen2's):
+        ``h = x + o(attn(rope(q(n(x))), rope(k(n(x))), v(n(x))))``, then
+        ``h + down(act(gate(n(h))) * up(n(h)))``; keys and values may have fewer heads than
+        queries (grouped-query attention). Head = final RMSNorm and the score."""
+        heads = self.config.num_attention_heads
+        kv_heads = getattr(self.config, "num_key_value_heads", None) or heads
         blocks = []
         for layer in self.blocks:
             att, mlp = layer.self_attn, layer.mlp
             blocks.append(
-                BlockRoles(
+                _block(
+                    layer,
                     attention=att,
-                    linears=linear_sites(att.q_proj, att.k_proj, att.v_proj, att.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj),
-                    norms=[_rms_norm(layer.input_layernorm), _rms_norm(layer.post_attention_layernorm)],
-                    activations=[mlp.act_fn],
-                    residuals=[
-                        ResidualSite(att.o_proj, layer.input_layernorm),
-                        ResidualSite(mlp.down_proj, layer.post_attention_layernorm),
-                    ],
-                    products=[ProductSite(mlp.act_fn, mlp.up_proj, mlp.down_proj)],
-                    rotary=[att.q_proj, att.k_proj],
+                    qkv=(Site(att.q_proj, heads=heads), *_sites(kv_heads, att.k_proj, att.v_proj)),
+                    out=att.o_proj,
+                    mlp=(mlp, mlp.up_proj, mlp.act_fn, mlp.down_proj),
+                    norms=(_rms_norm(layer.input_layernorm), _rms_norm(layer.post_attention_layernorm)),
+                    heads=heads,
+                    pre_ln=True,
+                    mlp_gate=Site(mlp.gate_proj),
+                    rotary=True,
                 )
             )
-        head = linear_sites(self.hf_model.score) if self.task in ("classification", "regression") else []
-        return LRPRoles(blocks=blocks, head_linears=head, head_norms=[_rms_norm(self.backbone.norm)])
+        return ModelRoles(blocks=blocks, final_norm=_rms_norm(self.final_norm), head=self._head_roles())
 
 
 FAMILIES: dict[str, type[ModelAdapter]] = {

@@ -99,20 +99,11 @@ def check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
 
 @contextmanager
 def _noise_on_first_block(adapter: ModelAdapter, noise: torch.Tensor) -> Iterator[None]:
-    """Adds ``noise`` to the input of the first transformer block (= ``hidden_states[0]``)."""
-
-    def pre_hook(module, args, kwargs):
-        if args:
-            return (args[0] + noise.to(args[0].dtype), *args[1:]), kwargs
-        name = next(iter(kwargs))  # every family passes the hidden states first
-        kwargs[name] = kwargs[name] + noise.to(kwargs[name].dtype)
-        return args, kwargs
-
-    handle = adapter.blocks[0].register_forward_pre_hook(pre_hook, with_kwargs=True)
-    try:
+    """Adds ``noise`` ``[R, W, D]`` to the residual stream entering the first block
+    (= ``hidden_states[0]``), through the adapter's interception."""
+    with adapter.intercept() as hooks:
+        hooks.replace("block_in", lambda hidden: hidden + noise.to(hidden.dtype), layers=[0])
         yield
-    finally:
-        handle.remove()
 
 
 @dataclass

@@ -4,7 +4,7 @@ Two styles, one per rule set:
 
 * **Relevance form** (Chefer et al. 2021a's rules). The quantity sent backward *is* the
   relevance. Every operation on the path carries a :class:`DualRule` (or one of the small
-  functions below) whose backward either returns the true gradient -- when the session is in
+  functions below) whose backward either returns the true gradient -- when the rules' state is in
   ``"gradient"`` mode -- or the rule's relevance for its inputs -- in ``"relevance"`` mode. One
   forward graph therefore serves both the ordinary backward (attention gradients) and the
   relevance pass, as Chefer's ``generate_LRP`` needs. Operations that only move values

@@ -120,7 +120,7 @@ def explained_score(prepared: Prepared, adapter: ModelAdapter, target: ResolvedT
     columns = target.classes.to(prepared.feats.device)
     bias = None if parts.bias is None else parts.bias[columns]
     with torch.enable_grad():
-        logits = prepared.session.rules.project(prepared.session, prepared.feats, parts.weight[columns], bias)
+        logits = prepared.session.rules.project(prepared.session.state, prepared.feats, parts.weight[columns], bias)
     return (logits * target.weights.to(logits)).sum(dim=1)
 
 
@@ -144,7 +144,7 @@ def lrp_backward(
     the last layer's attention probabilities (enough for its ``maps`` when neither ``inputs`` nor
     ``blocks`` are asked for).
     """
-    session, rules = prepared.session, prepared.session.rules
+    session, rules, state = prepared.session, prepared.session.rules, prepared.session.state
     rows = len(prepared.rows)
     layers = len(session.probs)
     if head_mask is not None:
@@ -155,11 +155,12 @@ def lrp_backward(
                 f"head mask has shape {tuple(head_mask.shape)}; the model has {layers} layers x {heads} heads",
                 hint="compute the mask for this model (heedful heads --model ...)",
             )
-    session.head_mask = head_mask
-    session.reference_scale = reference_scale
-    session.keep_maps = maps
-    session.maps = {}
-    probs = [session.probs[i] for i in range(layers)]
+    state.head_mask = head_mask
+    state.reference_scale = reference_scale
+    state.keep_maps = maps
+    state.maps = {}
+    recorded = session.probs
+    probs = [recorded[i] for i in range(layers)]
     with torch.enable_grad():
         score = explained_score(prepared, adapter, target)
         total = score.sum()
@@ -167,12 +168,13 @@ def lrp_backward(
         if gradients:
             if not rules.relevance_form:
                 raise ValueError("attention gradients come with relevance-form rules only")
-            session.mode = GRADIENT
+            state.mode = GRADIENT
             adapter.counter.backward += rows
             result.attn_grads = list(torch.autograd.grad(total, probs, retain_graph=True))
-        session.mode = RELEVANCE
-        start = session.block_inputs[0] if rules.relevance_form else prepared.embeds
-        stages = [session.block_inputs[i] for i in range(layers)] + [session.last_output]
+        state.mode = RELEVANCE
+        inputs_seen = session.block_inputs
+        start = inputs_seen[0] if rules.relevance_form else prepared.embeds
+        stages = [inputs_seen[i] for i in range(layers)] + [session.last_output]
         wanted: list[torch.Tensor] = ([start] if inputs else []) + (stages if blocks else [])
         if not wanted:
             wanted = [probs[-1] if last_layer_only else probs[0]]
@@ -187,7 +189,7 @@ def lrp_backward(
     if blocks:
         result.blocks = found
     if maps:
-        result.maps = dict(session.maps)
+        result.maps = dict(state.maps)
     return result
 
 

@@ -1,5 +1,10 @@
 """Rule sets: how relevance passes each kind of operation, attached by role.
 
+A rule set attaches its autograd functions (:mod:`heedful.lrp.functions`) to the operations
+relevance propagation needs (:class:`~heedful.adapters.roles.LRPRoles`) through an
+:class:`~heedful.adapters.intercept.Interception`, and swaps each block's attention computation
+for its own; during the backward passes its rules read a :class:`RelevanceState`.
+
 :class:`CheferRules` -- Chefer, Gur & Wolf 2021a, "Transformer Interpretability Beyond Attention
 Visualization" (CVPR), Sec. 3.1-3.2 and their ``layers_ours.py``: alpha=1, beta=0 on every
 linear map (Eq. 4 with positive-only contributions, bias ignored), the z-rule on both operands
@@ -26,14 +31,24 @@ the softmax rule's bias term absorb part of it (see the tests for measured toler
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import torch
 
-from heedful.adapters.lrp_roles import LinearSite, LRPRoles
+from heedful.adapters.intercept import (
+    AttentionCall,
+    Interception,
+    Kept,
+    attention_softmax,
+    eager_attention,
+    repeat_kv,
+)
+from heedful.adapters.roles import LinearSite, LRPRoles, Site
 from heedful.lrp.functions import (
     EPS,
+    GRADIENT,
     DualRule,
     IdentityRule,
     NormIdentity,
@@ -44,8 +59,27 @@ from heedful.lrp.functions import (
     safe_divide,
 )
 
-if TYPE_CHECKING:
-    from heedful.lrp.session import LRPSession
+
+@dataclass
+class RelevanceState:
+    """What the rules read and write while gradients and relevance flow backward (set after the
+    forward): ``mode`` -- what relevance-form rules send backward, ``"gradient"`` (the true
+    gradient) or ``"relevance"``; ``head_mask`` ``[L, H]`` (0/1), which multiplies the relevance of
+    each head's output in the relevance pass (Mask-LRP); ``reference_scale`` (keep the Mask-LRP
+    reference's unhalved map for masked layers); ``keep_maps`` (record the relevance of the
+    attention probabilities, ``[B, H, N, M]`` per layer, in ``maps``)."""
+
+    mode: str = GRADIENT
+    head_mask: torch.Tensor | None = None
+    reference_scale: bool = True
+    keep_maps: bool = False
+    maps: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    def head_mask_for(self, layer: int) -> torch.Tensor | None:
+        return None if self.head_mask is None else self.head_mask[layer]
+
+    def record_map(self, layer: int, relevance: torch.Tensor) -> None:
+        self.maps[layer] = relevance.detach()
 
 
 # ---------------------------------------------------------------------- relevance rules
@@ -124,46 +158,33 @@ def add_renormalised(rel: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tup
     return ra * safe_divide(fa, sa), rb * safe_divide(fb, sb)
 
 
-def repeat_kv(key: torch.Tensor, value: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Grouped-query attention: repeat ``[B, Hkv, M, d]`` keys / values to ``heads`` heads."""
-    groups = heads // key.shape[1]
-    if groups == 1:
-        return key, value
-    return key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-
-
-def _softmax(scores: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    return torch.softmax(scores, dim=-1, dtype=torch.float32).to(dtype)
-
-
 # ---------------------------------------------------------------------- rule sets
 class RuleSet:
-    """How one family of LRP rules attaches to a model and runs its attention."""
+    """How one family of LRP rules attaches to a model (by role, through an
+    :class:`~heedful.adapters.intercept.Interception`) and runs its attention."""
 
     name: ClassVar[str] = "rules"
     relevance_form: ClassVar[bool] = True
     """True: the backward quantity is relevance and input relevance is read at the first block's
     input; False: gradient x input at the word embeddings."""
 
-    def attach(self, session: LRPSession, roles: LRPRoles) -> None:
+    def attach(self, hooks: Interception, state: RelevanceState, roles: LRPRoles) -> None:
+        """Every block's attention computation becomes :meth:`attention`; then :meth:`attach_rules`."""
+        for block in roles.blocks:
+            hooks.attend_at(block.attention, partial(self.attention, state, bool(block.rotary)))
+        self.attach_rules(hooks, state, roles)
+
+    def attach_rules(self, hooks: Interception, state: RelevanceState, roles: LRPRoles) -> None:
         raise NotImplementedError
 
-    def attention(
-        self,
-        session: LRPSession,
-        layer: int,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        mask: torch.Tensor | None,
-        scaling: float,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``softmax(Q K^T * scaling + mask) V`` with the rules' backward.
-        ``query`` ``[B, H, N, d]``, ``key``/``value`` ``[B, Hkv, M, d]`` -> output
-        ``[B, N, H, d]`` and probabilities ``[B, H, N, M]``."""
+    def attention(self, state: RelevanceState, rotary: bool, call: AttentionCall) -> tuple[torch.Tensor, torch.Tensor]:
+        """``softmax(Q K^T * scaling + mask) V`` with the rules' backward (``rotary``: query and
+        key were rotated after their projections). ``call.query`` ``[B, H, N, d]``,
+        ``call.key`` / ``call.value`` ``[B, Hkv, M, d]`` -> output ``[B, N, H, d]`` and
+        probabilities ``[B, H, N, M]``."""
         raise NotImplementedError
 
-    def project(self, session: LRPSession, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def project(self, state: RelevanceState, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """Per-row linear map ``[M, E] x [M, K, E] -> [M, K]`` (language-model head columns)."""
         out = torch.einsum("me,mke->mk", x, weight)
         return out if bias is None else out + bias
@@ -181,75 +202,65 @@ class CheferRules(RuleSet):
         self.add = add_renormalised if add == "renormalised" else add_z
         self.name = "chefer" if add == "renormalised" else "lrp"
 
-    def attach(self, session: LRPSession, roles: LRPRoles) -> None:
+    def attach_rules(self, hooks: Interception, state: RelevanceState, roles: LRPRoles) -> None:
         for site in roles.linears():
-            session.on_output(site.module, partial(self._linear, session, site))
+            hooks.at(site.output, partial(self._linear, state, site))
         for norm in roles.norms():
-            session.on_output(norm.module, partial(self._identity, session))
+            hooks.at(norm.output, partial(_identity_rule, state))
         for act in roles.activations():
-            session.on_output(act, partial(self._identity, session))
+            hooks.at(Site(act), partial(_identity_rule, state))
         for block in roles.blocks:
             for module in block.rotary:
-                session.on_output(module, lambda x, y: SegmentStart.apply(session, y))
+                hooks.at(Site(module), partial(_segment_start, state))
             for site in block.residuals:
-                key = ("residual", id(site))
-                session.capture_input(site.source, key)
-                session.on_output(site.branch, partial(self._residual, session, key))
+                residual = hooks.keep(Site(site.source, "input"))
+                hooks.at(Site(site.branch), partial(self._residual, state, residual))
             for site in block.products:
-                keys = (("gate", id(site)), ("up", id(site)))
-                session.capture_output(site.gate, keys[0])
-                session.capture_output(site.up, keys[1])
-                session.on_input(site.consumer, partial(self._product, session, keys))
+                gate, up = hooks.keep(Site(site.gate)), hooks.keep(Site(site.up))
+                hooks.at(Site(site.consumer, "input"), partial(_product, state, gate, up))
 
-    def _linear(self, session: LRPSession, site: LinearSite, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    @staticmethod
+    def _linear(state: RelevanceState, site: LinearSite, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         bias = getattr(site.module, "bias", None)
-        return DualRule.apply(session, partial(linear_alpha1_beta0, weight=site.weight(), bias=bias), y, x, y)
+        return DualRule.apply(state, partial(linear_alpha1_beta0, weight=site.weight(), bias=bias), y, x, y)
 
-    @staticmethod
-    def _identity(session: LRPSession, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return DualRule.apply(session, identity, y, x)
+    def _residual(self, state: RelevanceState, residual: Kept, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return ResidualSplit.apply(state, self.add, y, residual.value)
 
-    def _residual(self, session: LRPSession, key: tuple, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return ResidualSplit.apply(session, self.add, y, session.stashed(key))
-
-    @staticmethod
-    def _product(session: LRPSession, keys: tuple, p: torch.Tensor) -> torch.Tensor:
-        return DualRule.apply(session, product_halves, p, session.stashed(keys[0]), session.stashed(keys[1]))
-
-    def attention(self, session, layer, query, key, value, mask, scaling):
-        if session.rotary[layer]:
-            query = SegmentEnd.apply(session, query)
-            key = SegmentEnd.apply(session, key)
-        key, value = repeat_kv(key, value, query.shape[1])
+    def attention(self, state, rotary, call):
+        query, key = call.query, call.key
+        if rotary:
+            query = SegmentEnd.apply(state, query)
+            key = SegmentEnd.apply(state, key)
+        key, value = repeat_kv(key, call.value, query.shape[1])
         key_t = key.transpose(-1, -2)
-        scores = DualRule.apply(session, matmul_halves, (query @ key_t) * scaling, query, key_t)
-        if mask is not None:
-            scores = scores + mask
-        probs = DualRule.apply(session, identity, _softmax(scores, query.dtype), scores)
-        out = DualRule.apply(session, partial(self._context, session, layer), probs @ value, probs, value)
-        session.record_probs(layer, probs)
+        scores = DualRule.apply(state, matmul_halves, (query @ key_t) * call.scaling, query, key_t)
+        if call.mask is not None:
+            scores = scores + call.mask
+        probs = DualRule.apply(state, identity, attention_softmax(scores, query.dtype), scores)
+        out = DualRule.apply(state, partial(self._context, state, call.layer), probs @ value, probs, value)
         return out.transpose(1, 2).contiguous(), probs
 
     @staticmethod
-    def _context(session: LRPSession, layer: int, rel: torch.Tensor, probs: torch.Tensor, value: torch.Tensor):
+    def _context(state: RelevanceState, layer: int, rel: torch.Tensor, probs: torch.Tensor, value: torch.Tensor):
         """Relevance through ``A V``; Mask-LRP's head mask multiplies ``R`` first (masked heads
         send nothing to ``A``, ``Q``, ``K``, ``V``). Records the map the rollout uses."""
-        head_mask = session.head_mask_for(layer)
+        head_mask = state.head_mask_for(layer)
         kept = rel if head_mask is None else rel * head_mask.view(1, -1, 1, 1).to(rel)
         rel_probs, rel_value = matmul_halves(kept, probs, value)
-        if session.keep_maps:
+        if state.keep_maps:
             if head_mask is None:
-                session.record_map(layer, rel_probs)
+                state.record_map(layer, rel_probs)
             else:
                 full = probs * (safe_divide(rel, probs @ value) @ value.transpose(-1, -2))
-                session.record_map(layer, full if session.reference_scale else full / 2)
+                state.record_map(layer, full if state.reference_scale else full / 2)
         return rel_probs, rel_value
 
-    def project(self, session, x, weight, bias):
+    def project(self, state, x, weight, bias):
         out = torch.einsum("me,mke->mk", x, weight)
         if bias is not None:
             out = out + bias
-        return DualRule.apply(session, partial(projection_alpha1_beta0, weight=weight), out, x)
+        return DualRule.apply(state, partial(projection_alpha1_beta0, weight=weight), out, x)
 
 
 class AttnLRPRules(RuleSet):
@@ -258,29 +269,40 @@ class AttnLRPRules(RuleSet):
     name = "attnlrp"
     relevance_form = False
 
-    def attach(self, session: LRPSession, roles: LRPRoles) -> None:
+    def attach_rules(self, hooks: Interception, state: RelevanceState, roles: LRPRoles) -> None:
         for norm in roles.norms(embeddings=True):
             weight = getattr(norm.module, "weight", None)
-            session.on_output(
-                norm.module, partial(_norm_identity, kind=norm.kind, eps=norm.eps, weight=weight)
-            )
+            hooks.at(norm.output, partial(_norm_identity, kind=norm.kind, eps=norm.eps, weight=weight))
         for act in roles.activations():
-            session.on_output(act, IdentityRule.apply)
+            hooks.at(Site(act), IdentityRule.apply)
         for block in roles.blocks:
             for site in block.products:
-                session.on_input(site.consumer, lambda p: ScaleGrad.apply(p, 0.5))
+                hooks.at(Site(site.consumer, "input"), _half_gradient)
 
-    def attention(self, session, layer, query, key, value, mask, scaling):
-        query = ScaleGrad.apply(query, 0.25)
-        key = ScaleGrad.apply(key, 0.25)
-        value = ScaleGrad.apply(value, 0.5)
-        key, value = repeat_kv(key, value, query.shape[1])
-        scores = (query @ key.transpose(-1, -2)) * scaling
-        if mask is not None:
-            scores = scores + mask
-        probs = _softmax(scores, query.dtype)
-        session.record_probs(layer, probs)
-        return (probs @ value).transpose(1, 2).contiguous(), probs
+    def attention(self, state, rotary, call):
+        scaled = replace(
+            call,
+            query=ScaleGrad.apply(call.query, 0.25),
+            key=ScaleGrad.apply(call.key, 0.25),
+            value=ScaleGrad.apply(call.value, 0.5),
+        )
+        return eager_attention(scaled)
+
+
+def _identity_rule(state: RelevanceState, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return DualRule.apply(state, identity, y, x)
+
+
+def _segment_start(state: RelevanceState, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return SegmentStart.apply(state, y)
+
+
+def _product(state: RelevanceState, gate: Kept, up: Kept, x: None, p: torch.Tensor) -> torch.Tensor:
+    return DualRule.apply(state, product_halves, p, gate.value, up.value)
+
+
+def _half_gradient(x: None, p: torch.Tensor) -> torch.Tensor:
+    return ScaleGrad.apply(p, 0.5)
 
 
 def _norm_identity(x: torch.Tensor, y: torch.Tensor, *, kind: str, eps: float, weight) -> torch.Tensor:

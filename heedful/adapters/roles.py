@@ -1,0 +1,318 @@
+"""Roles: where each part of a transformer lives inside a ``transformers`` model.
+
+An adapter describes its family once, as :class:`ModelRoles`: per block a :class:`BlockRoles`
+naming where each tensor of the block passes (a :class:`Site`), plus the embedding norms, the
+final norm and the head's modules. Everything that reaches inside a model -- the interception
+context (:mod:`heedful.adapters.intercept`), relevance propagation (:mod:`heedful.lrp`) -- works
+from these roles and never names an architecture attribute.
+
+Per-block roles (``B`` examples, ``N`` query positions, ``M`` key positions, ``D`` model width,
+``H`` heads of width ``d``, ``Hkv`` key/value heads, ``F`` MLP width):
+
+============  ===========================================================  ==================
+role          tensor                                                       shape
+============  ===========================================================  ==================
+block_in      residual stream entering the block (``hidden_states[l]``)    ``[B, N, D]``
+query         query projection output (before rotary positions / scaling)  ``[B, N, H*d]``
+key, value    key / value projection outputs                               ``[B, M, Hkv*d]``
+probs         attention probabilities (row = query)                        ``[B, H, N, M]``
+context       merged heads entering the attention output projection        ``[B, N, H*d]``
+attn_out      attention output projection                                  ``[B, N, D]``
+attn_norm     norm at the attention sub-layer (pre- or post-LN)            ``[B, N, D]``
+mlp_in        MLP input                                                    ``[B, N, D]``
+mlp_gate      gate projection of a gated MLP (Llama family only)           ``[B, N, F]``
+mlp_up        first (up) projection of the MLP                             ``[B, N, F]``
+mlp_act       activation output                                            ``[B, N, F]``
+mlp_out       MLP output projection                                        ``[B, N, D]``
+mlp_norm      norm at the MLP sub-layer (pre- or post-LN)                  ``[B, N, D]``
+block_out     residual stream leaving the block (``hidden_states[l+1]``)   ``[B, N, D]``
+============  ===========================================================  ==================
+
+``BlockRoles.pre_ln`` says where the norms sit: pre-LN blocks (GPT-2, OPT with
+``do_layer_norm_before``, the Llama family) normalise the residual stream at the entrance of each
+sub-layer (``x + f(norm(x))``); post-LN blocks (BERT-style encoders, OPT-350m) normalise after the
+residual addition (``norm(x + f(x))``).
+
+Relevance propagation needs a flatter view -- every linear map, norm, activation, residual
+addition and gated product -- which :meth:`ModelRoles.lrp` derives from the same roles
+(:class:`LRPRoles`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from torch import nn
+
+from heedful.errors import UnsupportedModelError
+
+Side = Literal["input", "output", "attention"]
+
+ROLES: tuple[str, ...] = (
+    "block_in",
+    "query",
+    "key",
+    "value",
+    "probs",
+    "context",
+    "attn_out",
+    "attn_norm",
+    "mlp_in",
+    "mlp_gate",
+    "mlp_up",
+    "mlp_act",
+    "mlp_out",
+    "mlp_norm",
+    "block_out",
+)
+"""Every per-block role, in forward order (see the module docstring for shapes)."""
+
+
+@dataclass(frozen=True)
+class Site:
+    """Where a tensor passes: the first input (``side="input"``) or the output (``"output"``; the
+    first element of a tuple output) of ``module``; or (``"attention"``) the attention
+    probabilities ``[B, H, N, M]`` that the attention implementation computes for ``module``, the
+    module ``transformers`` passes to ``ALL_ATTENTION_FUNCTIONS``.
+
+    ``columns``: only features ``[start, stop)`` of the last dimension (GPT-2's fused QKV
+    projection). ``heads``: the last dimension holds that many heads, head-major
+    (``[..., H * d]``, as ``transformers`` splits it with ``view(..., H, d)``). ``layout``: the module
+    sees the tokens flattened to ``[B * N, ...]`` (OPT's MLP); ``layout``'s first input is
+    ``[B, N, D]`` and gives ``B`` and ``N``. ``first_call_within``: only the first call of
+    ``module`` during each call of that module counts (DeBERTa-v2 applies its query and key
+    projections again to the relative-position embeddings, ``DisentangledSelfAttention``).
+    """
+
+    module: nn.Module
+    side: Side = "output"
+    columns: tuple[int, int] | None = None
+    heads: int | None = None
+    layout: nn.Module | None = None
+    first_call_within: nn.Module | None = None
+
+
+# ---------------------------------------------------------------------- operations (LRP view)
+@dataclass(frozen=True)
+class LinearSite:
+    """A module computing ``y = x W^T + b`` on its first input.
+
+    ``transposed``: the module stores ``W^T`` (GPT-2's ``Conv1D``), i.e. ``y = x W + b``.
+    """
+
+    module: nn.Module
+    transposed: bool = False
+
+    def weight(self) -> torch.Tensor:
+        """The weight as ``[out, in]``."""
+        w = self.module.weight
+        return w.T if self.transposed else w
+
+    @property
+    def output(self) -> Site:
+        return Site(self.module)
+
+
+@dataclass(frozen=True)
+class NormSite:
+    """A normalisation module ``[..., D] -> [..., D]`` on its first input.
+
+    ``kind``: ``"layernorm"`` (``(x - mean) / sqrt(var + eps) * w + b``) or ``"rmsnorm"``
+    (``x / sqrt(mean(x^2) + eps) * w``); ``eps`` its stabiliser; ``layout`` as in :class:`Site`.
+    """
+
+    module: nn.Module
+    kind: str
+    eps: float
+    layout: nn.Module | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("layernorm", "rmsnorm"):
+            raise ValueError(f"unknown norm kind {self.kind!r}")
+
+    @property
+    def output(self) -> Site:
+        return Site(self.module, layout=self.layout)
+
+
+@dataclass(frozen=True)
+class ResidualSite:
+    """A residual addition ``s = branch(...) + r``: ``branch`` is the module whose output is the
+    added branch term; ``source`` is a module whose first input *is* the residual term ``r``
+    (the same tensor object), and which runs before ``branch``."""
+
+    branch: nn.Module
+    source: nn.Module
+
+
+@dataclass(frozen=True)
+class ProductSite:
+    """A gated product ``p = gate_out * up_out`` consumed as the first input of ``consumer``
+    (e.g. a gated MLP: ``down(act(gate(x)) * up(x))`` with ``gate`` = the activation module)."""
+
+    gate: nn.Module
+    up: nn.Module
+    consumer: nn.Module
+
+
+@dataclass
+class LRPBlock:
+    """One transformer block as relevance propagation sees it: its operations.
+
+    ``attention`` is the module the model passes to its attention implementation (the first
+    argument of ``eager_attention_forward``); ``rotary`` are the projections whose outputs are
+    rotated (rotary position embeddings) before they reach the attention implementation.
+    """
+
+    attention: nn.Module
+    linears: list[LinearSite]
+    norms: list[NormSite]
+    activations: list[nn.Module]
+    residuals: list[ResidualSite]
+    products: list[ProductSite] = field(default_factory=list)
+    rotary: list[nn.Module] = field(default_factory=list)
+
+
+@dataclass
+class LRPRoles:
+    """Everything relevance propagation touches, from the word embeddings to the head output.
+
+    ``embedding_norms``: norms between the word embeddings and the first block (BERT's embedding
+    LayerNorm). ``head_*``: modules after the last block (final norm, pooler, classifier, the
+    transform of a masked-LM head). A language-model head's vocabulary projection is *not* a
+    module call in heedful (see :meth:`ModelAdapter.lm_head_parts`); relevance methods apply the
+    linear rule to it explicitly.
+    """
+
+    blocks: list[LRPBlock]
+    embedding_norms: list[NormSite] = field(default_factory=list)
+    head_linears: list[LinearSite] = field(default_factory=list)
+    head_norms: list[NormSite] = field(default_factory=list)
+    head_activations: list[nn.Module] = field(default_factory=list)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.blocks)
+
+    def linears(self) -> Iterator[LinearSite]:
+        for block in self.blocks:
+            yield from block.linears
+        yield from self.head_linears
+
+    def norms(self, embeddings: bool = False) -> Iterator[NormSite]:
+        if embeddings:
+            yield from self.embedding_norms
+        for block in self.blocks:
+            yield from block.norms
+        yield from self.head_norms
+
+    def activations(self) -> Iterator[nn.Module]:
+        for block in self.blocks:
+            yield from block.activations
+        yield from self.head_activations
+
+
+def linear_sites(*modules: nn.Module | None, transposed: bool = False) -> list[LinearSite]:
+    """:class:`LinearSite` for each module given (``None`` entries skipped)."""
+    return [LinearSite(m, transposed) for m in modules if m is not None]
+
+
+# ---------------------------------------------------------------------- named roles
+@dataclass(frozen=True)
+class BlockRoles:
+    """One block's named roles (see the module docstring for each tensor and its shape).
+
+    ``block``: the block module (its first input and its output are the residual stream).
+    ``attention``: the module passed to the attention implementation, or the one computing the
+    probabilities inline (DeBERTa-v2). The projection roles (``query`` ... ``mlp_out``) are outputs
+    of linear modules, except ``context`` and ``mlp_in`` (inputs); ``transposed``: those linear
+    modules store ``W^T`` (GPT-2's ``Conv1D``). ``rotary``: query and key are rotated (rotary
+    position embeddings) between their projection and the attention implementation.
+    ``mlp_gate``: the gate projection of a gated MLP, ``act(gate(x)) * up(x)``; ``None`` otherwise.
+    """
+
+    block: nn.Module
+    attention: nn.Module
+    query: Site
+    key: Site
+    value: Site
+    probs: Site
+    context: Site
+    attn_out: Site
+    attn_norm: NormSite
+    mlp_in: Site
+    mlp_up: Site
+    mlp_act: Site
+    mlp_out: Site
+    mlp_norm: NormSite
+    pre_ln: bool
+    mlp_gate: Site | None = None
+    transposed: bool = False
+    rotary: bool = False
+
+    def site(self, role: str) -> Site:
+        """Where ``role`` (one of :data:`ROLES`) passes in this block."""
+        if role == "block_in":
+            return Site(self.block, "input")
+        if role == "block_out":
+            return Site(self.block, "output")
+        if role not in ROLES:
+            raise ValueError(f"unknown role {role!r}; the roles are: {', '.join(ROLES)}")
+        found = getattr(self, role)
+        if found is None:
+            raise UnsupportedModelError(f"this block has no {role!r} (no gated MLP)")
+        return found.output if isinstance(found, NormSite) else found
+
+    def lrp(self) -> LRPBlock:
+        """The block's operations: every linear map (a fused projection once), both norms, the
+        activation, the two residual additions and, for a gated MLP, the gated product."""
+        projections = (self.query, self.key, self.value, self.attn_out, self.mlp_gate, self.mlp_up, self.mlp_out)
+        modules = dict.fromkeys(site.module for site in projections if site is not None)
+        # the residual term r is the first input of the norm (pre-LN) or of the sub-layer (post-LN)
+        sources = (self.attn_norm.module, self.mlp_norm.module) if self.pre_ln else (self.attention, self.mlp_in.module)
+        gated = self.mlp_gate is not None
+        return LRPBlock(
+            attention=self.attention,
+            linears=linear_sites(*modules, transposed=self.transposed),
+            norms=[self.attn_norm, self.mlp_norm],
+            activations=[self.mlp_act.module],
+            residuals=[ResidualSite(self.attn_out.module, sources[0]), ResidualSite(self.mlp_out.module, sources[1])],
+            products=[ProductSite(self.mlp_act.module, self.mlp_up.module, self.mlp_out.module)] if gated else [],
+            rotary=[self.query.module, self.key.module] if self.rotary else [],
+        )
+
+
+@dataclass(frozen=True)
+class HeadRoles:
+    """Modules between the last block's output and the head's output (pooler, classifier, the
+    transform of a masked-LM head, OPT's output projection). Activations applied as plain
+    functions (``torch.tanh`` in RoBERTa's classifier) are not modules and are not listed."""
+
+    linears: list[LinearSite] = field(default_factory=list)
+    norms: list[NormSite] = field(default_factory=list)
+    activations: list[nn.Module] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ModelRoles:
+    """A model's roles: ``blocks`` in forward order, ``embedding_norms`` (between the word
+    embeddings and the first block), ``final_norm`` (pre-LN decoders' norm after the last block)
+    and the ``head``."""
+
+    blocks: list[BlockRoles]
+    embedding_norms: list[NormSite] = field(default_factory=list)
+    final_norm: NormSite | None = None
+    head: HeadRoles = field(default_factory=HeadRoles)
+
+    def lrp(self) -> LRPRoles:
+        """The operations relevance propagation attaches its rules to."""
+        return LRPRoles(
+            blocks=[block.lrp() for block in self.blocks],
+            embedding_norms=list(self.embedding_norms),
+            head_linears=list(self.head.linears),
+            head_norms=([self.final_norm] if self.final_norm is not None else []) + list(self.head.norms),
+            head_activations=list(self.head.activations),
+        )
