@@ -7,7 +7,7 @@ The VADER snippet sets (:mod:`heedful.datasets.vader`) with lexicon-derived evid
 """
 
 from heedful.datasets.examples import Dataset, Example
-from heedful.datasets.loading import NAMES, SENTIMENT_LABELS, load
+from heedful.datasets.loading import NAMES, SENTIMENT_LABELS, load, register_dataset, unregister_dataset
 from heedful.datasets.vader import (
     SNIPPET_FILES,
     SPLIT_SEED,
@@ -28,5 +28,7 @@ __all__ = [
     "load",
     "load_snippets",
     "load_split",
+    "register_dataset",
+    "unregister_dataset",
     "vader_lexicon",
 ]

@@ -16,6 +16,7 @@ a file path                    the user's CSV / JSON-lines data (:mod:`heedful.d
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from heedful.datasets import agreement, evidence, user, vader
@@ -26,6 +27,37 @@ SENTIMENT_LABELS = ("NEGATIVE", "POSITIVE")
 """Names of the snippet sets' label indices 0 and 1 (the zoo models' labels)."""
 
 NAMES: tuple[str, ...] = (*vader.SNIPPET_FILES, "agreement")
+
+Loader = Callable[..., Dataset]
+"""``loader(split, **options) -> Dataset``: a named dataset of the user's."""
+_LOADERS: dict[str, Loader] = {}
+
+
+def register_dataset(name: str) -> Callable[[Loader], Loader]:
+    """Make ``loader(split, **options) -> Dataset`` loadable by ``name`` (in :func:`load`, and so
+    in ``heedful bench --dataset NAME`` once the module that registers it is imported).
+
+    >>> from heedful.datasets import Dataset, Example
+    >>> @register_dataset("two_reviews")
+    ... def two_reviews(split="test"):
+    ...     texts = ["a charming and often affecting journey", "a dull, lifeless plot"]
+    ...     return Dataset("two_reviews", split, [Example(str(i), t, label=1 - i) for i, t in enumerate(texts)])
+    >>> load("two_reviews", n=1)[0].text
+    'a charming and often affecting journey'
+    >>> unregister_dataset("two_reviews")
+    """
+    if name in NAMES or name in _LOADERS:
+        raise ValueError(f"dataset {name!r} is already defined")
+
+    def deco(loader: Loader) -> Loader:
+        _LOADERS[name] = loader
+        return loader
+
+    return deco
+
+
+def unregister_dataset(name: str) -> None:
+    _LOADERS.pop(name, None)
 
 
 def load_snippet_set(
@@ -77,12 +109,14 @@ def load(name: str, split: str = "test", n: int | None = None, **options: Any) -
     if name == "agreement":
         _only(options, {"seed", "paradigms", "causal"}, name)
         return agreement.generate(n or agreement.DEFAULT_SIZE, split, **options)
+    if name in _LOADERS:
+        return _LOADERS[name](split, **options).head(n)
     if user.looks_like_path(name):
         _only(options, set(), name)
         return user.load_file(name, None if split in ("all", None) else split).head(n)
     raise InputError(
         f"unknown dataset {name!r}",
-        hint=f"use one of {', '.join(NAMES)}, or the path of a CSV / JSONL file",
+        hint=f"use one of {', '.join((*NAMES, *_LOADERS))}, or the path of a CSV / JSONL file",
     )
 
 

@@ -421,6 +421,45 @@ ALIASES = {"comprehensiveness": "aopc", "aopc_compr": "aopc", "aopc_suff": "suff
            "ap": "average_precision", "dot": "dot_product", "f1": "token_f1", "taucorr_loo": "tau_loo"}
 
 
+def register_metric(
+    name: str,
+    *,
+    family: str,
+    source: str,
+    higher_is_better: bool,
+    summary: str,
+    curve_kind: str | None = "ratio",
+    aggregate: Callable[[PerExample, Protocol], Summary] | None = None,
+    needs_probability: bool = False,
+    needs_value: bool = False,
+) -> Callable[[Callable[[Measurements], PerExample]], Callable[[Measurements], PerExample]]:
+    """Register ``compute(measurements) -> PerExample`` as the metric ``name`` (see
+    :class:`Metric`); ``compute`` is returned unchanged. ``source`` names the raw measurements it
+    reads (``"remove"``, ``"keep"``, ``"loo"``) or ``"evidence"``, so that :func:`evaluate` and
+    ``heedful bench`` measure them once for every metric that needs them.
+
+    >>> @register_metric("top1_drop", family="faithfulness", source="remove", higher_is_better=True,
+    ...                  summary="probability drop when the top token is removed", curve_kind=None)
+    ... def top1_drop(m):
+    ...     return PerExample(m.original.output - m.remove.output[:, 0])
+    >>> "top1_drop" in METRICS
+    True
+    >>> del METRICS["top1_drop"]
+    """
+    if name in METRICS:
+        raise ValueError(f"metric {name!r} registered twice")
+    if source not in ("remove", "keep", "loo", "evidence"):
+        raise ValueError(f"metric {name!r}: source must be remove, keep, loo or evidence, not {source!r}")
+
+    def deco(compute: Callable[[Measurements], PerExample]) -> Callable[[Measurements], PerExample]:
+        METRICS[name] = Metric(
+            name, family, source, higher_is_better, summary, compute, aggregate, curve_kind, needs_probability, needs_value
+        )
+        return compute
+
+    return deco
+
+
 def get_metric(name: str) -> Metric:
     key = name.strip().lower().replace("-", "_")
     key = ALIASES.get(key, key) if key not in METRICS else key
