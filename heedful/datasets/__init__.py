@@ -7,7 +7,13 @@ The VADER snippet sets (:mod:`heedful.datasets.vader`) with lexicon-derived evid
 """
 
 from heedful.datasets.examples import Dataset, Example
-from heedful.datasets.loading import NAMES, SENTIMENT_LABELS, load, register_dataset, unregister_dataset
+from heedful.datasets.loading import (
+    NAMES,
+    SENTIMENT_LABELS,
+    load,
+    register_dataset,
+    unregister_dataset,
+)
 from heedful.datasets.vader import (
     SNIPPET_FILES,
     SPLIT_SEED,
