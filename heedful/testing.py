@@ -1,0 +1,683 @@
+"""Conformance kit: tiny seeded models of every family, and :func:`check_method`, the checks
+every registered method passes (as scikit-learn's ``check_estimator`` does for estimators).
+
+Write a method, register it, and ask whether it behaves like a heedful method:
+
+>>> import torch
+>>> import heedful
+>>> from heedful.testing import check_method
+>>> @heedful.register("position", family="baseline", cost="no pass of its own")
+... def position(problem, *, scale: float = 1.0) -> torch.Tensor:
+...     '''Later tokens score higher: ``scale`` times each position's index ``[B, N]``.
+...
+...     Source: an example of heedful.testing.
+...     '''
+...     n = problem.batch.seq_len
+...     return scale * torch.arange(n, dtype=torch.float32).expand(len(problem), n)
+>>> check_method(position, families=("bert",))
+['bert/classification', 'bert/regression', 'bert/masked_lm']
+
+A method that normalises over the whole batch lets one example change another's scores:
+
+>>> @heedful.register("batch_max", family="baseline", cost="no pass of its own")
+... def batch_max(problem) -> torch.Tensor:
+...     '''Token ids divided by the batch's largest id ``[B, N]``.
+...
+...     Source: an example of heedful.testing.
+...     '''
+...     ids = problem.batch.input_ids.float()
+...     return ids / ids.max()
+>>> check_method("batch_max", families=("bert",), tasks=("classification",)) # doctest: +ELLIPSIS
+Traceback (most recent call last):
+...
+heedful.testing.ConformanceError: batch_max fails 1 check(s):
+  bert/classification: batch_invariance: example 1 ('dull') differs in a batch from alone: position ...
+>>> for name in ("position", "batch_max"):
+...     heedful.registry.unregister(name)
+
+The tiny models (:func:`tiny_hf`, :func:`tiny_model`) are randomly initialised, seeded, with
+real fast tokenizers built in memory from :data:`CORPUS` -- nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import json
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import transformers as tf
+from tokenizers import (
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    processors,
+    trainers,
+)
+
+from heedful.adapters import Forward
+from heedful.attribution import get_method
+from heedful.batch import Batch
+from heedful.errors import InputError, UnsupportedModelError
+from heedful.explanation import Explanation
+from heedful.loading import from_pretrained_objects
+from heedful.model import Model
+from heedful.problem import Problem
+from heedful.registry import ALL_TASKS, MethodInfo, registered
+
+# =========================================================================== tiny models
+
+CORPUS = [
+    "a charming and often affecting journey",
+    "the movie was dull and far too long",
+    "an intelligent , funny and moving film",
+    "the sister of the doctors writes a letter",
+    "the government alarms itself every year",
+    "this mall is closed but these malls are open",
+    "the plot is predictable yet the actors are wonderful",
+    "what a waste of a talented cast",
+    "the capital of france is paris",
+    "we watched it twice and loved every minute",
+] * 3
+"""The sentences the tiny tokenizers are built from."""
+
+ENCODERS = ("bert", "distilbert", "roberta", "deberta-v2", "electra")
+DECODERS = ("gpt2", "opt", "llama", "qwen2", "mistral")
+MODEL_FAMILIES = ENCODERS + DECODERS
+
+INIT_RANGE = 0.2
+"""Weight scale of :func:`conformance_model`. With transformers' default (0.02) the encoders'
+logits are ~1e-3 and nearly input-independent, so comparisons at 1e-5 would prove little; at
+0.2 logits are O(1) and predictions vary between texts."""
+
+
+def _wordpiece_vocab() -> dict[str, int]:
+    """A fixed WordPiece vocabulary built from ``CORPUS``: specials, every character (alone and as
+    ``##`` continuation), corpus words of up to 8 letters whole, longer ones split before their
+    last 3 letters ("affecting" -> "affect" "##ing"); unseen words fall back to characters.
+
+    Not trained: ``tokenizers``' WordPieceTrainer breaks frequency ties in hash-map order, which
+    changes from process to process, and so did the tiny encoders' token ids and outputs.
+    """
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    words = sorted({w for line in CORPUS for w in line.lower().split()})
+    chars = sorted({c for w in words for c in w})
+    pieces: list[str] = []
+    for w in words:
+        pieces.extend([w] if len(w) <= 8 else [w[:-3], "##" + w[-3:]])
+    ordered = specials + chars + ["##" + c for c in chars] + pieces
+    return {tok: i for i, tok in enumerate(dict.fromkeys(ordered))}
+
+
+def _templated(tok: Tokenizer, cls: str, sep: str, pair: str, **special: str) -> tf.PreTrainedTokenizerFast:
+    """``tok`` wrapping texts as ``cls text sep`` (pairs: the template ``pair``), as a fast
+    tokenizer with ``cls`` / ``sep`` and the ``special`` tokens named."""
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{cls} $A {sep}",
+        pair=pair,
+        special_tokens=[(cls, tok.token_to_id(cls)), (sep, tok.token_to_id(sep))],
+    )
+    return tf.PreTrainedTokenizerFast(tokenizer_object=tok, cls_token=cls, sep_token=sep, model_max_length=64, **special)
+
+
+@functools.cache
+def wordpiece_tokenizer() -> tf.PreTrainedTokenizerFast:
+    """BERT-style: [CLS] text [SEP] (pairs: [CLS] a [SEP] b [SEP]), lower-cased WordPiece."""
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.model = models.WordPiece(_wordpiece_vocab(), unk_token="[UNK]")
+    tok.decoder = decoders.WordPiece()
+    return _templated(
+        tok, "[CLS]", "[SEP]", "[CLS] $A [SEP] $B:1 [SEP]:1", unk_token="[UNK]", pad_token="[PAD]", mask_token="[MASK]"
+    )
+
+
+@functools.cache
+def bytelevel_tokenizer(with_mask: bool = False) -> tf.PreTrainedTokenizerFast:
+    """GPT-2 / RoBERTa-style byte-level BPE. ``with_mask`` adds <s> </s> <mask> and a RoBERTa template."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<pad>", "<s>", "</s>", "<unk>", "<mask>"] if with_mask else ["<|endoftext|>"]
+    tok.train_from_iterator(
+        CORPUS,
+        trainers.BpeTrainer(
+            vocab_size=300,
+            special_tokens=specials,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        ),
+    )
+    if with_mask:
+        named = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>", "mask_token": "<mask>"}
+        return _templated(tok, "<s>", "</s>", "<s> $A </s> </s> $B </s>", **named)
+    tok.post_processor = processors.ByteLevel(trim_offsets=True)
+    return tf.PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>", model_max_length=64
+    )
+
+
+def _config(family: str, vocab: int, pad: int) -> tf.PretrainedConfig:
+    small = {"num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64, "hidden_size": 32}
+    if family == "bert":
+        return tf.BertConfig(vocab_size=vocab, max_position_embeddings=64, pad_token_id=pad, **small)
+    if family == "distilbert":
+        return tf.DistilBertConfig(vocab_size=vocab, dim=32, n_layers=2, n_heads=4, hidden_dim=64, max_position_embeddings=64, pad_token_id=pad)
+    if family == "roberta":
+        return tf.RobertaConfig(vocab_size=vocab, max_position_embeddings=66, pad_token_id=pad, type_vocab_size=1, **small)
+    if family == "deberta-v2":
+        return tf.DebertaV2Config(vocab_size=vocab, max_position_embeddings=64, pad_token_id=pad, **small)
+    if family == "electra":
+        return tf.ElectraConfig(vocab_size=vocab, embedding_size=16, max_position_embeddings=64, pad_token_id=pad, **small)
+    if family == "gpt2":
+        return tf.GPT2Config(vocab_size=vocab, n_embd=32, n_layer=2, n_head=4, n_positions=64, pad_token_id=pad, bos_token_id=pad, eos_token_id=pad)
+    if family == "opt":
+        return tf.OPTConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, ffn_dim=64, word_embed_proj_dim=32, max_position_embeddings=64, pad_token_id=pad, bos_token_id=pad, eos_token_id=pad)
+    if family not in ("llama", "qwen2", "mistral"):
+        raise ValueError(f"no tiny model of family {family!r} (one of {', '.join(MODEL_FAMILIES)})")
+    extra = {"num_key_value_heads": 2} if family in ("qwen2", "mistral") else {}
+    cfg_cls = {"llama": tf.LlamaConfig, "qwen2": tf.Qwen2Config, "mistral": tf.MistralConfig}[family]
+    return cfg_cls(vocab_size=vocab, max_position_embeddings=64, pad_token_id=pad, bos_token_id=pad, eos_token_id=pad, **small, **extra)
+
+
+def tokenizer_for(family: str) -> tf.PreTrainedTokenizerFast:
+    """The tiny tokenizer of a model family (WordPiece for BERT-likes, byte-level BPE otherwise)."""
+    if family in ("bert", "distilbert", "deberta-v2", "electra"):
+        return wordpiece_tokenizer()
+    return bytelevel_tokenizer(with_mask=family == "roberta")
+
+
+_AUTO = {
+    "classification": tf.AutoModelForSequenceClassification,
+    "regression": tf.AutoModelForSequenceClassification,
+    "masked_lm": tf.AutoModelForMaskedLM,
+    "causal_lm": tf.AutoModelForCausalLM,
+}
+
+
+def tasks_of(family: str) -> tuple[str, ...]:
+    """The tasks a tiny model of ``family`` has a head for (encoders: masked LM; decoders: causal LM)."""
+    return ("classification", "regression", "masked_lm" if family in ENCODERS else "causal_lm")
+
+
+def tiny_hf(family: str, task: str = "classification", seed: int = 0, **config_overrides):
+    """``(hf_model, tokenizer)`` for a tiny seeded model of ``family`` with the head for ``task``
+    (2 layers of 4 heads, hidden size 32).
+
+    ``config_overrides`` set config attributes before the weights are drawn (e.g.
+    ``initializer_range=0.2`` for larger, less uniform outputs).
+    """
+    tokenizer = tokenizer_for(family)
+    config = _config(family, len(tokenizer), tokenizer.pad_token_id)
+    for key, value in config_overrides.items():
+        setattr(config, key, value)
+    if task == "classification":
+        config.num_labels = 3
+        config.id2label = {0: "NEGATIVE", 1: "NEUTRAL", 2: "POSITIVE"}
+        config.label2id = {v: k for k, v in config.id2label.items()}
+    elif task == "regression":
+        config.num_labels = 1
+        config.problem_type = "regression"
+    torch.manual_seed(seed)
+    model = _AUTO[task].from_config(config, attn_implementation="eager")
+    model.eval()
+    return model, tokenizer
+
+
+def tiny_model(family: str, task: str = "classification", seed: int = 0, **config_overrides) -> Model:
+    """A heedful :class:`~heedful.Model` around :func:`tiny_hf`.
+
+    >>> tiny_model("bert", "masked_lm").task
+    'masked_lm'
+    """
+    hf_model, tokenizer = tiny_hf(family, task, seed, **config_overrides)
+    return from_pretrained_objects(hf_model, tokenizer, name=f"tiny-{family}-{task}")
+
+
+@functools.cache
+def conformance_model(family: str, task: str = "classification") -> Model:
+    """The tiny model :func:`check_method` uses: :func:`tiny_model` with weights drawn at
+    :data:`INIT_RANGE`, built once per process (do not change its weights)."""
+    scale = {"init_std" if family == "opt" else "initializer_range": INIT_RANGE}
+    return tiny_model(family, task, **scale)
+
+
+# =========================================================================== fast options
+
+
+def random_head_mask(model: Model, seed: int = 0) -> list[list[int]]:
+    """A seeded random 0/1 head mask ``[L, H]`` of ``model``'s shape, every layer keeping at
+    least one head (Mask-LRP's default mask would parse a whole dataset first)."""
+    gen = np.random.default_rng(seed)
+    shape = (model.adapter.num_layers, model.adapter.config.num_attention_heads)
+    mask = gen.integers(0, 2, size=shape)
+    mask[np.arange(shape[0]), gen.integers(0, shape[1], size=shape[0])] = 1
+    return mask.tolist()
+
+
+FAST_OPTIONS: dict[str, Any] = {
+    "n_steps": 4,  # integrated gradients' path points
+    "n_samples": 8,  # SmoothGrad's noised copies, LIME's and KernelSHAP's coalitions
+    "n_masks": 16,  # RISE
+    # co-perturbation's / Guan et al.'s optimisation steps; at 5 co-perturbation on the tiny GPT-2
+    # keeps its uniform start (no step improves it) whatever the seed, and determinism proves nothing
+    "max_steps": 10,
+    "samples": 2,  # noise draws per step (co-perturbation, individual perturbation)
+    "head_mask": random_head_mask,  # Mask-LRP
+}
+"""Options :func:`check_method` passes to every method that takes an option of that name (read
+from :attr:`MethodInfo.options`), to keep expensive methods quick on the tiny models; a function
+is called with the model to give the value. Checks run on these settings, not the defaults."""
+
+
+def fast_options(info: MethodInfo, model: Model) -> dict[str, Any]:
+    """The :data:`FAST_OPTIONS` that ``info`` takes, their values for ``model``."""
+    return {
+        name: value(model) if callable(value) else value
+        for name, value in FAST_OPTIONS.items()
+        if info.takes(name)
+    }
+
+
+# =========================================================================== conformance
+
+TEXTS = ("a charming , unbelievably affecting journey", "dull")
+"""Texts of different lengths: the second is padded in a batch with the first. The first has
+enough content tokens that a stochastic method's draws matter."""
+
+MASKED_TEXTS = ("the plot is {mask} yet the actors are wonderful", "a {mask} film")
+"""Masked-LM texts (``{mask}``: the tokenizer's mask token, the anchor)."""
+
+RTOL, ATOL = 1e-4, 1e-5
+"""Batch-invariance tolerance; ``ATOL`` is scaled by the largest score of the reference."""
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One failed check of ``method`` on the tiny ``family`` model with the ``task`` head."""
+
+    method: str
+    family: str
+    task: str
+    check: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.family}/{self.task}: {self.check}: {self.message}"
+
+
+class ConformanceError(AssertionError):
+    """Raised by :func:`check_method`; ``failures`` lists every failed check."""
+
+    def __init__(self, method: str, failures: Sequence[Failure]) -> None:
+        self.method = method
+        self.failures = list(failures)
+        lines = "\n".join(f"  {f}" for f in self.failures)
+        super().__init__(f"{method} fails {len(self.failures)} check(s):\n{lines}")
+
+    @property
+    def checks(self) -> set[str]:
+        """The names of the checks that failed."""
+        return {f.check for f in self.failures}
+
+
+@dataclass
+class _Passes:
+    """What ran inside :func:`_watched`: ``sequences`` through the model's backbone; ``edited``:
+    some pass ran token ids that are not rows of the problem's own; ``replaced`` (masked LMs):
+    sequences whose output was read at a position not holding the ``[MASK]`` token."""
+
+    sequences: int = 0
+    edited: bool = False
+    replaced: int = 0
+
+
+@dataclass
+class _Run:
+    """One run of a method outside :meth:`Model.explain`: the prepared problem, the raw scores,
+    and the passes (problem preparation included) the adapter counted and :class:`_Passes` saw."""
+
+    problem: Problem
+    scores: Any
+    forward: int
+    backward: int
+    passes: _Passes
+
+
+def _own_rows(ids: torch.Tensor, mask: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """``[R]`` bool: rows of ``ids`` / ``mask`` ``[R, W]`` that are an example of ``batch`` as
+    it is (same real positions, same ids there)."""
+    width = ids.shape[1]
+    if width > batch.seq_len:
+        return torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
+    own_ids, own_mask = batch.input_ids[:, :width].to(ids.device), batch.attention_mask[:, :width].to(ids.device)
+    real = mask.bool()[:, None, :]
+    same = ((ids[:, None, :] == own_ids[None]) | ~real) & (mask[:, None, :] == own_mask[None])
+    return same.all(dim=2).any(dim=1)
+
+
+@contextlib.contextmanager
+def _watched(model: Model, own: Batch) -> Iterator[_Passes]:
+    """Record the passes run inside the block on a problem of batch ``own`` (see :class:`_Passes`)."""
+    adapter = model.adapter
+    seen = _Passes()
+    mask_id = model.tokenizer.mask_token_id if model.task == "masked_lm" else None
+    original = adapter.forward
+
+    def forward(batch: Batch, anchor: torch.Tensor, **kwargs: Any) -> Forward:
+        ids = kwargs.get("input_ids")
+        if ids is not None:
+            mask = kwargs.get("attention_mask")
+            mask = batch.attention_mask if mask is None else mask
+            seen.edited |= not bool(_own_rows(ids, mask, own).all())
+        if ids is None and kwargs.get("inputs_embeds") is None:
+            ids = batch.input_ids
+        if ids is not None and mask_id is not None:
+            read = ids[torch.arange(ids.shape[0], device=ids.device), anchor.to(ids.device)]
+            seen.replaced += int((read != mask_id).sum())
+        return original(batch, anchor, **kwargs)
+
+    def count(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        first = next((kwargs[k] for k in ("input_ids", "inputs_embeds") if kwargs.get(k) is not None), None)
+        first = args[0] if first is None and args else first
+        seen.sequences += 0 if first is None else first.shape[0]
+
+    hook = adapter.backbone.register_forward_pre_hook(count, with_kwargs=True)
+    adapter.forward = forward
+    try:
+        yield seen
+    finally:
+        del adapter.forward  # the instance attribute; the class's method shows again
+        hook.remove()
+
+
+class _Case:
+    """One method on one tiny model: the options it is given and the runs the checks share
+    (each computed once, on first use)."""
+
+    def __init__(self, info: MethodInfo, model: Model, family: str, given: dict[str, Any]) -> None:
+        self.info, self.model, self.family, self.given = info, model, family, given
+        mask = model.tokenizer.mask_token
+        self.texts = [t.format(mask=mask) for t in MASKED_TEXTS] if model.task == "masked_lm" else list(TEXTS)
+
+    @property
+    def label(self) -> str:
+        return f"{self.family}/{self.model.task}"
+
+    def explain(self, texts: str | list[str], **options: Any) -> Any:
+        return self.model.explain(texts, self.info.name, **{**self.given, **options})
+
+    def run(self, **options: Any) -> _Run:
+        """The method on the prepared problem of :attr:`texts`, as :meth:`Model.explain` runs it."""
+        counter = self.model.adapter.counter
+        counter.reset()
+        batch = self.model.encode(self.texts)
+        with _watched(self.model, batch) as passes:
+            problem = self.model.prepare(batch, method=self.info.name)
+            scores = self.info.fn(problem, **self.info.bind({**self.given, **options}))
+        problem.release_graph()
+        return _Run(problem, scores, counter.forward, counter.backward, passes)
+
+    @functools.cached_property
+    def raw(self) -> _Run:
+        return self.run()
+
+    @functools.cached_property
+    def together(self) -> list[Explanation]:
+        return self.explain(self.texts)
+
+    @functools.cached_property
+    def alone(self) -> list[Explanation]:
+        return [self.explain(text) for text in self.texts]
+
+
+def _mismatch(reference: np.ndarray, other: np.ndarray) -> str | None:
+    """Where ``other`` departs most from ``reference`` beyond the batch-invariance tolerance
+    (``RTOL`` x the value + ``ATOL`` x the largest score of ``reference``); ``None`` when within."""
+    scale = float(np.abs(reference).max()) if reference.size else 0.0
+    diff = np.abs(other - reference)
+    tol = ATOL * scale + RTOL * np.abs(reference)
+    bad = ~(diff <= tol)  # NaN differences count as departures
+    if not bad.any():
+        return None
+    at = np.unravel_index(int(np.argmax(np.where(bad, diff / np.maximum(tol, 1e-30), -1.0))), diff.shape)
+    where = at[-1] if len(at) == 1 else tuple(int(i) for i in at)
+    return (
+        f"position {where}: {other[at]:.6g} vs {reference[at]:.6g} (difference {diff[at]:.3g} > "
+        f"tolerance {tol[at]:.3g}; largest score {scale:.3g})"
+    )
+
+
+def _check_shape(case: _Case) -> None:
+    """Scores ``[B, N]`` (``[B, L, N]`` with ``layerwise=True``), finite at every real position."""
+    for options in ({}, {"layerwise": True}) if case.info.layerwise else ({},):
+        run = case.run(**options) if options else case.raw
+        batch, scores = run.problem.batch, run.scores
+        assert isinstance(scores, torch.Tensor), f"returned a {type(scores).__name__}, not a tensor"
+        layers = (case.model.adapter.num_layers,) if options else ()
+        expected = (len(batch), *layers, batch.seq_len)
+        shown = "layerwise=True: " if options else ""
+        assert tuple(scores.shape) == expected, f"{shown}scores {tuple(scores.shape)} for a batch {tuple(batch.input_ids.shape)}; expected {expected}"
+        assert scores.is_floating_point(), f"{shown}scores are {scores.dtype}, not floating point"
+        real = batch.attention_mask.bool().reshape(len(batch), *(1,) * len(layers), -1).to(scores.device)
+        bad = int((real & ~torch.isfinite(scores)).sum())
+        assert bad == 0, f"{shown}{bad} non-finite score(s) at real positions"
+
+
+def _check_batch_invariance(case: _Case) -> None:
+    """Each example's explanation in a padded batch equals its explanation alone."""
+    for b, (text, together, alone) in enumerate(zip(case.texts, case.together, case.alone, strict=True)):
+        assert together.tokens == alone.tokens, f"example {b}: tokens differ in a batch"
+        assert together.scores.shape == alone.scores.shape, (
+            f"example {b} ({text!r}): scores {together.scores.shape} in a batch, {alone.scores.shape} alone"
+        )
+        mismatch = _mismatch(alone.scores, together.scores)
+        assert mismatch is None, f"example {b} ({text!r}) differs in a batch from alone: {mismatch}"
+
+
+def _check_determinism(case: _Case) -> None:
+    """A stochastic method: the same seed repeats the scores exactly, another seed changes them."""
+    if not case.info.stochastic:
+        return
+    seed = case.info.bind(case.given)["seed"]
+    text, first = case.texts[0], case.alone[0].scores  # the long text: its scores depend on the draws
+    again = case.explain(text, seed=seed).scores
+    assert np.array_equal(first, again), (
+        f"seed={seed} twice: scores differ by {np.abs(first - again).max():.3g}"
+    )
+    other_seed = (seed or 0) + 1
+    other = case.explain(text, seed=other_seed).scores
+    assert _mismatch(first, other) is not None, (
+        f"seed={seed} and seed={other_seed} give the same scores on {text!r} (largest difference "
+        f"{np.abs(first - other).max():.3g})"
+    )
+
+
+def _check_special_tokens(case: _Case) -> None:
+    """Tokens and ``special`` flags are the tokenizer's; a masked-LM ``[MASK]`` anchor is never
+    replaced in a pass read at it, and a perturbation method that removes tokens scores it 0."""
+    tokenizer = case.model.tokenizer
+    for text, e in zip(case.texts, case.together, strict=True):
+        encoded = tokenizer(text, return_special_tokens_mask=True)
+        assert e.tokens == tokenizer.convert_ids_to_tokens(encoded["input_ids"]), f"tokens of {text!r}: {e.tokens}"
+        expected = [bool(s) for s in encoded["special_tokens_mask"]]
+        assert e.special == expected, f"special flags of {text!r}: {e.special}, the tokenizer's {expected}"
+    if case.model.task != "masked_lm":
+        return
+    for e in case.together:
+        assert e.tokens[e.target.anchor] == tokenizer.mask_token, f"anchor {e.target.anchor} is {e.tokens[e.target.anchor]!r}"
+    passes = case.raw.passes
+    assert passes.replaced == 0, f"{passes.replaced} sequence(s) run with the [MASK] anchor replaced, their output read there"
+    if case.info.family == "perturbation" and passes.edited:
+        at_anchor = [float(np.abs(e.scores[..., e.target.anchor]).max()) for e in case.together]
+        assert max(at_anchor) == 0, f"scores at the [MASK] anchor: {at_anchor} (a removal method never removes it)"
+
+
+def _check_cost(case: _Case) -> None:
+    """Passes reported per example = what the adapter counted / B = what the model ran / B."""
+    run, n = case.raw, len(case.texts)
+    assert run.passes.sequences == run.forward, (
+        f"the model ran {run.passes.sequences} sequences forward; the adapter counted {run.forward}"
+    )
+    for e in case.together:
+        cost = e.cost
+        assert cost.forward_passes >= 1, f"{cost.forward_passes} forward passes reported (the reference pass is one)"
+        assert cost.seconds > 0, f"{cost.seconds} seconds reported"
+        counted = (run.forward / n, run.backward / n)
+        assert (cost.forward_passes, cost.backward_passes) == counted, (
+            f"reported (forward, backward) {(cost.forward_passes, cost.backward_passes)} per example; counted {counted}"
+        )
+
+
+class _Wrong:
+    """A value no typed option accepts."""
+
+    def __repr__(self) -> str:
+        return "<wrong type>"
+
+
+def _check_options(case: _Case) -> None:
+    """Recorded options are the complete bound ones, JSON-ready, and reproduce the scores;
+    an unknown option or a wrongly typed value is refused before any forward pass."""
+    info = case.info
+    clash = sorted(set(inspect.signature(Model.explain).parameters) & {s.name for s in info.options})
+    assert not clash, (
+        f"option(s) {', '.join(clash)} shadow Model.explain's own parameters: "
+        "explain(..., **explanation.options) raises TypeError"
+    )
+    bound, recorded = info.bind(case.given), case.together[0].options
+    differ = sorted(k for k in set(bound) | set(recorded) if k not in recorded or k not in bound or recorded[k] != bound[k])
+    assert not differ, f"recorded options differ from the bound ones: {', '.join(f'{k}={recorded.get(k)!r}, not {bound.get(k)!r}' for k in differ)}"
+    json.dumps(recorded)
+    again = case.explain(case.texts, **recorded)
+    for b, (e, r) in enumerate(zip(case.together, again, strict=True)):
+        assert np.array_equal(e.scores, r.scores), f"example {b}: explaining again with the recorded options changes the scores"
+    counter = case.model.adapter.counter
+    typed = [s.name for s in info.options if (s.kinds and object not in s.kinds) or s.choices is not None]
+    for bad in [{"no_such_option": 1}] + [{name: _Wrong()} for name in typed]:
+        before = counter.forward
+        try:
+            case.explain(case.texts[1], **bad)
+        except InputError:
+            assert counter.forward == before, f"{bad} was refused only after {counter.forward - before} forward pass(es)"
+        else:
+            raise AssertionError(f"{bad} was accepted")
+
+
+_CHECK_FUNCTIONS: dict[str, Callable[[_Case], None]] = {
+    "shape": _check_shape,
+    "batch_invariance": _check_batch_invariance,
+    "determinism": _check_determinism,
+    "special_tokens": _check_special_tokens,
+    "cost": _check_cost,
+    "options": _check_options,
+}
+
+CHECKS: tuple[str, ...] = tuple(_CHECK_FUNCTIONS)
+"""The checks of :func:`check_method`, in the order they run (see :func:`check_method`)."""
+
+
+def _method_info(method: str | Callable | MethodInfo) -> MethodInfo:
+    """The registered method behind a name, a registered function or a :class:`MethodInfo`."""
+    if isinstance(method, str):
+        return get_method(method)
+    found = [i for i in registered().values() if i is method or i.fn is method]
+    if not found:
+        name = getattr(method, "name", getattr(method, "__name__", repr(method)))
+        raise ValueError(f"{name} is not registered: decorate it with heedful.register(...) first")
+    return found[0]
+
+
+def check_method(
+    method: str | Callable | MethodInfo,
+    *,
+    families: Sequence[str] = ("bert", "llama"),
+    tasks: Sequence[str] | None = None,
+    options: Mapping[str, Any] | None = None,
+) -> list[str]:
+    """Check that a registered method behaves like a heedful method; raise a
+    :class:`ConformanceError` (an ``AssertionError``) listing every failed check, or return the
+    cases checked (``"family/task"``).
+
+    ``method``: a registered name, the function decorated with :func:`heedful.register`, or its
+    :class:`~heedful.MethodInfo`. It runs on :func:`conformance_model` of each of ``families``
+    with every head among ``tasks`` (default: classification, regression, masked LM / causal LM)
+    that the method supports, on :data:`TEXTS` (:data:`MASKED_TEXTS` for masked LMs), with
+    :data:`FAST_OPTIONS` and then ``options`` (your method's cheap settings). A case the method
+    declines with :class:`~heedful.UnsupportedModelError` (with a hint) is skipped; one that
+    raises anything else fails every check it reaches. The checks (:data:`CHECKS`):
+
+    - ``shape``: the method returns a floating tensor ``[B, N]`` for the padded batch (also
+      ``[B, L, N]`` with ``layerwise=True`` for a layer-wise method, L = number of layers), finite
+      at every real position, special tokens included.
+    - ``batch_invariance``: each example's scores in the batch equal its scores alone (within
+      :data:`RTOL` and :data:`ATOL` x the largest score): nothing leaks from padding or from the
+      other example.
+    - ``determinism`` (stochastic methods, those with a ``seed`` option): the same seed repeats
+      the scores exactly, the next seed changes them on the longer text.
+    - ``special_tokens``: tokens and ``special`` flags are the tokenizer's; on a masked LM, the
+      anchor is the ``[MASK]`` token, every pass of token ids that reads its output there kept
+      the ``[MASK]`` there, and a ``perturbation``-family method that removes tokens (runs token
+      ids other than the problem's own) scores the anchor 0. Methods that perturb embeddings are
+      not held to the last rule: the registry does not say what they leave alone.
+    - ``cost``: every explanation reports at least 1 forward pass (the reference) and some
+      seconds; the passes it reports per example equal what the adapter counted while the method
+      ran (its problem prepared as :meth:`Model.explain` does) divided by the batch size, and the
+      adapter counted every sequence the model ran.
+    - ``options``: the explanation records exactly ``info.bind(given)``, JSON-serialisable;
+      explaining again with ``**explanation.options`` gives identical scores; an unknown option
+      and a value of the wrong type for each typed option raise :class:`~heedful.InputError`
+      before any forward pass; no option shadows a parameter of :meth:`Model.explain`.
+
+    >>> check_method("saliency", families=("gpt2",), tasks=("regression",))
+    ['gpt2/regression']
+    """
+    info = _method_info(method)
+    info.bind(options)  # a bad option of the caller's is an InputError now, not a failure per case
+    wanted = tuple(tasks) if tasks is not None else None
+    unknown = sorted(set(wanted or ()) - set(ALL_TASKS))
+    if unknown:
+        raise ValueError(f"unknown task(s) {', '.join(unknown)} (one of {', '.join(ALL_TASKS)})")
+    failures: list[Failure] = []
+    checked: list[str] = []
+    for family in families:
+        for task in tasks_of(family):
+            if not info.supports(task) or (wanted is not None and task not in wanted):
+                continue
+            model = conformance_model(family, task)
+            case = _Case(info, model, family, {**fast_options(info, model), **(options or {})})
+            found = _run_checks(case)
+            if found is None:
+                continue
+            failures.extend(found)
+            checked.append(case.label)
+    if failures:
+        raise ConformanceError(info.name, failures)
+    if not checked:
+        raise ValueError(f"nothing to check: {info.name} runs on none of {', '.join(families)} for tasks {wanted or 'any'}")
+    return checked
+
+
+def _run_checks(case: _Case) -> list[Failure] | None:
+    """Every check on ``case``: its failures, or ``None`` when the method declines the model."""
+    failures = []
+    for name, check in _CHECK_FUNCTIONS.items():
+        try:
+            check(case)
+        except UnsupportedModelError as exc:
+            if exc.hint:
+                return None
+            failures.append(Failure(case.info.name, case.family, case.model.task, name, f"declined without a hint: {exc}"))
+        except AssertionError as exc:
+            failures.append(Failure(case.info.name, case.family, case.model.task, name, str(exc)))
+        except Exception as exc:  # a check reports a crashing method; it does not stop the others
+            failures.append(Failure(case.info.name, case.family, case.model.task, name, f"raised {type(exc).__name__}: {exc}"))
+    return failures
