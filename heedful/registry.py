@@ -22,6 +22,10 @@ from heedful.targets import TASKS
 ALL_TASKS: tuple[str, ...] = TASKS
 FAMILIES = ("vector", "gradient", "attention", "relevance", "perturbation", "baseline")
 
+RESERVED_OPTIONS = ("texts", "method", "target", "text_pair", "batch_size", "truncation", "max_length", "progress")
+"""Parameters of :meth:`heedful.Model.explain`: a method option of one of these names could not
+be passed through it."""
+
 ReferencePass = Callable[..., Any]
 """``reference(adapter, batch, anchor, inputs_embeds) -> Forward``: the unperturbed pass a
 method wants its problem prepared with (e.g. one that keeps its autograd graph)."""
@@ -151,6 +155,10 @@ def register(
         first = next(iter(inspect.signature(fn).parameters), None)
         if first != "problem":
             raise TypeError(f"method {name!r}: the first parameter must be `problem`, not {first!r}")
+        options = option_specs(fn)
+        clash = [spec.name for spec in options if spec.name in RESERVED_OPTIONS]
+        if clash:
+            raise TypeError(f"method {name!r}: option(s) {', '.join(clash)} would clash with Model.explain's parameters")
         doc_summary, doc_citation = _described(fn)
         if not (summary or doc_summary) or not (citation or doc_citation):
             raise TypeError(
@@ -165,7 +173,7 @@ def register(
             cost=cost,
             citation=citation or doc_citation,
             summary=summary or doc_summary,
-            options=option_specs(fn),
+            options=options,
             needs_hidden=needs_hidden,
             needs_attentions=needs_attentions,
             reference=reference,

@@ -296,8 +296,11 @@ enough content tokens that a stochastic method's draws matter."""
 MASKED_TEXTS = ("the plot is {mask} yet the actors are wonderful", "a {mask} film")
 """Masked-LM texts (``{mask}``: the tokenizer's mask token, the anchor)."""
 
-RTOL, ATOL = 1e-4, 1e-5
-"""Batch-invariance tolerance; ``ATOL`` is scaled by the largest score of the reference."""
+RTOL, ATOL = 1e-4, 5e-5
+"""Batch-invariance tolerance; ``ATOL`` is scaled by the largest score of the reference. Float32
+rounding alone moves a relevance pass's scores by up to ~1.2e-5 of the largest score between
+batch shapes (LRP on a masked LM: identical in float64); what leaks from padding is orders
+larger."""
 
 
 @dataclass(frozen=True)

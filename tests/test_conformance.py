@@ -17,37 +17,9 @@ from heedful.testing import CHECKS, ConformanceError, check_method
 
 CASES = ["bert/classification", "bert/regression", "bert/masked_lm", "llama/classification", "llama/regression", "llama/causal_lm"]
 
-FINDINGS: dict[str, tuple[set[str], str]] = {
-    "smoothgrad": (
-        {"options"},
-        "its option `method` shadows Model.explain's own `method` parameter: explaining again with "
-        "**explanation.options (or passing method=... at all) raises TypeError",
-    ),
-    "lrp": (
-        {"batch_invariance"},
-        "bert/masked_lm: 'a [MASK] film' in a batch differs from alone at [SEP] by 1.17e-05 > tolerance "
-        "1.10e-05 (float32 rounding of the relevance pass: identical in float64)",
-    ),
-}
-"""Methods that fail a check today: the checks they fail, and why (their cases are strict xfails:
-a fix turns them into failures until its entry here is removed)."""
-
-
-def _method_case(name: str):
-    finding = FINDINGS.get(name)
-    marks = [pytest.mark.xfail(raises=ConformanceError, strict=True, reason=finding[1])] if finding else []
-    return pytest.param(name, marks=marks)
-
-
-@pytest.mark.parametrize("method", [_method_case(m.name) for m in heedful.methods()])
+@pytest.mark.parametrize("method", [m.name for m in heedful.methods()])
 def test_every_method_conforms(method):
-    try:
-        checked = check_method(method)
-    except ConformanceError as exc:
-        unexplained = exc.checks - FINDINGS.get(method, (set(), ""))[0]
-        assert not unexplained, str(exc)  # a plain AssertionError: not the expected failure
-        raise
-    assert checked == CASES
+    assert check_method(method) == CASES
 
 
 def test_the_documented_examples_run():

@@ -82,6 +82,9 @@ class ModelAdapter:
         self.hf_model.eval()
         for p in self.hf_model.parameters():
             p.requires_grad_(False)
+        # attention probabilities exist only in eager attention (sdpa / flash return none)
+        if getattr(self.config, "_attn_implementation", "eager") != "eager" and hasattr(self.hf_model, "set_attn_implementation"):
+            self.hf_model.set_attn_implementation("eager")
         self._check_roles()
 
     # ------------------------------------------------------------------ roles (per family)

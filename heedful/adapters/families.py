@@ -433,6 +433,11 @@ class LlamaAdapter(_DecoderAdapter):
     def final_norm(self) -> nn.Module | None:
         return self.backbone.norm
 
+    def norm_site(self, module: nn.Module) -> NormSite:
+        """What one of the family's norms computes: RMSNorm (override for a Llama-shaped family
+        with another norm)."""
+        return _rms_norm(module)
+
     def roles(self) -> ModelRoles:
         """Pre-norm blocks (``modeling_llama.LlamaDecoderLayer``, and Mistral's and Qwen2's):
         ``h = x + o(attn(rope(q(n(x))), rope(k(n(x))), v(n(x))))``, then
@@ -450,14 +455,14 @@ class LlamaAdapter(_DecoderAdapter):
                     qkv=(Site(att.q_proj, heads=heads), *_sites(kv_heads, att.k_proj, att.v_proj)),
                     out=att.o_proj,
                     mlp=(mlp, mlp.up_proj, mlp.act_fn, mlp.down_proj),
-                    norms=(_rms_norm(layer.input_layernorm), _rms_norm(layer.post_attention_layernorm)),
+                    norms=(self.norm_site(layer.input_layernorm), self.norm_site(layer.post_attention_layernorm)),
                     heads=heads,
                     pre_ln=True,
                     mlp_gate=Site(mlp.gate_proj),
                     rotary=True,
                 )
             )
-        return ModelRoles(blocks=blocks, final_norm=_rms_norm(self.final_norm), head=self._head_roles())
+        return ModelRoles(blocks=blocks, final_norm=self.norm_site(self.final_norm), head=self._head_roles())
 
 
 FAMILIES: dict[str, type[ModelAdapter]] = {

@@ -285,7 +285,7 @@ def _noise(problem: Problem, embeds: torch.Tensor, n_samples: int, noise_level: 
 def smoothgrad(
     problem: Problem,
     *,
-    method: Wrapped = "saliency",
+    inner: Wrapped = "saliency",
     n_samples: Annotated[int, AT_LEAST_ONE] = 20,
     noise_level: Annotated[float, NON_NEGATIVE] = 0.15,
     nt_type: NoiseTunnel = "smoothgrad",
@@ -312,12 +312,12 @@ def smoothgrad(
     Source: Smilkov et al. 2017, SmoothGrad: removing noise by adding noise (Eq. 3); nt_type as
     Captum's NoiseTunnel (smoothgrad_sq, vargrad: Adebayo et al. 2018)
     """
-    inner = find(method)
-    bare = method == "saliency" and not multiply_by_inputs and nt_type == "smoothgrad"
-    if multiply_by_inputs and method != "saliency":
+    wrapped = find(inner)
+    bare = inner == "saliency" and not multiply_by_inputs and nt_type == "smoothgrad"
+    if multiply_by_inputs and inner != "saliency":
         raise InputError(
-            f"smoothgrad: multiply_by_inputs applies to the bare gradient, and {method} already multiplies by its input",
-            hint="drop multiply_by_inputs, or use method='saliency'",
+            f"smoothgrad: multiply_by_inputs applies to the bare gradient, and {inner} already multiplies by its input",
+            hint="drop multiply_by_inputs, or use inner='saliency'",
         )
     if aggregate is None:
         aggregate = "l2" if bare else "sum"
@@ -330,10 +330,8 @@ def smoothgrad(
     bsz, seq, dim = embeds.shape
     noisy = (embeds[:, None] + _noise(problem, embeds, n_samples, noise_level, seed)).flatten(0, 1)
     copies = problem.select(torch.arange(bsz).repeat_interleave(n_samples))
-    options = inner.bind({"internal_batch_size": internal_batch_size} if inner.takes("internal_batch_size") else {})
-    if not inner.takes("internal_batch_size"):
-        options["internal_batch_size"] = internal_batch_size
-    maps = inner.per_dimension(copies, noisy, options).view(bsz, n_samples, seq, dim)
+    options = {**wrapped.bind(), "internal_batch_size": internal_batch_size}
+    maps = wrapped.per_dimension(copies, noisy, options).view(bsz, n_samples, seq, dim)
     if nt_type == "smoothgrad":
         combined = maps.mean(dim=1)
     elif nt_type == "smoothgrad_sq":
