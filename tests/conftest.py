@@ -57,27 +57,12 @@ transformers.logging.disable_progress_bar()
 torch.set_num_threads(1)  # tiny models: more threads only add overhead
 warnings.filterwarnings("ignore", module="transformers")
 
-from tiny import tiny_model  # noqa: E402
+from heedful.testing import INIT_RANGE, conformance_model  # noqa: E402,F401  (INIT_RANGE: tests read the weight scale here)
 
-INIT_RANGE = 0.2
-"""Weight scale of the cached models. With transformers' default (0.02) the encoders' logits
-are ~1e-3 and nearly input-independent, so equality checks at 1e-5 would prove nothing; at 0.2
-logits are O(1) and predictions vary between texts."""
-
-_MODELS: dict[tuple[str, str], object] = {}
-
-
-def cached_model(family: str, task: str = "classification"):
-    """The tiny seeded :class:`heedful.Model` for ``(family, task)``, built once per session
-    with weights drawn at ``INIT_RANGE``.
-
-    Tests must not change the weights; ``model.hf_model`` is the underlying transformers model.
-    """
-    key = (family, task)
-    if key not in _MODELS:
-        scale = {"init_std" if family == "opt" else "initializer_range": INIT_RANGE}
-        _MODELS[key] = tiny_model(family, task, **scale)
-    return _MODELS[key]
+cached_model = conformance_model
+"""The tiny seeded :class:`heedful.Model` for ``(family, task)``, built once per session with
+weights drawn at ``INIT_RANGE`` (the models :func:`heedful.testing.check_method` uses). Tests
+must not change the weights; ``model.hf_model`` is the underlying transformers model."""
 
 
 @pytest.fixture(scope="session")
