@@ -10,9 +10,11 @@ import numpy as np
 import pytest
 from conftest import run_cli, saved_tiny
 
-from heedful.evaluate import ResultsStore, RunKey, get_protocol
+from heedful.evaluate import ResultsStore, get_protocol
 from heedful.evaluate.bench import BenchSpec, run_bench
 from heedful.evaluate.report import write_report
+from heedful.evaluate.store import Subject, run_key
+from heedful.fingerprint import model_fingerprint
 
 ROWS = [
     ("a charming and often affecting journey", "POSITIVE", "charming|affecting"),
@@ -58,7 +60,7 @@ class Counting:
 def _spec(model, data_csv, out, **kw) -> BenchSpec:
     base = dict(
         model=model, dataset=data_csv, methods=["random", "saliency"], metrics=["aopc", "sufficiency", "token_f1"],
-        protocol=get_protocol("normxlogit", random_seeds=2), out=out, batch_size=2, model_key="tiny-bert",
+        protocol=get_protocol("normxlogit", random_seeds=2), out=out, batch_size=2, model_label="tiny-bert",
     )
     base.update(kw)
     return BenchSpec(**base)
@@ -67,7 +69,7 @@ def _spec(model, data_csv, out, **kw) -> BenchSpec:
 def test_store_round_trip(tmp_path, tiny):
     model = tiny("bert")
     expl = model.explain("a charming and often affecting journey", "saliency")
-    key = RunKey("m", "d", "test", "saliency", "0" * 16)
+    key = run_key(Subject("m", model_fingerprint(model), "d", "0" * 16, "test"), "saliency")
     with ResultsStore(tmp_path) as store:
         store.put_explanations(key, [("x1", expl)])
         assert store.explanation_ids(key) == {"x1"}

@@ -136,14 +136,14 @@ def test_store_is_shared_with_the_bench(tiny, tmp_path):
     before = rect.classify(model, TEXTS)
     labels = [int(y) if i < 4 else int((y + 1) % 3) for i, y in enumerate(before)]
     data = _write_csv(tmp_path / "d.csv", TEXTS, labels)
-    first = rect.rectify(model, data, ["random"], [0.5], split="all", store=tmp_path / "store", model_key="tiny")
-    again = rect.rectify(model, data, ["random"], [0.5], split="all", store=tmp_path / "store", model_key="tiny")
+    first = rect.rectify(model, data, ["random"], [0.5], split="all", store=tmp_path / "store", model_label="tiny")
+    again = rect.rectify(model, data, ["random"], [0.5], split="all", store=tmp_path / "store", model_label="tiny")
     assert first.n_errors == 6 and again.methods["random"].from_store == 6
     # explanation time read back from the store's cost record when nothing was computed
     assert again.methods["random"].seconds == pytest.approx(first.methods["random"].seconds, rel=1e-6)
     assert again.methods["random"].seconds > 0
     np.testing.assert_array_equal(first.methods["random"].predictions, again.methods["random"].predictions)
-    spec = BenchSpec(model, data, ["random"], ["aopc"], get_protocol("default", random_seeds=1), tmp_path / "store", split="all", model_key="tiny")
+    spec = BenchSpec(model, data, ["random"], ["aopc"], get_protocol("default", random_seeds=1), tmp_path / "store", split="all", model_label="tiny")
     bench = run_bench(spec, progress=False)
     assert bench.computed["explanations"] == len(TEXTS) - 6  # the errors' explanations were reused
 

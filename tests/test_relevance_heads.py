@@ -161,7 +161,7 @@ def test_ablations_keep_their_promises():
         corrupted_mask(mask, 1.5)
 
 
-def test_mask_inputs_and_cache_path(tmp_path, monkeypatch):
+def test_mask_inputs_and_cache_path(tmp_path, monkeypatch, tiny):
     assert as_head_mask(torch.ones(2, 3)).mask.all()
     with pytest.raises(InputError, match="layers, heads"):
         as_head_mask([1, 0, 1])
@@ -169,8 +169,11 @@ def test_mask_inputs_and_cache_path(tmp_path, monkeypatch):
         (tmp_path / "x.json").write_text("{}")
         HeadMask.load(tmp_path / "x.json")
     monkeypatch.setenv("HEEDFUL_HOME", str(tmp_path))
-    assert cache_path("/some/dir/model").parent == tmp_path / "head_masks"
-    assert cache_path("/some/dir/model").name == "some__dir__model.json"
+    path = cache_path(tiny("bert"))  # keyed by the model's fingerprint and the data settings
+    assert path.parent == tmp_path / "head_masks" and path.name.startswith("tiny-bert-classification-")
+    assert cache_path(tiny("bert").adapter) == path and cache_path(tiny("bert"), split="test") != path
+    with pytest.raises(TypeError, match="fingerprint"):
+        cache_path("/some/dir/model")
 
 
 def test_head_map_png(designed, tmp_path):

@@ -72,20 +72,19 @@ def test_timings_keep_the_longest_run(tmp_path: Path):
 def test_seed_check_compares_the_stored_seed_with_the_next(tmp_path: Path, tiny):
     from scipy.stats import spearmanr
 
-    from heedful.evaluate.bench import options_hash
-    from heedful.evaluate.protocol import get_protocol
-    from heedful.evaluate.store import ResultsStore, RunKey
+    from heedful.evaluate.store import ResultsStore, Subject, run_key
+    from heedful.fingerprint import model_fingerprint
 
     model = tiny("bert")
     texts = ["a good and moving film", "dull , flat and far too long"]
     options = {"max_steps": 5, "keep": "last"}
     result = _result({})
     result.error_ids = ["7", "9"]
-    protocol = get_protocol("default")
-    first_key = RunKey("m", cp.DATASET, "test", "coperturbation", options_hash("coperturbation", {**options, "seed": 0}, protocol))
+    about = Subject("m", model_fingerprint(model), cp.DATASET, "0" * 16, "test")
+    first_key = run_key(about, "coperturbation", {**options, "seed": 0})
     with ResultsStore(tmp_path) as db:
         db.put_explanations(first_key, list(zip(result.error_ids, model.explain(texts, "coperturbation", seed=0, **options), strict=True)))
-    check = cp._seed_check(model, result, options, tmp_path, "m", 0, 2)
+    check = cp._seed_check(model, result, options, tmp_path, about, 0, 2)
     second = model.explain(texts, "coperturbation", seed=1, **options)
     first = model.explain(texts, "coperturbation", seed=0, **options)
     for k in range(2):
@@ -95,5 +94,5 @@ def test_seed_check_compares_the_stored_seed_with_the_next(tmp_path: Path, tiny)
         assert check["tokens"][k] == int(content.sum())
     assert check["seeds"] == (0, 1) and all(0.0 <= o <= 1.0 for o in check["overlap"])
     with ResultsStore(tmp_path) as db:  # the second seed is stored for the next run
-        again = RunKey("m", cp.DATASET, "test", "coperturbation", options_hash("coperturbation", {**options, "seed": 1}, protocol))
+        again = run_key(about, "coperturbation", {**options, "seed": 1})
         assert set(db.get_explanations(again)) == {"7", "9"}

@@ -63,7 +63,7 @@ def bench(
     from rich.console import Console
 
     from heedful.evaluate import get_protocol, metric_names
-    from heedful.evaluate.bench import BenchSpec, model_key, run_bench
+    from heedful.evaluate.bench import BenchSpec, check_options, run_bench
     from heedful.evaluate.report import rich_table, write_report
 
     out_console, err_console = Console(), Console(stderr=True)
@@ -77,11 +77,17 @@ def bench(
     if random_seeds is not None:
         protocol_changes["random_seeds"] = random_seeds
     protocol = get_protocol(preset, **protocol_changes)
+    names, metric_list = _split_list(methods, "methods"), metric_names(metrics)
+    method_options = check_options(names, method_options)  # bad options fail before the model loads
+    with err_console.status(f"loading {model} …"):
+        import heedful
+
+        loaded = heedful.load(model)
     spec = BenchSpec(
-        model=model,
+        model=loaded,
         dataset=dataset,
-        methods=_split_list(methods, "methods"),
-        metrics=metric_names(metrics),
+        methods=names,
+        metrics=metric_list,
         protocol=protocol,
         out=out,
         split=split,
@@ -91,14 +97,11 @@ def bench(
         method_options=method_options,
         lm_word=lm_word,
     )
-    with err_console.status(f"loading {model} …"):
-        import heedful
-
-        spec.model = heedful.load(model)
-        spec.model_key = model_key(model)
     result = run_bench(spec, console=err_console)
     files = write_report(result)
     out_console.print(rich_table(result))
+    for note in result.notes:
+        err_console.print(note, highlight=False, markup=False)
     computed = result.computed
     err_console.print(
         f"[dim]computed this run: {computed['explanations']} explanations, {computed['measurements']} curve records, "

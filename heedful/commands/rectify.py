@@ -35,23 +35,24 @@ def _ratios(raw: str) -> list[float]:
 
 def method_options(raw: list[str] | None, methods: list[str]) -> dict[str, dict[str, Any]]:
     """``key=value`` goes to every method that takes ``key``; ``method.key=value`` to that
-    method only. Values are read as JSON where they parse. A key no method takes is an error."""
-    import inspect
-
+    method only. Values are read as JSON where they parse. A key no method takes, or a value its
+    method does not accept, is an error."""
     import heedful
 
-    params = {m: inspect.signature(heedful.get_method(m).fn).parameters for m in methods}
+    infos = {m: heedful.get_method(m) for m in methods}
     found: dict[str, dict[str, Any]] = {}
     for item in raw or []:
         left, parsed = key_value(item, "--option max_steps=200 or --option lime.n_samples=200")
         owner, _, key = left.rpartition(".")
         if owner and owner not in methods:
             raise HeedfulError(f"option {item!r} names {owner!r}, which is not one of the methods run", hint=f"methods: {', '.join(methods)}")
-        takers = [owner] if owner else [m for m in methods if key in params[m]]
+        takers = [owner] if owner else [m for m in methods if infos[m].takes(key)]
         if not takers:
             raise HeedfulError(f"no method run takes the option {key!r}", hint="see `heedful methods` and the methods' docs")
         for m in takers:
             found.setdefault(m, {})[key] = parsed
+    for m, given in found.items():
+        infos[m].bind(given)  # a value a method does not accept fails before the model loads
     return found
 
 
@@ -79,7 +80,6 @@ def rectify(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     import heedful
-    from heedful.evaluate.bench import model_key
     from heedful.interest import rectify as rect
 
     out_console, err_console = Console(), Console(stderr=True)
@@ -101,10 +101,11 @@ def rectify(
     with bar:
         result = rect.rectify(
             loaded, dataset, names, wanted, split=split, n=n, seed=seed, method_options=options,
-            batch_size=batch_size, max_length=max_length, store=store,
-            model_key=model_key(model) if store is not None else model, progress=advance,
+            batch_size=batch_size, max_length=max_length, store=store, progress=advance,
         )
     out_console.print(summary_table(result))
+    for note in result.notes:
+        err_console.print(note, highlight=False, markup=False)
     if sweep:
         out_console.print(sweep_table(result))
     err_console.print(

@@ -7,19 +7,19 @@ killed and started again finds what is stored and computes only the rest; asking
 metric later reuses the stored explanations (and the stored curves when the metric reads the
 same ones). Cost per method -- seconds and forward / backward passes per example from each
 :class:`~heedful.Explanation`'s ``cost``, and peak resident memory while the method ran -- is
-stored with the results. :mod:`heedful.evaluate.report` turns the stored results into tables
-and plots.
+stored with the results. Stored results are keyed by :func:`heedful.evaluate.store.run_key`
+(complete options, method version, model and dataset fingerprints), so a changed default, a new
+method version, other weights or edited data are computed afresh, and ``BenchResult.notes`` says
+why. :mod:`heedful.evaluate.report` turns the stored results into tables and plots.
 """
 
 from __future__ import annotations
 
 import ctypes
 import gc
-import hashlib
-import json
 import resource
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,19 +48,21 @@ from heedful.evaluate.metrics import (
     metric_names,
 )
 from heedful.evaluate.protocol import Protocol, get_protocol
-from heedful.evaluate.store import ResultsStore, RunKey
+from heedful.evaluate.store import ResultsStore, RunKey, Subject, run_key, subject
 from heedful.explanation import Explanation
+from heedful.model import Model
 
 
 @dataclass
 class BenchSpec:
-    """What to run. ``model``: zoo name, model directory or a loaded :class:`heedful.Model`;
+    """What to run. ``model``: a loaded :class:`heedful.Model` (:func:`heedful.load`);
     ``dataset``: a name of :func:`heedful.datasets.load` or a file path; ``n``: first ``n``
     examples the protocol keeps; ``seed``: seed of stochastic methods (the random baseline runs
     with seeds ``seed .. seed + protocol.random_seeds - 1``); ``method_options``: per-method
-    options (``{"integrated_gradients": {"n_steps": 20}}``)."""
+    options (``{"integrated_gradients": {"n_steps": 20}}``); ``model_label``: how the model is
+    named in the store and the report (default: its folder path or the name it was loaded by)."""
 
-    model: Any
+    model: Model
     dataset: str
     methods: Sequence[str]
     metrics: Sequence[str]
@@ -72,7 +74,7 @@ class BenchSpec:
     batch_size: int = 16
     method_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     dataset_options: dict[str, Any] = field(default_factory=dict)
-    model_key: str | None = None
+    model_label: str | None = None
     lm_word: str = "target"
 
 
@@ -102,7 +104,9 @@ class GroupResult:
 
 @dataclass
 class BenchResult:
-    """What :func:`run_bench` did and found."""
+    """What :func:`run_bench` did and found. ``notes``: what the store held that this run could
+    not use, and why (``integrated_gradients: 200 explanations recomputed (default n_steps 50 ->
+    40)``)."""
 
     spec: BenchSpec
     model_name: str
@@ -115,6 +119,7 @@ class BenchResult:
     computed: dict[str, int]
     store_path: Path
     evidence_source: str | None
+    notes: list[str] = field(default_factory=list)
     files: list[Path] = field(default_factory=list)
 
 
@@ -148,44 +153,37 @@ def peak_rss_mb() -> float:
 
 
 # ---------------------------------------------------------------------------- helpers
-def options_hash(method: str, options: dict[str, Any], protocol: Protocol, lm_word: str = "target") -> str:
-    """Identity of an explanation setting: method options, target choice and max_length."""
-    payload = {"method": method, "options": options, "label": protocol.label, "max_length": protocol.max_length}
-    if lm_word != "target":
-        payload["lm_word"] = lm_word
-    raw = json.dumps(payload, sort_keys=True, default=str)
-    return hashlib.sha1(raw.encode()).hexdigest()[:16]
-
-
-def model_key(name: str) -> str:
-    """How a model is named in the store: the zoo name or the folder's absolute path, with a
-    fingerprint of its files (``name@1a2b3c4d``) so that results of a rebuilt or retrained model
-    are never mixed with the old one's; hub ids as given."""
-    from heedful import zoo
-
-    if name in zoo.ENTRIES:
-        label, folder = name, zoo.zoo_dir(name)
-    else:
-        folder = Path(name).expanduser()
-        label = str(folder.resolve()) if folder.exists() else name
-    if not folder.is_dir():
-        return label
-    digest = hashlib.sha1()
-    for file in sorted(folder.iterdir()):
-        if file.suffix in (".json", ".safetensors", ".bin") and file.is_file():
-            stat = file.stat()
-            digest.update(f"{file.name}:{stat.st_size}:{stat.st_mtime_ns};".encode())
-    return f"{label}@{digest.hexdigest()[:8]}"
-
-
-def make_runs(spec: BenchSpec, model_id: str, dataset_key: str) -> list[Run]:
-    """Runs of the spec's methods (the random baseline once per seed)."""
+def check_options(methods: Sequence[str], method_options: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """``method_options`` checked against the run's ``methods`` before any work and keyed by the
+    methods' registered names: options for a method the run does not have, and options a method
+    does not take or values it does not accept, are each a one-line :class:`InputError`."""
     from heedful.attribution import get_method
 
+    infos = {info.name: info for info in (get_method(name) for name in methods)}
+    found: dict[str, dict[str, Any]] = {}
+    for owner, options in method_options.items():
+        name = owner.replace("-", "_").lower()
+        if name not in infos:
+            raise InputError(
+                f"options are given for {owner!r}, which is not a method of this run",
+                hint=f"this run's methods: {', '.join(infos)} (an option is METHOD.key=value)",
+            )
+        found[name] = dict(options)
+    for name, info in infos.items():
+        info.bind(found.get(name, {}))
+    return found
+
+
+def make_runs(spec: BenchSpec, about: Subject) -> list[Run]:
+    """Runs of the spec's methods on ``about`` (the random baseline once per seed), keyed by
+    :func:`~heedful.evaluate.store.run_key`."""
+    from heedful.attribution import get_method
+
+    method_options = check_options(spec.methods, spec.method_options)
     runs = []
     for name in spec.methods:
         info = get_method(name, None)
-        base = dict(spec.method_options.get(info.name, {}))
+        base = method_options.get(info.name, {})
         seeds: list[int | None] = [None]
         if info.stochastic:
             count = spec.protocol.random_seeds if info.family == "baseline" else 1
@@ -194,9 +192,16 @@ def make_runs(spec: BenchSpec, model_id: str, dataset_key: str) -> list[Run]:
             options = dict(base)
             if seed is not None:
                 options["seed"] = seed
-            key = RunKey(model_id, dataset_key, spec.split, info.name, options_hash(info.name, options, spec.protocol, spec.lm_word))
+            key = run_key(
+                about, info.name, options, label=spec.protocol.label, max_length=spec.protocol.max_length, lm_word=spec.lm_word
+            )
             runs.append(Run(info.name, info.name, options, key, seed))
     return runs
+
+
+def spec_subject(spec: BenchSpec, data) -> Subject:
+    """The spec's model on the whole split ``data`` of its dataset (labels and fingerprints)."""
+    return subject(spec.model, spec.dataset, spec.split, data, label=spec.model_label)
 
 
 def select_inputs(model, spec: BenchSpec, skipped: dict[str, int]) -> tuple[list[ModelInput], Any]:
@@ -239,18 +244,21 @@ def run_bench(
 ) -> BenchResult:
     """Run (or resume) a benchmark; see the module docstring. ``on_batch(stage, n)`` is called
     after each stored batch (``stage`` is ``"explain"`` or ``"evaluate"``)."""
-    import heedful
+    from heedful.attribution import get_method
 
+    if not isinstance(spec.model, Model):
+        raise InputError(f"the bench needs a loaded model, got {type(spec.model).__name__}", hint="pass heedful.load(name)")
     spec.protocol = get_protocol(spec.protocol)
     names = metric_names(spec.metrics)
     if spec.batch_size < 1:
         raise InputError(f"batch size must be positive, got {spec.batch_size}")
-    model = spec.model if isinstance(spec.model, heedful.Model) else heedful.load(spec.model)
+    model = spec.model
     task = model.task
     for name in names:
         check_metric(METRICS[name], task)
     for method in spec.methods:
-        heedful.get_method(method, task)  # unknown or unsupported methods fail before any work
+        get_method(method, task)  # unknown or unsupported methods fail before any work
+    check_options(spec.methods, spec.method_options)
     skipped: dict[str, int] = {}
     inputs, data = select_inputs(model, spec, skipped)
     if any(METRICS[n].family == "plausibility" for n in names) and not any(i.evidence_spans for i in inputs):
@@ -258,25 +266,28 @@ def run_bench(
             f"{spec.dataset} has no evidence, so plausibility metrics are undefined",
             hint="drop the plausibility metrics or use data with evidence",
         )
-    key_of_model = spec.model_key or (model_key(spec.model) if isinstance(spec.model, str) else model.name)
-    dataset_key = spec.dataset if not Path(spec.dataset).exists() else str(Path(spec.dataset).resolve())
+    about = spec_subject(spec, data)
+    runs = make_runs(spec, about)
     store = ResultsStore(spec.out)
     phash = spec.protocol.hash()
     store.put_protocol(phash, spec.protocol.name, spec.protocol.key_dict())
-    runs = make_runs(spec, key_of_model, dataset_key)
     ids = [i.id for i in inputs]
     by_id = {i.id: i for i in inputs}
+    notes = [note for note in [store.legacy_note()] if note]
+    current = {run.key.digest for run in runs}
     bar = _progress(console) if progress else None
     with bar if bar is not None else nullcontext():
         for run in runs:
-            _explain_missing(model, store, run, inputs, spec, bar, on_batch)
+            note = _explain_missing(model, store, run, inputs, spec, bar, on_batch, current)
+            if note:
+                notes.append(note)
         for run in runs:
             _evaluate_missing(model, store, run, ids, by_id, names, spec, phash, bar, on_batch)
     groups, x = collect(store, runs, ids, names, spec.protocol)
     store.close()
     return BenchResult(
         spec=spec,
-        model_name=key_of_model,
+        model_name=about.model,
         task=task,
         n_examples=len(inputs),
         skipped=skipped,
@@ -286,6 +297,7 @@ def run_bench(
         computed=dict(store.written),
         store_path=store.path,
         evidence_source=getattr(data, "evidence_source", None),
+        notes=notes,
     )
 
 
@@ -315,12 +327,18 @@ def _label(run: Run) -> str:
     return run.method if run.seed is None or run.group != "random" else f"{run.method} (seed {run.seed})"
 
 
-def _explain_missing(model, store: ResultsStore, run: Run, inputs: list[ModelInput], spec: BenchSpec, bar, on_batch) -> None:
+def _explain_missing(
+    model, store: ResultsStore, run: Run, inputs: list[ModelInput], spec: BenchSpec, bar, on_batch, current: Collection[str] = ()
+) -> str | None:
+    """Explain and store the inputs ``run`` has no stored explanation of; returns why stored
+    explanations of them under another key were not used (``None`` when there were none).
+    ``current``: the digests of this bench's runs (other seeds are not older versions)."""
     done = store.explanation_ids(run.key)
     todo = [i for i in inputs if i.id not in done]
     task_id = bar.add_task(f"explain  {_label(run)}", total=len(inputs), completed=len(inputs) - len(todo)) if bar else None
     if not todo:
-        return
+        return None
+    older = store.superseded(run.key, [i.id for i in todo], current)
     step = spec.batch_size * 4  # store every few model batches
     _reset_peak_rss()  # once per run: the store keeps the maximum over its parts
     for start in range(0, len(todo), step):
@@ -349,6 +367,7 @@ def _explain_missing(model, store: ResultsStore, run: Run, inputs: list[ModelInp
             bar.advance(task_id, len(part))
         if on_batch is not None:
             on_batch("explain", len(part))
+    return None if older is None else older.describe(_label(run))
 
 
 def _evaluate_missing(

@@ -1,85 +1,249 @@
-"""The results store: one SQLite file (stdlib ``sqlite3``) holding every per-example result.
+"""The results store: one SQLite file (stdlib ``sqlite3``) holding every per-example result,
+keyed by everything that decides it.
+
+Keys
+----
+A :class:`RunKey` is one setting of explanations: the method, its complete options (defaults
+included, runtime options such as chunk sizes left out), the method's ``version``, the
+fingerprints of the model (weights, config, tokenizer) and of the dataset split's content, the
+split, and the explanation setting (label choice, ``max_length``, language-model word). Its
+``digest`` keys every row. :func:`run_key` is the one place keys are built -- ``heedful bench``,
+``heedful rectify`` and the reproductions all call it -- so a changed default, a new method
+version, rebuilt weights or an edited CSV never meet an old row.
 
 Tables
 ------
+``runs``
+    digest -> the key in readable columns: model label (zoo name or folder path), dataset label,
+    split, method, options JSON, the options the caller gave, version, explanation setting and
+    fingerprints. A run that finds rows of the same model label, dataset, split and method under
+    another digest reads here why they were recomputed (:meth:`ResultsStore.superseded`).
 ``explanations``
-    key (model, dataset, split, example_id, method, options_hash) -> ``Explanation.to_json()``.
-    ``options_hash`` covers the method options (seed included), the target choice and
-    ``max_length`` -- everything that changes the explanation.
+    (run, example_id) -> ``Explanation.to_json()``.
 ``measurements``
-    key (..., options_hash, source, protocol_hash) -> raw perturbation measurements of one
-    example (``source`` = ``remove`` / ``keep`` / ``loo``) as JSON, so that a further metric on
-    the same curves needs no forward pass.
+    (run, source, protocol_hash, example_id) -> raw perturbation measurements of one example
+    (``source`` = ``remove`` / ``keep`` / ``loo``) as JSON, so that a further metric on the same
+    curves needs no forward pass.
 ``metrics``
-    key (..., options_hash, metric, protocol_hash) -> ``value``, ``curve`` (JSON list) and
-    ``extra`` (JSON) of one example.
+    (run, metric, protocol_hash, example_id) -> ``value``, ``curve`` (JSON list) and ``extra``
+    (JSON) of one example.
 ``costs``
-    per (model, dataset, split, method, options_hash): examples explained, seconds, forward and
-    backward passes, peak memory -- accumulated over interrupted runs.
+    per run: examples explained, seconds, forward and backward passes, peak memory --
+    accumulated over the interrupted runs of that key only.
 ``protocols``
     protocol_hash -> the protocol's fields (JSON), for reading a store without heedful's presets.
 
-Every write commits at once (WAL journal), so a run killed at any point loses at most the batch
-in flight, and the next run computes only what is missing.
+A store of schema 1 (heedful before method versions and fingerprints) opens without error: its
+tables are kept, renamed ``schema1_*``, and never read (:attr:`ResultsStore.legacy` counts their
+rows). Every write commits at once (WAL journal), so a run killed at any point loses at most the
+batch in flight, and the next run computes only what is missing.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import sqlite3
 import time
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from heedful.errors import HeedfulError
 from heedful.explanation import Explanation
+from heedful.fingerprint import DIGITS, ModelFingerprint, dataset_fingerprint, model_fingerprint
+from heedful.options import canonical_json
+
+if TYPE_CHECKING:
+    from heedful.datasets import Dataset
+    from heedful.model import Model
 
 FILE_NAME = "results.sqlite"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS info (key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE IF NOT EXISTS runs (
+    run TEXT, model TEXT, dataset TEXT, split TEXT, method TEXT, options TEXT, given TEXT,
+    version INTEGER, setting TEXT, model_fingerprint TEXT, model_parts TEXT, dataset_fingerprint TEXT,
+    created REAL, PRIMARY KEY (run, model, dataset));
 CREATE TABLE IF NOT EXISTS explanations (
-    model TEXT, dataset TEXT, split TEXT, example_id TEXT, method TEXT, options_hash TEXT,
-    explanation TEXT NOT NULL, created REAL,
-    PRIMARY KEY (model, dataset, split, method, options_hash, example_id));
+    run TEXT, example_id TEXT, explanation TEXT NOT NULL, created REAL,
+    PRIMARY KEY (run, example_id));
 CREATE TABLE IF NOT EXISTS measurements (
-    model TEXT, dataset TEXT, split TEXT, example_id TEXT, method TEXT, options_hash TEXT,
-    source TEXT, protocol_hash TEXT, data TEXT NOT NULL, created REAL,
-    PRIMARY KEY (model, dataset, split, method, options_hash, source, protocol_hash, example_id));
+    run TEXT, example_id TEXT, source TEXT, protocol_hash TEXT, data TEXT NOT NULL, created REAL,
+    PRIMARY KEY (run, source, protocol_hash, example_id));
 CREATE TABLE IF NOT EXISTS metrics (
-    model TEXT, dataset TEXT, split TEXT, example_id TEXT, method TEXT, options_hash TEXT,
-    metric TEXT, protocol_hash TEXT, value REAL, curve TEXT, extra TEXT, created REAL,
-    PRIMARY KEY (model, dataset, split, method, options_hash, metric, protocol_hash, example_id));
+    run TEXT, example_id TEXT, metric TEXT, protocol_hash TEXT, value REAL, curve TEXT, extra TEXT,
+    created REAL, PRIMARY KEY (run, metric, protocol_hash, example_id));
 CREATE TABLE IF NOT EXISTS costs (
-    model TEXT, dataset TEXT, split TEXT, method TEXT, options_hash TEXT,
-    examples INTEGER, seconds REAL, forward REAL, backward REAL, peak_mb REAL,
-    PRIMARY KEY (model, dataset, split, method, options_hash));
+    run TEXT PRIMARY KEY, examples INTEGER, seconds REAL, forward REAL, backward REAL, peak_mb REAL);
 CREATE TABLE IF NOT EXISTS protocols (protocol_hash TEXT PRIMARY KEY, name TEXT, fields TEXT);
 """
+
+_SCHEMA1_TABLES = ("explanations", "measurements", "metrics", "costs")
+"""Tables whose rows schema 2 keys differently (a schema-1 store keeps them as ``schema1_<name>``)."""
+_LEGACY_ROWS = {"explanations": "explanations", "measurements": "curve records", "metrics": "metric values"}
+LEGACY_REASON = "written by an older heedful without method versions or fingerprints"
+
+
+# ---------------------------------------------------------------------------- keys
+@dataclass(frozen=True)
+class Subject:
+    """What runs explain: a loaded model and a dataset split, each by a readable label (zoo name
+    or folder path; dataset name or file path) and by the fingerprint of its content."""
+
+    model: str
+    model_fingerprint: ModelFingerprint
+    dataset: str
+    dataset_fingerprint: str
+    split: str
+
+
+def model_label(model: Model) -> str:
+    """How a model is named in the store: its zoo name, its folder's absolute path, or else the
+    name it was loaded by (a hub id, or the name given to :func:`heedful.from_pretrained_objects`)."""
+    if model.info.get("name") == model.name:  # a zoo model (heedful.load keeps its zoo entry)
+        return model.name
+    folder = Path(model.name).expanduser()
+    return str(folder.resolve()) if folder.is_dir() else model.name
+
+
+def dataset_label(dataset: str) -> str:
+    """How a dataset is named in the store: a file's absolute path, else its name."""
+    return str(Path(dataset).resolve()) if Path(dataset).exists() else dataset
+
+
+def subject(
+    model: Model,
+    dataset: str,
+    split: str,
+    data: Dataset | None = None,
+    *,
+    label: str | None = None,
+    dataset_options: Mapping[str, Any] | None = None,
+) -> Subject:
+    """The :class:`Subject` of ``model`` on ``dataset``'s ``split``. ``data``: the whole split as
+    loaded (loaded here with ``dataset_options`` when not given); ``label``: the model's label
+    (default :func:`model_label`)."""
+    if data is None:
+        from heedful import datasets
+
+        data = datasets.load(dataset, split, None, **dict(dataset_options or {}))
+    return Subject(label or model_label(model), model_fingerprint(model), dataset_label(dataset), dataset_fingerprint(data), split)
 
 
 @dataclass(frozen=True)
 class RunKey:
-    """Which explanations: a method (with options) on a split of a dataset, for a model."""
+    """Which explanations: a method with its complete options and version, for a model and a
+    dataset split (labels and fingerprints), under an explanation setting. Build it with
+    :func:`run_key`. ``options`` and ``setting`` are canonical JSON; ``given`` names the options
+    the caller set (the rest were defaults), for saying why rows were recomputed."""
 
     model: str
     dataset: str
     split: str
     method: str
-    options_hash: str
+    options: str
+    version: int
+    model_fingerprint: ModelFingerprint
+    dataset_fingerprint: str
+    setting: str
+    given: tuple[str, ...] = field(default=(), compare=False)
 
-    @property
-    def values(self) -> tuple[str, str, str, str, str]:
-        return (self.model, self.dataset, self.split, self.method, self.options_hash)
+    @cached_property
+    def digest(self) -> str:
+        """What rows are keyed by: everything above that decides the result (labels and
+        ``given`` are readable only, so the same model reached by another name shares rows)."""
+        identity = {
+            "method": self.method,
+            "options": self.options,
+            "version": self.version,
+            "model": self.model_fingerprint.digest,
+            "dataset": self.dataset_fingerprint,
+            "split": self.split,
+            "setting": self.setting,
+        }
+        return hashlib.sha256(canonical_json(identity).encode()).hexdigest()[:DIGITS]
+
+    def changes(self, before: RunKey) -> list[str]:
+        """Why ``before``'s explanations do not serve this key, in words
+        (``["default n_steps 50 -> 40", "model weights changed"]``)."""
+        found = []
+        if before.version != self.version:
+            found.append(f"method version {before.version} -> {self.version}")
+        old, new = json.loads(before.options), json.loads(self.options)
+        for name in dict.fromkeys([*new, *old]):
+            if old.get(name, _ABSENT) != new.get(name, _ABSENT):
+                default = name not in self.given and name not in before.given
+                found.append(f"{'default ' if default else ''}{name} {_shown(old, name)} -> {_shown(new, name)}")
+        found += self.model_fingerprint.changes(before.model_fingerprint)
+        if before.dataset_fingerprint != self.dataset_fingerprint:
+            found.append("dataset changed")
+        old, new = json.loads(before.setting), json.loads(self.setting)
+        found += [f"{k} {_shown(old, k)} -> {_shown(new, k)}" for k in dict.fromkeys([*new, *old]) if old.get(k) != new.get(k)]
+        return found
 
 
-_WHERE = "model=? AND dataset=? AND split=? AND method=? AND options_hash=?"
+_ABSENT = object()
 
 
+def _shown(values: dict[str, Any], name: str, width: int = 40) -> str:
+    if name not in values:
+        return "(absent)"
+    text = json.dumps(values[name])
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def run_key(
+    subject: Subject,
+    method: str,
+    options: Mapping[str, Any] | None = None,
+    *,
+    label: str = "predicted",
+    max_length: int | None = None,
+    lm_word: str = "target",
+) -> RunKey:
+    """The key of ``method`` run with ``options`` (the caller's; bound here, so defaults enter
+    the key and bad options fail with an :class:`~heedful.InputError`) on ``subject``, explaining
+    the ``label`` choice (``"predicted"`` / ``"gold"``) with inputs cut to ``max_length`` tokens
+    (``lm_word``: which word of language-model data is explained)."""
+    from heedful.attribution import get_method
+
+    info = get_method(method)
+    given = dict(options or {})
+    return RunKey(
+        model=subject.model,
+        dataset=subject.dataset,
+        split=subject.split,
+        method=info.name,
+        options=canonical_json(info.key_options(info.bind(given))),
+        version=info.version,
+        model_fingerprint=subject.model_fingerprint,
+        dataset_fingerprint=subject.dataset_fingerprint,
+        setting=canonical_json({"label": label, "max_length": max_length, "lm_word": lm_word}),
+        given=tuple(sorted(given)),
+    )
+
+
+@dataclass(frozen=True)
+class Superseded:
+    """Stored explanations of another key that a run recomputes: ``count`` of the run's examples
+    were explained under ``before``; ``reasons`` say what changed."""
+
+    count: int
+    before: RunKey
+    reasons: list[str]
+
+    def describe(self, label: str) -> str:
+        """``integrated_gradients: 200 explanations recomputed (default n_steps 50 -> 40)``."""
+        return f"{label}: {self.count} explanations recomputed ({', '.join(self.reasons) or 'key changed'})"
+
+
+# ---------------------------------------------------------------------------- JSON
 def _json(value: Any) -> str:
     """JSON with NaN / inf written as null (valid JSON for any reader)."""
 
@@ -106,14 +270,16 @@ def _nan(value: Any) -> Any:
     return value
 
 
+# ---------------------------------------------------------------------------- the store
 class ResultsStore:
     """A results store in ``folder/results.sqlite`` (or at a ``.sqlite`` file path).
 
     ``written`` counts rows written by this object per table -- a resumed run that finds
-    everything stored writes none.
+    everything stored writes none. ``legacy`` counts the rows of a schema-1 store that are kept
+    but never read (table -> rows).
 
     >>> store = ResultsStore(tmp_path)                                      # doctest: +SKIP
-    >>> store.explanation_ids(RunKey("m", "movies", "test", "saliency", "0" * 16))  # doctest: +SKIP
+    >>> store.explanation_ids(run_key(subject(model, "movies", "test"), "saliency"))  # doctest: +SKIP
     set()
     """
 
@@ -128,19 +294,50 @@ class ResultsStore:
         try:
             self.db = sqlite3.connect(path, timeout=60)
             self.db.execute("PRAGMA journal_mode=WAL")
-            self.db.executescript(_SCHEMA)
-            row = self.db.execute("SELECT value FROM info WHERE key='schema'").fetchone()
-            if row is None:
-                self.db.execute("INSERT INTO info VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
-            elif int(row[0]) != SCHEMA_VERSION:
-                raise HeedfulError(
-                    f"{path} was written by another version of heedful (schema {row[0]})",
-                    hint="use a new --out folder",
-                )
-            self.db.commit()
+            self._open_schema()
         except sqlite3.DatabaseError as exc:
             raise HeedfulError(f"cannot open the results store {path}: {exc}", hint="use a new --out folder") from exc
+        self.legacy = self._legacy_counts()
         self.written = {"explanations": 0, "measurements": 0, "metrics": 0}
+        self._registered: set[tuple[str, str, str]] = set()
+
+    def _open_schema(self) -> None:
+        """Create schema 2; a schema-1 store's tables are renamed ``schema1_*`` first (one
+        transaction, so two processes opening it at once migrate it once)."""
+        self.db.execute("BEGIN IMMEDIATE")
+        self.db.execute("CREATE TABLE IF NOT EXISTS info (key TEXT PRIMARY KEY, value TEXT)")
+        row = self.db.execute("SELECT value FROM info WHERE key='schema'").fetchone()
+        found = SCHEMA_VERSION if row is None else int(row[0])
+        if found > SCHEMA_VERSION:
+            self.db.rollback()
+            raise HeedfulError(
+                f"{self.path} was written by a newer heedful (schema {found})",
+                hint="upgrade heedful or use a new --out folder",
+            )
+        if found < SCHEMA_VERSION:
+            present = self._tables()
+            for table in (t for t in _SCHEMA1_TABLES if t in present):
+                self.db.execute(f"ALTER TABLE {table} RENAME TO schema1_{table}")
+        for statement in _SCHEMA.split(";"):
+            if statement.strip():
+                self.db.execute(statement)
+        self.db.execute("INSERT OR REPLACE INTO info VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+        self.db.commit()
+
+    def _tables(self) -> set[str]:
+        return {r[0] for r in self.db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+
+    def _legacy_counts(self) -> dict[str, int]:
+        tables = self._tables()
+        counts = {t: self.db.execute(f"SELECT COUNT(*) FROM schema1_{t}").fetchone()[0] for t in _LEGACY_ROWS if f"schema1_{t}" in tables}
+        return {t: n for t, n in counts.items() if n}
+
+    def legacy_note(self) -> str | None:
+        """What a schema-1 store holds that is left unused, and why (``None`` when nothing)."""
+        parts = [f"{n} {_LEGACY_ROWS[t]}" for t, n in self.legacy.items()]
+        if not parts:
+            return None
+        return f"{self.path}: {', '.join(parts)} left unused ({LEGACY_REASON})"
 
     def close(self) -> None:
         self.db.close()
@@ -151,24 +348,73 @@ class ResultsStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    # ------------------------------------------------------------------ runs
+    def _register(self, key: RunKey) -> None:
+        """Record ``key``'s readable columns (once per digest and labels)."""
+        ident = (key.digest, key.model, key.dataset)
+        if ident in self._registered:
+            return
+        fp = key.model_fingerprint
+        with self.db:
+            self.db.execute(
+                "INSERT OR IGNORE INTO runs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (
+                    key.digest, key.model, key.dataset, key.split, key.method, key.options, json.dumps(list(key.given)),
+                    key.version, key.setting, fp.digest, json.dumps(fp.to_dict()), key.dataset_fingerprint, time.time(),
+                ),
+            )
+        self._registered.add(ident)
+
+    def _key(self, row: Sequence[Any]) -> RunKey:
+        model, dataset, split, method, options, given, version, setting, parts, data_fp = row
+        return RunKey(
+            model, dataset, split, method, options, int(version), ModelFingerprint.from_dict(json.loads(parts)),
+            data_fp, setting, tuple(json.loads(given)),
+        )
+
+    def superseded(self, key: RunKey, ids: Collection[str], current: Collection[str] = ()) -> Superseded | None:
+        """Explanations of ``ids`` stored for the same model label, dataset, split and method
+        under another key (not ``key`` and none of the ``current`` digests of this run): the
+        closest such key (fewest changes, then the latest written) and why it differs."""
+        wanted = set(ids)
+        if not wanted:
+            return None
+        rows = self.db.execute(
+            "SELECT run, model, dataset, split, method, options, given, version, setting, model_parts, dataset_fingerprint"
+            " FROM runs WHERE model=? AND dataset=? AND split=? AND method=?",
+            (key.model, key.dataset, key.split, key.method),
+        ).fetchall()
+        skip = {key.digest, *current}
+        best: tuple[tuple[int, float], Superseded] | None = None
+        for run, *rest in rows:
+            if run in skip:
+                continue
+            found = self.db.execute("SELECT example_id, created FROM explanations WHERE run=?", (run,)).fetchall()
+            count = sum(1 for ident, _ in found if ident in wanted)
+            if not count:
+                continue
+            before = self._key(rest)
+            reasons = key.changes(before)
+            rank = (len(reasons), -max(created for _, created in found))
+            if best is None or rank < best[0]:
+                best = (rank, Superseded(count, before, reasons))
+        return None if best is None else best[1]
+
     # ------------------------------------------------------------------ explanations
     def explanation_ids(self, key: RunKey) -> set[str]:
-        rows = self.db.execute(f"SELECT example_id FROM explanations WHERE {_WHERE}", key.values)
+        rows = self.db.execute("SELECT example_id FROM explanations WHERE run=?", (key.digest,))
         return {r[0] for r in rows}
 
     def put_explanations(self, key: RunKey, items: Iterable[tuple[str, Explanation]]) -> None:
+        self._register(key)
         now = time.time()
-        rows = [(*key.values[:3], ident, *key.values[3:], expl.to_json(), now) for ident, expl in items]
+        rows = [(key.digest, ident, expl.to_json(), now) for ident, expl in items]
         with self.db:
-            self.db.executemany(
-                "INSERT OR REPLACE INTO explanations (model, dataset, split, example_id, method, options_hash,"
-                " explanation, created) VALUES (?,?,?,?,?,?,?,?)",
-                rows,
-            )
+            self.db.executemany("INSERT OR REPLACE INTO explanations VALUES (?,?,?,?)", rows)
         self.written["explanations"] += len(rows)
 
     def get_explanations(self, key: RunKey, ids: Sequence[str] | None = None) -> dict[str, Explanation]:
-        rows = self.db.execute(f"SELECT example_id, explanation FROM explanations WHERE {_WHERE}", key.values)
+        rows = self.db.execute("SELECT example_id, explanation FROM explanations WHERE run=?", (key.digest,))
         wanted = None if ids is None else set(ids)
         return {
             ident: Explanation.from_dict(json.loads(text))
@@ -179,26 +425,23 @@ class ResultsStore:
     # ------------------------------------------------------------------ raw measurements
     def measurement_ids(self, key: RunKey, source: str, protocol_hash: str) -> set[str]:
         rows = self.db.execute(
-            f"SELECT example_id FROM measurements WHERE {_WHERE} AND source=? AND protocol_hash=?",
-            (*key.values, source, protocol_hash),
+            "SELECT example_id FROM measurements WHERE run=? AND source=? AND protocol_hash=?",
+            (key.digest, source, protocol_hash),
         )
         return {r[0] for r in rows}
 
     def put_measurements(self, key: RunKey, source: str, protocol_hash: str, items: Iterable[tuple[str, dict]]) -> None:
+        self._register(key)
         now = time.time()
-        rows = [(*key.values[:3], ident, *key.values[3:], source, protocol_hash, _json(data), now) for ident, data in items]
+        rows = [(key.digest, ident, source, protocol_hash, _json(data), now) for ident, data in items]
         with self.db:
-            self.db.executemany(
-                "INSERT OR REPLACE INTO measurements (model, dataset, split, example_id, method, options_hash,"
-                " source, protocol_hash, data, created) VALUES (?,?,?,?,?,?,?,?,?,?)",
-                rows,
-            )
+            self.db.executemany("INSERT OR REPLACE INTO measurements VALUES (?,?,?,?,?,?)", rows)
         self.written["measurements"] += len(rows)
 
     def get_measurements(self, key: RunKey, source: str, protocol_hash: str, ids: Sequence[str] | None = None) -> dict[str, dict]:
         rows = self.db.execute(
-            f"SELECT example_id, data FROM measurements WHERE {_WHERE} AND source=? AND protocol_hash=?",
-            (*key.values, source, protocol_hash),
+            "SELECT example_id, data FROM measurements WHERE run=? AND source=? AND protocol_hash=?",
+            (key.digest, source, protocol_hash),
         )
         wanted = None if ids is None else set(ids)
         return {
@@ -210,8 +453,8 @@ class ResultsStore:
     # ------------------------------------------------------------------ metric values
     def metric_ids(self, key: RunKey, metric: str, protocol_hash: str) -> set[str]:
         rows = self.db.execute(
-            f"SELECT example_id FROM metrics WHERE {_WHERE} AND metric=? AND protocol_hash=?",
-            (*key.values, metric, protocol_hash),
+            "SELECT example_id FROM metrics WHERE run=? AND metric=? AND protocol_hash=?",
+            (key.digest, metric, protocol_hash),
         )
         return {r[0] for r in rows}
 
@@ -223,10 +466,11 @@ class ResultsStore:
         items: Iterable[tuple[str, float, Sequence[float] | None, dict | None]],
     ) -> None:
         """Store ``(example_id, value, curve, extra)`` rows of one metric."""
+        self._register(key)
         now = time.time()
         rows = [
             (
-                *key.values[:3], ident, *key.values[3:], metric, protocol_hash,
+                key.digest, ident, metric, protocol_hash,
                 float(value) if value is not None and math.isfinite(value) else None,
                 None if curve is None else _json(list(curve)),
                 None if extra is None else _json(extra),
@@ -235,11 +479,7 @@ class ResultsStore:
             for ident, value, curve, extra in items
         ]
         with self.db:
-            self.db.executemany(
-                "INSERT OR REPLACE INTO metrics (model, dataset, split, example_id, method, options_hash, metric,"
-                " protocol_hash, value, curve, extra, created) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-                rows,
-            )
+            self.db.executemany("INSERT OR REPLACE INTO metrics VALUES (?,?,?,?,?,?,?,?)", rows)
         self.written["metrics"] += len(rows)
 
     def get_metrics(
@@ -247,8 +487,8 @@ class ResultsStore:
     ) -> dict[str, tuple[float, list[float] | None, dict | None]]:
         """``example_id -> (value, curve, extra)`` (NaN for undefined values)."""
         rows = self.db.execute(
-            f"SELECT example_id, value, curve, extra FROM metrics WHERE {_WHERE} AND metric=? AND protocol_hash=?",
-            (*key.values, metric, protocol_hash),
+            "SELECT example_id, value, curve, extra FROM metrics WHERE run=? AND metric=? AND protocol_hash=?",
+            (key.digest, metric, protocol_hash),
         )
         wanted = None if ids is None else set(ids)
         found = {}
@@ -273,22 +513,21 @@ class ResultsStore:
 
     # ------------------------------------------------------------------ costs and protocols
     def add_cost(self, key: RunKey, examples: int, seconds: float, forward: float, backward: float, peak_mb: float) -> None:
+        """Add to ``key``'s cost record (interrupted runs of one key add up; another key -- a
+        recomputation -- starts its own record)."""
+        self._register(key)
         with self.db:
-            row = self.db.execute(f"SELECT examples, seconds, forward, backward, peak_mb FROM costs WHERE {_WHERE}", key.values).fetchone()
-            if row is not None:
-                examples += row[0]
-                seconds += row[1]
-                forward += row[2]
-                backward += row[3]
-                peak_mb = max(peak_mb, row[4] or 0.0)
             self.db.execute(
-                "INSERT OR REPLACE INTO costs VALUES (?,?,?,?,?,?,?,?,?,?)",
-                (*key.values, examples, seconds, forward, backward, peak_mb),
+                "INSERT INTO costs VALUES (?,?,?,?,?,?) ON CONFLICT (run) DO UPDATE SET"
+                " examples = examples + excluded.examples, seconds = seconds + excluded.seconds,"
+                " forward = forward + excluded.forward, backward = backward + excluded.backward,"
+                " peak_mb = max(coalesce(peak_mb, 0), excluded.peak_mb)",
+                (key.digest, examples, seconds, forward, backward, peak_mb),
             )
 
     def cost(self, key: RunKey) -> dict[str, float] | None:
         """Totals for a run: examples, seconds, forward / backward passes, peak memory (MB)."""
-        row = self.db.execute(f"SELECT examples, seconds, forward, backward, peak_mb FROM costs WHERE {_WHERE}", key.values).fetchone()
+        row = self.db.execute("SELECT examples, seconds, forward, backward, peak_mb FROM costs WHERE run=?", (key.digest,)).fetchone()
         if row is None:
             return None
         return dict(zip(("examples", "seconds", "forward", "backward", "peak_mb"), row, strict=True))

@@ -19,8 +19,9 @@ Any registered attribution method works (``methods``), so the co-perturbation in
 compared with other attributions -- and with the ``random`` baseline, which says how many errors
 erasing that many arbitrary tokens fixes. Explanations are computed with
 :meth:`heedful.Model.explain` a batch of error examples at a time, and can be kept in (and
-reused from) a :class:`~heedful.evaluate.store.ResultsStore`, keyed as :func:`heedful.evaluate.
-bench.run_bench` keys them, so a benchmark run and a rectification run share their work.
+reused from) a :class:`~heedful.evaluate.store.ResultsStore`, keyed by :func:`heedful.evaluate.
+store.run_key` as :func:`heedful.evaluate.bench.run_bench` keys them, so a benchmark run and a
+rectification run share their work.
 """
 
 from __future__ import annotations
@@ -77,7 +78,8 @@ class MethodGain:
 class Rectification:
     """What :func:`rectify` found. ``n_total`` examples were classified, ``correct`` of them
     correctly; ``error_ids`` / ``gold`` / ``predicted`` describe the ``n_errors`` others. Gains
-    are derived (see :meth:`error_gain`, :meth:`accuracy_after`)."""
+    are derived (see :meth:`error_gain`, :meth:`accuracy_after`). ``notes``: what the results
+    store held that could not be used, and why."""
 
     model: str
     dataset: str
@@ -92,6 +94,7 @@ class Rectification:
     removal: str = "auto"
     max_length: int | None = None
     skipped: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def n_errors(self) -> int:
@@ -187,7 +190,7 @@ def scores_tensor(explanations: Sequence[Explanation], batch: Batch) -> torch.Te
 
 # ----------------------------------------------------------------------------- the runner
 def rectify(
-    model: Model | str,
+    model: Model,
     dataset: str = "movies",
     methods: Sequence[str] = ("coperturbation",),
     ratios: Sequence[float] = (DEFAULT_RATIO,),
@@ -200,7 +203,7 @@ def rectify(
     removal: str = "auto",
     max_length: int | None = None,
     store: Path | str | None = None,
-    model_key: str | None = None,
+    model_label: str | None = None,
     progress: Progress | None = None,
 ) -> Rectification:
     """Rectify ``model``'s errors on the first ``n`` examples of ``dataset``'s ``split`` by
@@ -209,15 +212,19 @@ def rectify(
     ``method_options``: per-method options (``{"integrated_gradients": {"n_steps": 20}}``);
     stochastic methods also get ``seed``. ``store``: a results-store folder; explanations are
     read from it and new ones written to it, under the keys :func:`~heedful.evaluate.bench.
-    run_bench` uses for the predicted label and ``max_length`` (``model_key``: how the model is
-    named there; default as the bench names it). ``progress(method, k, total)`` is called after
-    each batch of ``k`` of the ``total`` error examples.
+    run_bench` uses for the predicted label and ``max_length`` (``model_label``: how the model is
+    named there and in the result; default its folder path or the name it was loaded by).
+    ``progress(method, k, total)`` is called after each batch of ``k`` of the ``total`` error
+    examples.
     """
-    import heedful
     from heedful import datasets
+    from heedful.attribution import get_method
     from heedful.evaluate.evaluation import model_inputs
+    from heedful.evaluate.store import model_label as label_of
 
-    loaded = model if isinstance(model, Model) else heedful.load(model)
+    if not isinstance(model, Model):
+        raise InputError(f"rectify needs a loaded model, got {type(model).__name__}", hint="pass heedful.load(name)")
+    loaded = model
     if loaded.task != "classification":
         raise InputError(
             f"rectification needs a classifier; {loaded.name} is a {loaded.task} model",
@@ -230,12 +237,18 @@ def rectify(
         raise InputError(f"erasure ratios must lie in (0, 1], got {ratios}")
     if batch_size < 1:
         raise InputError(f"batch size must be positive, got {batch_size}")
-    infos = [heedful.get_method(name, loaded.task) for name in methods]  # fail before any work
+    infos = [get_method(name, loaded.task) for name in methods]  # fail before any work
     if not infos:
         raise InputError("no method given")
-    method_options = method_options or {}
+    options = {}
+    for info in infos:
+        options[info.name] = dict((method_options or {}).get(info.name, {}))
+        if info.stochastic:
+            options[info.name].setdefault("seed", seed)
+        info.bind(options[info.name])  # bad options fail before any work
 
-    data = datasets.load(dataset, split, n)
+    whole = datasets.load(dataset, split)  # the store keys the whole split's content, whatever n
+    data = whole.head(n)
     skipped: dict[str, int] = {}
     inputs = [i for i in model_inputs(data, loaded.adapter, "predicted", skipped) if i.gold_class >= 0]
     dropped = len(data) - len(inputs) - sum(skipped.values())
@@ -256,7 +269,7 @@ def rectify(
     wrong = np.flatnonzero(predicted != gold)
     errors = [inputs[k] for k in wrong]
     result = Rectification(
-        model=loaded.name if model_key is None else model_key,
+        model=model_label or label_of(loaded),
         dataset=dataset,
         split=split,
         ratios=ratios,
@@ -271,14 +284,12 @@ def rectify(
     )
     results_store, keys = None, {}
     if store is not None:
-        results_store, keys = _open_store(store, loaded, model, model_key, dataset, split, infos, method_options, seed, max_length)
+        results_store, keys = _open_store(store, loaded, result.model, dataset, split, whole, options, max_length)
+        result.notes += [note for note in [results_store.legacy_note()] if note]
     try:
         for info in infos:
-            options = dict(method_options.get(info.name, {}))
-            if info.stochastic:
-                options.setdefault("seed", seed)
             result.methods[info.name] = _run_method(
-                loaded, info.name, options, errors, result, batch_size, results_store, keys.get(info.name), progress
+                loaded, info.name, options[info.name], errors, result, batch_size, results_store, keys.get(info.name), progress
             )
     finally:
         if results_store is not None:
@@ -286,21 +297,13 @@ def rectify(
     return result
 
 
-def _open_store(store, loaded, model, model_key, dataset, split, infos, method_options, seed, max_length):
-    from heedful.evaluate.bench import model_key as bench_model_key
-    from heedful.evaluate.bench import options_hash
-    from heedful.evaluate.protocol import get_protocol
-    from heedful.evaluate.store import ResultsStore, RunKey
+def _open_store(store, model: Model, label: str, dataset: str, split: str, whole, options: dict[str, dict], max_length):
+    """The results store and each method's key there: the predicted label explained, inputs cut
+    to ``max_length`` -- as :func:`~heedful.evaluate.bench.run_bench` keys them."""
+    from heedful.evaluate.store import ResultsStore, run_key, subject
 
-    protocol = get_protocol("default", max_length=max_length)  # only label and max_length enter the key
-    name = model_key or (bench_model_key(model) if isinstance(model, str) else loaded.name)
-    dataset_key = dataset if not Path(dataset).exists() else str(Path(dataset).resolve())
-    keys = {}
-    for info in infos:
-        options = dict(method_options.get(info.name, {}))
-        if info.stochastic:
-            options.setdefault("seed", seed)
-        keys[info.name] = RunKey(name, dataset_key, split, info.name, options_hash(info.name, options, protocol))
+    about = subject(model, dataset, split, whole, label=label)
+    keys = {name: run_key(about, name, opts, label="predicted", max_length=max_length) for name, opts in options.items()}
     return ResultsStore(store), keys
 
 
@@ -309,6 +312,11 @@ def _run_method(model, method, options, errors, result, batch_size, store, key, 
     predictions = np.zeros((rows, len(result.ratios)), dtype=np.int64)
     erased = np.zeros((rows, len(result.ratios)), dtype=np.int64)
     seconds, reused = 0.0, 0
+    if store is not None:
+        done = store.explanation_ids(key)
+        older = store.superseded(key, [e.id for e in errors if e.id not in done])
+        if older is not None:
+            result.notes.append(older.describe(method))
     for start in range(0, rows, batch_size):
         part = errors[start : start + batch_size]
         pairs = [e.text_pair for e in part]

@@ -364,32 +364,38 @@ def default_head_mask(
     limit: int | None = None,
     refresh: bool = False,
 ) -> HeadMask:
-    """The model's Mask-LRP head mask, cached at ``heedful_home()/head_masks/<model>.json``.
+    """The model's Mask-LRP head mask from the first ``limit`` texts of ``dataset``'s ``split``
+    (movie-review snippets, train split by default: the data the zoo's sentiment models were
+    fine-tuned on), selected with thresholds ``xi_synt``, ``xi_pos``, ``include_self``.
 
-    Computed the first time from the ``dataset`` ``split`` (movie-review snippets, train split by
-    default: the data the zoo's sentiment models were fine-tuned on) with a progress bar on
-    stderr; later calls read the cache (re-selecting from the cached statistics when other
-    thresholds are asked for).
+    Cached at :func:`~heedful.lrp.masks.cache_path`, keyed by the model's fingerprint and the
+    data settings, so another model -- even one wrapped under the same name -- or a rebuilt one
+    never gets this mask. Computed the first time with a progress bar on stderr; later calls read
+    the cache, re-selecting from its statistics when other thresholds are asked for.
     """
     import sys
 
     from tqdm import tqdm
 
     from heedful.datasets import load_split
+    from heedful.fingerprint import model_fingerprint
     from heedful.lrp.masks import cache_path
 
-    path = cache_path(adapter.name)
+    path = cache_path(adapter, dataset=dataset, split=split, limit=limit)
     shape = (adapter.num_layers, adapter.config.num_attention_heads)
+    wanted = (xi_synt, xi_pos, include_self)
     if path.is_file() and not refresh:
         cached = HeadMask.load(path)
-        if cached.shape == shape and cached.meta.get("dataset") == dataset:
-            wanted = (xi_synt, xi_pos, include_self)
+        if cached.shape == shape:
             if (cached.meta.get("xi_synt"), cached.meta.get("xi_pos"), cached.meta.get("include_self")) == wanted:
                 return cached
             if cached.statistics is not None:
                 return HeadStatistics.from_dict(cached.statistics, cached.meta).select(*wanted)
     texts = load_split(dataset, split)["text"].tolist()[:limit]
-    meta = {"model": adapter.name, "dataset": dataset, "split": split, "parser": PARSER}
+    meta = {
+        "model": adapter.name, "fingerprint": model_fingerprint(adapter).digest,
+        "dataset": dataset, "split": split, "limit": limit, "parser": PARSER,
+    }
     label = f"{dataset} {split}"
     with tqdm(total=len(texts), desc=f"parsing {label} (once)", file=sys.stderr, disable=None, leave=False) as bar:
         arcs = cached_arcs(texts, f"{dataset}-{split}", progress=bar.update)
@@ -397,6 +403,6 @@ def default_head_mask(
         total=len(texts), desc=f"head statistics of {adapter.name} on {label} (once)", file=sys.stderr, disable=None, leave=False
     ) as bar:
         stats = head_statistics(adapter, texts, arcs=arcs, progress=bar.update, meta=meta)
-    mask = stats.select(xi_synt, xi_pos, include_self)
+    mask = stats.select(*wanted)
     mask.save(path)
     return mask

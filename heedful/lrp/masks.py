@@ -11,6 +11,7 @@ the unselected heads switched on), :func:`without_positional`, :func:`without_sy
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import dataclass, field, replace
@@ -175,10 +176,23 @@ def ablate(mask: HeadMask, kind: str, seed: int = 0, rate: float = 0.1) -> HeadM
 
 
 # ---------------------------------------------------------------------- cache / options
-def cache_path(model_name: str) -> Path:
-    """Where the default mask of ``model_name`` is cached: ``heedful_home()/head_masks/<name>.json``."""
-    safe = re.sub(r"[^A-Za-z0-9._-]+", "__", model_name.strip("/")) or "model"
-    return heedful_home() / "head_masks" / f"{safe}.json"
+def cache_path(adapter: Any, *, dataset: str = "movies", split: str = "train", limit: int | None = None) -> Path:
+    """Where the default mask of a loaded model (its adapter, or a :class:`heedful.Model`) computed
+    from the first ``limit`` texts of ``dataset``'s ``split`` is cached:
+    ``heedful_home()/head_masks/<name>-<key>.json``, the key hashing the model's fingerprint
+    (weights, config, tokenizer) and those settings -- so two models wrapped under one name, or a
+    rebuilt model, never share a mask. The file keeps the head statistics, from which masks of
+    other thresholds are selected."""
+    from heedful.fingerprint import DIGITS, model_fingerprint
+    from heedful.options import canonical_json
+
+    adapter = getattr(adapter, "adapter", adapter)
+    if isinstance(adapter, str | Path):
+        raise TypeError("cache_path takes the loaded model, not its name: the cache is keyed by its fingerprint")
+    settings = {"model": model_fingerprint(adapter).digest, "dataset": dataset, "split": split, "limit": limit}
+    digest = hashlib.sha256(canonical_json(settings).encode()).hexdigest()[:DIGITS]
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "__", str(adapter.name).strip("/")) or "model"
+    return heedful_home() / "head_masks" / f"{safe[-80:]}-{digest}.json"
 
 
 def as_head_mask(value: Any) -> HeadMask:

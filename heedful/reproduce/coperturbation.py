@@ -129,8 +129,9 @@ def write(out_dir: Path, settings: ReportSettings) -> Path:
 
     import heedful
     from heedful.evaluate import get_protocol
-    from heedful.evaluate.bench import BenchSpec, model_key, run_bench
+    from heedful.evaluate.bench import BenchSpec, run_bench
     from heedful.evaluate.report import plot_curves
+    from heedful.evaluate.store import subject
     from heedful.interest import lambda_sweep, layer_map
     from heedful.interest import rectify as rect
     from heedful.interest.plots import plot_lambda_sweep, plot_layer_map
@@ -179,18 +180,19 @@ def write(out_dir: Path, settings: ReportSettings) -> Path:
     rect_results: dict[str, rect.Rectification] = {}
     bench_results: dict[str, Any] = {}
     files: dict[str, Path] = {}
+    costs: dict[str, dict[str, dict]] = {}
     for name in models:
         began = time.perf_counter()
         say(f"loading {name}")
         model = heedful.load(name)
-        key = model_key(name)
+        about = subject(model, DATASET, "test")
         timings.add(f"load {name}", began)
 
         began = time.perf_counter()
         say(f"rectifying {name}'s errors with {', '.join(methods)}")
         result = rect.rectify(
             model, DATASET, methods, ratios, n=int(fixed_n_rectify or N_RECTIFY[name]), seed=seed,
-            method_options=method_options, store=store, model_key=key, progress=_bar(settings.progress),
+            method_options=method_options, store=store, progress=_bar(settings.progress),
         )
         rect_results[name] = result
         stem = f"{NAME}-rectify-{name}"
@@ -204,7 +206,7 @@ def write(out_dir: Path, settings: ReportSettings) -> Path:
         say(f"faithfulness benchmark of {name} on {n_bench} examples")
         spec = BenchSpec(
             model=model, dataset=DATASET, methods=methods, metrics=["aopc", "sufficiency"], protocol=get_protocol("default", random_seeds=3),
-            out=store, n=n_bench, seed=seed, method_options=method_options, model_key=key,
+            out=store, n=n_bench, seed=seed, method_options=method_options,
         )
         bench = run_bench(spec, progress=settings.progress)
         bench_results[name] = bench
@@ -228,12 +230,12 @@ def write(out_dir: Path, settings: ReportSettings) -> Path:
             if n_check > 0 and "coperturbation" in methods and not quick:
                 began = time.perf_counter()
                 say(f"co-perturbation with seeds {seed} and {seed + 1} on {n_check} error sentences")
-                check = _seed_check(model, result, method_options.get("coperturbation", {}), store, key, seed, n_check)
+                check = _seed_check(model, result, method_options.get("coperturbation", {}), store, about, seed, n_check)
                 timings.add("seed check", began)
+        costs[name] = _store_costs(store, about, methods, method_options, seed)
         del model
 
     longest = _record_timings(store, timings)
-    costs = {name: _store_costs(store, model_key(name), methods, method_options, seed) for name in models}
     path = out_dir / f"{NAME}.md"
     path.write_text(
         _markdown(rect_results, bench_results, lmap, sweep, files, notes, timings, quick, methods, n_bench, store, method_options, check, longest, costs),
@@ -275,30 +277,28 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
 
-def _seed_check(model, result, options: dict, store: Path, key: str, seed: int, count: int) -> dict:
+def _seed_check(model, result, options: dict, store: Path, about, seed: int, count: int) -> dict:
     """Spearman correlation and top-20 % overlap between co-perturbation's scores with ``seed``
-    (read from the store) and with ``seed + 1`` (stored too), on the first error sentences."""
+    (read from the store) and with ``seed + 1`` (stored too), on the first error sentences of
+    ``about`` (the model on the movie snippets' test split, a :class:`~heedful.evaluate.store.Subject`)."""
     import torch
     from scipy.stats import spearmanr
 
-    from heedful.evaluate.bench import options_hash
-    from heedful.evaluate.protocol import get_protocol
-    from heedful.evaluate.store import ResultsStore, RunKey
+    from heedful.evaluate.store import ResultsStore, run_key
     from heedful.interest.suppress import top_fraction
 
     ids = result.error_ids[:count]
-    protocol = get_protocol("default")
 
-    def run_key(s: int) -> RunKey:
-        return RunKey(key, DATASET, "test", "coperturbation", options_hash("coperturbation", {**options, "seed": s}, protocol))
+    def key(s: int):
+        return run_key(about, "coperturbation", {**options, "seed": s})
 
     with ResultsStore(store) as db:
-        first = db.get_explanations(run_key(seed), ids)
-        second = db.get_explanations(run_key(seed + 1), ids)
+        first = db.get_explanations(key(seed), ids)
+        second = db.get_explanations(key(seed + 1), ids)
         todo = [i for i in ids if i not in second]
         if todo:
             fresh = model.explain([first[i].text for i in todo], "coperturbation", None, batch_size=len(todo), **{**options, "seed": seed + 1})
-            db.put_explanations(run_key(seed + 1), list(zip(todo, fresh, strict=True)))
+            db.put_explanations(key(seed + 1), list(zip(todo, fresh, strict=True)))
             second.update(zip(todo, fresh, strict=True))
     rhos, overlaps, tokens = [], [], []
     for i in ids:
@@ -313,22 +313,20 @@ def _seed_check(model, result, options: dict, store: Path, key: str, seed: int, 
     return {"n": len(ids), "spearman": rhos, "overlap": overlaps, "tokens": tokens, "seeds": (seed, seed + 1)}
 
 
-def _store_costs(store: Path, key: str, methods: list[str], method_options: dict, seed: int) -> dict[str, dict]:
-    """Per-method explanation cost recorded in the store (every run that computed explanations
-    of these settings, benchmark and rectification alike): seconds and passes per sentence."""
+def _store_costs(store: Path, about, methods: list[str], method_options: dict, seed: int) -> dict[str, dict]:
+    """Per-method explanation cost recorded in the store for ``about`` (a
+    :class:`~heedful.evaluate.store.Subject`; every run that computed explanations of these
+    settings, benchmark and rectification alike): seconds and passes per sentence."""
     import heedful
-    from heedful.evaluate.bench import options_hash
-    from heedful.evaluate.protocol import get_protocol
-    from heedful.evaluate.store import ResultsStore, RunKey
+    from heedful.evaluate.store import ResultsStore, run_key
 
-    protocol = get_protocol("default")
     found = {}
     with ResultsStore(store) as db:
         for m in methods:
             options = dict(method_options.get(m, {}))
             if heedful.get_method(m).stochastic:
                 options.setdefault("seed", seed)
-            cost = db.cost(RunKey(key, DATASET, "test", m, options_hash(m, options, protocol)))
+            cost = db.cost(run_key(about, m, options))
             if cost and cost["examples"]:
                 found[m] = {k: cost[k] / cost["examples"] for k in ("seconds", "forward", "backward")} | {"examples": cost["examples"]}
     return found

@@ -176,7 +176,7 @@ class _DatasetRun:
     paired: dict[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
 
 
-def _spec(plan: _Plan, model, key: str | None, dataset: str, methods, options, protocol):
+def _spec(plan: _Plan, model, dataset: str, methods, options, protocol):
     from heedful.evaluate.bench import BenchSpec
 
     return BenchSpec(
@@ -191,7 +191,6 @@ def _spec(plan: _Plan, model, key: str | None, dataset: str, methods, options, p
         seed=0,
         batch_size=plan.batch_size,
         method_options=options,
-        model_key=key,
     )
 
 
@@ -199,12 +198,13 @@ def _spec(plan: _Plan, model, key: str | None, dataset: str, methods, options, p
 FIXED_MASKS = {"no head kept": 0, "every head kept": 1}
 
 
-def _run_dataset(plan: _Plan, model, key: str | None, dataset: str, mask_list: list, protocol) -> _DatasetRun:
+def _run_dataset(plan: _Plan, model, dataset: str, mask_list: list, protocol) -> _DatasetRun:
     from heedful.evaluate.bench import run_bench
 
     began = time.perf_counter()
     options = {"mask_lrp": {"head_mask": mask_list}, "integrated_gradients": {"n_steps": plan.ig_steps}}
-    result = run_bench(_spec(plan, model, key, dataset, plan.methods, options, protocol), progress=plan.progress)
+    options = {m: o for m, o in options.items() if m in plan.methods}  # the bench refuses options of absent methods
+    result = run_bench(_spec(plan, model, dataset, plan.methods, options, protocol), progress=plan.progress)
     seeds = list(range(plan.mask_seeds))
     values: dict[str, list[float]] = {m: [] for m in METRICS}
     curves: dict[str, list[np.ndarray]] = {m: [] for m in METRICS}
@@ -212,7 +212,7 @@ def _run_dataset(plan: _Plan, model, key: str | None, dataset: str, mask_list: l
     variant_keys: dict[str, Any] = {}
     for seed in seeds:
         ablated = {"mask_lrp": {"head_mask": mask_list, "ablation": "random", "ablation_seed": seed}}
-        got = run_bench(_spec(plan, model, key, dataset, ["mask_lrp"], ablated, protocol), progress=plan.progress)
+        got = run_bench(_spec(plan, model, dataset, ["mask_lrp"], ablated, protocol), progress=plan.progress)
         group = got.groups["mask_lrp"]
         for m in METRICS:
             values[m].append(group.summaries[m].value)
@@ -221,7 +221,7 @@ def _run_dataset(plan: _Plan, model, key: str | None, dataset: str, mask_list: l
         variant_keys[f"random mask (seed {seed})"] = got.runs[0].key
     for label, fill in FIXED_MASKS.items():
         constant = {"mask_lrp": {"head_mask": np.full(np.shape(mask_list), fill).tolist()}}
-        variant_keys[label] = _explain_only(plan, model, key, dataset, constant, protocol)
+        variant_keys[label] = _explain_only(plan, model, dataset, constant, protocol)
     cost = {k: float(np.mean([c[k] for c in costs])) for k in ("seconds", "forward", "backward")} if costs else {}
     cost["peak_mb"] = max((c["peak_mb"] for c in costs), default=float("nan"))
     real_key = next(r.key for r in result.runs if r.method == "mask_lrp")
@@ -253,17 +253,15 @@ def _paired(plan: _Plan, model, result, key_a, key_b) -> dict[str, tuple[float, 
     return found
 
 
-def _explain_only(plan: _Plan, model, key: str | None, dataset: str, options, protocol):
+def _explain_only(plan: _Plan, model, dataset: str, options, protocol):
     """Store Mask-LRP explanations under ``options`` without measuring their curves (the
     sensitivity table compares scores only); returns their store key."""
     from heedful.evaluate import bench
     from heedful.evaluate.store import ResultsStore
 
-    spec = _spec(plan, model, key, dataset, ["mask_lrp"], options, protocol)
-    inputs, _ = bench.select_inputs(model, spec, {})
-    model_id = key or model.name
-    dataset_key = dataset if not Path(dataset).exists() else str(Path(dataset).resolve())
-    run = bench.make_runs(spec, model_id, dataset_key)[0]
+    spec = _spec(plan, model, dataset, ["mask_lrp"], options, protocol)
+    inputs, data = bench.select_inputs(model, spec, {})
+    run = bench.make_runs(spec, bench.spec_subject(spec, data))[0]
     with ResultsStore(plan.store) as store:
         bench._explain_missing(model, store, run, inputs, spec, None, None)
     return run.key
@@ -983,8 +981,6 @@ def _markdown(plan: _Plan, runs: list[_DatasetRun], mask, files: dict[str, str],
 def write(out_dir: Path, settings: ReportSettings) -> Path:
     """Run the Mask-LRP experiments and write ``out_dir/mask-lrp.md`` with its ``mask-lrp-*.png`` plots."""
     import heedful
-    from heedful import zoo
-    from heedful.evaluate.bench import model_key
     from heedful.evaluate.protocol import get_protocol
     from heedful.lrp.heads import plot_head_map
 
@@ -994,7 +990,6 @@ def write(out_dir: Path, settings: ReportSettings) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     plan.store.mkdir(parents=True, exist_ok=True)
     model = heedful.load(plan.model)
-    key = model_key(plan.model) if (plan.model in zoo.ENTRIES or Path(plan.model).expanduser().is_dir()) else None
     mask = _load_mask(plan, model)
     shape = (model.adapter.num_layers, model.adapter.config.num_attention_heads)
     if mask.shape != shape:
@@ -1003,7 +998,7 @@ def write(out_dir: Path, settings: ReportSettings) -> Path:
         raise InputError(f"the head mask is {mask.shape[0]} x {mask.shape[1]}, the model has {shape[0]} x {shape[1]} heads")
     mask_list = mask.mask.astype(int).tolist()  # in the options, so that the store keys depend on the mask
     protocol = dataclasses.replace(get_protocol("mask-lrp"), random_seeds=plan.random_seeds)
-    runs = [_run_dataset(plan, model, key, dataset, mask_list, protocol) for dataset in plan.datasets]
+    runs = [_run_dataset(plan, model, dataset, mask_list, protocol) for dataset in plan.datasets]
     methods = [m for m in plan.methods if m in runs[0].result.groups]
 
     files: dict[str, str] = {}

@@ -198,6 +198,7 @@ def _names(order: list[str]) -> str:
 def run_case(case: Case, settings: ReportSettings, out_dir: Path, n: int, ig_steps: int, aggregate: str | None,
              batch_size: int, random_seeds: int) -> tuple[Any, float, list[Path]]:
     """Bench of one case; returns the result, wall seconds and the plots written."""
+    import heedful
     from heedful.evaluate.bench import BenchSpec, run_bench
     from heedful.evaluate.protocol import get_protocol
     from heedful.evaluate.report import plot_curves
@@ -207,7 +208,7 @@ def run_case(case: Case, settings: ReportSettings, out_dir: Path, n: int, ig_ste
         for name in GRADIENT_METHODS:
             options.setdefault(name, {})["aggregate"] = aggregate
     spec = BenchSpec(
-        model=case.model,
+        model=heedful.load(case.model),
         dataset="movies",
         split="test",
         methods=list(METHODS),
@@ -378,13 +379,18 @@ class Alignment:
     model_name: str
 
 
-def _agreement_inputs(adapter, n: int, skipped: dict[str, int]):
-    """The first ``n`` causal agreement pairs whose target and foil are single tokens, with foil ids."""
+def _agreement_data(n: int):
+    """The causal agreement pairs :func:`_agreement_inputs` picks the first ``n`` usable ones from."""
     from heedful import datasets
+
+    return datasets.load("agreement", "test", max(2 * n, 50), causal=True)
+
+
+def _agreement_inputs(adapter, data, n: int, skipped: dict[str, int]):
+    """The first ``n`` pairs of ``data`` (:func:`_agreement_data`) whose target and foil are
+    single tokens, with foil ids."""
     from heedful.evaluate.evaluation import lm_token, model_inputs
 
-    size = max(2 * n, 50)
-    data = datasets.load("agreement", "test", size, causal=True)
     by_id = {e.id: e for e in data}
     inputs = model_inputs(data, adapter, "predicted", skipped, "target")
     found = []
@@ -442,11 +448,27 @@ def alignment_scores(model, items, batch_size: int) -> tuple[dict[str, list[np.n
 
 
 ALIGNMENT_VERSION = 1  # bump when the alignment computation changes, so cached results are redone
+EXP2_REGISTERED = ("logat", "normxlogit", "embedding_norm", "random")
+"""The registered methods whose outputs the alignment is computed from."""
 
 
-def _alignment_cache(settings: ReportSettings, key: str, n: int) -> Path:
-    safe = "".join(c if c.isalnum() or c in "-_.@" else "_" for c in key)
-    return store_dir(settings) / f"alignment-v{ALIGNMENT_VERSION}-{safe}-n{n}.json"
+def _alignment_cache(settings: ReportSettings, model, data, n: int) -> Path:
+    """Where the alignment of ``model`` on ``n`` pairs of ``data`` is kept: named by the model's
+    label and keyed by its fingerprint, the pairs' content and the methods' versions."""
+    import hashlib
+
+    from heedful.attribution import get_method
+    from heedful.fingerprint import DIGITS, dataset_fingerprint, model_fingerprint
+    from heedful.options import canonical_json
+
+    identity = {
+        "model": model_fingerprint(model).digest,
+        "data": dataset_fingerprint(data),
+        "methods": {name: get_method(name).version for name in EXP2_REGISTERED},
+    }
+    digest = hashlib.sha256(canonical_json(identity).encode()).hexdigest()[:DIGITS]
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in model.name)
+    return store_dir(settings) / f"alignment-v{ALIGNMENT_VERSION}-{safe}-{digest}-n{n}.json"
 
 
 def _save_alignment(al: Alignment, path: Path) -> None:
@@ -475,19 +497,19 @@ def run_alignment(settings: ReportSettings, n: int, batch_size: int) -> Alignmen
     """Experiment 2 analogue on ``n`` agreement pairs with the causal LM (kept in the results
     store folder, so a rerun reads it back)."""
     import heedful
-    from heedful.evaluate.bench import model_key
     from heedful.evaluate.metrics import average_precision_score, dot_product_score
     from heedful.evaluate.protocol import get_protocol
 
-    cache = _alignment_cache(settings, model_key(LM), n)
+    began = time.perf_counter()
+    model = heedful.load(LM)
+    data = _agreement_data(n)
+    cache = _alignment_cache(settings, model, data, n)
     found = _load_alignment(cache)
     if found is not None:
         return found
     protocol = get_protocol("normxlogit")
-    began = time.perf_counter()
-    model = heedful.load(LM)
     skipped: dict[str, int] = {}
-    items = _agreement_inputs(model.adapter, n, skipped)
+    items = _agreement_inputs(model.adapter, data, n, skipped)
     scores, evidence = alignment_scores(model, items, batch_size)
     layers = scores["logat_target"][0].shape[0]
     rows = len(EXP2_METHODS)
@@ -527,7 +549,7 @@ def run_alignment(settings: ReportSettings, n: int, batch_size: int) -> Alignmen
         paradigms[paradigm]["n"] = np.array(int(chosen.sum()))
     al = Alignment(
         n=len(items), layers=layers, dot=mean["dot"], ap=mean["ap"], dot_std=std["dot"], ap_std=std["ap"],
-        paradigms=paradigms, skipped=skipped, seconds=time.perf_counter() - began, model_name=model_key(LM),
+        paradigms=paradigms, skipped=skipped, seconds=time.perf_counter() - began, model_name=LM,
     )
     _save_alignment(al, cache)
     return al
