@@ -93,11 +93,10 @@ def head_mask_for(model: heedful.Model, path: str | None) -> tuple[list[list[int
 
     if path:
         return HeadMask.load(path).mask.astype(int).tolist(), f"`{path}`"
-    for name in (model.name, Path(model.name).name):
-        cached = cache_path(name)
-        if cached.is_file():
-            mask = HeadMask.load(cached)
-            return mask.mask.astype(int).tolist(), f"cached mask `{cached}` (rate {mask.rate:.1%})"
+    cached = cache_path(model)
+    if cached.is_file():
+        mask = HeadMask.load(cached)
+        return mask.mask.astype(int).tolist(), f"cached mask `{cached}` (rate {mask.rate:.1%})"
     shape = (model.adapter.num_layers, model.adapter.config.num_attention_heads)
     mask = (np.random.default_rng(0).random(shape) < 0.25).astype(int)
     return mask.tolist(), "random mask at 25 % (no cached mask)"

@@ -96,7 +96,7 @@ def test_mask_lrp_reads_a_saved_mask_and_the_default_cache(tiny, tmp_path, monke
     saved = mask.save(tmp_path / "mask.json")
     np.testing.assert_allclose(model.explain(TEXTS[0], "mask_lrp", head_mask=str(saved)).scores, expected)
     monkeypatch.setenv("HEEDFUL_HOME", str(tmp_path / "home"))
-    mask.save(cache_path(model.adapter.name))
+    mask.save(cache_path(model.adapter))
     np.testing.assert_allclose(model.explain(TEXTS[0], "mask_lrp").scores, expected)
 
 

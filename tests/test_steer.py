@@ -12,8 +12,8 @@ from conftest import run_cli, saved_tiny
 
 from heedful.errors import InputError
 from heedful.interest.steer import decoding_modes, generate, phrase_positions, steer
-from heedful.interest.suppress import downweight
 from heedful.interest.steering_view import steering_page, steering_renderable
+from heedful.interest.suppress import downweight
 
 PROMPT = "the movie was dull and far too long"
 FAST = {"max_steps": 4, "samples": 2}

@@ -45,6 +45,7 @@ def heads(
     from heedful.commands.console import load_model, progress
     from heedful.datasets import load as load_dataset
     from heedful.errors import InputError
+    from heedful.fingerprint import model_fingerprint
     from heedful.lrp.heads import PARSER, cached_arcs, head_statistics, load_parser, plot_head_map
     from heedful.lrp.masks import RELATIONS, cache_path
 
@@ -54,7 +55,10 @@ def heads(
     loaded.adapter.num_layers  # noqa: B018  (fail early on a model without blocks)
     nlp = _LazyParser(load_parser)
     texts = [ex.text for ex in load_dataset(dataset, split, n)]
-    meta = {"model": loaded.name, "dataset": dataset, "split": split, "parser": PARSER}
+    meta = {
+        "model": loaded.name, "fingerprint": model_fingerprint(loaded.adapter).digest,
+        "dataset": dataset, "split": split, "limit": n, "parser": PARSER,
+    }
     with progress() as bar:
         parsing = bar.add_task(f"parsing {len(texts)} texts", total=len(texts))
         arcs = cached_arcs(texts, f"{Path(dataset).name}-{split}", nlp=nlp, progress=lambda k: bar.advance(parsing, k))
@@ -63,7 +67,7 @@ def heads(
             loaded.adapter, texts, arcs=arcs, batch_size=batch_size, progress=lambda k: bar.advance(counting, k), meta=meta
         )
     mask = stats.select(xi_synt, xi_pos, include_self=not no_self)
-    path = mask.save(out if out is not None else cache_path(loaded.name))
+    path = mask.save(out if out is not None else cache_path(loaded, dataset=dataset, split=split, limit=n))
     picture = plot_head_map(mask, plot if plot is not None else path.with_suffix(".png"))
 
     console = Console()

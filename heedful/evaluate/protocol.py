@@ -160,6 +160,11 @@ class Protocol:
             raise InputError("linspace_points must be at least 2")
         if self.mean_over is not None:
             object.__setattr__(self, "mean_over", (float(self.mean_over[0]), float(self.mean_over[1])))
+            if not self.mean_mask.any():
+                raise InputError(
+                    f"protocol mean_over={self.mean_over} covers none of the curve's ratios {self.curve_ratios.tolist()}",
+                    hint="set mean_over=None (all ratios) or a range that holds some of them",
+                )
         if self.rationale_k < 1:
             raise InputError("rationale_k must be at least 1")
         if self.random_seeds < 1:
