@@ -12,13 +12,14 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import ClassVar
 
 import torch
 from torch import nn
 
 from heedful.adapters.intercept import Interception
-from heedful.adapters.roles import LRPRoles, ModelRoles
+from heedful.adapters.roles import BlockRoles, HeadRoles, LRPRoles, ModelRoles, NormSite
 from heedful.batch import Batch
 from heedful.errors import InputError, UnsupportedModelError
 
@@ -75,6 +76,12 @@ class ModelAdapter:
 
     family: ClassVar[str] = "generic"
     is_decoder: ClassVar[bool] = False
+    blocks_at: ClassVar[str] = ""
+    """Where the blocks are: an attribute path below the backbone (``"encoder.layer"``)."""
+    final_norm_at: ClassVar[str] = ""
+    """Where a pre-LN decoder's final norm is, below the backbone (``"norm"``); empty: none."""
+    token_types: ClassVar[bool | None] = None
+    """Whether the model embeds segment (token type) ids; ``None``: its config says."""
     lrp_mapped: ClassVar[bool] = False
     """Relevance propagation's rules have been checked against this family's blocks."""
 
@@ -99,13 +106,17 @@ class ModelAdapter:
 
     @property
     def final_norm(self) -> nn.Module | None:
-        """Norm that pre-LN decoders apply after the last block (``None`` for post-LN encoders)."""
-        return None
+        """Norm that pre-LN decoders apply after the last block (``None`` for post-LN encoders):
+        the module at :attr:`final_norm_at` below the backbone."""
+        return attrgetter(self.final_norm_at)(self.backbone) if self.final_norm_at else None
 
     @property
     def blocks(self) -> Sequence[nn.Module]:
-        """The transformer blocks, in forward order."""
-        raise NotImplementedError
+        """The transformer blocks, in forward order: the module at :attr:`blocks_at` below the
+        backbone."""
+        if not self.blocks_at:
+            raise UnsupportedModelError(f"the {self.family} adapter does not say where its blocks are")
+        return attrgetter(self.blocks_at)(self.backbone)
 
     def classification_head(self, h: torch.Tensor) -> torch.Tensor:
         """Head-on-top of a sequence classifier applied to representations ``[M, D]`` -> ``[M, C]``."""
@@ -125,11 +136,35 @@ class ModelAdapter:
 
     @property
     def uses_token_types(self) -> bool:
+        if self.token_types is not None:
+            return self.token_types
         return getattr(self.hf_model.config, "type_vocab_size", 0) > 0
 
     def roles(self) -> ModelRoles:
-        """Where each role lives in the model (see :mod:`heedful.adapters.roles`)."""
+        """Where each role lives in the model (see :mod:`heedful.adapters.roles`): one
+        :meth:`block_roles` per block, the embedding norms, the final norm and the head."""
+        return ModelRoles(
+            blocks=[self.block_roles(layer) for layer in self.blocks],
+            embedding_norms=self.embedding_norm_sites(),
+            final_norm=self.final_norm_site(),
+            head=self.head_roles(),
+        )
+
+    def block_roles(self, layer: nn.Module) -> BlockRoles:
+        """Where each role of one block lives (a family fills this in)."""
         raise UnsupportedModelError(f"the roles of the {self.family} family are not mapped")
+
+    def embedding_norm_sites(self) -> list[NormSite]:
+        """Norms between the word embeddings and the first block."""
+        return []
+
+    def final_norm_site(self) -> NormSite | None:
+        """The norm pre-LN decoders apply after the last block, as a role."""
+        return None
+
+    def head_roles(self) -> HeadRoles:
+        """The modules of the head-on-top."""
+        return HeadRoles()
 
     def intercept(self) -> Interception:
         """A context in which any role can be recorded, replaced or given a rule (see

@@ -5,13 +5,11 @@ Each class names only the modules of its family; the behaviour is in :class:`Mod
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 from torch import nn
 
 from heedful.adapters.base import LMHeadParts, ModelAdapter
-from heedful.adapters.roles import BlockRoles, HeadRoles, ModelRoles, NormSite, Site, linear_sites
+from heedful.adapters.roles import BlockRoles, HeadRoles, NormSite, Site, linear_sites
 
 CLASSIFIER_TASKS = ("classification", "regression")
 
@@ -74,42 +72,36 @@ def _block(
     )
 
 
-def _bert_block(layer: nn.Module, heads: int) -> BlockRoles:
-    """BERT-shaped post-LN block (BERT, RoBERTa, ELECTRA; ``modeling_bert.BertLayer``):
-    ``h = LN(x + dense(attn(x)))``, then ``LN(h + dense(act(dense(h))))``."""
-    att, inter, out = layer.attention, layer.intermediate, layer.output
-    sa = att.self
-    return _block(
-        layer,
-        attention=sa,
-        qkv=_sites(heads, sa.query, sa.key, sa.value),
-        out=att.output.dense,
-        mlp=(inter, inter.dense, inter.intermediate_act_fn, out.dense),
-        norms=(_layer_norm(att.output.LayerNorm), _layer_norm(out.LayerNorm)),
-        heads=heads,
-        pre_ln=False,
-    )
+class _EncoderAdapter(ModelAdapter):
+    """Encoders: blocks below ``encoder.layer``, an embedding LayerNorm before the first block."""
+
+    blocks_at = "encoder.layer"
+
+    def embedding_norm_sites(self) -> list[NormSite]:
+        return [_layer_norm(self.backbone.embeddings.LayerNorm)]
+
+    def block_roles(self, layer: nn.Module) -> BlockRoles:
+        """BERT-shaped post-LN block (BERT, RoBERTa, ELECTRA; ``modeling_bert.BertLayer``):
+        ``h = LN(x + dense(attn(x)))``, then ``LN(h + dense(act(dense(h))))``."""
+        att, inter, out = layer.attention, layer.intermediate, layer.output
+        sa = att.self
+        return _block(
+            layer,
+            attention=sa,
+            qkv=_sites(self.config.num_attention_heads, sa.query, sa.key, sa.value),
+            out=att.output.dense,
+            mlp=(inter, inter.dense, inter.intermediate_act_fn, out.dense),
+            norms=(_layer_norm(att.output.LayerNorm), _layer_norm(out.LayerNorm)),
+            heads=self.config.num_attention_heads,
+            pre_ln=False,
+        )
 
 
-def _bert_roles(adapter: ModelAdapter, head: HeadRoles) -> ModelRoles:
-    """A BERT-shaped encoder: :func:`_bert_block` blocks after the embedding LayerNorm, ``head``."""
-    heads = adapter.config.num_attention_heads
-    return ModelRoles(
-        blocks=[_bert_block(layer, heads) for layer in adapter.blocks],
-        embedding_norms=[_layer_norm(adapter.backbone.embeddings.LayerNorm)],
-        head=head,
-    )
-
-
-class BertAdapter(ModelAdapter):
+class BertAdapter(_EncoderAdapter):
     """BERT (and MiniLM and other BERT-shaped checkpoints)."""
 
     family = "bert"
     lrp_mapped = True
-
-    @property
-    def blocks(self) -> Sequence[nn.Module]:
-        return self.backbone.encoder.layer
 
     def classification_head(self, h: torch.Tensor) -> torch.Tensor:
         # pooler (dense + tanh on the token given to it) -> dropout -> classifier (paper Fig. 1b)
@@ -123,33 +115,26 @@ class BertAdapter(ModelAdapter):
         dec = cls.predictions.decoder
         return LMHeadParts(cls.predictions.transform, dec.weight, dec.bias)
 
-    def roles(self) -> ModelRoles:
-        """Post-LN blocks (:func:`_bert_block`); head = pooler (dense + tanh) and classifier, or
-        the masked-LM transform (dense, activation, LayerNorm)."""
+    def head_roles(self) -> HeadRoles:
+        """The pooler (dense + tanh) and classifier, or the masked-LM transform (dense,
+        activation, LayerNorm)."""
         m = self.hf_model
-        head = HeadRoles()
-        pooler = getattr(self.backbone, "pooler", None)
         if self.task in CLASSIFIER_TASKS:
-            head = HeadRoles(
+            pooler = getattr(self.backbone, "pooler", None)
+            return HeadRoles(
                 linears=linear_sites(pooler.dense if pooler is not None else None, m.classifier),
                 activations=[pooler.activation] if pooler is not None else [],
             )
-        elif getattr(m, "cls", None) is not None:
+        if getattr(m, "cls", None) is not None:
             transform = m.cls.predictions.transform
-            head = HeadRoles(linear_sites(transform.dense), [_layer_norm(transform.LayerNorm)], [transform.transform_act_fn])
-        return _bert_roles(self, head)
+            return HeadRoles(linear_sites(transform.dense), [_layer_norm(transform.LayerNorm)], [transform.transform_act_fn])
+        return HeadRoles()
 
 
-class DistilBertAdapter(ModelAdapter):
+class DistilBertAdapter(_EncoderAdapter):
     family = "distilbert"
-
-    @property
-    def uses_token_types(self) -> bool:
-        return False
-
-    @property
-    def blocks(self) -> Sequence[nn.Module]:
-        return self.backbone.transformer.layer
+    blocks_at = "transformer.layer"
+    token_types = False
 
     def classification_head(self, h: torch.Tensor) -> torch.Tensor:
         m = self.hf_model
@@ -165,46 +150,35 @@ class DistilBertAdapter(ModelAdapter):
 
         return LMHeadParts(transform, m.vocab_projector.weight, m.vocab_projector.bias)
 
-    def roles(self) -> ModelRoles:
-        """Post-LN blocks (``modeling_distilbert.TransformerBlock``): ``h = LN(x + out_lin(attn(x)))``,
-        then ``LN(h + lin2(act(lin1(h))))``; head = pre-classifier and classifier (ReLU between
-        them is a function), or the masked-LM transform."""
+    def block_roles(self, layer: nn.Module) -> BlockRoles:
+        """Post-LN block (``modeling_distilbert.TransformerBlock``): ``h = LN(x + out_lin(attn(x)))``,
+        then ``LN(h + lin2(act(lin1(h))))``."""
+        att, ffn = layer.attention, layer.ffn
+        return _block(
+            layer,
+            attention=att,
+            qkv=_sites(self.config.num_attention_heads, att.q_lin, att.k_lin, att.v_lin),
+            out=att.out_lin,
+            mlp=(ffn, ffn.lin1, ffn.activation, ffn.lin2),
+            norms=(_layer_norm(layer.sa_layer_norm), _layer_norm(layer.output_layer_norm)),
+            heads=self.config.num_attention_heads,
+            pre_ln=False,
+        )
+
+    def head_roles(self) -> HeadRoles:
+        """Pre-classifier and classifier (the ReLU between them is a function), or the masked-LM
+        transform."""
         m = self.hf_model
         if self.task in CLASSIFIER_TASKS:
-            head = HeadRoles(linear_sites(m.pre_classifier, m.classifier))
-        else:
-            head = HeadRoles(linear_sites(m.vocab_transform), [_layer_norm(m.vocab_layer_norm)], [m.activation])
-        heads = self.config.num_attention_heads
-        blocks = []
-        for layer in self.blocks:
-            att, ffn = layer.attention, layer.ffn
-            blocks.append(
-                _block(
-                    layer,
-                    attention=att,
-                    qkv=_sites(heads, att.q_lin, att.k_lin, att.v_lin),
-                    out=att.out_lin,
-                    mlp=(ffn, ffn.lin1, ffn.activation, ffn.lin2),
-                    norms=(_layer_norm(layer.sa_layer_norm), _layer_norm(layer.output_layer_norm)),
-                    heads=heads,
-                    pre_ln=False,
-                )
-            )
-        return ModelRoles(blocks=blocks, embedding_norms=[_layer_norm(self.backbone.embeddings.LayerNorm)], head=head)
+            return HeadRoles(linear_sites(m.pre_classifier, m.classifier))
+        return HeadRoles(linear_sites(m.vocab_transform), [_layer_norm(m.vocab_layer_norm)], [m.activation])
 
 
-class RobertaAdapter(ModelAdapter):
+class RobertaAdapter(_EncoderAdapter):
     """RoBERTa (and XLM-R, CamemBERT): classification head reads the first token itself."""
 
     family = "roberta"
-
-    @property
-    def uses_token_types(self) -> bool:
-        return False
-
-    @property
-    def blocks(self) -> Sequence[nn.Module]:
-        return self.backbone.encoder.layer
+    token_types = False
 
     def classification_head(self, h: torch.Tensor) -> torch.Tensor:
         return self.hf_model.classifier(h[:, None, :])
@@ -219,25 +193,19 @@ class RobertaAdapter(ModelAdapter):
 
         return LMHeadParts(transform, head.decoder.weight, head.decoder.bias)
 
-    def roles(self) -> ModelRoles:
-        """BERT-shaped blocks (:func:`_bert_block`); head = the classifier's dense and output
-        projection (tanh between them is a function), or the masked-LM dense and LayerNorm."""
+    def head_roles(self) -> HeadRoles:
+        """The classifier's dense and output projection (tanh between them is a function), or
+        the masked-LM dense and LayerNorm."""
         m = self.hf_model
         if self.task in CLASSIFIER_TASKS:
-            head = HeadRoles(linear_sites(m.classifier.dense, m.classifier.out_proj))
-        else:
-            head = HeadRoles(linear_sites(m.lm_head.dense), [_layer_norm(m.lm_head.layer_norm)])
-        return _bert_roles(self, head)
+            return HeadRoles(linear_sites(m.classifier.dense, m.classifier.out_proj))
+        return HeadRoles(linear_sites(m.lm_head.dense), [_layer_norm(m.lm_head.layer_norm)])
 
 
-class DebertaV2Adapter(ModelAdapter):
+class DebertaV2Adapter(_EncoderAdapter):
     """DeBERTa v2 and v3."""
 
     family = "deberta-v2"
-
-    @property
-    def blocks(self) -> Sequence[nn.Module]:
-        return self.backbone.encoder.layer
 
     def classification_head(self, h: torch.Tensor) -> torch.Tensor:
         m = self.hf_model
@@ -252,46 +220,38 @@ class DebertaV2Adapter(ModelAdapter):
     def lm_head_parts(self) -> LMHeadParts | None:
         return None
 
-    def roles(self) -> ModelRoles:
-        """Post-LN blocks like BERT's (``modeling_deberta_v2.DebertaV2Layer``) whose
+    def block_roles(self, layer: nn.Module) -> BlockRoles:
+        """Post-LN block like BERT's (``modeling_deberta_v2.DebertaV2Layer``) whose
         ``DisentangledSelfAttention`` computes the softmax inline and passes the probabilities
         through its ``dropout`` module: that module's output is the ``probs`` role. The query and
         key projections also run on the relative-position embeddings (``share_att_key``); only
-        their first call in each attention call is the tokens'. Head = pooler dense (its
-        activation is a function) and classifier, or the masked-LM transform."""
+        their first call in each attention call is the tokens'."""
+        heads = self.config.num_attention_heads
+        att, inter, out = layer.attention, layer.intermediate, layer.output
+        sa = att.self
+        return _block(
+            layer,
+            attention=sa,
+            qkv=(*_sites(heads, sa.query_proj, sa.key_proj, first_call_within=sa), Site(sa.value_proj, heads=heads)),
+            out=att.output.dense,
+            mlp=(inter, inter.dense, inter.intermediate_act_fn, out.dense),
+            norms=(_layer_norm(att.output.LayerNorm), _layer_norm(out.LayerNorm)),
+            heads=heads,
+            pre_ln=False,
+            probs=Site(sa.dropout),
+        )
+
+    def head_roles(self) -> HeadRoles:
+        """Pooler dense (its activation is a function) and classifier, or the masked-LM transform."""
         m = self.hf_model
         if self.task in CLASSIFIER_TASKS:
-            head = HeadRoles(linear_sites(m.pooler.dense, m.classifier))
-        else:
-            lm = m.lm_predictions.lm_head if getattr(m, "lm_predictions", None) is not None else m.cls.predictions.transform
-            head = HeadRoles(linear_sites(lm.dense), [_layer_norm(lm.LayerNorm)], [lm.transform_act_fn])
-        heads = self.config.num_attention_heads
-        blocks = []
-        for layer in self.blocks:
-            att, inter, out = layer.attention, layer.intermediate, layer.output
-            sa = att.self
-            blocks.append(
-                _block(
-                    layer,
-                    attention=sa,
-                    qkv=(*_sites(heads, sa.query_proj, sa.key_proj, first_call_within=sa), Site(sa.value_proj, heads=heads)),
-                    out=att.output.dense,
-                    mlp=(inter, inter.dense, inter.intermediate_act_fn, out.dense),
-                    norms=(_layer_norm(att.output.LayerNorm), _layer_norm(out.LayerNorm)),
-                    heads=heads,
-                    pre_ln=False,
-                    probs=Site(sa.dropout),
-                )
-            )
-        return ModelRoles(blocks=blocks, embedding_norms=[_layer_norm(self.backbone.embeddings.LayerNorm)], head=head)
+            return HeadRoles(linear_sites(m.pooler.dense, m.classifier))
+        lm = m.lm_predictions.lm_head if getattr(m, "lm_predictions", None) is not None else m.cls.predictions.transform
+        return HeadRoles(linear_sites(lm.dense), [_layer_norm(lm.LayerNorm)], [lm.transform_act_fn])
 
 
-class ElectraAdapter(ModelAdapter):
+class ElectraAdapter(_EncoderAdapter):
     family = "electra"
-
-    @property
-    def blocks(self) -> Sequence[nn.Module]:
-        return self.backbone.encoder.layer
 
     def classification_head(self, h: torch.Tensor) -> torch.Tensor:
         return self.hf_model.classifier(h[:, None, :])
@@ -303,27 +263,22 @@ class ElectraAdapter(ModelAdapter):
         lin = m.generator_lm_head
         return LMHeadParts(m.generator_predictions, lin.weight, lin.bias)
 
-    def roles(self) -> ModelRoles:
-        """BERT-shaped blocks (:func:`_bert_block`); head = the classifier's dense, activation and
-        output projection, or the generator's dense, activation and LayerNorm."""
+    def head_roles(self) -> HeadRoles:
+        """The classifier's dense, activation and output projection, or the generator's dense,
+        activation and LayerNorm."""
         m = self.hf_model
         if self.task in CLASSIFIER_TASKS:
             cls = m.classifier
-            head = HeadRoles(linear_sites(cls.dense, cls.out_proj), activations=[cls.activation])
-        else:
-            gen = m.generator_predictions
-            head = HeadRoles(linear_sites(gen.dense), [_layer_norm(gen.LayerNorm)], [gen.activation])
-        return _bert_roles(self, head)
+            return HeadRoles(linear_sites(cls.dense, cls.out_proj), activations=[cls.activation])
+        gen = m.generator_predictions
+        return HeadRoles(linear_sites(gen.dense), [_layer_norm(gen.LayerNorm)], [gen.activation])
 
 
 class _DecoderAdapter(ModelAdapter):
     """Causal decoders: pre-LN blocks, a final norm, a ``score`` or ``lm_head`` linear head."""
 
     is_decoder = True
-
-    @property
-    def uses_token_types(self) -> bool:
-        return False
+    token_types = False
 
     def classification_head(self, h: torch.Tensor) -> torch.Tensor:
         return self.hf_model.score(h)
@@ -334,55 +289,43 @@ class _DecoderAdapter(ModelAdapter):
             return None
         return LMHeadParts(_identity, lin.weight, lin.bias)
 
-    def _head_roles(self, *before: nn.Module | None) -> HeadRoles:
-        """Linear modules ``before`` the head, then the ``score`` of a classifier (an LM head's
-        vocabulary projection is not a module call in heedful)."""
-        score = self.hf_model.score if self.task in CLASSIFIER_TASKS else None
-        return HeadRoles(linear_sites(*before, score))
+    def head_roles(self) -> HeadRoles:
+        """The ``score`` of a classifier (an LM head's vocabulary projection is not a module call
+        in heedful)."""
+        return HeadRoles(linear_sites(self.hf_model.score if self.task in CLASSIFIER_TASKS else None))
+
+    def final_norm_site(self) -> NormSite | None:
+        return None if self.final_norm is None else _layer_norm(self.final_norm)
 
 
 class GPT2Adapter(_DecoderAdapter):
     family = "gpt2"
+    blocks_at = "h"
+    final_norm_at = "ln_f"
     lrp_mapped = True
 
-    @property
-    def blocks(self) -> Sequence[nn.Module]:
-        return self.backbone.h
-
-    @property
-    def final_norm(self) -> nn.Module | None:
-        return self.backbone.ln_f
-
-    def roles(self) -> ModelRoles:
-        """Pre-LN blocks (``modeling_gpt2.GPT2Block``): ``h = x + c_proj(attn(ln_1(x)))``, then
+    def block_roles(self, layer: nn.Module) -> BlockRoles:
+        """Pre-LN block (``modeling_gpt2.GPT2Block``): ``h = x + c_proj(attn(ln_1(x)))``, then
         ``h + c_proj(act(c_fc(ln_2(h))))``, with ``Conv1D`` linears (weights stored transposed) and
         one fused projection ``c_attn`` whose output columns are query, key and value."""
         heads, width = self.config.num_attention_heads, self.hidden_size
-        blocks = []
-        for layer in self.blocks:
-            att, mlp = layer.attn, layer.mlp
-            blocks.append(
-                _block(
-                    layer,
-                    attention=att,
-                    qkv=tuple(Site(att.c_attn, columns=(i * width, (i + 1) * width), heads=heads) for i in range(3)),
-                    out=att.c_proj,
-                    mlp=(mlp, mlp.c_fc, mlp.act, mlp.c_proj),
-                    norms=(_layer_norm(layer.ln_1), _layer_norm(layer.ln_2)),
-                    heads=heads,
-                    pre_ln=True,
-                    transposed=True,
-                )
-            )
-        return ModelRoles(blocks=blocks, final_norm=_layer_norm(self.final_norm), head=self._head_roles())
+        att, mlp = layer.attn, layer.mlp
+        return _block(
+            layer,
+            attention=att,
+            qkv=tuple(Site(att.c_attn, columns=(i * width, (i + 1) * width), heads=heads) for i in range(3)),
+            out=att.c_proj,
+            mlp=(mlp, mlp.c_fc, mlp.act, mlp.c_proj),
+            norms=(_layer_norm(layer.ln_1), _layer_norm(layer.ln_2)),
+            heads=heads,
+            pre_ln=True,
+            transposed=True,
+        )
 
 
 class OPTAdapter(_DecoderAdapter):
     family = "opt"
-
-    @property
-    def blocks(self) -> Sequence[nn.Module]:
-        return self.backbone.decoder.layers
+    blocks_at = "decoder.layers"
 
     @property
     def final_norm(self) -> nn.Module | None:
@@ -390,79 +333,72 @@ class OPTAdapter(_DecoderAdapter):
         steps = [m for m in (dec.final_layer_norm, dec.project_out) if m is not None]
         return nn.Sequential(*steps) if steps else None
 
-    def roles(self) -> ModelRoles:
+    def block_roles(self, layer: nn.Module) -> BlockRoles:
         """``modeling_opt.OPTDecoderLayer``: pre-LN when ``config.do_layer_norm_before`` (125m,
         1.3b, ...) and post-LN otherwise (350m). The MLP is not a module: ``fc1`` and ``fc2`` see
         the tokens flattened to ``[B * N, D]`` (and so does the pre-LN ``final_layer_norm``); those
         roles are read and replaced as ``[B, N, ...]``. The query role is ``q_proj``'s output before
-        OPT scales it by ``d**-0.5``. Head = ``project_out`` (when the model has one) and the score."""
+        OPT scales it by ``d**-0.5``."""
         pre_ln = bool(self.config.do_layer_norm_before)
-        heads = self.config.num_attention_heads
-        blocks = []
-        for layer in self.blocks:
-            att = layer.self_attn
-            blocks.append(
-                _block(
-                    layer,
-                    attention=att,
-                    qkv=_sites(heads, att.q_proj, att.k_proj, att.v_proj),
-                    out=att.out_proj,
-                    mlp=(layer.fc1, layer.fc1, layer.activation_fn, layer.fc2),
-                    norms=(_layer_norm(layer.self_attn_layer_norm), _layer_norm(layer.final_layer_norm, layer if pre_ln else None)),
-                    heads=heads,
-                    pre_ln=pre_ln,
-                    layout=layer,
-                )
-            )
-        dec = self.backbone.decoder
-        final = None if dec.final_layer_norm is None else _layer_norm(dec.final_layer_norm)
-        return ModelRoles(blocks=blocks, final_norm=final, head=self._head_roles(dec.project_out))
+        att = layer.self_attn
+        return _block(
+            layer,
+            attention=att,
+            qkv=_sites(self.config.num_attention_heads, att.q_proj, att.k_proj, att.v_proj),
+            out=att.out_proj,
+            mlp=(layer.fc1, layer.fc1, layer.activation_fn, layer.fc2),
+            norms=(_layer_norm(layer.self_attn_layer_norm), _layer_norm(layer.final_layer_norm, layer if pre_ln else None)),
+            heads=self.config.num_attention_heads,
+            pre_ln=pre_ln,
+            layout=layer,
+        )
+
+    def final_norm_site(self) -> NormSite | None:
+        norm = self.backbone.decoder.final_layer_norm
+        return None if norm is None else _layer_norm(norm)
+
+    def head_roles(self) -> HeadRoles:
+        """``project_out`` (when the model has one) and the score."""
+        score = self.hf_model.score if self.task in CLASSIFIER_TASKS else None
+        return HeadRoles(linear_sites(self.backbone.decoder.project_out, score))
 
 
 class LlamaAdapter(_DecoderAdapter):
     """Llama-style decoders (Llama, Mistral, Qwen2, SmolLM2): RMSNorm, gated MLP, rotary positions."""
 
     family = "llama"
+    blocks_at = "layers"
+    final_norm_at = "norm"
     lrp_mapped = True
-
-    @property
-    def blocks(self) -> Sequence[nn.Module]:
-        return self.backbone.layers
-
-    @property
-    def final_norm(self) -> nn.Module | None:
-        return self.backbone.norm
 
     def norm_site(self, module: nn.Module) -> NormSite:
         """What one of the family's norms computes: RMSNorm (override for a Llama-shaped family
         with another norm)."""
         return _rms_norm(module)
 
-    def roles(self) -> ModelRoles:
-        """Pre-norm blocks (``modeling_llama.LlamaDecoderLayer``, and Mistral's and Qwen2's):
+    def final_norm_site(self) -> NormSite | None:
+        return self.norm_site(self.final_norm)
+
+    def block_roles(self, layer: nn.Module) -> BlockRoles:
+        """Pre-norm block (``modeling_llama.LlamaDecoderLayer``, and Mistral's and Qwen2's):
         ``h = x + o(attn(rope(q(n(x))), rope(k(n(x))), v(n(x))))``, then
         ``h + down(act(gate(n(h))) * up(n(h)))``; keys and values may have fewer heads than
-        queries (grouped-query attention). Head = final RMSNorm and the score."""
+        queries (grouped-query attention)."""
         heads = self.config.num_attention_heads
         kv_heads = getattr(self.config, "num_key_value_heads", None) or heads
-        blocks = []
-        for layer in self.blocks:
-            att, mlp = layer.self_attn, layer.mlp
-            blocks.append(
-                _block(
-                    layer,
-                    attention=att,
-                    qkv=(Site(att.q_proj, heads=heads), *_sites(kv_heads, att.k_proj, att.v_proj)),
-                    out=att.o_proj,
-                    mlp=(mlp, mlp.up_proj, mlp.act_fn, mlp.down_proj),
-                    norms=(self.norm_site(layer.input_layernorm), self.norm_site(layer.post_attention_layernorm)),
-                    heads=heads,
-                    pre_ln=True,
-                    mlp_gate=Site(mlp.gate_proj),
-                    rotary=True,
-                )
-            )
-        return ModelRoles(blocks=blocks, final_norm=self.norm_site(self.final_norm), head=self._head_roles())
+        att, mlp = layer.self_attn, layer.mlp
+        return _block(
+            layer,
+            attention=att,
+            qkv=(Site(att.q_proj, heads=heads), *_sites(kv_heads, att.k_proj, att.v_proj)),
+            out=att.o_proj,
+            mlp=(mlp, mlp.up_proj, mlp.act_fn, mlp.down_proj),
+            norms=(self.norm_site(layer.input_layernorm), self.norm_site(layer.post_attention_layernorm)),
+            heads=heads,
+            pre_ln=True,
+            mlp_gate=Site(mlp.gate_proj),
+            rotary=True,
+        )
 
 
 FAMILIES: dict[str, type[ModelAdapter]] = {
