@@ -502,21 +502,12 @@ def guan2019(
     rate: Annotated[float, NON_NEGATIVE] = 0.1,
     samples: Annotated[int, AT_LEAST_ONE] = GUAN2019.samples,
     max_steps: Annotated[int, AT_LEAST_ONE] = GUAN2019.max_steps,
-    window: Annotated[int, AT_LEAST_ONE] = Settings.window,
-    tol: float = GUAN2019.tol,
     lr: Annotated[float, POSITIVE] = GUAN2019.lr,
-    scale: Annotated[float | None, POSITIVE] = None,
-    scale_factor: Annotated[float, POSITIVE] = GUAN_SCALE_FACTOR,
-    scale_basis: ScaleBasis = "word_embeddings",
-    space: Space = "embedding_output",
-    output: PhiOutput = "logits",
     layer: int | None = None,
     layerwise: bool = False,
     score: Score = "rho",
     normalize: bool = True,
-    normalise_objective: bool = True,
     keep: Keep = "best",
-    init: Init = GUAN2019.init,
     seed: int | None = 0,
     internal_batch_size: Annotated[int | None, AT_LEAST_ONE, RUNTIME] = None,
 ) -> torch.Tensor:
@@ -529,14 +520,15 @@ def guan2019(
     stop, ``scale`` = 10 x std(word embeddings) (the code's recommended value; its literal
     default 0.5 is that value for BERT-base), lowest-loss state kept. One deliberate
     difference: the reference saves the parameters *after* the step that produced the lowest
-    loss; we keep the parameters that produced it. Shapes as :func:`coperturbation`.
+    loss; we keep the parameters that produced it. Shapes as :func:`coperturbation`. The other
+    settings (noise space, output, convergence test, noise ceiling) are the reference's; for
+    other values use :func:`coperturbation`, which takes them all.
 
     Source: Guan et al. 2019, Towards a Deep and Unified Understanding of Deep Neural Models in NLP
     (ICML, Eq. 7; microsoft/nlp-recipes Interpreter.py reference settings)
     """
     settings = replace(
-        GUAN2019, lam=2.0 * rate, samples=samples, lr=lr, max_steps=max_steps, window=window, tol=tol,
-        scale=scale, scale_factor=scale_factor, scale_basis=scale_basis, space=space, output=output,
-        normalise=normalise_objective, keep=keep, init=init, internal_batch_size=internal_batch_size,
+        GUAN2019, lam=2.0 * rate, samples=samples, lr=lr, max_steps=max_steps, keep=keep,
+        internal_batch_size=internal_batch_size,
     )
     return _scores_for(problem, settings, layer, layerwise, score, normalize, seed)
