@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 import torch
 
+from heedful import cache
 from heedful.datasets import (
     SNIPPET_FILES,
     TEST_SIZES,
@@ -116,7 +117,7 @@ def test_failed_download_names_the_command(monkeypatch, tmp_path: Path) -> None:
     def failing_run(cmd, **kwargs):
         return subprocess.CompletedProcess(cmd, 1, stdout="", stderr="ERROR: network is down")
 
-    monkeypatch.setattr(vader.subprocess, "run", failing_run)
+    monkeypatch.setattr(cache.subprocess, "run", failing_run)  # the one place heedful runs pip
     with pytest.raises(HeedfulError) as err:
         vader.source_archive()
     message = str(err.value)

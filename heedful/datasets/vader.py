@@ -48,7 +48,6 @@ from __future__ import annotations
 import io
 import os
 import shutil
-import subprocess
 import sys
 import tarfile
 import tempfile
@@ -58,7 +57,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from heedful.cache import heedful_home
+from heedful.cache import heedful_home, pip_download
 from heedful.errors import HeedfulError
 
 VADER_VERSION = "3.3.2"
@@ -109,22 +108,7 @@ def source_archive() -> Path:
     downloads = heedful_home() / "downloads"
     if found := _find_sdist(downloads):
         return found
-    downloads.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=downloads, prefix=".pip-") as tmp:
-        cmd = pip_download_command(Path(tmp))
-        result = subprocess.run(cmd, capture_output=True, text=True)
-        found = _find_sdist(Path(tmp))
-        if result.returncode != 0 or found is None:
-            tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-5:])
-            shown = " ".join(pip_download_command(downloads))
-            raise HeedfulError(
-                f"could not download the vaderSentiment {VADER_VERSION} source archive with pip"
-                + (f":\n{tail}" if tail else ""),
-                hint=f"check that PyPI is reachable, or run by hand: {shown}",
-            )
-        target = downloads / found.name
-        os.replace(found, target)
-    return target
+    return pip_download(pip_download_command, _find_sdist, f"the vaderSentiment {VADER_VERSION} source archive")
 
 
 def _extract(sdist: Path, dest: Path) -> None:

