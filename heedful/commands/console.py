@@ -4,7 +4,8 @@ spinner."""
 from __future__ import annotations
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from heedful.render.progress import LoggedProgress, progress_bar
 
 out = Console()
 """Results (tables, heatmaps, JSON) go to stdout."""
@@ -12,16 +13,9 @@ err = Console(stderr=True)
 """Status, progress, warnings and errors go to stderr."""
 
 
-def progress() -> Progress:
+def progress() -> LoggedProgress:
     """A transient progress bar on stderr."""
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err,
-        transient=True,
-    )
+    return progress_bar(err)
 
 
 def load_model(name: str, device: str = "cpu"):

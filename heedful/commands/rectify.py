@@ -77,10 +77,10 @@ def rectify(
     the share of errors fixed and the accuracy on the whole split (only the error examples are
     modified, as in the co-perturbation paper)."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     import heedful
     from heedful.interest import rectify as rect
+    from heedful.render.progress import progress_bar
 
     out_console, err_console = Console(), Console(stderr=True)
     names = _methods(method)
@@ -90,7 +90,7 @@ def rectify(
     wanted = (_ratios(ratios) if ratios else list(rect.SWEEP_RATIOS)) if sweep else [ratio]
     with err_console.status(f"loading {model} …"):
         loaded = heedful.load(model)
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err_console, transient=True)
+    bar = progress_bar(err_console)
     tasks: dict[str, Any] = {}
 
     def advance(name: str, k: int, total: int) -> None:

@@ -302,25 +302,9 @@ def run_bench(
 
 
 def _progress(console):
-    from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
+    from heedful.render.progress import progress_bar
 
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=console or Console(stderr=True),
-        transient=False,
-    )
+    return progress_bar(console, transient=False, remaining=True)
 
 
 def _label(run: Run) -> str:

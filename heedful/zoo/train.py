@@ -18,16 +18,10 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
+from rich.progress import Progress
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, get_linear_schedule_with_warmup
+
+from heedful.render.progress import progress_bar as render_progress
 
 
 @dataclass(frozen=True)
@@ -48,47 +42,10 @@ class TrainConfig:
         return asdict(self)
 
 
-class _LoggedProgress(Progress):
-    """A rich Progress that also prints a line at every tenth of a task when not on a terminal.
-
-    A live bar is invisible in a log file (CI, ``nohup``) until it ends; these
-    lines show that a long build is moving.
-    """
-
-    def __init__(self, *columns: object, **kwargs: object) -> None:
-        super().__init__(*columns, **kwargs)
-        self._logged_tenths: dict[int, int] = {}
-
-    def update(self, task_id, **kwargs) -> None:  # type: ignore[override]
-        super().update(task_id, **kwargs)
-        if self.disable or self.console.is_terminal:
-            return
-        task = next(t for t in self.tasks if t.id == task_id)
-        if not task.total:
-            return
-        tenths = int(10 * task.completed / task.total)
-        if tenths > self._logged_tenths.get(task_id, 0):
-            self._logged_tenths[task_id] = tenths
-            info = task.fields.get("info", "")
-            self.console.print(
-                f"{task.description}: {task.completed:.0f}/{task.total:.0f} {info} "
-                f"({task.elapsed or 0:.0f} s)"
-            )
-
-
 @contextmanager
 def progress_bar(enabled: bool = True) -> Iterator[Progress]:
     """A rich progress display on stderr (silent when ``enabled`` is false)."""
-    progress = _LoggedProgress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[info]}"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=Console(stderr=True),
-        disable=not enabled,
-    )
+    progress = render_progress(transient=False, remaining=True, info=True, enabled=enabled)
     with progress:
         yield progress
 
