@@ -400,63 +400,58 @@ class ResultsStore:
                 best = (rank, Superseded(count, before, reasons))
         return None if best is None else best[1]
 
+    # ------------------------------------------------------------------ rows
+    def _select(
+        self, table: str, columns: str, key: RunKey, ids: Sequence[str] | None = None, **where: str
+    ) -> list[tuple]:
+        """``(example_id, *columns)`` rows of ``table`` under ``key`` (and ``where``: column ->
+        value), only those of ``ids`` when given."""
+        clause = "".join(f" AND {column}=?" for column in where)
+        rows = self.db.execute(
+            f"SELECT example_id{', ' + columns if columns else ''} FROM {table} WHERE run=?{clause}",
+            (key.digest, *where.values()),
+        )
+        wanted = None if ids is None else set(ids)
+        return [row for row in rows if wanted is None or row[0] in wanted]
+
+    def _insert(self, table: str, key: RunKey, rows: list[tuple]) -> None:
+        """Write ``(run, example_id, ...)`` rows of ``table`` in one transaction (replacing rows of
+        the same key) and count them."""
+        self._register(key)
+        if rows:
+            marks = ",".join("?" * len(rows[0]))
+            with self.db:
+                self.db.executemany(f"INSERT OR REPLACE INTO {table} VALUES ({marks})", rows)
+        self.written[table] += len(rows)
+
     # ------------------------------------------------------------------ explanations
     def explanation_ids(self, key: RunKey) -> set[str]:
-        rows = self.db.execute("SELECT example_id FROM explanations WHERE run=?", (key.digest,))
-        return {r[0] for r in rows}
+        return {row[0] for row in self._select("explanations", "", key)}
 
     def put_explanations(self, key: RunKey, items: Iterable[tuple[str, Explanation]]) -> None:
-        self._register(key)
         now = time.time()
-        rows = [(key.digest, ident, expl.to_json(), now) for ident, expl in items]
-        with self.db:
-            self.db.executemany("INSERT OR REPLACE INTO explanations VALUES (?,?,?,?)", rows)
-        self.written["explanations"] += len(rows)
+        self._insert("explanations", key, [(key.digest, ident, expl.to_json(), now) for ident, expl in items])
 
     def get_explanations(self, key: RunKey, ids: Sequence[str] | None = None) -> dict[str, Explanation]:
-        rows = self.db.execute("SELECT example_id, explanation FROM explanations WHERE run=?", (key.digest,))
-        wanted = None if ids is None else set(ids)
-        return {
-            ident: Explanation.from_dict(json.loads(text))
-            for ident, text in rows
-            if wanted is None or ident in wanted
-        }
+        rows = self._select("explanations", "explanation", key, ids)
+        return {ident: Explanation.from_dict(json.loads(text)) for ident, text in rows}
 
     # ------------------------------------------------------------------ raw measurements
     def measurement_ids(self, key: RunKey, source: str, protocol_hash: str) -> set[str]:
-        rows = self.db.execute(
-            "SELECT example_id FROM measurements WHERE run=? AND source=? AND protocol_hash=?",
-            (key.digest, source, protocol_hash),
-        )
-        return {r[0] for r in rows}
+        return {row[0] for row in self._select("measurements", "", key, source=source, protocol_hash=protocol_hash)}
 
     def put_measurements(self, key: RunKey, source: str, protocol_hash: str, items: Iterable[tuple[str, dict]]) -> None:
-        self._register(key)
         now = time.time()
         rows = [(key.digest, ident, source, protocol_hash, _json(data), now) for ident, data in items]
-        with self.db:
-            self.db.executemany("INSERT OR REPLACE INTO measurements VALUES (?,?,?,?,?,?)", rows)
-        self.written["measurements"] += len(rows)
+        self._insert("measurements", key, rows)
 
     def get_measurements(self, key: RunKey, source: str, protocol_hash: str, ids: Sequence[str] | None = None) -> dict[str, dict]:
-        rows = self.db.execute(
-            "SELECT example_id, data FROM measurements WHERE run=? AND source=? AND protocol_hash=?",
-            (key.digest, source, protocol_hash),
-        )
-        wanted = None if ids is None else set(ids)
-        return {
-            ident: {k: _nan(v) for k, v in json.loads(text).items()}
-            for ident, text in rows
-            if wanted is None or ident in wanted
-        }
+        rows = self._select("measurements", "data", key, ids, source=source, protocol_hash=protocol_hash)
+        return {ident: {k: _nan(v) for k, v in json.loads(text).items()} for ident, text in rows}
 
     # ------------------------------------------------------------------ metric values
     def metric_ids(self, key: RunKey, metric: str, protocol_hash: str) -> set[str]:
-        rows = self.db.execute(
-            "SELECT example_id FROM metrics WHERE run=? AND metric=? AND protocol_hash=?",
-            (key.digest, metric, protocol_hash),
-        )
-        return {r[0] for r in rows}
+        return {row[0] for row in self._select("metrics", "", key, metric=metric, protocol_hash=protocol_hash)}
 
     def put_metrics(
         self,
@@ -466,7 +461,6 @@ class ResultsStore:
         items: Iterable[tuple[str, float, Sequence[float] | None, dict | None]],
     ) -> None:
         """Store ``(example_id, value, curve, extra)`` rows of one metric."""
-        self._register(key)
         now = time.time()
         rows = [
             (
@@ -478,29 +472,21 @@ class ResultsStore:
             )
             for ident, value, curve, extra in items
         ]
-        with self.db:
-            self.db.executemany("INSERT OR REPLACE INTO metrics VALUES (?,?,?,?,?,?,?,?)", rows)
-        self.written["metrics"] += len(rows)
+        self._insert("metrics", key, rows)
 
     def get_metrics(
         self, key: RunKey, metric: str, protocol_hash: str, ids: Sequence[str] | None = None
     ) -> dict[str, tuple[float, list[float] | None, dict | None]]:
         """``example_id -> (value, curve, extra)`` (NaN for undefined values)."""
-        rows = self.db.execute(
-            "SELECT example_id, value, curve, extra FROM metrics WHERE run=? AND metric=? AND protocol_hash=?",
-            (key.digest, metric, protocol_hash),
-        )
-        wanted = None if ids is None else set(ids)
-        found = {}
-        for ident, value, curve, extra in rows:
-            if wanted is not None and ident not in wanted:
-                continue
-            found[ident] = (
+        rows = self._select("metrics", "value, curve, extra", key, ids, metric=metric, protocol_hash=protocol_hash)
+        return {
+            ident: (
                 float("nan") if value is None else float(value),
                 None if curve is None else _nan(json.loads(curve)),
                 None if extra is None else {k: _nan(v) for k, v in json.loads(extra).items()},
             )
-        return found
+            for ident, value, curve, extra in rows
+        }
 
     def record_explained(self, key: RunKey, items: Sequence[tuple[str, Explanation]], seconds: float, peak_mb: float) -> None:
         """Store freshly computed explanations and add what they cost: ``seconds`` of wall time,
