@@ -119,13 +119,11 @@ def _gradient_x_input_map(problem: Problem, embeds: torch.Tensor, options: dict[
     return input_gradients(problem, embeds, options.get("internal_batch_size")) * embeds
 
 
-@register(
-    "saliency",
-    family="gradient",
-    cost="1 forward + 1 backward",
-    reference=gradient_reference,
-    per_dimension=_gradient_map,
-)
+SINGLE_PASS = {"family": "gradient", "cost": "1 forward + 1 backward", "reference": gradient_reference}
+"""What the single-pass gradient methods register with: one backward through their reference pass."""
+
+
+@register("saliency", **SINGLE_PASS, per_dimension=_gradient_map)
 def saliency(problem: Problem, *, aggregate: GradientAggregate = "l2") -> torch.Tensor:
     """L2 norm of the gradient of the target logit w.r.t. each word embedding.
 
@@ -142,13 +140,7 @@ def saliency(problem: Problem, *, aggregate: GradientAggregate = "l2") -> torch.
     return aggregate_embedding(grad, aggregate)
 
 
-@register(
-    "grad_x_input",
-    family="gradient",
-    cost="1 forward + 1 backward",
-    reference=gradient_reference,
-    per_dimension=_gradient_x_input_map,
-)
+@register("grad_x_input", **SINGLE_PASS, per_dimension=_gradient_x_input_map)
 def grad_x_input(problem: Problem, *, aggregate: Aggregate = "sum") -> torch.Tensor:
     """Dot product of each word embedding with its gradient (signed).
 

@@ -50,6 +50,16 @@ def progress_bar(enabled: bool = True) -> Iterator[Progress]:
         yield progress
 
 
+def _step(loss: torch.Tensor, parameters, optimizer, scheduler, max_grad_norm: float) -> float:
+    """One optimiser step on ``loss`` (gradients clipped to ``max_grad_norm``); the loss value."""
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(parameters, max_grad_norm)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.item()
+
+
 def encode(
     tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], max_length: int
 ) -> dict[str, torch.Tensor]:
@@ -110,12 +120,7 @@ def fine_tune(
                 rows = order[first : first + config.batch_size].tolist()
                 inputs = encode(tokenizer, [texts[i] for i in rows], config.max_length)
                 loss = model(**inputs, labels=labels[rows]).loss
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
-                losses.append(loss.item())
+                losses.append(_step(loss, model.parameters(), optimizer, scheduler, config.max_grad_norm))
                 recent = np.mean(losses[-50:])
                 bar.update(task, advance=1, info=f"loss {recent:.3f}")
     model.eval()
@@ -278,12 +283,7 @@ def fine_tune_top_layers(
                 hidden = _run_blocks(backbone, top, backbone.norm, inputs_embeds=padded, attention_mask=mask)
                 logits = model.score(hidden[torch.arange(len(rows)), last])
                 loss = torch.nn.functional.cross_entropy(logits.float(), targets[rows])
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(trainable, config.max_grad_norm)
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
-                losses.append(loss.item())
+                losses.append(_step(loss, trainable, optimizer, scheduler, config.max_grad_norm))
                 bar.update(task, advance=1, info=f"loss {np.mean(losses[-50:]):.3f}")
     model.eval()
     for p in model.parameters():
