@@ -113,6 +113,8 @@ Init = Literal["randn", "zeros"]
 SCORES: tuple[str, ...] = Score.__args__
 KEEP: tuple[str, ...] = Keep.__args__
 INITS: tuple[str, ...] = Init.__args__
+COPERTURBATION_COST = "steps x (samples forwards + 1 backward), batched over sentences (converged ones drop out)"
+GUAN2019_COST = "5000 x (1 forward + 1 backward), batched over sentences"
 ACTIVATION_BUDGET = 512 * 2**20
 """Bytes of saved activations a forward+backward chunk may hold (see :func:`grad_token_budget`)."""
 GRAD_CHUNK_OVERHEAD = 64
@@ -432,12 +434,9 @@ def _scores_for(
     return scores if layerwise else scores[:, 0]
 
 
-@register(
-    "coperturbation",
-    family="perturbation",
-    cost="steps x (samples forwards + 1 backward), batched over sentences (converged ones drop out)",
-    needs_hidden=True,  # the reference pass then serves as the clean pass (no second one)
-)
+# Both estimators read hidden states off the reference pass, which then serves as the clean
+# pass (no second one).
+@register("coperturbation", family="perturbation", cost=COPERTURBATION_COST, needs_hidden=True)
 def coperturbation(
     problem: Problem,
     *,
@@ -490,12 +489,7 @@ def coperturbation(
     return _scores_for(problem, settings, layer, layerwise, score, normalize, seed)
 
 
-@register(
-    "guan2019",
-    family="perturbation",
-    cost="5000 x (1 forward + 1 backward), batched over sentences",
-    needs_hidden=True,  # the reference pass then serves as the clean pass (no second one)
-)
+@register("guan2019", family="perturbation", cost=GUAN2019_COST, needs_hidden=True)
 def guan2019(
     problem: Problem,
     *,
