@@ -24,6 +24,7 @@ test-all: $(STAMP)  ## every suite, slow ones included
 
 lint: $(STAMP)
 	$(BIN)/ruff check heedful tests benchmarks
+	$(BIN)/lint-imports
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/core_methods.py
