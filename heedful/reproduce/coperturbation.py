@@ -408,8 +408,7 @@ def _markdown(rect_results, bench_results, lmap, sweep, files, notes, timings, q
             f"{check['n']} error sentences ({min(check['tokens'])}-{max(check['tokens'])} content tokens): Spearman "
             f"correlation of the token scores, mean {np.mean(check['spearman']):.2f} (min {min(check['spearman']):.2f}); "
             f"share of one seed's top-20 % tokens also in the other's: mean {np.mean(check['overlap']):.2f}. "
-            "The seed draws the noise; every token's theta starts at 0. (Before theta started at 0, a "
-            "seeded N(0, 1) start with 500 steps at lr 0.01 agreed across seeds at 0.40 on 8 test sentences.)",
+            "The seed draws the noise; every token's theta starts at 0.",
             "",
         ]
     lines += ["## 1. Rectifying misclassifications (paper Section 5.4.1)", ""]
