@@ -325,6 +325,7 @@ def render(
     verdicts = []
     if cop is not None:
         n = args.n
+        first_cost, best_cost = cop["scaling"][0][1], min(c for _, c in cop["scaling"])
         lines += [
             f"## Co-perturbation: {n} sentences batched vs one at a time",
             "",
@@ -348,17 +349,19 @@ def render(
             "|---|" + "---:|" * len(cop["scaling"]),
             "| us per position | " + " | ".join(f"{c:.0f}" for _, c in cop["scaling"]) + " |",
             "",
-            f"What batching can save: at equal steps and samples it cannot make the arithmetic "
+            "What batching can save: at equal steps and samples it cannot make the arithmetic "
             "cheaper; it removes per-call overhead and runs matrix products on more rows at once. "
-            f"Measured above, one step's cost per noised position falls only from "
-            f"{cop['scaling'][0][1]:.0f} us ({cop['scaling'][0][0]} positions per call) to "
-            f"{min(c for _, c in cop['scaling']):.0f} us at best: one sentence's noised copies already "
-            "make a call large enough to keep the CPU busy, so batching can save at most about "
-            f"{cop['scaling'][0][1] / min(c for _, c in cop['scaling']):.2f}x on a CPU; the passes "
-            "of a real model are compute-bound. What cuts the work is already in the method and is "
-            "switched off here to compare equal work: each sentence stops on its own when its "
-            "objective is flat, and the batch shrinks. Where per-call overhead dominates (small "
-            "models, accelerators) batching pays more.",
+            f"Measured above, one step's cost per noised position goes from {first_cost:.0f} us "
+            f"({cop['scaling'][0][0]} positions per call) to {best_cost:.0f} us at best, so batching "
+            f"can save at most about {first_cost / best_cost:.2f}x here: "
+            + (
+                "one sentence's noised copies already make a call large enough to keep the CPU busy. "
+                if first_cost / best_cost < 1.5
+                else "small calls leave the CPU underused, and batching pays. "
+            )
+            + "What cuts the work is already in the method and is switched off here to compare "
+            "equal work: each sentence stops on its own when its objective is flat, and the batch "
+            "shrinks.",
             "",
         ]
         ok = cop["ratio"] >= COPERTURBATION_TARGET
