@@ -8,6 +8,7 @@ import datetime as dt
 import importlib.metadata
 import os
 import platform
+import shlex
 import sys
 from pathlib import Path
 
@@ -61,6 +62,13 @@ def library_versions(*distributions: str) -> str:
     return ", ".join(f"{d} {importlib.metadata.version(d)}" for d in distributions)
 
 
+def command_line() -> str:
+    """The command that made this results file, as a Markdown bullet."""
+    script = Path(sys.argv[0])
+    shown = f"benchmarks/{script.name}" if script.parent.name == "benchmarks" else str(script)
+    return f"- command: `python {shlex.join([shown, *sys.argv[1:]])}`"
+
+
 def machine_lines(
     model: heedful.Model, args: argparse.Namespace, texts: list[str], loads: tuple[float, float], versions: str,
     model_extra: str = "",
@@ -69,6 +77,7 @@ def machine_lines(
     1-minute load average before and after), library ``versions``, model, inputs and timing."""
     lengths = model.encode(texts).lengths.float()
     return [
+        command_line(),
         f"- date: {dt.datetime.now().astimezone().isoformat(timespec='seconds')}",
         f"- machine: {platform.machine()}, {cpu_name()}, {os.cpu_count()} logical cores; torch threads "
         f"{torch.get_num_threads()} (both sides), OMP_WAIT_POLICY="

@@ -54,7 +54,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from _shared import cpu_name, fmt_s, library_versions, load_model  # noqa: E402  (benchmarks/ is the script's folder)
+from _shared import command_line, cpu_name, fmt_s, library_versions, load_model  # noqa: E402  (benchmarks/ is the script's folder)
 from captum.attr import FeatureAblation, InputXGradient, LayerIntegratedGradients, Saliency
 from rich.console import Console
 from rich.markdown import Markdown
@@ -299,6 +299,7 @@ def machine_info(
     lengths = batch.lengths.float()
     params = sum(p.numel() for p in model.hf_model.parameters()) / 1e6
     return [
+        command_line(),
         f"- date: {STARTED.isoformat(timespec='seconds')} (start of the run)",
         f"- machine: {platform.machine()}, {cpu}, {os.cpu_count()} logical cores, shared; torch "
         f"threads {torch.get_num_threads()} on both sides; 1-minute load average during the run "

@@ -52,6 +52,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from _shared import command_line  # noqa: E402  (benchmarks/ is the script's folder)
 
 import heedful
 from heedful.cache import heedful_home
@@ -304,6 +305,7 @@ def machine_lines(args: argparse.Namespace) -> list[str]:
     return [
         "## Machine",
         "",
+        command_line(),
         f"- {platform.platform()}, Python {platform.python_version()}, torch {torch.__version__}, "
         f"{os.cpu_count()} CPUs, {args.threads} torch thread(s), load average {load[0]:.1f} at the end",
         f"- {dt.datetime.now(dt.UTC).isoformat(timespec='seconds')}; {args.repeats} timed runs per method (median), "
