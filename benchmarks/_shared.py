@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.markdown import Markdown
 
 import heedful
+from heedful import datasets
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -43,7 +44,7 @@ def load_texts(args: argparse.Namespace) -> list[str]:
         from tiny import CORPUS  # type: ignore[import-not-found]
 
         return [CORPUS[i % 10] + (" again" * (i // 10)) for i in range(args.n)]
-    return [example.text for example in heedful.datasets.load("movies", "test", n=args.n)]
+    return [example.text for example in datasets.load("movies", "test", n=args.n)]
 
 
 def cpu_name() -> str:
