@@ -61,8 +61,8 @@ from rich.markdown import Markdown
 
 import heedful
 from heedful.batch import Batch
+from heedful.chunks import TOKEN_BUDGET
 from heedful.datasets import load_split
-from heedful.runner import TOKEN_BUDGET
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent

@@ -63,6 +63,16 @@ class Batch:
             truncated=[self.truncated[i] for i in indices] if self.truncated else [],
         )
 
+    def cut(self, rows: torch.Tensor, width: int) -> dict[str, torch.Tensor | None]:
+        """The model inputs of examples ``rows`` cut to their first ``width`` positions:
+        ``input_ids``, ``attention_mask`` and ``token_type_ids`` (``None`` without segments)."""
+        types = self.token_type_ids
+        return {
+            "input_ids": self.input_ids[rows, :width],
+            "attention_mask": self.attention_mask[rows, :width],
+            "token_type_ids": None if types is None else types[rows, :width],
+        }
+
     def with_ids(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> Batch:
         """The same bookkeeping with new ids (used by perturbations; tokens lists are not updated)."""
         return replace(

@@ -24,6 +24,7 @@ import torch
 
 from heedful.adapters import Forward, ModelAdapter
 from heedful.batch import Batch
+from heedful.chunks import length_chunks
 from heedful.targets import Columns, ResolvedTarget, Target, resolve_target
 
 ReferencePass = Callable[[ModelAdapter, Batch, torch.Tensor, "torch.Tensor | None"], Forward]
@@ -83,17 +84,16 @@ class Problem:
         the examples' anchors."""
         batch = self.batch
         rows = torch.arange(len(batch)) if rows is None else rows
-        width = batch.seq_len if width is None else width
+        inputs = batch.cut(rows, batch.seq_len if width is None else width)
         if inputs_embeds is None and self.inputs_embeds is not None:
-            inputs_embeds = self.inputs_embeds[rows, :width]
-        types = batch.token_type_ids
+            inputs_embeds = self.inputs_embeds[rows, : inputs["input_ids"].shape[1]]
+        if inputs_embeds is not None:
+            del inputs["input_ids"]
         return self.adapter.forward(
             batch,
             self.target.anchor[rows],
-            input_ids=None if inputs_embeds is not None else batch.input_ids[rows, :width],
+            **inputs,
             inputs_embeds=inputs_embeds,
-            attention_mask=batch.attention_mask[rows, :width],
-            token_type_ids=None if types is None else types[rows, :width],
             hidden_states=hidden_states,
             attentions=attentions,
         )
@@ -105,11 +105,14 @@ class Problem:
         missing_hidden = hidden_states and ref.hidden_states is None
         missing_attn = attentions and ref.attentions is None
         if missing_hidden or missing_attn:
-            with torch.no_grad():
-                fwd = self.forward(
-                    hidden_states=hidden_states or ref.hidden_states is not None,
-                    attentions=attentions or ref.attentions is not None,
-                )
+            fwd = reference_pass(
+                self.adapter,
+                self.batch,
+                self.anchor,
+                self.inputs_embeds,
+                hidden_states=hidden_states or ref.hidden_states is not None,
+                attentions=attentions or ref.attentions is not None,
+            )
             self.reference = Forward(ref.logits, fwd.hidden_states, fwd.attentions, ref.inputs_embeds)
         return self.reference
 
@@ -140,6 +143,48 @@ class Problem:
         return self
 
 
+@torch.no_grad()
+def reference_pass(
+    adapter: ModelAdapter,
+    batch: Batch,
+    anchor: torch.Tensor,
+    inputs_embeds: torch.Tensor | None = None,
+    *,
+    hidden_states: bool = False,
+    attentions: bool = False,
+) -> Forward:
+    """The unperturbed pass of every example (no gradient), in chunks of similar length
+    (:func:`~heedful.chunks.length_chunks`), laid back out like ``batch``: ``logits`` ``[B, C]``
+    at the anchors; ``hidden_states`` ``L + 1`` x ``[B, N, D]`` and ``attentions`` ``L`` x
+    ``[B, H, N, N]`` when asked for, 0 beyond each example's own positions (what a padded
+    position would hold is no example's business). A batch that is one chunk runs as it is."""
+    chunks = length_chunks(batch.lengths)
+    if len(chunks) == 1 and chunks[0][1] == batch.seq_len:
+        return adapter.forward(
+            batch, anchor, inputs_embeds=inputs_embeds, hidden_states=hidden_states, attentions=attentions
+        )
+    logits: torch.Tensor | None = None
+    hidden: list[torch.Tensor] = []
+    probs: list[torch.Tensor] = []
+    bsz, seq = len(batch), batch.seq_len
+    for rows, width in chunks:
+        inputs = batch.cut(rows, width)
+        if inputs_embeds is not None:
+            inputs["inputs_embeds"] = inputs_embeds[rows, :width]
+            del inputs["input_ids"]
+        fwd = adapter.forward(batch, anchor[rows], **inputs, hidden_states=hidden_states, attentions=attentions)
+        if logits is None:
+            logits = fwd.logits.new_zeros(bsz, fwd.logits.shape[1])
+            hidden = [h.new_zeros(bsz, seq, h.shape[-1]) for h in fwd.hidden_states or ()]
+            probs = [a.new_zeros(bsz, a.shape[1], seq, seq) for a in fwd.attentions or ()]
+        logits[rows] = fwd.logits
+        for full, part in zip(hidden, fwd.hidden_states or (), strict=True):
+            full[rows, :width] = part
+        for full, part in zip(probs, fwd.attentions or (), strict=True):
+            full[rows, :, :width, :width] = part
+    return Forward(logits, tuple(hidden) if hidden_states else None, tuple(probs) if attentions else None)
+
+
 def prepare(
     adapter: ModelAdapter,
     batch: Batch,
@@ -150,9 +195,10 @@ def prepare(
     attentions: bool = False,
     reference: ReferencePass | None = None,
 ) -> Problem:
-    """A :class:`Problem` for an encoded ``batch``: anchor positions, one reference pass (no
-    gradient, with hidden states / attentions when asked for; or ``reference``'s own pass), and
-    the target resolved against its logits.
+    """A :class:`Problem` for an encoded ``batch``: anchor positions, one reference pass
+    (:func:`reference_pass`: no gradient, rows of similar length together, with hidden states /
+    attentions when asked for; or ``reference``'s own pass), and the target resolved against its
+    logits.
 
     ``target``: ``None`` (the predicted class / next token), a class index or label, a token
     string for language models, ``"A vs B"`` or ``(A, B)`` for a contrast; or
@@ -164,9 +210,6 @@ def prepare(
     if reference is not None:
         forward = reference(adapter, batch, anchor, inputs_embeds)
     else:
-        with torch.no_grad():
-            forward = adapter.forward(
-                batch, anchor, inputs_embeds=inputs_embeds, hidden_states=hidden_states, attentions=attentions
-            )
+        forward = reference_pass(adapter, batch, anchor, inputs_embeds, hidden_states=hidden_states, attentions=attentions)
     resolved = resolve_target(request, adapter, anchor, anchor_kind, forward.logits.detach())
     return Problem(adapter, batch, resolved, forward, request, inputs_embeds)

@@ -5,8 +5,8 @@ A method describes its copies as :class:`Copies` -- which example each row stand
 either its perturbed ids (leave-one-out, LIME, KernelSHAP, RISE, TDD, the faithfulness curves)
 or a builder of its input embeddings (integrated gradients' path points, SmoothGrad's noised
 copies) -- and a :class:`Runner` does the rest: :meth:`Runner.chunks` cuts the rows into chunks
-of similar length (:func:`length_chunks`: least padding plus a per-chunk overhead, each chunk cut
-to its longest row and holding at most ``budget`` token positions), :meth:`Runner.map` runs them
+of similar length (:func:`~heedful.chunks.length_chunks`: least padding plus a per-chunk
+overhead, each chunk cut to its longest row and holding at most ``budget`` token positions), :meth:`Runner.map` runs them
 forward and scatters per-row values back, :meth:`Runner.gradients` runs them forward and
 backward and sums the input gradients per example. Right padding never changes a real
 position's output, so chunking changes the cost of a method, not its result (beyond float
@@ -19,84 +19,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from heedful.adapters import Forward, ModelAdapter
 from heedful.batch import Batch
+from heedful.chunks import CHUNK_OVERHEAD, TOKEN_BUDGET, length_chunks
 from heedful.perturb import Perturbed
 from heedful.targets import ResolvedTarget
 
-TOKEN_BUDGET = 16384
-"""Default number of (sequence x position) cells per forward chunk."""
-
-CHUNK_OVERHEAD = 256
-"""What one more forward chunk costs, in cells, when :func:`length_chunks` decides where to cut
-(per-pass overhead and the lower efficiency of small matrix products)."""
-
-
-def length_chunks(
-    lengths: torch.Tensor,
-    chunk_rows: int | None = None,
-    *,
-    row_cells: int = 1,
-    budget: int = TOKEN_BUDGET,
-    overhead: int = CHUNK_OVERHEAD,
-) -> list[tuple[torch.Tensor, int]]:
-    """Chunks of rows of similar length: ``(row indices, width)`` pairs covering every row.
-
-    ``lengths`` ``[R]`` are the rows' real (unpadded) lengths in a right-padded batch. Rows are
-    sorted longest first (stable, so rows of equal length keep their order) and the sorted run is
-    cut into chunks, each padded only to its own longest row ``width`` and holding at most
-    ``budget // (width * row_cells)`` rows (or ``chunk_rows``). Where to cut is chosen to
-    minimise the padded cells plus ``overhead`` per chunk (exact, by dynamic programming over the
-    distinct lengths): with lengths 8..53 in one batch of 64 sentences, half of the cells of one
-    padded batch were padding.
-
-    ``row_cells``: sequences each row stands for (e.g. a problem run as ``samples`` noised
-    copies), so that padding is costed -- and the ``budget`` filled -- in the sequences actually
-    run.
-    """
-    lengths = lengths.reshape(-1).long().clamp(min=1)
-    rows = lengths.shape[0]
-    if rows == 0:
-        return []
-    order = torch.sort(lengths, descending=True, stable=True).indices
-    values, counts = torch.unique_consecutive(lengths[order], return_counts=True)
-    widths = values.tolist()  # distinct lengths, longest first
-    ends = np.cumsum(counts.tolist())  # rows up to and including each distinct length
-    starts = np.concatenate([[0], ends[:-1]])
-
-    def per_chunk(width: int) -> int:
-        return chunk_rows or max(1, budget // (width * row_cells))
-
-    # best[j]: least cost of the first ends[j - 1] rows; a span of distinct lengths i..j-1 is
-    # padded to widths[i] and split into as few chunks as the budget allows.
-    k = len(widths)
-    best = np.zeros(k + 1)
-    cut = np.zeros(k + 1, dtype=np.int64)
-    caps = np.array([per_chunk(w) for w in widths])
-    width_arr = np.array(widths)
-    for j in range(1, k + 1):
-        span_rows = ends[j - 1] - starts[:j]
-        n_chunks = -(-span_rows // caps[:j])
-        costs = best[:j] + span_rows * row_cells * width_arr[:j] + n_chunks * overhead
-        i = int(np.argmin(costs))
-        best[j], cut[j] = costs[i], i
-    spans = []
-    j = k
-    while j > 0:
-        i = int(cut[j])
-        spans.append((i, j))
-        j = i
-    chunks = []
-    for i, j in reversed(spans):
-        span = order[int(starts[i]) : int(ends[j - 1])]
-        n_chunks = -(-span.shape[0] // int(caps[i]))
-        for part in torch.tensor_split(span, n_chunks):
-            chunks.append((part, int(lengths[part[0]])))
-    return chunks
-
+__all__ = ["CHUNK_OVERHEAD", "TOKEN_BUDGET", "Chunk", "Copies", "Runner", "length_chunks"]
 
 EmbedBuilder = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
 """``embeds(rows, example, width) -> [r, width, E]``: input embeddings of copies ``rows`` (of
@@ -201,13 +132,9 @@ class Runner:
                     "token_type_ids": None if types is None else types[rows, :width],
                 }
             else:
-                types = batch.token_type_ids
-                inputs = {
-                    "attention_mask": batch.attention_mask[example, :width],
-                    "token_type_ids": None if types is None else types[example, :width],
-                }
-                if copies.embeds is None:
-                    inputs["input_ids"] = batch.input_ids[example, :width]
+                inputs = batch.cut(example, width)
+                if copies.embeds is not None:
+                    del inputs["input_ids"]
             self.passes += 1
             yield Chunk(rows, example, width, target, inputs)
 

@@ -100,11 +100,12 @@ from heedful.attribution.noise import (
     resolve_layer,
 )
 from heedful.batch import Batch
+from heedful.chunks import TOKEN_BUDGET
 from heedful.errors import InputError
 from heedful.options import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, RUNTIME
 from heedful.problem import Problem
 from heedful.registry import register
-from heedful.runner import TOKEN_BUDGET, Runner
+from heedful.runner import Runner
 from heedful.seeding import example_generators
 
 Score = Literal["rho", "log_rho"]

@@ -33,11 +33,12 @@ import torch
 
 from heedful.adapters import Forward, ModelAdapter
 from heedful.batch import Batch
+from heedful.chunks import length_chunks
 from heedful.errors import InputError
 from heedful.options import AT_LEAST_ONE, NON_NEGATIVE, RUNTIME
 from heedful.problem import Problem
 from heedful.registry import find, register
-from heedful.runner import Copies, Runner, length_chunks
+from heedful.runner import Copies, Runner
 from heedful.seeding import example_generators
 
 Aggregate = Literal["sum", "l1", "l2"]
@@ -74,17 +75,12 @@ def gradient_reference(
     second forward. Rows run in groups of similar length, each cut to its longest row."""
     start = adapter.embed(batch.input_ids) if inputs_embeds is None else inputs_embeds
     embeds = start.detach().requires_grad_(True)
-    types = batch.token_type_ids
     parts, order = [], []
     with torch.enable_grad():
         for rows, width in length_chunks(batch.lengths):
-            fwd = adapter.forward(
-                batch,
-                anchor[rows],
-                inputs_embeds=embeds[rows, :width],
-                attention_mask=batch.attention_mask[rows, :width],
-                token_type_ids=None if types is None else types[rows, :width],
-            )
+            inputs = batch.cut(rows, width)
+            del inputs["input_ids"]
+            fwd = adapter.forward(batch, anchor[rows], inputs_embeds=embeds[rows, :width], **inputs)
             parts.append(fwd.logits)
             order.append(rows)
         logits = torch.cat(parts)[torch.argsort(torch.cat(order))]

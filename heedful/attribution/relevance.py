@@ -21,6 +21,7 @@ from heedful.attribution.attention_gradient import (
     mean_over_real_rows,
 )
 from heedful.batch import Batch
+from heedful.chunks import length_chunks
 from heedful.errors import InputError
 from heedful.lrp import rule_set
 from heedful.lrp.masks import Ablation
@@ -28,7 +29,6 @@ from heedful.lrp.propagate import LRPForward, Prepared, RelevancePass, lrp_backw
 from heedful.options import OPEN_UNIT, UNIT
 from heedful.problem import Problem
 from heedful.registry import register
-from heedful.runner import length_chunks
 
 RELPROP_COST = "1 forward + 1 backward + 1 relevance pass"
 
