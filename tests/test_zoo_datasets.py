@@ -370,13 +370,13 @@ def test_top_layer_training_path_equals_the_full_forward() -> None:
 
 
 def test_top_layer_training_changes_only_the_top() -> None:
-    from heedful.zoo.train import TopLayersConfig, fine_tune_top_layers
+    from heedful.zoo.train import TopLayersConfig, fine_tune
 
     model, tokenizer = _tiny_llama_classifier()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     texts = ["good", "bad", "great fun", "awful mess"] * 4
     labels = [2, 0, 2, 0] * 4
-    summary = fine_tune_top_layers(
+    summary = fine_tune(
         model, tokenizer, texts, labels, TopLayersConfig(top_layers=1, batch_size=4, epochs=3, learning_rate=1e-2), progress=False
     )
     changed = {k for k, v in model.state_dict().items() if not torch.equal(v, before[k])}

@@ -35,7 +35,6 @@ from heedful.zoo.train import (  # noqa: E402
     TrainConfig,
     accuracy,
     fine_tune,
-    fine_tune_top_layers,
     predict,
     progress_bar,
     regression_scores,
@@ -300,7 +299,7 @@ def build_smollm2_sentiment(out_dir: Path, progress: bool = True, *, base: Path)
     )
     torch.manual_seed(cfg.seed)
     model = AutoModelForSequenceClassification.from_pretrained(base, config=config, local_files_only=True)
-    summary = fine_tune_top_layers(
+    summary = fine_tune(
         model, tokenizer, train["text"].tolist(), train["label"].to_numpy(), cfg, progress
     )
     return _save_and_score_classifier(model, tokenizer, out_dir, cfg, summary, train, test, progress)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
@@ -95,39 +95,70 @@ def fine_tune(
     linear decay to zero after it. ``targets`` are class indices, or floats
     when ``model.config.problem_type == "regression"``. The seed is applied to
     the data order here; seed the model's own initialisation before building it.
+    A :class:`TopLayersConfig` trains only the top blocks of a decoder classifier
+    (see :func:`_fine_tune_top_layers`).
     """
+    with progress_bar(progress) as bar:
+        if isinstance(config, TopLayersConfig):
+            return _fine_tune_top_layers(model, tokenizer, texts, targets, config, bar)
+        return _fine_tune_all(model, tokenizer, texts, targets, config, bar, description)
+
+
+def _fine_tune_all(model, tokenizer, texts, targets, config: TrainConfig, bar: Progress, description: str) -> dict:
+    """Every parameter of ``model`` trained on the whole forward pass."""
     regression = model.config.problem_type == "regression"
     labels = _targets_tensor(targets, regression)
     if len(labels) != len(texts):
         raise ValueError(f"{len(texts)} texts but {len(labels)} targets")
-    torch.manual_seed(config.seed)
-    orders = batch_order(len(texts), config.epochs, config.seed)
-    steps_per_epoch = math.ceil(len(texts) / config.batch_size)
-    total_steps = steps_per_epoch * config.epochs
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay
-    )
-    scheduler = get_linear_schedule_with_warmup(
-        optimizer, round(config.warmup_ratio * total_steps), total_steps
-    )
-    model.train()
-    losses: list[float] = []
+
+    def batch_loss(rows: list[int]) -> torch.Tensor:
+        inputs = encode(tokenizer, [texts[i] for i in rows], config.max_length)
+        return model(**inputs, labels=labels[rows]).loss
+
     start = time.perf_counter()
-    with progress_bar(progress) as bar:
-        task = bar.add_task(description, total=total_steps, info="")
-        for order in orders:
-            for first in range(0, len(order), config.batch_size):
-                rows = order[first : first + config.batch_size].tolist()
-                inputs = encode(tokenizer, [texts[i] for i in rows], config.max_length)
-                loss = model(**inputs, labels=labels[rows]).loss
-                losses.append(_step(loss, model.parameters(), optimizer, scheduler, config.max_grad_norm))
-                recent = np.mean(losses[-50:])
-                bar.update(task, advance=1, info=f"loss {recent:.3f}")
+    model.train()
+    losses = _train(config, len(texts), list(model.parameters()), batch_loss, bar, description)
     model.eval()
-    tail = losses[-max(1, steps_per_epoch // 10) :]
+    return _summary(config, len(texts), losses, start)
+
+
+def _train(
+    config: TrainConfig,
+    n_examples: int,
+    parameters: list[torch.nn.Parameter],
+    batch_loss: Callable[[list[int]], torch.Tensor],
+    bar: Progress,
+    description: str,
+) -> list[float]:
+    """Seeded AdamW steps on ``batch_loss(rows)`` over ``config.epochs`` shuffled passes of
+    ``config.batch_size`` rows, with linear warm-up and decay; the loss of every step."""
+    torch.manual_seed(config.seed)
+    orders = batch_order(n_examples, config.epochs, config.seed)
+    total_steps = _steps_per_epoch(config, n_examples) * config.epochs
+    optimizer = torch.optim.AdamW(parameters, lr=config.learning_rate, weight_decay=config.weight_decay)
+    scheduler = get_linear_schedule_with_warmup(optimizer, round(config.warmup_ratio * total_steps), total_steps)
+    losses: list[float] = []
+    task = bar.add_task(description, total=total_steps, info="")
+    for order in orders:
+        for first in range(0, len(order), config.batch_size):
+            rows = order[first : first + config.batch_size].tolist()
+            losses.append(_step(batch_loss(rows), parameters, optimizer, scheduler, config.max_grad_norm))
+            bar.update(task, advance=1, info=f"loss {np.mean(losses[-50:]):.3f}")
+    return losses
+
+
+def _steps_per_epoch(config: TrainConfig, n_examples: int) -> int:
+    return math.ceil(n_examples / config.batch_size)
+
+
+def _summary(config: TrainConfig, n_examples: int, losses: list[float], start: float, **extra: object) -> dict:
+    """What a training run reports: its size, first loss, mean loss over its last tenth of an
+    epoch, and its duration."""
+    tail = losses[-max(1, _steps_per_epoch(config, n_examples) // 10) :]
     return {
-        "examples": len(texts),
-        "steps": total_steps,
+        "examples": n_examples,
+        **extra,
+        "steps": len(losses),
         "first_loss": losses[0],
         "final_loss": float(np.mean(tail)),
         "seconds": round(time.perf_counter() - start, 1),
@@ -175,7 +206,7 @@ def regression_scores(predicted: np.ndarray, truth: Sequence[float] | np.ndarray
 
 @dataclass(frozen=True)
 class TopLayersConfig(TrainConfig):
-    """Settings of :func:`fine_tune_top_layers`: ``top_layers`` blocks (and the final norm and
+    """Settings of :func:`fine_tune` that train the top layers only: ``top_layers`` blocks (and the final norm and
     score head) are trained; the blocks below stay frozen and run once per text."""
 
     top_layers: int = 4
@@ -233,14 +264,7 @@ def _pad_states(states: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor,
     return padded, mask, lengths - 1
 
 
-def fine_tune_top_layers(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    texts: Sequence[str],
-    labels: Sequence[int] | np.ndarray,
-    config: TopLayersConfig,
-    progress: bool = True,
-) -> dict:
+def _fine_tune_top_layers(model, tokenizer, texts, labels, config: TopLayersConfig, bar: Progress) -> dict:
     """Fine-tune the top ``config.top_layers`` blocks, final norm and score head of a
     Llama-style ``*ForSequenceClassification`` decoder (``model.model.layers``,
     ``model.model.norm``, ``model.score``), in place.
@@ -262,39 +286,27 @@ def fine_tune_top_layers(
         p.requires_grad_(False)
     for p in trainable:
         p.requires_grad_(True)
-    torch.manual_seed(config.seed)
-    orders = batch_order(len(texts), config.epochs, config.seed)
-    steps_per_epoch = math.ceil(len(texts) / config.batch_size)
-    total_steps = steps_per_epoch * config.epochs
-    optimizer = torch.optim.AdamW(trainable, lr=config.learning_rate, weight_decay=config.weight_decay)
-    scheduler = get_linear_schedule_with_warmup(optimizer, round(config.warmup_ratio * total_steps), total_steps)
-    losses: list[float] = []
     start = time.perf_counter()
-    with progress_bar(progress) as bar:
-        model.eval()
-        states = _frozen_states(backbone, tokenizer, texts, n_frozen, config, bar)
-        cache_seconds = time.perf_counter() - start
-        model.train()
-        task = bar.add_task("training top blocks", total=total_steps, info="")
-        for order in orders:
-            for first in range(0, len(order), config.batch_size):
-                rows = order[first : first + config.batch_size].tolist()
-                padded, mask, last = _pad_states([states[i] for i in rows])
-                hidden = _run_blocks(backbone, top, backbone.norm, inputs_embeds=padded, attention_mask=mask)
-                logits = model.score(hidden[torch.arange(len(rows)), last])
-                loss = torch.nn.functional.cross_entropy(logits.float(), targets[rows])
-                losses.append(_step(loss, trainable, optimizer, scheduler, config.max_grad_norm))
-                bar.update(task, advance=1, info=f"loss {np.mean(losses[-50:]):.3f}")
+    model.eval()
+    states = _frozen_states(backbone, tokenizer, texts, n_frozen, config, bar)
+    cache_seconds = time.perf_counter() - start
+
+    def batch_loss(rows: list[int]) -> torch.Tensor:
+        padded, mask, last = _pad_states([states[i] for i in rows])
+        hidden = _run_blocks(backbone, top, backbone.norm, inputs_embeds=padded, attention_mask=mask)
+        logits = model.score(hidden[torch.arange(len(rows)), last])
+        return torch.nn.functional.cross_entropy(logits.float(), targets[rows])
+
+    model.train()
+    losses = _train(config, len(texts), trainable, batch_loss, bar, "training top blocks")
     model.eval()
     for p in model.parameters():
         p.requires_grad_(True)
-    tail = losses[-max(1, steps_per_epoch // 10) :]
-    return {
-        "examples": len(texts),
-        "trained_blocks": f"{n_frozen}..{len(backbone.layers) - 1}",
-        "steps": total_steps,
-        "first_loss": losses[0],
-        "final_loss": float(np.mean(tail)),
-        "frozen_pass_seconds": round(cache_seconds, 1),
-        "seconds": round(time.perf_counter() - start, 1),
-    }
+    return _summary(
+        config,
+        len(texts),
+        losses,
+        start,
+        trained_blocks=f"{n_frozen}..{len(backbone.layers) - 1}",
+        frozen_pass_seconds=round(cache_seconds, 1),
+    )
