@@ -8,9 +8,11 @@
 from heedful.attribution import get_method, methods
 from heedful.errors import HeedfulError, InputError, MethodError, UnsupportedModelError
 from heedful.explanation import Cost, Explanation, TargetInfo, WordScores
+from heedful.generation import Generation
+from heedful.generation_explanation import GenerationExplanation
 from heedful.loading import from_pretrained_objects, load
 from heedful.model import Model
-from heedful.problem import Problem, prepare
+from heedful.problem import QUANTITIES, Problem, prepare
 from heedful.registry import MethodInfo, register
 from heedful.targets import Target
 from heedful.version import __version__
@@ -19,12 +21,15 @@ __all__ = [
     "__version__",
     "Cost",
     "Explanation",
+    "Generation",
+    "GenerationExplanation",
     "HeedfulError",
     "InputError",
     "MethodError",
     "MethodInfo",
     "Model",
     "Problem",
+    "QUANTITIES",
     "Target",
     "TargetInfo",
     "UnsupportedModelError",

@@ -65,15 +65,29 @@ def explain(
     layerwise: Annotated[bool, typer.Option("--layerwise", help="Layer x token scores (methods that support it).")] = False,
     option: Annotated[list[str] | None, typer.Option("--option", "-o", help="Method option key=value; repeatable.")] = None,
     device: Annotated[str, typer.Option("--device", help="Where the model runs: cpu, cuda, cuda:1, mps.")] = "cpu",
+    generate: Annotated[int | None, typer.Option("--generate", "-g", help="Language models: generate N tokens and explain each one.")] = None,
+    continuation: Annotated[str | None, typer.Option("--continuation", help="Language models: explain this given continuation, token by token.")] = None,
+    quantity: Annotated[str | None, typer.Option("--quantity", help="Explain the target's logit or log_prob (generation and spans: log_prob).")] = None,
 ) -> None:
-    """Explain TEXT(s) with one or more methods and show a heatmap (or JSON / HTML)."""
+    """Explain TEXT(s) with one or more methods and show a heatmap (or JSON / HTML); with
+    --generate or --continuation, explain every token a language model writes after them."""
     import heedful
     from heedful.render.html import explanation_page
     from heedful.render.terminal import print_explanations
 
     items = _read_texts(texts or [], file)
-    infos = [heedful.get_method(name) for name in method or ["normxlogit"]]  # fail fast on unknown names
+    infos = [heedful.get_method(name) for name in method or (["saliency"] if generate or continuation else ["normxlogit"])]
     runs = _method_options(infos, options(option, "--option n_steps=100"), seed, layerwise)
+    if quantity is not None and quantity not in heedful.QUANTITIES:
+        raise HeedfulError(f"--quantity must be one of {', '.join(heedful.QUANTITIES)}, got {quantity!r}")
+    if generate is not None or continuation is not None:
+        if target is not None:
+            raise HeedfulError("--target does not apply to --generate / --continuation", hint="each generated token is its own target")
+        if generate is not None and generate < 1:
+            raise HeedfulError(f"--generate must be at least 1, got {generate}")
+        loaded = load_model(model, device)
+        _explain_generation(loaded, items, infos, runs, generate, continuation, quantity or "log_prob", as_json, html)
+        return
     loaded = load_model(model, device)
     results: list[heedful.Explanation] = []
     show_bar = len(items) > batch_size
@@ -87,6 +101,7 @@ def explain(
                 batch_size=batch_size,
                 truncation=not no_truncate,
                 progress=lambda n, t=task_id: bar.advance(t, n),
+                quantity=quantity,
                 **kwargs,
             )
             results.extend(found)
@@ -101,6 +116,28 @@ def explain(
         out.print_json(json.dumps(payload[0] if len(payload) == 1 else payload))
     elif html is None or sys.stdout.isatty():
         print_explanations(ordered, words=words, console=out)
+
+
+def _explain_generation(loaded, items, infos, runs, generate, continuation, quantity, as_json, html) -> None:
+    """Generate (or force) a continuation of every text once, explain each of its tokens with
+    every method, and show the step x token matrices (or JSON / HTML)."""
+    from heedful.render.generation import generation_page
+
+    generation = loaded.generate(items, generate or 20, continuation=continuation)
+    found = []
+    for info, kwargs in zip(infos, runs, strict=True):
+        found.extend(loaded.explain_generation(generation, info.name, quantity=quantity, **kwargs))
+    per_method = len(items)
+    ordered = [found[m * per_method + i] for i in range(per_method) for m in range(len(infos))]
+    if html is not None:
+        html.write_text(generation_page(ordered), encoding="utf-8")
+        err.print(f"wrote {html}")
+    if as_json:
+        payload = [g.to_dict() for g in ordered]
+        out.print_json(json.dumps(payload[0] if len(payload) == 1 else payload))
+    elif html is None or sys.stdout.isatty():
+        for g in ordered:
+            out.print(g)
 
 
 def _method_options(infos, extra: dict[str, Any], seed: int | None, layerwise: bool) -> list[dict[str, Any]]:

@@ -26,12 +26,16 @@ class Cost:
 @dataclass
 class TargetInfo:
     """What was explained: ``kind`` (predicted / given / contrast / regression), output column(s),
-    their label, and the anchor position whose head output was explained."""
+    their label, and the anchor position whose head output was explained; ``quantity``: the
+    column's logit or log-probability; ``positions``: for a span target, the position read for
+    each of its tokens (``indices``)."""
 
     kind: str
     indices: list[int]
     label: str
     anchor: int
+    quantity: str = "logit"
+    positions: list[int] | None = None
 
 
 @dataclass
@@ -56,8 +60,36 @@ class WordScores:
         }
 
 
+class Views:
+    """The views every result type shares, from what it defines: ``to_dict``, ``_page`` (a
+    self-contained HTML page), ``_snippet`` (HTML for a notebook) and ``_renderable`` (rich)."""
+
+    def to_json(self, indent: int | None = None) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def to_html(self, path: str | None = None, **view: Any) -> str:
+        """A self-contained HTML page (no network); written to ``path`` when given."""
+        page = self._page(**view)
+        if path is not None:
+            with open(path, "w", encoding="utf-8") as fh:
+                fh.write(page)
+        return page
+
+    def _repr_html_(self) -> str:
+        return self._snippet()
+
+    def __rich_console__(self, console, options):
+        yield self._renderable()
+
+    def show(self, **view: Any) -> None:
+        """Print it in the terminal."""
+        from rich.console import Console
+
+        Console().print(self._renderable(**view))
+
+
 @dataclass
-class Explanation:
+class Explanation(Views):
     """Token attributions for one text.
 
     ``tokens`` are exactly the tokenizer's tokens for the text (special tokens included and
@@ -144,9 +176,6 @@ class Explanation:
         data["offsets"] = [list(o) if o is not None else None for o in self.offsets]
         return data
 
-    def to_json(self, indent: int | None = None) -> str:
-        return json.dumps(self.to_dict(), indent=indent)
-
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Explanation:
         data = dict(data)
@@ -179,28 +208,17 @@ class Explanation:
         return frame
 
     # ------------------------------------------------------------------ rendering
-    def to_html(self, path: str | None = None, words: bool = False) -> str:
-        """A self-contained HTML page with the heatmap; written to ``path`` when given."""
+    def _page(self, words: bool = False) -> str:
         from heedful.render.html import explanation_page
 
-        page = explanation_page([self], words=words)
-        if path is not None:
-            with open(path, "w", encoding="utf-8") as fh:
-                fh.write(page)
-        return page
+        return explanation_page([self], words=words)
 
-    def _repr_html_(self) -> str:
+    def _snippet(self) -> str:
         from heedful.render.html import explanation_fragment
 
         return explanation_fragment(self)
 
-    def __rich_console__(self, console, options):
+    def _renderable(self, words: bool = False):
         from heedful.render.terminal import explanation_renderable
 
-        yield explanation_renderable(self)
-
-    def show(self, words: bool = False) -> None:
-        """Print the coloured heatmap to the terminal."""
-        from heedful.render.terminal import print_explanations
-
-        print_explanations([self], words=words)
+        return explanation_renderable(self, words)

@@ -2,22 +2,26 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import torch
 
 from heedful.adapters import ModelAdapter
-from heedful.attribution import get_method
+from heedful.attribution import get_method, span_methods
 from heedful.batch import Batch
 from heedful.errors import InputError
 from heedful.explanation import Cost, Explanation, TargetInfo
+from heedful.generation import Generation, force, generate, prepare_steps
+from heedful.generation_explanation import GenerationExplanation, assemble_generation
 from heedful.options import jsonable
-from heedful.problem import Problem, prepare
+from heedful.problem import QUANTITIES, Problem, prepare, span_request
 from heedful.registry import MethodInfo
-from heedful.targets import Target
+from heedful.targets import ResolvedTarget, Target
 
 ProgressHook = Callable[[int], None]
 
@@ -79,6 +83,7 @@ class Model:
         inputs_embeds: torch.Tensor | None = None,
         hidden_states: bool = False,
         attentions: bool = False,
+        quantity: str | None = None,
     ) -> Problem:
         """The :class:`~heedful.Problem` of ``texts`` (all at once, one batch): encoded, anchor
         positions found, one reference pass run and ``target`` resolved against it.
@@ -87,7 +92,9 @@ class Model:
         attentions, or its own graph-keeping pass) so that it runs no pass twice; any method can
         still take the problem. ``inputs_embeds`` ``[B, N, E]``: word embeddings to start from
         instead of the ids' (edited inputs). ``hidden_states`` / ``attentions``: keep them in
-        the reference pass.
+        the reference pass. ``quantity``: explain the target's ``"logit"`` or ``"log_prob"``
+        (see :func:`heedful.prepare`; a span target of several tokens defaults to its summed
+        log-probability).
 
         >>> model = heedful.load("minilm-sentiment")                        # doctest: +SKIP
         >>> problem = model.prepare(["great acting", "a dull plot"])        # doctest: +SKIP
@@ -106,6 +113,7 @@ class Model:
             hidden_states=hidden_states or (info is not None and info.needs_hidden),
             attentions=attentions or (info is not None and info.needs_attentions),
             reference=None if info is None else info.reference,
+            quantity=quantity,
         )
 
     # ------------------------------------------------------------------ prediction
@@ -125,7 +133,13 @@ class Model:
             found.extend(self._predictions(problem.reference.logits))
         return found
 
-    def _predictions(self, logits: torch.Tensor) -> list[dict[str, Any]]:
+    def _predictions(self, logits: torch.Tensor, target: ResolvedTarget | None = None) -> list[dict[str, Any]]:
+        if target is not None and target.is_span:
+            log_p = replace(target, quantity="log_prob").score(logits).tolist()
+            return [
+                {"label": label, "log_probability": v, "probability": math.exp(v)}
+                for label, v in zip(target.labels, log_p, strict=True)
+            ]
         if self.task == "regression":
             return [{"value": float(v)} for v in logits[:, 0]]
         probs = torch.softmax(logits.float(), dim=-1)
@@ -147,6 +161,7 @@ class Model:
         truncation: bool = True,
         max_length: int | None = None,
         progress: ProgressHook | None = None,
+        quantity: str | None = None,
         **options: Any,
     ) -> Explanation | list[Explanation]:
         """Explain the model's output for one text (returns an :class:`Explanation`) or many
@@ -154,7 +169,9 @@ class Model:
         :class:`~heedful.Problem` (returns a list).
 
         ``target``: ``None`` (predicted class / next token), a class index or label, a token
-        string for language models, ``"A vs B"`` or ``(A, B)`` for a contrast. ``options`` go to
+        string for language models (several tokens: a span, explained as the sum of their
+        log-probabilities in one pass), ``"A vs B"`` or ``(A, B)`` for a contrast.
+        ``quantity``: ``"logit"`` or ``"log_prob"`` of the target. ``options`` go to
         the method (e.g. ``n_steps=100`` for integrated gradients, ``layerwise=True`` for
         NormXLogit); they are checked before any work, and the explanation records every option
         of the method, defaults included. Stochastic methods take ``seed``.
@@ -167,10 +184,11 @@ class Model:
         info = get_method(method, self.task)
         bound = info.bind(options)
         if isinstance(texts, Problem):
-            if target is not None:
+            if target is not None or quantity is not None:
                 raise InputError("a prepared problem has its target", hint="pass the target to model.prepare(...)")
             return self._explain_problem(texts, info, bound)
         spec = Target.parse(target)
+        self._check_span(info, spec)
         single = isinstance(texts, str)
         items = _text_list(texts)
         pairs = _pairs(text_pair, len(items), single)
@@ -182,12 +200,14 @@ class Model:
             batch = self.adapter.encode(
                 items[start:stop], None if pairs is None else pairs[start:stop], truncation, max_length
             )
-            results.extend(self._explain_batch(batch, info, spec, bound))
+            results.extend(self._explain_batch(batch, info, spec, bound, quantity))
             if progress is not None:
                 progress(len(batch))
         return results[0] if single else results
 
-    def _explain_batch(self, batch: Batch, info: MethodInfo, spec: Target, bound: dict[str, Any]) -> list[Explanation]:
+    def _explain_batch(
+        self, batch: Batch, info: MethodInfo, spec: Target, bound: dict[str, Any], quantity: str | None = None
+    ) -> list[Explanation]:
         problem, shared = self._timed(
             lambda: prepare(
                 self.adapter,
@@ -196,9 +216,24 @@ class Model:
                 hidden_states=info.needs_hidden,
                 attentions=info.needs_attentions,
                 reference=info.reference,
+                quantity=quantity,
             )
         )
         return self._explain_problem(problem, info, bound, shared=shared)
+
+    def _check_span(self, info: MethodInfo, spec: Target) -> None:
+        """A span target for a method that explains one position fails before any work."""
+        if not info.spans:
+            span = span_request(self.adapter, spec)
+            if span is not None:
+                self._refuse_span(info, spec.value, len(span))
+
+    @staticmethod
+    def _refuse_span(info: MethodInfo, label: str, tokens: int) -> None:
+        raise InputError(
+            f"{info.name} explains one output position, and the target {label!r} is a span of {tokens} tokens",
+            hint=f"use a method that explains spans ({', '.join(span_methods())}), or a single-token target",
+        )
 
     def _timed(self, work: Callable[[], Any]) -> tuple[Any, tuple[float, int, int]]:
         """``work()`` and what it cost: wall seconds, sequences forward and backward."""
@@ -215,6 +250,8 @@ class Model:
         example; the cost adds ``shared`` (what preparing the problem cost) to the method's own."""
         if not info.supports(self.task):
             get_method(info.name, self.task)  # raises the unsupported-task error
+        if problem.target.is_span and not info.spans:
+            self._refuse_span(info, problem.target.labels[0], problem.target.classes.shape[1])
         scores, own = self._timed(lambda: info.fn(problem, **bound).detach())
         problem.release_graph()
         n = max(len(problem), 1)
@@ -227,7 +264,7 @@ class Model:
         """One :class:`Explanation` per example of ``problem`` from ``scores`` ``[B, N]`` (or
         ``[B, L, N]``) computed by ``method`` with ``options``."""
         batch, resolved = problem.batch, problem.target
-        predictions = self._predictions(problem.reference.logits.detach())
+        predictions = self._predictions(problem.reference.logits.detach(), resolved)
         kind = "regression" if self.task == "regression" else problem.request.kind
         recorded = jsonable(options)
         found = []
@@ -249,6 +286,8 @@ class Model:
                         indices=resolved.classes[b].tolist(),
                         label=resolved.labels[b],
                         anchor=int(resolved.anchor[b]),
+                        quantity=resolved.quantity,
+                        positions=None if resolved.positions is None else resolved.positions[b].tolist(),
                     ),
                     method=method,
                     options=dict(recorded),
@@ -259,6 +298,87 @@ class Model:
                 )
             )
         return found
+
+    def generate(
+        self,
+        prompts: str | Sequence[str],
+        max_new_tokens: int = 20,
+        *,
+        continuation: str | Sequence[str] | None = None,
+        generation_config: dict[str, Any] | None = None,
+        truncation: bool = True,
+        max_length: int | None = None,
+    ) -> Generation:
+        """The prompts followed by what the model writes (greedy, at most ``max_new_tokens``;
+        ``generation_config``: any ``transformers`` generation option), or by ``continuation``
+        (forced). Pass the result to :meth:`explain_generation` to explain one generation with
+        several methods.
+
+        >>> lm = heedful.load("smollm2-135m")                               # doctest: +SKIP
+        >>> lm.generate("The capital of France is", 3).batch.texts          # doctest: +SKIP
+        ['The capital of France is Paris. The']
+        """
+        batch = self.encode(prompts, truncation=truncation, max_length=max_length)
+        if continuation is not None:
+            return force(self.adapter, batch, continuation)
+        return generate(self.adapter, batch, max_new_tokens, **(generation_config or {}))
+
+    def explain_generation(
+        self,
+        prompts: str | Sequence[str] | Generation,
+        method: str = "saliency",
+        *,
+        max_new_tokens: int = 20,
+        continuation: str | Sequence[str] | None = None,
+        generation_config: dict[str, Any] | None = None,
+        quantity: str = "log_prob",
+        truncation: bool = True,
+        max_length: int | None = None,
+        **options: Any,
+    ) -> GenerationExplanation | list[GenerationExplanation]:
+        """Explain every token a causal language model writes after each prompt: a
+        :class:`~heedful.GenerationExplanation` per prompt, whose ``scores[t, j]`` say how much
+        token ``j`` (of the prompt, or generated before step ``t``) contributed to generated
+        token ``t``'s ``quantity`` (``"log_prob"`` or ``"logit"``).
+
+        The continuation is generated (greedy, at most ``max_new_tokens``; ``generation_config``:
+        any ``transformers`` generation option), given (``continuation``: forced decoding, one
+        text for all prompts or one per prompt), or taken from a :meth:`generate` result passed
+        as ``prompts``. Every step of every prompt is explained as its
+        own target, all in one batched problem (see :mod:`heedful.generation`); ``options`` go
+        to the method, as for :meth:`explain`.
+
+        >>> lm = heedful.load("smollm2-135m")                                       # doctest: +SKIP
+        >>> g = lm.explain_generation("The capital of France is", max_new_tokens=4)  # doctest: +SKIP
+        >>> g.generated_tokens, g.scores.shape                                      # doctest: +SKIP
+        (['ĠParis', '.', 'ĠThe', 'Ġcapital'], (4, 9))
+        """
+        info = get_method(method, self.task)
+        bound = info.bind(options)
+        if bound.get("layerwise"):
+            raise InputError("generation attribution gives one score per token and step", hint="drop layerwise=True")
+        if quantity not in QUANTITIES:
+            raise InputError(f"quantity must be one of {', '.join(QUANTITIES)}, got {quantity!r}", hint="use 'logit' or 'log_prob'")
+        single = isinstance(prompts, str)
+        if isinstance(prompts, Generation):
+            if continuation is not None:
+                raise InputError("a generation has its continuations", hint="pass the prompts and continuation=...")
+            generation = prompts
+        else:
+            generation = self.generate(
+                prompts, max_new_tokens, continuation=continuation, generation_config=generation_config,
+                truncation=truncation, max_length=max_length,
+            )
+        (problem, example, step), shared = self._timed(lambda: prepare_steps(self.adapter, generation, info, quantity))
+        scores, own = self._timed(lambda: info.fn(problem, **bound).detach())
+        problem.release_graph()
+        rows = max(len(problem), 1)
+        cost = Cost(*((a + b) / rows for a, b in zip(shared, own, strict=True)))
+        probs = replace(problem.target, quantity="logit").score(torch.softmax(problem.reference.logits.detach().float(), dim=-1))
+        found = assemble_generation(
+            generation, example, step, scores, probs, info.name, jsonable(bound), quantity, cost, self.name
+        )
+        return found[0] if single else found
 
     def compare(
         self, text: str, methods: Sequence[str], target: Target | int | str | tuple | None = None, **options: Any

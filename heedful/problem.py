@@ -25,6 +25,8 @@ import torch
 from heedful.adapters import Forward, ModelAdapter
 from heedful.batch import Batch
 from heedful.chunks import length_chunks
+from heedful.errors import InputError
+from heedful.sequences import continue_batch, span_ids
 from heedful.targets import Columns, ResolvedTarget, Target, resolve_target
 
 ReferencePass = Callable[[ModelAdapter, Batch, torch.Tensor, "torch.Tensor | None"], Forward]
@@ -91,7 +93,7 @@ class Problem:
             del inputs["input_ids"]
         return self.adapter.forward(
             batch,
-            self.target.anchor[rows],
+            self.target.read_at[rows],
             **inputs,
             inputs_embeds=inputs_embeds,
             hidden_states=hidden_states,
@@ -174,7 +176,7 @@ def reference_pass(
             del inputs["input_ids"]
         fwd = adapter.forward(batch, anchor[rows], **inputs, hidden_states=hidden_states, attentions=attentions)
         if logits is None:
-            logits = fwd.logits.new_zeros(bsz, fwd.logits.shape[1])
+            logits = fwd.logits.new_zeros(bsz, *fwd.logits.shape[1:])
             hidden = [h.new_zeros(bsz, seq, h.shape[-1]) for h in fwd.hidden_states or ()]
             probs = [a.new_zeros(bsz, a.shape[1], seq, seq) for a in fwd.attentions or ()]
         logits[rows] = fwd.logits
@@ -194,6 +196,7 @@ def prepare(
     hidden_states: bool = False,
     attentions: bool = False,
     reference: ReferencePass | None = None,
+    quantity: str | None = None,
 ) -> Problem:
     """A :class:`Problem` for an encoded ``batch``: anchor positions, one reference pass
     (:func:`reference_pass`: no gradient, rows of similar length together, with hidden states /
@@ -202,14 +205,68 @@ def prepare(
 
     ``target``: ``None`` (the predicted class / next token), a class index or label, a token
     string for language models, ``"A vs B"`` or ``(A, B)`` for a contrast; or
-    :class:`~heedful.targets.Columns`, explicit columns per example. ``inputs_embeds``
-    ``[B, N, E]``: start from these word embeddings instead of the ids'.
+    :class:`~heedful.targets.Columns`, explicit columns per example. A language-model target
+    of several tokens (``" Paris is the capital"``) is a **span**: the texts are continued by
+    its tokens and the score is their summed log-probability ``sum_k log p(y_k | x, y_<k)``,
+    read at ``K`` positions of one pass. ``quantity``: ``"logit"`` (default for one position)
+    or ``"log_prob"`` (default for a span). ``inputs_embeds`` ``[B, N, E]``: start from these
+    word embeddings instead of the ids'.
     """
     request = target if isinstance(target, Columns) else Target.parse(target)
-    anchor, anchor_kind = adapter.anchor_positions(batch)
-    if reference is not None:
-        forward = reference(adapter, batch, anchor, inputs_embeds)
+    if quantity is not None and quantity not in QUANTITIES:
+        raise InputError(f"quantity must be one of {', '.join(QUANTITIES)}, got {quantity!r}", hint="use 'logit' or 'log_prob'")
+    span = span_request(adapter, request)
+    if span is not None:
+        if inputs_embeds is not None:
+            raise InputError("a span target continues the text; it cannot start from edited embeddings")
+        batch, positions = _with_span(adapter, batch, span)
+        anchor, anchor_kind = positions[:, -1], "fixed"
     else:
-        forward = reference_pass(adapter, batch, anchor, inputs_embeds, hidden_states=hidden_states, attentions=attentions)
-    resolved = resolve_target(request, adapter, anchor, anchor_kind, forward.logits.detach())
+        positions = None
+        anchor, anchor_kind = adapter.anchor_positions(batch)
+    read_at = anchor if positions is None else positions
+    if reference is not None:
+        forward = reference(adapter, batch, read_at, inputs_embeds)
+    else:
+        forward = reference_pass(adapter, batch, read_at, inputs_embeds, hidden_states=hidden_states, attentions=attentions)
+    if span is not None:
+        text = request.value
+        classes = torch.tensor([span] * len(batch), dtype=torch.long)
+        resolved = ResolvedTarget(
+            anchor, anchor_kind, classes, torch.ones(len(span)), [text] * len(batch), adapter.task, positions=positions
+        )
+    else:
+        resolved = resolve_target(request, adapter, anchor, anchor_kind, forward.logits.detach())
+    resolved.quantity = quantity or ("log_prob" if span is not None else "logit")
     return Problem(adapter, batch, resolved, forward, request, inputs_embeds)
+
+
+QUANTITIES = ("logit", "log_prob")
+"""What a target's score is: the output column's logit, or its log-probability (the
+log-softmax over all outputs; a span's is the sum over its tokens)."""
+
+
+def span_request(adapter: ModelAdapter, request: Target | Columns) -> list[int] | None:
+    """The ids of a language-model target of several tokens (a span), else ``None`` (an
+    :class:`InputError` for a contrast with a part of several tokens)."""
+    if adapter.task != "causal_lm" or not isinstance(request, Target) or request.kind == "predicted":
+        return None
+    parts = [request.value] if request.kind == "given" else [request.value, request.foil]
+    lengths = [len(span_ids(adapter, p)) if isinstance(p, str) else 1 for p in parts]
+    if max(lengths) == 1:
+        return None
+    if request.kind == "contrast":
+        raise InputError(
+            f"contrast {request.value!r} vs {request.foil!r} has a part of several tokens",
+            hint="contrast single tokens (e.g. ' Paris vs London'), or explain each span as its own target",
+        )
+    return span_ids(adapter, request.value)
+
+
+def _with_span(adapter: ModelAdapter, batch: Batch, span: list[int]) -> tuple[Batch, torch.Tensor]:
+    """``batch`` continued by the span's tokens, and the positions ``[B, K]`` whose outputs
+    predict them (position ``P_b - 1 + k`` predicts span token ``k`` after example ``b``'s ``P_b``
+    tokens)."""
+    start = batch.lengths - 1
+    longer = continue_batch(adapter, batch, [span] * len(batch))
+    return longer, start[:, None] + torch.arange(len(span))[None, :]

@@ -22,7 +22,9 @@ from heedful.targets import TASKS
 ALL_TASKS: tuple[str, ...] = TASKS
 FAMILIES = ("vector", "gradient", "attention", "relevance", "perturbation", "baseline")
 
-RESERVED_OPTIONS = ("texts", "method", "target", "text_pair", "batch_size", "truncation", "max_length", "progress")
+RESERVED_OPTIONS = (
+    "texts", "method", "target", "quantity", "text_pair", "batch_size", "truncation", "max_length", "progress",
+)
 """Parameters of :meth:`heedful.Model.explain`: a method option of one of these names could not
 be passed through it."""
 
@@ -43,7 +45,9 @@ class MethodInfo:
     set, prepares the problem with a reference pass of the method's own (gradient methods keep
     its autograd graph and back-propagate through it instead of running the model again).
     ``version`` changes whenever the method's outputs change (a test holds it to that), so
-    stored results of an older version are never reused.
+    stored results of an older version are never reused. ``spans``: the method explains a
+    span target (several positions' outputs summed, :attr:`~heedful.targets.ResolvedTarget.positions`)
+    in the passes it needs for one position.
     """
 
     name: str
@@ -59,6 +63,7 @@ class MethodInfo:
     reference: ReferencePass | None = field(default=None, repr=False)
     version: int = 1
     per_dimension: Callable | None = field(default=None, repr=False)
+    spans: bool = False
 
     # ------------------------------------------------------------------ options
     @property
@@ -136,6 +141,7 @@ def register(
     reference: ReferencePass | None = None,
     version: int = 1,
     per_dimension: Callable | None = None,
+    spans: bool = False,
 ) -> Callable[[Callable], Callable]:
     """Register ``fn`` under ``name`` (see :class:`MethodInfo`); ``fn`` is returned unchanged.
 
@@ -179,6 +185,7 @@ def register(
             reference=reference,
             version=version,
             per_dimension=per_dimension,
+            spans=spans,
         )
         return fn
 

@@ -140,7 +140,7 @@ class Runner:
 
     def forward(self, chunk: Chunk, **kwargs) -> Forward:
         """The chunk's forward pass (``kwargs``: ``inputs_embeds``, ``hidden_states``, ...)."""
-        return self.adapter.forward(self.batch, chunk.target.anchor, **chunk.inputs, **kwargs)
+        return self.adapter.forward(self.batch, chunk.target.read_at, **chunk.inputs, **kwargs)
 
     # ------------------------------------------------------------------ what runs
     @torch.no_grad()

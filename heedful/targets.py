@@ -98,29 +98,48 @@ class ResolvedTarget:
     weights: torch.Tensor
     labels: list[str]
     task: str
+    quantity: str = "logit"
+    positions: torch.Tensor | None = None
+
+    @property
+    def read_at(self) -> torch.Tensor:
+        """Where the head is read: ``[B]`` (the anchors) or, for a span, ``[B, K]`` (position
+        ``k`` predicts column ``k``)."""
+        return self.anchor if self.positions is None else self.positions
+
+    @property
+    def is_span(self) -> bool:
+        return self.positions is not None
 
     def score(self, logits: torch.Tensor) -> torch.Tensor:
-        """Explained scalar per example from the anchor logits ``[B, C]`` -> ``[B]``."""
-        picked = logits.gather(1, self.classes.to(logits.device))
+        """Explained scalar per example ``[B]`` from the head's logits at :attr:`read_at`:
+        ``[B, C]`` at the anchors (``sum_k w_k q(logits)[classes_k]``) or ``[B, K, C]`` for a span
+        (``sum_k w_k q(logits_k)[classes_k]``), where ``q`` is the identity (``quantity``
+        ``"logit"``) or ``log_softmax`` (``"log_prob"``: a span's score is the log-probability of
+        the whole span, ``sum_k log p(y_k | y_<k)``)."""
+        values = torch.log_softmax(logits.float(), dim=-1) if self.quantity == "log_prob" else logits
+        classes = self.classes.to(values.device)
+        if values.dim() == 3:
+            picked = values.gather(2, classes[..., None]).squeeze(2)
+        else:
+            picked = values.gather(1, classes)
         return (picked * self.weights.to(picked)).sum(dim=1)
 
     def output(self, logits: torch.Tensor, kind: str = "logit") -> torch.Tensor:
-        """The explained scalar per row ``[R]`` as ``kind``: the target logit (``"logit"``,
-        :meth:`score`) or its softmax probability (``"probability"``; the value for regression)."""
+        """The explained scalar per row ``[R]`` as ``kind``: the target's own quantity
+        (``"logit"``, :meth:`score`) or a probability (``"probability"``: the softmax
+        probability of the column(s), the joint probability of a span, the value for regression)."""
         if kind == "logit" or self.task == "regression":
             return self.score(logits)
         if kind == "probability":
-            return self.score(torch.softmax(logits.float(), dim=-1))
+            if self.is_span:
+                return torch.exp(replace(self, quantity="log_prob").score(logits))
+            return replace(self, quantity="logit").score(torch.softmax(logits.float(), dim=-1))
         raise InputError(f"output must be 'logit' or 'probability', got {kind!r}", hint="use output='logit' or 'probability'")
 
     def repeat(self, times: int) -> ResolvedTarget:
         """Each example repeated ``times`` times in a row (``[B] -> [B * times]``)."""
-        return replace(
-            self,
-            anchor=self.anchor.repeat_interleave(times),
-            classes=self.classes.repeat_interleave(times, dim=0),
-            labels=[lab for lab in self.labels for _ in range(times)],
-        )
+        return self.select(torch.arange(len(self.labels)).repeat_interleave(times))
 
     def select(self, indices: list[int] | torch.Tensor) -> ResolvedTarget:
         idx = torch.as_tensor(indices, dtype=torch.long)
@@ -129,6 +148,7 @@ class ResolvedTarget:
             anchor=self.anchor[idx],
             classes=self.classes[idx],
             labels=[self.labels[i] for i in idx.tolist()],
+            positions=None if self.positions is None else self.positions[idx],
         )
 
     def with_anchor(self, anchor: torch.Tensor) -> ResolvedTarget:

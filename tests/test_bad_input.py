@@ -181,13 +181,13 @@ def test_malformed_target(bert, target):
         bert.explain("good", target=target)
 
 
-def test_multi_token_target_for_a_language_model():
+def test_multi_token_target_for_a_method_that_explains_one_position():
     gpt2 = cached_model("gpt2", "causal_lm")
     err = raises_heedful(
-        heedful.InputError, lambda: gpt2.explain("the capital of france is", target=" unbelievably"), "one token"
+        heedful.InputError, lambda: gpt2.explain("the capital of france is", target=" unbelievably"), "one output position"
     )
-    assert "single token" in err.hint
-    raises_heedful(heedful.InputError, lambda: gpt2.explain("the capital of", target=""), "one token")
+    assert "single-token target" in err.hint and "saliency" in err.hint
+    raises_heedful(heedful.InputError, lambda: gpt2.explain("the capital of", target=""), "no tokens")
 
 
 def test_token_id_out_of_range_for_a_language_model():

@@ -50,7 +50,7 @@ def test_bind_completes_and_coerces():
         ("integrated_gradients", {"n_steps": "abc"}, ["n_steps", "int >= 1"]),
         ("integrated_gradients", {"n_steps": 0}, ["n_steps", ">= 1"]),
         ("integrated_gradients", {"n_steps": True}, ["n_steps"]),
-        ("integrated_gradients", {"baseline": "unk"}, ["baseline", "'pad'", "'mask'", "'zero'"]),
+        ("integrated_gradients", {"baseline": "blank"}, ["baseline", "'pad'", "'mask'", "'unk'", "'zero'"]),
         ("integrated_gradients", {"steps": 5}, ["steps", "n_steps"]),
         ("rise", {"p_keep": 1.0}, ["p_keep", "(0, 1)"]),
         ("lime", {"kernel_width": float("nan")}, ["kernel_width"]),

@@ -454,7 +454,8 @@ class ModelAdapter:
         hidden_states: bool = False,
         attentions: bool = False,
     ) -> Forward:
-        """Run the model and the head at each example's ``anchor`` position.
+        """Run the model and the head at each example's ``anchor`` position ``[B]`` (logits
+        ``[B, C]``), or at ``K`` positions per example ``[B, K]`` (a span; logits ``[B, K, C]``).
 
         By default ids and masks come from ``batch``; pass ``input_ids`` or ``inputs_embeds``
         ``[B', N, E]`` (with a matching ``attention_mask``) to run perturbed or expanded copies.
@@ -479,6 +480,8 @@ class ModelAdapter:
         last = out.last_hidden_state
         self.counter.forward += last.shape[0]
         rows = torch.arange(last.shape[0], device=last.device)
+        if anchor.dim() == 2:  # a span: K positions per example -> [B, K, C]
+            rows = rows[:, None]
         logits = self.head_logits(last[rows, anchor.to(last.device)])
         return Forward(
             logits=logits,

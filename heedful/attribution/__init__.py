@@ -42,3 +42,12 @@ def get_method(name: str, task: str | None = None) -> MethodInfo:
     50
     """
     return find(name, task)
+
+
+def span_methods() -> list[str]:
+    """Names of the methods that explain a span target (several tokens' summed output).
+
+    >>> "integrated_gradients" in span_methods()
+    True
+    """
+    return [m.name for m in methods() if m.spans]

@@ -48,7 +48,7 @@ GradientAggregate = Literal["l2", "l1"]
 """The reductions of a bare gradient (saliency): norms only."""
 AGGREGATES: tuple[str, ...] = Aggregate.__args__
 GRADIENT_AGGREGATES: tuple[str, ...] = GradientAggregate.__args__
-Baseline = Literal["pad", "mask", "zero"]
+Baseline = Literal["pad", "mask", "unk", "zero"]
 Rule = Literal["gausslegendre", "riemann_trapezoid", "riemann_middle", "riemann_left", "riemann_right"]
 NoiseTunnel = Literal["smoothgrad", "smoothgrad_sq", "vargrad"]
 Wrapped = Literal["saliency", "grad_x_input", "integrated_gradients"]
@@ -115,7 +115,7 @@ def _gradient_x_input_map(problem: Problem, embeds: torch.Tensor, options: dict[
     return input_gradients(problem, embeds, options.get("internal_batch_size")) * embeds
 
 
-SINGLE_PASS = {"family": "gradient", "cost": "1 forward + 1 backward", "reference": gradient_reference}
+SINGLE_PASS = {"family": "gradient", "cost": "1 forward + 1 backward", "reference": gradient_reference, "spans": True}
 """What the single-pass gradient methods register with: one backward through their reference pass."""
 
 
@@ -176,19 +176,20 @@ def path_points(n_steps: int, rule: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def baseline_embeddings(problem: Problem, baseline: str) -> torch.Tensor:
-    """Reference input ``[B, N, E]``: content tokens replaced by ``[PAD]`` / ``[MASK]`` embeddings
-    (special tokens kept, as is usual for text), or all-zero embeddings."""
+    """Reference input ``[B, N, E]``: content tokens replaced by the ``[PAD]`` / ``[MASK]`` /
+    unknown-token embedding (special tokens kept, as is usual for text; ``"unk"`` is Inseq's
+    default baseline), or all-zero embeddings."""
     adapter, batch = problem.adapter, problem.batch
     if baseline == "zero":
         return torch.zeros_like(problem.word_embeddings())
     if baseline == "pad":
         token = adapter.pad_token_id
-    elif baseline == "mask":
-        token = getattr(adapter.tokenizer, "mask_token_id", None)
+    elif baseline in ("mask", "unk"):
+        token = getattr(adapter.tokenizer, f"{baseline}_token_id", None)
         if token is None:
-            raise InputError("this tokenizer has no mask token", hint="use baseline='pad' or 'zero'")
+            raise InputError(f"this tokenizer has no {baseline} token", hint="use baseline='pad' or 'zero'")
     else:
-        raise InputError(f"unknown baseline {baseline!r}", hint="use one of pad, mask, zero")
+        raise InputError(f"unknown baseline {baseline!r}", hint="use one of pad, mask, unk, zero")
     ids = torch.where(batch.content_mask, torch.full_like(batch.input_ids, int(token)), batch.input_ids)
     return adapter.embed(ids)
 
@@ -217,6 +218,7 @@ def _integrated_map(problem: Problem, embeds: torch.Tensor, options: dict[str, A
     family="gradient",
     cost="n_steps x (1 forward + 1 backward)",
     per_dimension=_integrated_map,
+    spans=True,
 )
 def integrated_gradients(
     problem: Problem,
@@ -269,6 +271,7 @@ def _noise(problem: Problem, embeds: torch.Tensor, n_samples: int, noise_level: 
     "smoothgrad",
     family="gradient",
     cost="n_samples x the wrapped method (saliency: 1 forward + 1 backward)",
+    spans=True,
 )
 def smoothgrad(
     problem: Problem,

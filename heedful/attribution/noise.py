@@ -183,7 +183,7 @@ class NoiseProbe:
         """Forward rows ``example`` ``[R]`` with ``noise`` ``[R, W, D]`` added to ``x``; the rows
         are cut to the first ``W`` positions (``W`` >= the rows' lengths; right padding)."""
         batch, width = self.batch, noise.shape[1]
-        anchor = self.target.anchor[example]
+        anchor = self.target.read_at[example]
         mask = batch.attention_mask[example, :width]
         types = None if batch.token_type_ids is None else batch.token_type_ids[example, :width]
         if self.space == "word_embeddings":

@@ -1,0 +1,324 @@
+"""Generation attribution: heedful against Inseq and Captum's LLM wrappers, same model, same
+generated tokens, same targets, in one run.
+
+1. heedful generates ``--steps`` tokens greedily after each of ``--n`` prompts (the first words
+   of the movies test sentences) in one batch (``min_new_tokens`` = ``max_new_tokens``, so
+   every prompt has the same number of steps); this generation is what every side explains.
+2. For each method, heedful (``model.explain_generation`` on that generation), Inseq
+   (``attribute`` with the prompts and the generated texts, forced decoding) and, where it has
+   the method, Captum (``LLMGradientAttribution`` one prompt at a time, the generated ids as
+   the target) explain every generated token, each side in a fresh process: the time of the
+   attribution call and the peak resident memory above the loaded model are recorded.
+3. The scores are compared where the definitions match:
+
+   - Inseq, ``attributed_fn="logit"`` (heedful ``quantity="logit"``): saliency -- heedful's L2
+     norm of the gradient is the L2 norm of Inseq's ``|grad|``; input x gradient and
+     integrated gradients -- heedful's signed sum over the embedding is the sum of Inseq's
+     per-dimension attributions (``n_steps`` and Gauss-Legendre alike, baseline the unknown
+     token's embedding, Inseq's default); attention -- heedful's ``raw_attention`` (last layer,
+     mean over heads) is Inseq's attention tensor at the last layer, mean over heads. Every
+     token before each step (prompt and generated) is compared.
+   - Captum, ``log p(y_t)`` (heedful ``quantity="log_prob"``): ``LayerGradientXActivation`` is
+     heedful's ``grad_x_input``; ``LayerIntegratedGradients`` (baseline the unknown token) is
+     *not* heedful's ``integrated_gradients`` for steps after the first: Captum keeps the
+     tokens generated before a step at their embeddings and moves only the prompt along the
+     path, heedful moves every token before the step -- the first step is compared, later
+     steps are reported apart. Only prompt tokens are compared (Captum attributes to them
+     alone).
+
+   Inseq re-tokenizes prompt + generated text (it takes text, not ids); a prompt whose ids
+   differ from heedful's is left out of the comparison and counted.
+
+    python benchmarks/generation.py [--model smollm2-135m] [--n 16] [--steps 20] [--ig-steps 50]
+                                    [--threads 2] [--out benchmarks/results/generation.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import datetime as dt
+import multiprocessing as mp
+import os
+import platform
+import resource
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+from _shared import command_line, cpu_name, fmt_s, library_versions  # noqa: E402  (benchmarks/ is the script's folder)
+from rich.console import Console
+from rich.markdown import Markdown
+
+import heedful
+from heedful import datasets
+from heedful.sequences import continue_batch
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# heedful method, its options, the Inseq method and how to read Inseq's raw tensor, Captum's class
+METHODS = {
+    "saliency": ("saliency", {}, "saliency", "l2", None),
+    "grad_x_input": ("grad_x_input", {}, "input_x_gradient", "sum", "LayerGradientXActivation"),
+    "integrated_gradients": ("integrated_gradients", {"baseline": "unk"}, "integrated_gradients", "sum", "LayerIntegratedGradients"),
+    "attention": ("raw_attention", {}, "attention", "last_layer_mean_heads", None),
+}
+
+
+def prompts_of(n: int, words: int) -> list[str]:
+    """The first ``words`` words of the first ``n`` movies test sentences."""
+    return [" ".join(e.text.split()[:words]) for e in datasets.load("movies", "test", n=n)]
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _peak_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run_side(side: str, method: str, model_name: str, prompts: list[str], continuations: list[list[int]],
+             n_steps: int, threads: int, quantity: str) -> dict:
+    """One side's attribution of every generated token, in this (fresh) process: seconds, peak
+    memory above the loaded model, and per prompt the ``[T, S]`` scores (NaN where undefined)
+    with the ids the side explained."""
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(threads)
+    lm = heedful.load(model_name)
+    own, inseq_name, reading, captum_name = METHODS[method][1], METHODS[method][2], METHODS[method][3], METHODS[method][4]
+    options = dict(own)
+    if method == "integrated_gradients":
+        options["n_steps"] = n_steps
+
+    def attribution(prompts: list[str], continuations: list[list[int]]):
+        """The side's call that explains every continuation token after every prompt."""
+        if side == "inseq":
+            texts = [p + lm.tokenizer.decode(c) for p, c in zip(prompts, continuations, strict=True)]
+            kwargs = {"n_steps": n_steps} if method == "integrated_gradients" else {}
+            return lambda: inseq_model.attribute(
+                prompts, generated_texts=texts, attributed_fn="logit", show_progress=False, **kwargs
+            )
+        if side == "captum":
+            def call():
+                found = []
+                for prompt, cont in zip(prompts, continuations, strict=True):
+                    inp = TextTokenInput(prompt, lm.tokenizer, baselines=lm.tokenizer.unk_token_id)
+                    extra = {"n_steps": n_steps} if captum_name == "LayerIntegratedGradients" else {}
+                    found.append(explainer.attribute(inp, target=torch.tensor(cont), **extra))
+                return found
+
+            return call
+        prompt_batch = lm.encode(prompts)
+        generation = heedful.Generation(  # the generated ids themselves, never re-tokenized
+            continue_batch(lm.adapter, prompt_batch, continuations), prompt_batch.lengths.tolist(), continuations, True
+        )
+        return lambda: lm.explain_generation(generation, METHODS[method][0], quantity=quantity, **options)
+
+    if side == "inseq":
+        import inseq
+
+        inseq_model = inseq.load_model(lm.hf_model, inseq_name, tokenizer=lm.tokenizer)
+    elif side == "captum":
+        from captum.attr import (
+            LayerGradientXActivation,
+            LayerIntegratedGradients,
+            LLMGradientAttribution,
+            TextTokenInput,
+        )
+
+        inner = {"LayerGradientXActivation": LayerGradientXActivation, "LayerIntegratedGradients": LayerIntegratedGradients}
+        explainer = LLMGradientAttribution(inner[captum_name](lm.hf_model, lm.hf_model.get_input_embeddings()), lm.tokenizer)
+    attribution(prompts[:1], [continuations[0][:2]])()  # warm-up: first passes allocate and initialise
+    call = attribution(prompts, continuations)
+    base = _rss_mb()
+    began = time.perf_counter()
+    result = call()
+    seconds = time.perf_counter() - began
+    peak = _peak_mb() - base
+    return {"seconds": seconds, "peak_mb": peak, "scores": _scores(side, result, reading, lm, prompts)}
+
+
+def _scores(side: str, result, reading: str, lm, prompts: list[str]) -> list[tuple[list[int], np.ndarray]]:
+    """Per prompt: the ids explained and the ``[T, S]`` scores (heedful's layout)."""
+    if side == "heedful":
+        return [(lm.tokenizer.convert_tokens_to_ids(g.tokens), g.scores) for g in result]
+    if side == "captum":
+        found = []
+        for prompt, r in zip(prompts, result, strict=True):
+            ids = lm.tokenizer(prompt)["input_ids"]
+            found.append((ids, r.token_attr.detach().float().numpy().astype(np.float64)))
+        return found
+    found = []
+    for attr in result.sequence_attributions:
+        raw = attr.target_attributions.float()  # [S, T, D] or [S, T, L, H]
+        if reading == "l2":
+            cells = raw.norm(dim=-1)
+        elif reading == "sum":
+            cells = raw.sum(dim=-1)
+        else:
+            cells = raw[..., -1, :].mean(dim=-1)
+        ids = [t.id for t in attr.target]
+        found.append((ids, cells.T.numpy().astype(np.float64)))
+    return found
+
+
+def measure(pool_args: tuple) -> dict:
+    ctx = mp.get_context("spawn")
+    with cf.ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
+        return pool.submit(run_side, *pool_args).result()
+
+
+def differences(ours: list, theirs: list, prompt_only: list[int] | None = None) -> tuple[float, float, int]:
+    """Largest absolute difference and largest absolute score over the cells both define, and how
+    many prompts were compared (those whose ids agree)."""
+    worst, largest, compared = 0.0, 0.0, 0
+    for b, ((ids_a, a), (ids_b, b_scores)) in enumerate(zip(ours, theirs, strict=True)):
+        if prompt_only is not None:
+            width = prompt_only[b]
+            if ids_a[:width] != ids_b[:width]:
+                continue
+            a, b_scores = a[:, :width], b_scores[:, :width]
+        else:
+            if ids_a != ids_b[: len(ids_a)] or a.shape[0] != b_scores.shape[0]:
+                continue
+            b_scores = b_scores[:, : a.shape[1]]
+        both = np.isfinite(a) & np.isfinite(b_scores)
+        worst = max(worst, float(np.abs(a - b_scores)[both].max()))
+        largest = max(largest, float(np.abs(a)[both].max()))
+        compared += 1
+    return worst, largest, compared
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--n", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--words", type=int, default=8)
+    parser.add_argument("--ig-steps", type=int, default=50)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "generation.md")
+    args = parser.parse_args(argv)
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(args.threads)
+    console = Console()
+    load_before = os.getloadavg()[0]
+    lm = heedful.load(args.model)
+    prompts = prompts_of(args.n, args.words)
+    began = time.perf_counter()
+    generation = lm.generate(prompts, args.steps, generation_config={"min_new_tokens": args.steps})
+    generate_seconds = time.perf_counter() - began
+    continuations = generation.continuations
+    prompt_lengths = generation.prompt_lengths
+    console.print(f"generated {args.steps} tokens after {len(prompts)} prompts in {fmt_s(generate_seconds)}")
+
+    rows, notes = [], []
+    for method in args.methods:
+        common = (args.model, prompts, continuations, args.ig_steps, args.threads)
+        found = {}
+        for side, quantity in [("heedful", "logit"), ("inseq", "logit")]:
+            console.print(f"{method}: {side} ...")
+            found[side] = measure((side, method, *common[:4], args.threads, quantity))
+        worst, largest, compared = differences(found["heedful"]["scores"], found["inseq"]["scores"])
+        rows.append(_row(method, "Inseq 0.7 `attribute`", found["heedful"], found["inseq"], worst, largest, compared, len(prompts)))
+        if METHODS[method][4] is not None:
+            console.print(f"{method}: heedful (log_prob) and captum ...")
+            ours = measure(("heedful", method, *common[:4], args.threads, "log_prob"))
+            captum = measure(("captum", method, *common[:4], args.threads, "log_prob"))
+            if method == "integrated_gradients":
+                first = [(ids, s[:1]) for ids, s in ours["scores"]]
+                first_c = [(ids, s[:1]) for ids, s in captum["scores"]]
+                worst, largest, compared = differences(first, first_c, prompt_lengths)
+                later, _, _ = differences([(i, s[1:]) for i, s in ours["scores"]], [(i, s[1:]) for i, s in captum["scores"]], prompt_lengths)
+                notes.append(
+                    f"- integrated gradients against Captum: first step (same path) max abs diff {worst:.1e}; later steps "
+                    f"{later:.2e} (Captum keeps earlier generated tokens at their embeddings, heedful moves them along the path)"
+                )
+            else:
+                worst, largest, compared = differences(ours["scores"], captum["scores"], prompt_lengths)
+            rows.append(_row(method, f"Captum `LLMGradientAttribution({METHODS[method][4]})`", ours, captum, worst, largest, compared, len(prompts)))
+
+    text = _report(args, rows, notes, generate_seconds, lm, prompts, prompt_lengths, load_before)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text, encoding="utf-8")
+    console.print(Markdown(text))
+    console.print(f"[dim]written to {args.out}[/dim]")
+    return 0
+
+
+def _row(method, peer, ours, theirs, worst, largest, compared, total) -> dict:
+    return {
+        "method": method,
+        "peer": peer,
+        "heedful": ours["seconds"],
+        "peer_s": theirs["seconds"],
+        "ratio": theirs["seconds"] / ours["seconds"],
+        "heedful_mb": ours["peak_mb"],
+        "peer_mb": theirs["peak_mb"],
+        "diff": worst,
+        "largest": largest,
+        "compared": f"{compared}/{total}",
+    }
+
+
+def _report(args, rows, notes, generate_seconds, lm, prompts, prompt_lengths, load_before) -> str:
+    lines = [
+        "# heedful generation attribution: speed and agreement",
+        "",
+        f"{len(prompts)} prompts × {args.steps} generated tokens (greedy, generated once by heedful in "
+        f"{fmt_s(generate_seconds)}) on `{args.model}`; every side explains every generated token.",
+        "",
+        "| method | peer | heedful | peer time | peer / heedful | heedful peak MB | peer peak MB | max abs diff | max abs score | prompts compared |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['method']} | {r['peer']} | {fmt_s(r['heedful'])} | {fmt_s(r['peer_s'])} | {r['ratio']:.2f}× | "
+            f"{r['heedful_mb']:.0f} | {r['peer_mb']:.0f} | {r['diff']:.1e} | {r['largest']:.3g} | {r['compared']} |"
+        )
+    inseq_ratios = [r["ratio"] for r in rows if r["peer"].startswith("Inseq")]
+    captum_ratios = [r["ratio"] for r in rows if r["peer"].startswith("Captum")]
+    lines += [
+        "",
+        "Time: the attribution call alone, in a fresh process per side and method (model loaded, "
+        "generation given). Peak MB: the process's peak resident memory above its resident memory "
+        "before the call. Differences: over every cell both sides define (see the script's docstring "
+        "for what is compared).",
+        "",
+        "## Targets",
+        "",
+        f"- ≥ 5× faster than Inseq: {'**holds**' if min(inseq_ratios, default=0) >= 5 else '**does not hold**'} "
+        f"(ratios {', '.join(f'{x:.2f}×' for x in inseq_ratios)})",
+        f"- ≥ 2× faster than Captum: {'**holds**' if captum_ratios and min(captum_ratios) >= 2 else '**does not hold**'} "
+        f"(ratios {', '.join(f'{x:.2f}×' for x in captum_ratios)})",
+    ]
+    if notes:
+        lines += ["", "## Notes", "", *notes]
+    load_after = os.getloadavg()[0]
+    lines += [
+        "",
+        "## Machine",
+        "",
+        command_line(),
+        f"- date: {dt.datetime.now().astimezone().isoformat(timespec='seconds')}",
+        f"- machine: {platform.machine()}, {cpu_name()}, {os.cpu_count()} logical cores; torch threads {args.threads} "
+        f"(every side); load average {load_before:.2f} before, {load_after:.2f} after",
+        f"- python {platform.python_version()}, {library_versions('torch', 'transformers', 'inseq', 'captum')}, heedful {heedful.__version__}",
+        f"- model: {lm.name} ({lm.adapter.family}, {sum(p.numel() for p in lm.hf_model.parameters()) / 1e6:.1f}M parameters)",
+        f"- prompts: first {args.words} words of the first {len(prompts)} movies test sentences; "
+        f"{np.mean(prompt_lengths):.1f} tokens on average (min {min(prompt_lengths)}, max {max(prompt_lengths)})",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,207 @@
+"""Generation attribution: every step of what a language model writes, explained as its own
+target, all steps of all prompts in one batched problem.
+
+A prompt of ``P`` tokens followed by ``T`` generated (or forced) tokens ``y_0 .. y_{T-1}`` gives
+``T`` *step rows*: row ``t`` is the sequence cut to its first ``P + t`` tokens, its anchor the
+last of them (position ``P + t - 1``, whose output predicts ``y_t``), its target ``y_t``. Right
+padding never changes a real position of a causal model, so a row is exactly the single-position
+problem of that prefix, and every method that explains a causal language model explains a step
+unchanged -- batched with every other step by the same chunking as any batch.
+
+Forward-only methods (attention, rollout, the vector norms, ...) need no pass per step: a
+causal model's states at positions ``< P + t`` do not depend on later tokens, so one pass over
+each whole sequence serves all its steps (:func:`shared_reference`). Gradient methods take one
+backward per step, in chunks of steps.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from heedful.adapters import Forward, ModelAdapter
+from heedful.batch import Batch
+from heedful.errors import InputError
+from heedful.problem import Problem, prepare, reference_pass
+from heedful.registry import MethodInfo
+from heedful.sequences import continue_batch, span_ids
+from heedful.targets import Columns, resolve_target
+
+
+@dataclass
+class Generation:
+    """Prompts and what follows them. ``batch``: each prompt's tokens followed by its
+    continuation ``[B, S]`` (texts joined, offsets into the joined text); ``prompt_lengths[b]``
+    = ``P_b``; ``continuations[b]``: the ``T_b`` continuation ids; ``forced``: the continuations
+    were given (teacher forcing), not generated; ``seconds``: time spent generating."""
+
+    batch: Batch
+    prompt_lengths: list[int]
+    continuations: list[list[int]]
+    forced: bool
+    seconds: float = 0.0
+
+    @property
+    def steps(self) -> list[int]:
+        return [len(c) for c in self.continuations]
+
+
+def generate(
+    adapter: ModelAdapter, prompts: Batch, max_new_tokens: int = 20, **options: Any
+) -> Generation:
+    """Continue every prompt of ``prompts`` with the model's own tokens (greedy unless
+    ``options`` say otherwise: any ``transformers`` generation option, e.g. ``do_sample=True``).
+
+    The prompts run as one left-padded batch; a continuation stops after the end-of-sequence
+    token (kept, marked special) or after ``max_new_tokens``.
+    """
+    _check_causal(adapter)
+    if max_new_tokens < 1:
+        raise InputError(f"max_new_tokens must be at least 1, got {max_new_tokens}", hint="e.g. --generate 12")
+    tokenizer = adapter.tokenizer
+    lengths = prompts.lengths.tolist()
+    width = prompts.seq_len
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    ids = torch.full((len(prompts), width), pad if pad is not None else 0, dtype=prompts.input_ids.dtype)
+    mask = torch.zeros_like(prompts.attention_mask)
+    for b, n in enumerate(lengths):  # left padding: the next token follows every prompt directly
+        ids[b, width - n :] = prompts.input_ids[b, :n]
+        mask[b, width - n :] = 1
+    settings = {"do_sample": False, "num_beams": 1, **options, "max_new_tokens": max_new_tokens}
+    if pad is not None:
+        settings.setdefault("pad_token_id", pad)
+    began = time.perf_counter()
+    with torch.no_grad():
+        out = adapter.hf_model.generate(input_ids=ids.to(adapter.device), attention_mask=mask.to(adapter.device), **settings)
+    seconds = time.perf_counter() - began
+    eos = _eos_ids(adapter)
+    continuations = []
+    for row in out[:, width:].cpu().tolist():
+        stop = next((k + 1 for k, token in enumerate(row) if token in eos), len(row))
+        continuations.append(row[:stop])
+    return Generation(continue_batch(adapter, prompts, continuations), lengths, continuations, False, seconds)
+
+
+def force(adapter: ModelAdapter, prompts: Batch, continuations: str | Sequence[str]) -> Generation:
+    """The prompts followed by given continuation texts (teacher forcing): each continuation is
+    tokenized alone, without special tokens (``" Paris."`` keeps its leading space), and its
+    ids follow the prompt's -- the prompt is never re-tokenized with it."""
+    _check_causal(adapter)
+    texts = [continuations] * len(prompts) if isinstance(continuations, str) else list(continuations)
+    if len(texts) != len(prompts):
+        raise InputError(f"{len(texts)} continuations for {len(prompts)} prompts", hint="give one per prompt, or one for all")
+    ids = [span_ids(adapter, text) for text in texts]
+    return Generation(continue_batch(adapter, prompts, ids), prompts.lengths.tolist(), ids, True)
+
+
+def step_rows(generation: Generation) -> tuple[Batch, torch.Tensor, torch.Tensor]:
+    """The step rows of a generation: a batch ``[R, W]`` with one row per (example, step), row
+    ``(b, t)`` cut to the first ``P_b + t`` tokens; and ``example`` ``[R]``, ``step`` ``[R]``."""
+    full = generation.batch
+    steps = torch.tensor(generation.steps)
+    if int(steps.sum()) == 0:
+        raise InputError("nothing was generated to explain", hint="raise max_new_tokens, or give a continuation")
+    example = torch.repeat_interleave(torch.arange(len(full)), steps)
+    step = torch.cat([torch.arange(n) for n in generation.steps])
+    lengths = torch.tensor(generation.prompt_lengths)[example] + step
+    width = int(lengths.max())
+    mask = (torch.arange(width)[None, :] < lengths[:, None]).to(full.attention_mask.dtype)
+    rows = example.tolist()
+    cut = lengths.tolist()
+    batch = Batch(
+        input_ids=full.input_ids[example, :width],
+        attention_mask=mask,
+        token_type_ids=None,
+        special_mask=full.special_mask[example, :width] & mask.bool(),
+        texts=[full.texts[b] for b in rows],
+        text_pairs=[None] * len(rows),
+        tokens=[full.tokens[b][:n] for b, n in zip(rows, cut, strict=True)],
+        offsets=[full.offsets[b][:n] for b, n in zip(rows, cut, strict=True)],
+        word_ids=[full.word_ids[b][:n] for b, n in zip(rows, cut, strict=True)],
+        sequence_ids=[full.sequence_ids[b][:n] for b, n in zip(rows, cut, strict=True)],
+        truncated=[full.truncated[b] for b in rows] if full.truncated else [],
+    )
+    return batch, example, step
+
+
+def prepare_steps(
+    adapter: ModelAdapter, generation: Generation, info: MethodInfo | None = None, quantity: str = "log_prob"
+) -> tuple[Problem, torch.Tensor, torch.Tensor]:
+    """The :class:`~heedful.Problem` of every step of ``generation`` (one row per step, target
+    the step's token, explained as its ``quantity``), prepared the way ``info`` wants it, with
+    the rows' ``example`` and ``step`` ``[R]``.
+
+    A method with a reference pass of its own (gradient, LRP) gets it per step row; any other
+    gets :func:`shared_reference` -- one pass per sequence for all its steps."""
+    batch, example, step = step_rows(generation)
+    request = Columns(
+        indices=tuple((generation.continuations[b][t],) for b, t in zip(example.tolist(), step.tolist(), strict=True)),
+        weights=(1.0,),
+        labels=tuple(adapter.output_name(generation.continuations[b][t]) for b, t in zip(example.tolist(), step.tolist(), strict=True)),
+    )
+    hidden = info is not None and info.needs_hidden
+    attentions = info is not None and info.needs_attentions
+    if info is not None and info.reference is not None:
+        problem = prepare(adapter, batch, request, reference=info.reference, quantity=quantity)
+    else:
+        anchor = batch.lengths - 1
+        reference = shared_reference(adapter, generation, example, step, hidden_states=hidden, attentions=attentions)
+        target = resolve_target(request, adapter, anchor, "last", reference.logits)
+        target.quantity = quantity
+        problem = Problem(adapter, batch, target, reference, request)
+    return problem, example, step
+
+
+def shared_reference(
+    adapter: ModelAdapter,
+    generation: Generation,
+    example: torch.Tensor,
+    step: torch.Tensor,
+    *,
+    hidden_states: bool = False,
+    attentions: bool = False,
+) -> Forward:
+    """The reference pass of every step row from one pass per whole sequence.
+
+    ``logits`` ``[R, C]``: the head at each row's anchor ``P_b + t - 1``; ``hidden_states``
+    ``L + 1`` x ``[R, W, D]`` and ``attentions`` ``L`` x ``[R, H, W, W]`` when asked for, each
+    row's positions taken from its sequence and 0 beyond the row's own ``P_b + t`` positions --
+    equal to the row's own pass because a causal model's state at a position does not depend
+    on later tokens."""
+    full = generation.batch
+    prompt = torch.tensor(generation.prompt_lengths)
+    longest = max(generation.steps)
+    positions = (prompt[:, None] - 1 + torch.arange(longest)[None, :]).clamp(max=full.lengths[:, None] - 1)
+    fwd = reference_pass(adapter, full, positions, hidden_states=hidden_states, attentions=attentions)
+    lengths = prompt[example] + step
+    width = int(lengths.max())
+    own = (torch.arange(width)[None, :] < lengths[:, None]).to(adapter.device)
+    logits = fwd.logits[example, step]
+    hidden = None
+    if fwd.hidden_states is not None:
+        hidden = tuple(h[example, :width] * own[..., None].to(h.dtype) for h in fwd.hidden_states)
+    probs = None
+    if fwd.attentions is not None:
+        pair = (own[:, :, None] & own[:, None, :])[:, None]
+        probs = tuple(a[example][..., :width, :width] * pair.to(a.dtype) for a in fwd.attentions)
+    return Forward(logits, hidden, probs)
+
+
+def _check_causal(adapter: ModelAdapter) -> None:
+    if adapter.task != "causal_lm":
+        raise InputError(
+            f"generation attribution explains a causal language model; this model is a {adapter.task} model",
+            hint="load a causal language model, e.g. heedful.load('smollm2-135m')",
+        )
+
+
+def _eos_ids(adapter: ModelAdapter) -> set[int]:
+    found = adapter.hf_model.generation_config.eos_token_id if hasattr(adapter.hf_model, "generation_config") else None
+    ids = set(found if isinstance(found, list) else [] if found is None else [found])
+    if adapter.tokenizer.eos_token_id is not None:
+        ids.add(adapter.tokenizer.eos_token_id)
+    return ids

@@ -1,0 +1,222 @@
+"""GenerationExplanation: what every generated token relied on -- a matrix of scores, one row
+per generated step, one column per token of the prompt and of the generation before it."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from heedful.batch import Batch
+from heedful.explanation import Cost, Views
+
+if TYPE_CHECKING:
+    from heedful.generation import Generation
+
+
+@dataclass
+class GenerationExplanation(Views):
+    """One prompt's generation, explained step by step.
+
+    ``tokens`` (``S = P + T``), ``offsets`` (into ``text``, the prompt and continuation
+    joined), ``word_ids`` and ``special`` describe every token; the first ``prompt_length``
+    (``P``) are the prompt's. ``scores`` ``[T, S]``: row ``t`` explains generated token
+    ``tokens[P + t]`` (its ``quantity``, ``"log_prob"`` or ``"logit"``) over the tokens before
+    it; cells ``j >= P + t`` are NaN (the token had not been written yet). ``probabilities``
+    ``[T]``: ``p(y_t | prompt, y_<t)``. ``cost``: per step (seconds, sequences forward and
+    backward); ``generation_seconds``: generating the continuation (0 when it was forced).
+
+    >>> import numpy as np
+    >>> g = GenerationExplanation(prompt="Hi", text="Hi there", tokens=["Hi", " there"],
+    ...     offsets=[(0, 2), (2, 8)], word_ids=[0, 1], special=[False, False], prompt_length=1,
+    ...     scores=np.array([[0.7, np.nan]]), probabilities=np.array([0.4]), method="demo")
+    >>> g.generated_tokens, g.continuation
+    ([' there'], ' there')
+    """
+
+    prompt: str
+    text: str
+    tokens: list[str]
+    offsets: list[tuple[int, int] | None]
+    word_ids: list[int | None]
+    special: list[bool]
+    prompt_length: int
+    scores: np.ndarray
+    probabilities: np.ndarray
+    method: str
+    options: dict[str, Any] = field(default_factory=dict)
+    quantity: str = "log_prob"
+    forced: bool = False
+    cost: Cost = field(default_factory=lambda: Cost(0.0, 0.0, 0.0))
+    generation_seconds: float = 0.0
+    model: str = ""
+
+    # ------------------------------------------------------------------ reading
+    @property
+    def steps(self) -> int:
+        return int(self.scores.shape[0])
+
+    @property
+    def generated_tokens(self) -> list[str]:
+        return self.tokens[self.prompt_length : self.prompt_length + self.steps]
+
+    @property
+    def continuation(self) -> str:
+        return self.text[len(self.prompt) :]
+
+    @property
+    def prompt_scores(self) -> np.ndarray:
+        """``[T, P]``: each step's scores over the prompt's tokens alone."""
+        return self.scores[:, : self.prompt_length]
+
+    def sequence_scores(self) -> np.ndarray:
+        """``[S]``: the scores summed over the steps (NaN counted as 0) -- for a method that is
+        linear in its target, the attribution of the whole continuation's summed output."""
+        return np.nansum(self.scores, axis=0)
+
+    def words(self, agg: str = "sum") -> tuple[list[str], np.ndarray]:
+        """Words of the text (by the tokenizer's word numbers) and the ``[T, W]`` scores
+        aggregated over each word's tokens (``"sum"``, ``"mean"`` or ``"max"`` by absolute
+        value); NaN for a word not yet written at that step."""
+        groups: dict[int, list[int]] = {}
+        for i, w in enumerate(self.word_ids):
+            if w is not None and not self.special[i]:
+                groups.setdefault(w, []).append(i)
+        words, columns = [], []
+        for idx in groups.values():
+            start, end = self.offsets[idx[0]][0], self.offsets[idx[-1]][1]
+            words.append(self.text[start:end].strip())
+            block = self.scores[:, idx]
+            written = ~np.isnan(block).any(axis=1)
+            if agg == "sum":
+                col = np.nansum(block, axis=1)
+            elif agg == "mean":
+                col = np.nansum(block, axis=1) / np.maximum((~np.isnan(block)).sum(axis=1), 1)
+            elif agg == "max":
+                filled = np.nan_to_num(block)
+                col = filled[np.arange(self.steps), np.abs(filled).argmax(axis=1)]
+            else:
+                raise ValueError(f"agg must be 'sum', 'mean' or 'max', got {agg!r}")
+            columns.append(np.where(written, col, np.nan))
+        return words, np.stack(columns, axis=1) if columns else np.zeros((self.steps, 0))
+
+    def top(self, step: int, k: int = 5) -> list[tuple[str, float]]:
+        """The ``k`` tokens with the largest scores for generated step ``step``."""
+        row = self.scores[step]
+        order = [i for i in np.argsort(-np.nan_to_num(row, nan=-np.inf)) if np.isfinite(row[i]) and not self.special[i]]
+        return [(self.tokens[i], float(row[i])) for i in order[:k]]
+
+    # ------------------------------------------------------------------ export
+    def to_pandas(self) -> pd.DataFrame:
+        """One row per (generated step, earlier token): ``step``, ``generated``, ``probability``,
+        ``position``, ``token``, ``in_prompt``, ``special``, ``score``."""
+        rows = []
+        for t, generated in enumerate(self.generated_tokens):
+            for j in range(self.prompt_length + t):
+                rows.append(
+                    {
+                        "step": t,
+                        "generated": generated,
+                        "probability": float(self.probabilities[t]),
+                        "position": j,
+                        "token": self.tokens[j],
+                        "in_prompt": j < self.prompt_length,
+                        "special": self.special[j],
+                        "score": float(self.scores[t, j]),
+                    }
+                )
+        return pd.DataFrame(rows)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["scores"] = [[None if np.isnan(v) else float(v) for v in row] for row in self.scores]
+        data["probabilities"] = self.probabilities.tolist()
+        data["offsets"] = [list(o) if o is not None else None for o in self.offsets]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> GenerationExplanation:
+        data = dict(data)
+        data["scores"] = np.array([[np.nan if v is None else v for v in row] for row in data["scores"]], dtype=float)
+        data["probabilities"] = np.asarray(data["probabilities"], dtype=float)
+        data["offsets"] = [tuple(o) if o is not None else None for o in data["offsets"]]
+        data["cost"] = Cost(**data["cost"])
+        return cls(**data)
+
+    # ------------------------------------------------------------------ views
+    def _page(self) -> str:
+        from heedful.render.generation import generation_page
+
+        return generation_page([self])
+
+    def _snippet(self) -> str:
+        from heedful.render.generation import generation_snippet
+
+        return generation_snippet(self)
+
+    def _renderable(self):
+        from heedful.render.generation import generation_table
+
+        return generation_table(self)
+
+
+def assemble_generation(
+    generation: Generation,
+    example: torch.Tensor,
+    step: torch.Tensor,
+    scores: torch.Tensor,
+    probabilities: torch.Tensor,
+    method: str,
+    options: dict[str, Any],
+    quantity: str,
+    cost: Cost,
+    model: str,
+) -> list[GenerationExplanation]:
+    """One :class:`GenerationExplanation` per prompt from the step rows' ``scores`` ``[R, W]``
+    and ``probabilities`` ``[R]`` (rows ``(example[r], step[r])``, see
+    :func:`heedful.generation.step_rows`)."""
+    batch = generation.batch
+    values = scores.float().cpu().numpy().astype(np.float64)
+    probs = probabilities.float().cpu().numpy().astype(np.float64)
+    found = []
+    for b, steps in enumerate(generation.steps):
+        n, prompt = int(batch.lengths[b]), generation.prompt_lengths[b]
+        matrix = np.full((steps, n), np.nan)
+        p = np.zeros(steps)
+        for r in (example == b).nonzero().flatten().tolist():
+            t = int(step[r])
+            matrix[t, : prompt + t] = values[r, : prompt + t]
+            p[t] = probs[r]
+        found.append(
+            GenerationExplanation(
+                prompt=batch.texts[b][: _prompt_chars(batch, b, prompt)],
+                text=batch.texts[b],
+                tokens=batch.tokens[b],
+                offsets=batch.offsets[b],
+                word_ids=batch.word_ids[b],
+                special=batch.special_mask[b, :n].tolist(),
+                prompt_length=prompt,
+                scores=matrix,
+                probabilities=p,
+                method=method,
+                options=dict(options),
+                quantity=quantity,
+                forced=generation.forced,
+                cost=cost,
+                generation_seconds=generation.seconds / max(len(generation.steps), 1),
+                model=model,
+            )
+        )
+    return found
+
+
+def _prompt_chars(batch: Batch, b: int, prompt: int) -> int:
+    """Characters of example ``b``'s text that belong to its prompt (up to the first
+    continuation token's start, else the whole text)."""
+    for offset in batch.offsets[b][prompt:]:
+        if offset is not None:
+            return offset[0]
+    return len(batch.texts[b])

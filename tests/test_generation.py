@@ -1,0 +1,194 @@
+"""Generation attribution and span targets on tiny seeded causal language models.
+
+The oracle for a generation is a plain loop: for each step, the prefix as its own problem (its
+ids built by hand, the step's token as a single-position target) explained by the same method.
+The oracle for a span is linearity: the gradient of a sum of log-probabilities is the sum of
+the gradients of each, computed one token at a time.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from conftest import run_cli, saved_tiny
+
+import heedful
+from heedful.errors import InputError
+from heedful.generation import step_rows
+from heedful.sequences import continue_batch
+
+PROMPTS = ["the cat sat on", "a dog ran"]
+
+
+def _prefix_problem(lm: heedful.Model, prompt: str, continuation: list[int], quantity: str) -> heedful.Problem:
+    """The single-position problem of ``prompt`` followed by ``continuation[:-1]``, explaining
+    ``continuation[-1]`` as the next token -- built from ids, never through the generation code."""
+    prompt_ids = lm.tokenizer(prompt)["input_ids"]
+    ids = torch.tensor([prompt_ids + continuation[:-1]])
+    batch = lm.encode(prompt)
+    batch = batch.with_ids(ids, torch.ones_like(ids))
+    batch.tokens = [lm.tokenizer.convert_ids_to_tokens(ids[0].tolist())]
+    batch.special_mask = torch.zeros_like(ids, dtype=torch.bool)
+    return lm.prepare(batch, continuation[-1], quantity=quantity)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+@pytest.mark.parametrize(
+    "method,options",
+    [
+        ("grad_x_input", {}),
+        ("saliency", {}),
+        ("integrated_gradients", {"n_steps": 8}),
+        ("raw_attention", {}),
+        ("rollout", {}),
+        ("normxlogit", {}),
+        ("leave_one_out", {}),
+    ],
+)
+def test_three_steps_equal_a_loop_of_single_positions(tiny, family, method, options):
+    lm = tiny(family, "causal_lm")
+    found = lm.explain_generation(PROMPTS, method, max_new_tokens=3, **options)
+    for g, prompt in zip(found, PROMPTS, strict=True):
+        generated = lm.tokenizer.convert_tokens_to_ids(g.generated_tokens)
+        assert g.steps == 3 and g.scores.shape == (3, g.prompt_length + 3)
+        for t in range(3):
+            problem = _prefix_problem(lm, prompt, generated[: t + 1], "log_prob")
+            alone = lm.explain(problem, method, **options)[0]
+            width = g.prompt_length + t
+            np.testing.assert_allclose(g.scores[t, :width], alone.scores, atol=1e-5, rtol=1e-4)
+            assert np.isnan(g.scores[t, width:]).all()
+            if alone.prediction["index"] == generated[t]:  # greedy: the step's token is the prediction
+                assert g.probabilities[t] == pytest.approx(alone.prediction["probability"], abs=1e-6)
+
+
+def test_greedy_generation_matches_transformers_one_prompt_at_a_time(tiny):
+    lm = tiny("gpt2", "causal_lm")
+    generation = lm.generate(PROMPTS, 4)
+    for prompt, continuation in zip(PROMPTS, generation.continuations, strict=True):
+        ids = torch.tensor([lm.tokenizer(prompt)["input_ids"]])
+        out = lm.hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False,
+                                   pad_token_id=lm.tokenizer.pad_token_id)
+        assert out[0, ids.shape[1] :].tolist()[: len(continuation)] == continuation
+
+
+def test_forced_continuation_keeps_its_own_ids_and_offsets(tiny):
+    lm = tiny("gpt2", "causal_lm")
+    g = lm.explain_generation("the cat", "grad_x_input", continuation=" sat on the mat")
+    expected = lm.tokenizer(" sat on the mat", add_special_tokens=False)["input_ids"]
+    assert lm.tokenizer.convert_tokens_to_ids(g.generated_tokens) == expected
+    assert g.forced and g.text == "the cat sat on the mat" and g.continuation == " sat on the mat"
+    for token, offset in zip(g.generated_tokens, g.offsets[g.prompt_length :], strict=True):
+        assert g.text[offset[0] : offset[1]].strip() == lm.tokenizer.convert_tokens_to_string([token]).strip()
+    words, matrix = g.words()
+    assert words == ["the", "cat", "sat", "on", "the", "mat"]
+    assert matrix.shape == (g.steps, 6) and np.isnan(matrix[0, 3:]).all()
+
+
+def test_step_rows_cover_each_prefix(tiny):
+    lm = tiny("llama", "causal_lm")
+    generation = lm.generate(PROMPTS, 3)
+    batch, example, step = step_rows(generation)
+    assert len(batch) == sum(generation.steps)
+    assert (batch.lengths == torch.tensor(generation.prompt_lengths)[example] + step).all()
+
+
+def test_span_target_is_one_pass_and_the_sum_of_its_tokens(tiny):
+    lm = tiny("gpt2", "causal_lm")
+    span = " the mat is red"
+    ids = lm.tokenizer(span, add_special_tokens=False)["input_ids"]
+    assert len(ids) > 1
+    for method, options in [("grad_x_input", {}), ("integrated_gradients", {"n_steps": 6})]:
+        e = lm.explain("the cat sat on", method, target=span, **options)
+        if method == "grad_x_input":
+            assert (e.cost.forward_passes, e.cost.backward_passes) == (1.0, 1.0)
+        assert e.target.positions == list(range(e.target.anchor - len(ids) + 1, e.target.anchor + 1))
+        assert e.text == "the cat sat on" + span
+        total = np.zeros(len(e.tokens))
+        for k in range(len(ids)):
+            one = lm.explain(_prefix_problem(lm, "the cat sat on", ids[: k + 1], "log_prob"), method, **options)[0]
+            total[: len(one.scores)] += one.scores
+        np.testing.assert_allclose(e.scores, total, atol=1e-5, rtol=1e-4)
+        assert e.prediction["label"] == span and 0.0 < e.prediction["probability"] <= 1.0
+
+
+def test_span_log_probability_is_the_sum_over_tokens(tiny):
+    lm = tiny("llama", "causal_lm")
+    span = " the mat is red"
+    ids = lm.tokenizer(span, add_special_tokens=False)["input_ids"]
+    e = lm.explain("the cat sat on", "saliency", target=span)
+    prompt = lm.tokenizer("the cat sat on")["input_ids"]
+    with torch.no_grad():
+        logits = lm.hf_model(torch.tensor([prompt + ids])).logits[0].float()
+    log_p = torch.log_softmax(logits, dim=-1)
+    expected = sum(float(log_p[len(prompt) - 1 + k, token]) for k, token in enumerate(ids))
+    assert e.prediction["log_probability"] == pytest.approx(expected, abs=1e-4)
+
+
+def test_span_errors_name_the_problem(tiny):
+    lm = tiny("gpt2", "causal_lm")
+    with pytest.raises(InputError, match="explains one output position"):
+        lm.explain("the cat", "raw_attention", target=" sat on the mat")
+    with pytest.raises(InputError, match="several tokens"):
+        lm.explain("the cat", "saliency", target=" sat on vs the mat")
+    classifier = tiny("bert", "classification")
+    with pytest.raises(InputError, match="causal language model"):
+        classifier.explain_generation("great fun", max_new_tokens=2)
+
+
+def test_generation_views_and_round_trip(tiny):
+    lm = tiny("gpt2", "causal_lm")
+    g = lm.explain_generation("the cat sat", "grad_x_input", max_new_tokens=3)
+    frame = g.to_pandas()
+    assert len(frame) == sum(g.prompt_length + t for t in range(g.steps))
+    assert set(frame["step"]) == {0, 1, 2}
+    back = heedful.GenerationExplanation.from_dict(json.loads(g.to_json()))
+    np.testing.assert_array_equal(back.scores, g.scores)
+    assert back.tokens == g.tokens and back.cost == g.cost
+    np.testing.assert_allclose(g.sequence_scores(), np.nansum(g.scores, axis=0))
+    page = g.to_html()
+    assert "<script" in page and "http://" not in page and "https://" not in page
+    assert page.count('class="hf-tok"') >= len(g.tokens)
+
+
+def test_cli_generate_prints_the_matrix_and_writes_a_page(monkeypatch, capsys, tmp_path):
+    folder = saved_tiny(tmp_path / "tiny-gpt2", "gpt2", "causal_lm")
+    page = tmp_path / "gen.html"
+    code, out, err = run_cli(
+        monkeypatch, capsys, "explain", "the cat sat", "--model", folder, "--generate", "3",
+        "--method", "grad_x_input", "--html", str(page),
+    )
+    assert code == 0, err
+    text = page.read_text()
+    assert "hf-gen" in text and "https://" not in text
+    code, out, err = run_cli(
+        monkeypatch, capsys, "explain", "the cat sat", "--model", folder, "--generate", "2", "--json",
+    )
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["method"] == "saliency" and len(data["scores"]) == 2
+    code, out, err = run_cli(
+        monkeypatch, capsys, "explain", "the cat", "--model", folder, "--generate", "2", "--target", "x",
+    )
+    assert code == 2 and "--target" in err
+
+
+def test_cli_generate_terminal_matrix(monkeypatch, capsys, tmp_path):
+    folder = saved_tiny(tmp_path / "tiny-gpt2", "gpt2", "causal_lm")
+    code, out, err = run_cli(
+        monkeypatch, capsys, "explain", "the cat sat", "--model", folder, "--generate", "2", "--method", "grad_x_input",
+    )
+    assert code == 0, err
+    assert "generated" in out and "step" in out
+
+
+def test_continue_batch_decodes_after_the_prompt(tiny):
+    lm = tiny("llama", "causal_lm")
+    batch = lm.encode(["the cat", "a dog ran"])
+    ids = [lm.tokenizer(" sat", add_special_tokens=False)["input_ids"], [lm.tokenizer.eos_token_id]]
+    longer = continue_batch(lm.adapter, batch, ids)
+    assert longer.texts == ["the cat sat", "a dog ran"]
+    assert longer.special_mask[1, int(batch.lengths[1])]
+    assert longer.offsets[1][-1] is None
