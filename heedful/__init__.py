@@ -12,9 +12,9 @@ from heedful.generation import Generation
 from heedful.generation_explanation import GenerationExplanation
 from heedful.loading import from_pretrained_objects, load
 from heedful.model import Model
-from heedful.problem import QUANTITIES, Problem, prepare
+from heedful.problem import Problem, prepare
 from heedful.registry import MethodInfo, register
-from heedful.targets import Target
+from heedful.targets import QUANTITIES, Target
 from heedful.version import __version__
 
 __all__ = [

@@ -19,7 +19,7 @@ from heedful.explanation import Cost, Explanation, TargetInfo
 from heedful.generation import Generation, force, generate, prepare_steps
 from heedful.generation_explanation import GenerationExplanation, assemble_generation
 from heedful.options import jsonable
-from heedful.problem import QUANTITIES, Problem, prepare, span_request
+from heedful.problem import Problem, prepare, span_request
 from heedful.registry import MethodInfo
 from heedful.targets import ResolvedTarget, Target
 
@@ -188,7 +188,8 @@ class Model:
                 raise InputError("a prepared problem has its target", hint="pass the target to model.prepare(...)")
             return self._explain_problem(texts, info, bound)
         spec = Target.parse(target)
-        self._check_span(info, spec)
+        span = self._check_span(info, spec)
+        quantity = info.quantity(quantity, "log_prob" if span else "logit")
         single = isinstance(texts, str)
         items = _text_list(texts)
         pairs = _pairs(text_pair, len(items), single)
@@ -221,12 +222,13 @@ class Model:
         )
         return self._explain_problem(problem, info, bound, shared=shared)
 
-    def _check_span(self, info: MethodInfo, spec: Target) -> None:
-        """A span target for a method that explains one position fails before any work."""
-        if not info.spans:
-            span = span_request(self.adapter, spec)
-            if span is not None:
-                self._refuse_span(info, spec.value, len(span))
+    def _check_span(self, info: MethodInfo, spec: Target) -> bool:
+        """Whether ``spec`` is a span target; one for a method that explains one position fails
+        before any work."""
+        span = span_request(self.adapter, spec)
+        if span is not None and not info.spans:
+            self._refuse_span(info, spec.value, len(span))
+        return span is not None
 
     @staticmethod
     def _refuse_span(info: MethodInfo, label: str, tokens: int) -> None:
@@ -331,7 +333,7 @@ class Model:
         max_new_tokens: int = 20,
         continuation: str | Sequence[str] | None = None,
         generation_config: dict[str, Any] | None = None,
-        quantity: str = "log_prob",
+        quantity: str | None = None,
         truncation: bool = True,
         max_length: int | None = None,
         **options: Any,
@@ -339,7 +341,8 @@ class Model:
         """Explain every token a causal language model writes after each prompt: a
         :class:`~heedful.GenerationExplanation` per prompt, whose ``scores[t, j]`` say how much
         token ``j`` (of the prompt, or generated before step ``t``) contributed to generated
-        token ``t``'s ``quantity`` (``"log_prob"`` or ``"logit"``).
+        token ``t``'s ``quantity`` (``"log_prob"`` by default, or ``"logit"``; LRP methods
+        explain logits).
 
         The continuation is generated (greedy, at most ``max_new_tokens``; ``generation_config``:
         any ``transformers`` generation option), given (``continuation``: forced decoding, one
@@ -357,8 +360,7 @@ class Model:
         bound = info.bind(options)
         if bound.get("layerwise"):
             raise InputError("generation attribution gives one score per token and step", hint="drop layerwise=True")
-        if quantity not in QUANTITIES:
-            raise InputError(f"quantity must be one of {', '.join(QUANTITIES)}, got {quantity!r}", hint="use 'logit' or 'log_prob'")
+        quantity = info.quantity(quantity, "log_prob")
         single = isinstance(prompts, str)
         if isinstance(prompts, Generation):
             if continuation is not None:

@@ -27,7 +27,7 @@ from heedful.batch import Batch
 from heedful.chunks import length_chunks
 from heedful.errors import InputError
 from heedful.sequences import continue_batch, span_ids
-from heedful.targets import Columns, ResolvedTarget, Target, resolve_target
+from heedful.targets import QUANTITIES, Columns, ResolvedTarget, Target, resolve_target
 
 ReferencePass = Callable[[ModelAdapter, Batch, torch.Tensor, "torch.Tensor | None"], Forward]
 """``reference(adapter, batch, anchor, inputs_embeds) -> Forward``: a method's own reference
@@ -239,11 +239,6 @@ def prepare(
         resolved = resolve_target(request, adapter, anchor, anchor_kind, forward.logits.detach())
     resolved.quantity = quantity or ("log_prob" if span is not None else "logit")
     return Problem(adapter, batch, resolved, forward, request, inputs_embeds)
-
-
-QUANTITIES = ("logit", "log_prob")
-"""What a target's score is: the output column's logit, or its log-probability (the
-log-softmax over all outputs; a span's is the sum over its tokens)."""
 
 
 def span_request(adapter: ModelAdapter, request: Target | Columns) -> list[int] | None:

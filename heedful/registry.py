@@ -15,9 +15,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from heedful.errors import MethodError
+from heedful.errors import InputError, MethodError
 from heedful.options import OptionSpec, bind_options, option_specs
-from heedful.targets import TASKS
+from heedful.targets import QUANTITIES, TASKS
 
 ALL_TASKS: tuple[str, ...] = TASKS
 FAMILIES = ("vector", "gradient", "attention", "relevance", "perturbation", "baseline")
@@ -47,7 +47,8 @@ class MethodInfo:
     ``version`` changes whenever the method's outputs change (a test holds it to that), so
     stored results of an older version are never reused. ``spans``: the method explains a
     span target (several positions' outputs summed, :attr:`~heedful.targets.ResolvedTarget.positions`)
-    in the passes it needs for one position.
+    in the passes it needs for one position. ``quantities``: what the method can explain of a
+    target, its logit and/or its log-probability (LRP rules conserve logits only).
     """
 
     name: str
@@ -64,6 +65,7 @@ class MethodInfo:
     version: int = 1
     per_dimension: Callable | None = field(default=None, repr=False)
     spans: bool = False
+    quantities: tuple[str, ...] = QUANTITIES
 
     # ------------------------------------------------------------------ options
     @property
@@ -80,6 +82,20 @@ class MethodInfo:
     def layerwise(self) -> bool:
         """The method can give ``[L, N]`` scores (layers 1..L) with ``layerwise=True``."""
         return any(spec.name == "layerwise" for spec in self.options)
+
+    def quantity(self, asked: str | None, default: str = "logit") -> str:
+        """The quantity this method explains: ``asked`` when it can (an :class:`InputError`
+        otherwise), else ``default`` when it can, else the one it can."""
+        if asked is None:
+            return default if default in self.quantities else self.quantities[0]
+        if asked not in QUANTITIES:
+            raise InputError(f"quantity must be one of {', '.join(QUANTITIES)}, got {asked!r}", hint="use 'logit' or 'log_prob'")
+        if asked not in self.quantities:
+            raise InputError(
+                f"{self.name} explains a target's {' or '.join(self.quantities)}, not its {asked}",
+                hint=f"pass quantity={self.quantities[0]!r}",
+            )
+        return asked
 
     def takes(self, option: str) -> bool:
         return any(spec.name == option for spec in self.options)
@@ -142,6 +158,7 @@ def register(
     version: int = 1,
     per_dimension: Callable | None = None,
     spans: bool = False,
+    quantities: tuple[str, ...] = QUANTITIES,
 ) -> Callable[[Callable], Callable]:
     """Register ``fn`` under ``name`` (see :class:`MethodInfo`); ``fn`` is returned unchanged.
 
@@ -186,6 +203,7 @@ def register(
             version=version,
             per_dimension=per_dimension,
             spans=spans,
+            quantities=quantities,
         )
         return fn
 

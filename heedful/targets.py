@@ -22,6 +22,10 @@ if TYPE_CHECKING:
 
 TASKS = ("classification", "regression", "masked_lm", "causal_lm")
 
+QUANTITIES = ("logit", "log_prob")
+"""What a target's score is: the output column's logit, or its log-probability (the
+log-softmax over all outputs; a span's is the sum over its tokens)."""
+
 
 @dataclass(frozen=True)
 class Target:

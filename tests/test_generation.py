@@ -114,6 +114,28 @@ def test_span_target_is_one_pass_and_the_sum_of_its_tokens(tiny):
         assert e.prediction["label"] == span and 0.0 < e.prediction["probability"] <= 1.0
 
 
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_attnlrp_span_is_one_backward_and_the_sum_of_its_tokens_logits(tiny, family):
+    lm = tiny(family, "causal_lm")
+    span = " the mat is red"
+    ids = lm.tokenizer(span, add_special_tokens=False)["input_ids"]
+    e = lm.explain("the cat sat on", "attnlrp", target=span)
+    assert e.target.quantity == "logit" and e.cost.backward_passes == 1.0
+    total = np.zeros(len(e.tokens))
+    for k in range(len(ids)):
+        one = lm.explain(_prefix_problem(lm, "the cat sat on", ids[: k + 1], "logit"), "attnlrp")[0]
+        total[: len(one.scores)] += one.scores
+    np.testing.assert_allclose(e.scores, total, atol=1e-4, rtol=1e-4)
+    with pytest.raises(InputError, match="logit"):
+        lm.explain("the cat sat on", "attnlrp", target=span, quantity="log_prob")
+
+
+def test_attnlrp_generation_explains_logits(tiny):
+    lm = tiny("llama", "causal_lm")
+    g = lm.explain_generation("the cat sat", "attnlrp", max_new_tokens=2)
+    assert g.quantity == "logit" and np.isfinite(g.scores[1, : g.prompt_length + 1]).all()
+
+
 def test_span_log_probability_is_the_sum_over_tokens(tiny):
     lm = tiny("llama", "causal_lm")
     span = " the mat is red"

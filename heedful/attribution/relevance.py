@@ -59,7 +59,7 @@ def _passes(problem: Problem, rules: str, **options: Any) -> Iterator[tuple[Prep
     if isinstance(reference, LRPForward) and reference.rules == rules and reference.chunks:
         chunks = reference.chunks
     else:
-        chunks = lrp_reference(rules)(problem.adapter, problem.batch, target.anchor, problem.inputs_embeds).chunks
+        chunks = lrp_reference(rules)(problem.adapter, problem.batch, target.read_at, problem.inputs_embeds).chunks
     for chunk in chunks:
         yield chunk, lrp_backward(chunk, problem.adapter, target.select(chunk.rows), **options)
 
@@ -103,7 +103,11 @@ def _weighted_maps(grads: list[torch.Tensor], maps: dict[int, torch.Tensor]) -> 
     return [(g * maps[layer]).clamp(min=0).mean(dim=1) for layer, g in enumerate(grads)]
 
 
-@register("lrp", family="relevance", cost="1 forward + 1 relevance pass", reference=lrp_reference("lrp"))
+LOGITS = ("logit",)
+"""What LRP rules explain: logits (their relevance is conserved for logits, not log-probabilities)."""
+
+
+@register("lrp", family="relevance", cost="1 forward + 1 relevance pass", reference=lrp_reference("lrp"), quantities=LOGITS)
 def lrp(problem: Problem, *, rules: Literal["lrp", "chefer"] = "lrp") -> torch.Tensor:
     """Relevance of each token's input to the first block, propagated from the target logit (sums to 1).
 
@@ -126,6 +130,7 @@ def lrp(problem: Problem, *, rules: Literal["lrp", "chefer"] = "lrp") -> torch.T
     family="relevance",
     cost="1 forward + 1 relevance pass (last layer)",
     reference=lrp_reference("lrp"),
+    quantities=LOGITS,
 )
 def partial_lrp(problem: Problem) -> torch.Tensor:
     """Positive LRP relevance of the last layer's attention probabilities, averaged over heads, anchor row.
@@ -143,7 +148,7 @@ def partial_lrp(problem: Problem) -> torch.Tensor:
     return _scatter(problem.batch, parts)
 
 
-@register("chefer", family="relevance", cost=RELPROP_COST, reference=lrp_reference("chefer"))
+@register("chefer", family="relevance", cost=RELPROP_COST, reference=lrp_reference("chefer"), quantities=LOGITS)
 def chefer(problem: Problem, *, start_layer: int = 0) -> torch.Tensor:
     """LRP relevance of attention maps weighted by their gradients, positive part, rolled out over the layers.
 
@@ -172,6 +177,7 @@ def _rollout_scores(problem: Problem, start_layer: int, **options: Any) -> torch
     family="relevance",
     cost=RELPROP_COST + " (+ head statistics once per model)",
     reference=lrp_reference("chefer"),
+    quantities=LOGITS,
 )
 def mask_lrp(
     problem: Problem,
@@ -226,12 +232,21 @@ def mask_lrp(
     )
 
 
-@register("attnlrp", family="relevance", cost="1 forward + 1 backward", reference=lrp_reference("attnlrp"))
+@register(
+    "attnlrp",
+    family="relevance",
+    cost="1 forward + 1 backward",
+    reference=lrp_reference("attnlrp"),
+    spans=True,
+    quantities=LOGITS,
+)
 def attnlrp(problem: Problem) -> torch.Tensor:
     """AttnLRP relevance of each word embedding (one modified backward pass), summed over the embedding.
 
     ``sum_d e_id * g_id`` with ``g`` the AttnLRP-modified gradient of the target logit at the
-    word embeddings ``e`` ``[B, N]``; the scores sum to the logit minus what biases absorb.
+    word embeddings ``e`` ``[B, N]``; the scores sum to the logit minus what biases absorb. A
+    span target (``quantity="logit"``) is the sum of its tokens' logits in one backward pass,
+    as LXT's answer to multi-token targets has it.
 
     Source: Achtibat et al. 2024, AttnLRP: Attention-Aware Layer-Wise Relevance Propagation for
     Transformers (Eq. 7, 9, 13; lxt.efficient rules)

@@ -104,7 +104,9 @@ def lrp_forward(
                     f"the {adapter.family} language-model head has no linear projection to propagate through"
                 )
             last = fwd.hidden_states[-1]
-            feats = parts.transform(last[torch.arange(last.shape[0]), anchor[rows].to(last.device)])
+            index = torch.arange(last.shape[0], device=last.device)
+            at = anchor[rows].to(last.device)
+            feats = parts.transform(last[index[:, None] if at.dim() == 2 else index, at])  # [R, E] or, a span, [R, K, E]
     return Prepared(session, rows, width, embeds, fwd.logits, feats)
 
 
@@ -114,13 +116,23 @@ def explained_score(prepared: Prepared, adapter: ModelAdapter, target: ResolvedT
     Classifier and regression heads ran as modules (their rules attached by role); a
     language-model head's target columns go through the rule set's :meth:`~RuleSet.project`.
     """
+    if target.quantity != "logit":
+        raise InputError(
+            f"LRP explains logits (its relevance is conserved for them), not a {target.quantity}",
+            hint="pass quantity='logit' (a span then explains the sum of its tokens' logits)",
+        )
     if prepared.feats is None:
         return target.score(prepared.logits)
     parts = adapter.lm_head_parts()
     columns = target.classes.to(prepared.feats.device)
+    feats = prepared.feats
+    if feats.dim() == 3:  # a span: column k read at the k-th position, one column per row of [R*K]
+        rows, span = columns.shape
+        feats, columns = feats.reshape(rows * span, -1), columns.reshape(rows * span, 1)
     bias = None if parts.bias is None else parts.bias[columns]
     with torch.enable_grad():
-        logits = prepared.session.rules.project(prepared.session.state, prepared.feats, parts.weight[columns], bias)
+        logits = prepared.session.rules.project(prepared.session.state, feats, parts.weight[columns], bias)
+    logits = logits.reshape(target.classes.shape)
     return (logits * target.weights.to(logits)).sum(dim=1)
 
 
@@ -201,5 +213,5 @@ def propagate(
     **options,
 ) -> RelevancePass:
     """:func:`lrp_forward` then :func:`lrp_backward` on the whole (padded) batch."""
-    prepared = lrp_forward(adapter, batch, target.anchor, rules)
+    prepared = lrp_forward(adapter, batch, target.read_at, rules)
     return lrp_backward(prepared, adapter, target, **options)
