@@ -103,11 +103,12 @@ def _weighted_maps(grads: list[torch.Tensor], maps: dict[int, torch.Tensor]) -> 
     return [(g * maps[layer]).clamp(min=0).mean(dim=1) for layer, g in enumerate(grads)]
 
 
-LOGITS = ("logit",)
-"""What LRP rules explain: logits (their relevance is conserved for logits, not log-probabilities)."""
+LRP_METHOD = {"family": "relevance", "quantities": ("logit",)}
+"""What every LRP method registers with: LRP rules explain logits (their relevance is
+conserved for logits, not log-probabilities)."""
 
 
-@register("lrp", family="relevance", cost="1 forward + 1 relevance pass", reference=lrp_reference("lrp"), quantities=LOGITS)
+@register("lrp", **LRP_METHOD, cost="1 forward + 1 relevance pass", reference=lrp_reference("lrp"))
 def lrp(problem: Problem, *, rules: Literal["lrp", "chefer"] = "lrp") -> torch.Tensor:
     """Relevance of each token's input to the first block, propagated from the target logit (sums to 1).
 
@@ -125,13 +126,7 @@ def lrp(problem: Problem, *, rules: Literal["lrp", "chefer"] = "lrp") -> torch.T
     return _scatter(problem.batch, parts)
 
 
-@register(
-    "partial_lrp",
-    family="relevance",
-    cost="1 forward + 1 relevance pass (last layer)",
-    reference=lrp_reference("lrp"),
-    quantities=LOGITS,
-)
+@register("partial_lrp", **LRP_METHOD, cost="1 forward + 1 relevance pass (last layer)", reference=lrp_reference("lrp"))
 def partial_lrp(problem: Problem) -> torch.Tensor:
     """Positive LRP relevance of the last layer's attention probabilities, averaged over heads, anchor row.
 
@@ -148,7 +143,7 @@ def partial_lrp(problem: Problem) -> torch.Tensor:
     return _scatter(problem.batch, parts)
 
 
-@register("chefer", family="relevance", cost=RELPROP_COST, reference=lrp_reference("chefer"), quantities=LOGITS)
+@register("chefer", **LRP_METHOD, cost=RELPROP_COST, reference=lrp_reference("chefer"))
 def chefer(problem: Problem, *, start_layer: int = 0) -> torch.Tensor:
     """LRP relevance of attention maps weighted by their gradients, positive part, rolled out over the layers.
 
@@ -173,11 +168,7 @@ def _rollout_scores(problem: Problem, start_layer: int, **options: Any) -> torch
 
 
 @register(
-    "mask_lrp",
-    family="relevance",
-    cost=RELPROP_COST + " (+ head statistics once per model)",
-    reference=lrp_reference("chefer"),
-    quantities=LOGITS,
+    "mask_lrp", **LRP_METHOD, cost=RELPROP_COST + " (+ head statistics once per model)", reference=lrp_reference("chefer")
 )
 def mask_lrp(
     problem: Problem,
@@ -232,14 +223,7 @@ def mask_lrp(
     )
 
 
-@register(
-    "attnlrp",
-    family="relevance",
-    cost="1 forward + 1 backward",
-    reference=lrp_reference("attnlrp"),
-    spans=True,
-    quantities=LOGITS,
-)
+@register("attnlrp", **LRP_METHOD, cost="1 forward + 1 backward", reference=lrp_reference("attnlrp"), spans=True)
 def attnlrp(problem: Problem) -> torch.Tensor:
     """AttnLRP relevance of each word embedding (one modified backward pass), summed over the embedding.
 
