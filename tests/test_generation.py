@@ -214,3 +214,46 @@ def test_continue_batch_decodes_after_the_prompt(tiny):
     assert longer.texts == ["the cat sat", "a dog ran"]
     assert longer.special_mask[1, int(batch.lengths[1])]
     assert longer.offsets[1][-1] is None
+
+
+def _log_p_continuation(lm: heedful.Model, prompt_ids: list[int], continuation: list[int]) -> float:
+    """log p(continuation | prompt) from one plain transformers forward pass."""
+    with torch.no_grad():
+        logits = lm.hf_model(torch.tensor([prompt_ids + continuation])).logits[0].float()
+    log_p = torch.log_softmax(logits, dim=-1)
+    return sum(float(log_p[len(prompt_ids) - 1 + k, t]) for k, t in enumerate(continuation))
+
+
+def test_generation_faithfulness_equals_a_hand_computation(tiny):
+    from heedful.evaluate import generation_faithfulness
+
+    lm = tiny("llama", "causal_lm")
+    found = lm.explain_generation(["the cat sat on the mat today", "a dog ran far away"], "grad_x_input", max_new_tokens=3)
+    result = generation_faithfulness(lm.adapter, found, ratios=(0.2, 0.5))
+    for g, expl in enumerate(found):
+        ids = lm.tokenizer.convert_tokens_to_ids(expl.tokens)
+        prompt, continuation = ids[: expl.prompt_length], ids[expl.prompt_length :]
+        content = [j for j in range(expl.prompt_length) if not expl.special[j]]
+        totals = np.nansum(expl.scores, axis=0)
+        ranked = sorted(content, key=lambda j: (-totals[j], j))
+        full = _log_p_continuation(lm, prompt, continuation)
+        assert result.original[g] == pytest.approx(full, abs=1e-4)
+        for r, ratio in enumerate((0.2, 0.5)):
+            k = max(1, round(ratio * len(content)))
+            top = set(ranked[:k])
+            without = [t for j, t in enumerate(prompt) if j not in top]
+            only = [t for j, t in enumerate(prompt) if j in top or expl.special[j]]
+            assert result.sizes[g, r] == k
+            assert result.comprehensiveness[g, r] == pytest.approx(full - _log_p_continuation(lm, without, continuation), abs=1e-4)
+            assert result.sufficiency[g, r] == pytest.approx(full - _log_p_continuation(lm, only, continuation), abs=1e-4)
+    mean, low, high = result.summary()["comprehensiveness"]
+    assert low <= mean <= high
+
+
+def test_bootstrap_interval_is_seeded_and_covers_the_mean():
+    from heedful.evaluate import bootstrap_mean
+
+    values = np.arange(20, dtype=float)
+    assert bootstrap_mean(values) == bootstrap_mean(values)
+    mean, low, high = bootstrap_mean(values)
+    assert mean == 9.5 and low < mean < high

@@ -6,17 +6,21 @@
 * :data:`METRICS`: AOPC / comprehensiveness, sufficiency, log-odds, accuracy (drop), Pearson
   (drop), deletion / insertion areas, tau-LOO, and the plausibility metrics dot product, average
   precision, AUPRC, token F1, IOU (:mod:`heedful.evaluate.metrics`);
+* :func:`generation_faithfulness`: comprehensiveness and sufficiency of generation
+  explanations for the continuation's log-probability (:mod:`heedful.evaluate.generation`);
 * :class:`ResultsStore`: the SQLite store ``heedful bench`` resumes from
   (:mod:`heedful.evaluate.store`); :func:`run_bench` runs methods x examples x metrics
   (:mod:`heedful.evaluate.bench`).
 """
 
 from heedful.evaluate.evaluation import MetricResult, ModelInput, evaluate, model_inputs
+from heedful.evaluate.generation import GenerationFaithfulness, bootstrap_mean, generation_faithfulness
 from heedful.evaluate.metrics import METRICS, Metric, PerExample, Summary, get_metric, metric_names
 from heedful.evaluate.protocol import PRESETS, Protocol, get_protocol
 from heedful.evaluate.store import ResultsStore, RunKey
 
 __all__ = [
+    "GenerationFaithfulness",
     "METRICS",
     "PRESETS",
     "Metric",
@@ -27,7 +31,9 @@ __all__ = [
     "ResultsStore",
     "RunKey",
     "Summary",
+    "bootstrap_mean",
     "evaluate",
+    "generation_faithfulness",
     "get_metric",
     "get_protocol",
     "metric_names",

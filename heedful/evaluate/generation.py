@@ -1,0 +1,166 @@
+"""Faithfulness of generation explanations: does removing the prompt tokens an explanation
+ranks highest change how likely the model finds what it wrote?
+
+For a prompt ``x`` and its continuation ``y`` (generated or forced), an explanation ranks the
+prompt's tokens by their attribution to the whole continuation (its scores summed over the
+steps, :meth:`~heedful.GenerationExplanation.sequence_scores`). At each ratio ``r`` the top
+``k = max(1, round(r * n))`` of the ``n`` non-special prompt tokens form the rationale ``x_r``
+(at most ``n - 1`` when no special token stays, so that a prompt is never empty);
+with the continuation teacher-forced after the edited prompt (removed tokens deleted, as for
+any causal language model):
+
+* comprehensiveness ``log p(y | x) - log p(y | x \\ x_r)`` (ERASER, DeYoung et al. 2020, in
+  log-probabilities of the whole continuation as ContextCite's top-k drop);
+* sufficiency ``log p(y | x) - log p(y | x_r)``;
+
+and their AOPC, the mean over ratios (ERASER's bins 1, 5, 10, 20, 50 % by default). A
+faithful explanation has a high comprehensiveness and a low sufficiency.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from heedful.adapters import ModelAdapter
+from heedful.chunks import length_chunks
+from heedful.errors import InputError
+from heedful.generation_explanation import GenerationExplanation
+from heedful.targets import ResolvedTarget
+
+RATIOS = (0.01, 0.05, 0.1, 0.2, 0.5)
+"""ERASER's AOPC bins."""
+
+
+@dataclass
+class GenerationFaithfulness:
+    """Per explanation ``[G]`` and ratio ``[R]``: ``comprehensiveness`` and ``sufficiency``
+    (``[G, R]``, in nats of the continuation's log-probability), ``sizes`` (``[G, R]`` tokens
+    in each rationale) and ``original`` (``[G]``, ``log p(y | x)``)."""
+
+    ratios: tuple[float, ...]
+    comprehensiveness: np.ndarray
+    sufficiency: np.ndarray
+    sizes: np.ndarray
+    original: np.ndarray
+
+    @property
+    def aopc_comprehensiveness(self) -> np.ndarray:
+        """``[G]``: comprehensiveness averaged over the ratios."""
+        return self.comprehensiveness.mean(axis=1)
+
+    @property
+    def aopc_sufficiency(self) -> np.ndarray:
+        """``[G]``: sufficiency averaged over the ratios."""
+        return self.sufficiency.mean(axis=1)
+
+    def summary(self, n_boot: int = 1000, seed: int = 0) -> dict[str, tuple[float, float, float]]:
+        """Mean AOPC comprehensiveness and sufficiency over the explanations, each with a 95 %
+        percentile bootstrap interval over explanations: ``{name: (mean, low, high)}``."""
+        return {
+            "comprehensiveness": bootstrap_mean(self.aopc_comprehensiveness, n_boot, seed),
+            "sufficiency": bootstrap_mean(self.aopc_sufficiency, n_boot, seed),
+        }
+
+
+def bootstrap_mean(values: np.ndarray, n_boot: int = 1000, seed: int = 0) -> tuple[float, float, float]:
+    """The mean of ``values`` and its 95 % percentile bootstrap interval (``n_boot`` resamples
+    from a seeded generator)."""
+    values = np.asarray(values, dtype=float)
+    if values.size == 0:
+        return (math.nan, math.nan, math.nan)
+    rng = np.random.default_rng(seed)
+    means = values[rng.integers(0, values.size, size=(n_boot, values.size))].mean(axis=1)
+    low, high = np.percentile(means, [2.5, 97.5])
+    return float(values.mean()), float(low), float(high)
+
+
+def generation_faithfulness(
+    adapter: ModelAdapter,
+    explanations: Sequence[GenerationExplanation],
+    ratios: Sequence[float] = RATIOS,
+) -> GenerationFaithfulness:
+    """Comprehensiveness and sufficiency of every explanation at every ratio (see the module
+    docstring); all edited prompts run batched, chunked by length."""
+    if not explanations:
+        raise InputError("no generation explanations to evaluate")
+    if any(not 0 < r <= 1 for r in ratios):
+        raise InputError(f"ratios must be in (0, 1], got {list(ratios)}")
+    tokenizer = adapter.tokenizer
+    rows: list[list[int]] = []
+    lengths: list[int] = []  # prompt tokens left in each row
+    owners: list[tuple[int, list[int]]] = []  # (explanation, its continuation ids)
+    sizes = np.zeros((len(explanations), len(ratios)), dtype=int)
+    for g, expl in enumerate(explanations):
+        ids = tokenizer.convert_tokens_to_ids(expl.tokens)
+        prompt, continuation = ids[: expl.prompt_length], ids[expl.prompt_length : expl.prompt_length + expl.steps]
+        eligible = [j for j in range(expl.prompt_length) if not expl.special[j]]
+        keeps_one = len(eligible) < expl.prompt_length  # a special token (BOS) stays in every edited prompt
+        if len(eligible) < (1 if keeps_one else 2):
+            raise InputError(f"explanation {g}'s prompt is too short to remove tokens from", hint="use longer prompts")
+        scores = expl.sequence_scores()[: expl.prompt_length]
+        order = sorted(eligible, key=lambda j: (-scores[j], j))
+        variants = [prompt]
+        for r, ratio in enumerate(ratios):
+            k = min(len(order) - (0 if keeps_one else 1), max(1, round(ratio * len(order))))
+            sizes[g, r] = k
+            top = set(order[:k])
+            variants.append([t for j, t in enumerate(prompt) if j not in top])  # comprehensiveness
+            variants.append([t for j, t in enumerate(prompt) if j in top or expl.special[j]])  # sufficiency
+        for variant in variants:
+            rows.append(variant + continuation)
+            lengths.append(len(variant))
+            owners.append((g, continuation))
+    log_p = _continuation_log_probs(adapter, rows, lengths, owners)
+    per = log_p.reshape(len(explanations), 1 + 2 * len(ratios))
+    original = per[:, 0]
+    comprehensiveness = original[:, None] - per[:, 1::2]
+    sufficiency = original[:, None] - per[:, 2::2]
+    return GenerationFaithfulness(tuple(ratios), comprehensiveness, sufficiency, sizes, original)
+
+
+@torch.no_grad()
+def _continuation_log_probs(
+    adapter: ModelAdapter, rows: list[list[int]], prompt_lengths: list[int], owners: list[tuple[int, list[int]]]
+) -> np.ndarray:
+    """``log p(continuation | prompt)`` of every row ``[R]``: rows of equal continuation length
+    run together, in chunks of similar length, each a span target read at its positions."""
+    found = np.zeros(len(rows))
+    pad = adapter.pad_token_id if adapter.pad_token_id is not None else 0
+    by_steps: dict[int, list[int]] = {}
+    for i, (_, continuation) in enumerate(owners):
+        by_steps.setdefault(len(continuation), []).append(i)
+    for steps, members in by_steps.items():
+        total = torch.tensor([len(rows[i]) for i in members])
+        for part, width in length_chunks(total):
+            picked = [members[i] for i in part.tolist()]
+            ids = torch.full((len(picked), width), pad, dtype=torch.long)
+            mask = torch.zeros(len(picked), width, dtype=torch.long)
+            for r, i in enumerate(picked):
+                ids[r, : len(rows[i])] = torch.tensor(rows[i])
+                mask[r, : len(rows[i])] = 1
+            start = torch.tensor([prompt_lengths[i] - 1 for i in picked])
+            positions = start[:, None] + torch.arange(steps)[None, :]
+            classes = torch.tensor([owners[i][1] for i in picked], dtype=torch.long)
+            target = ResolvedTarget(
+                positions[:, -1], "fixed", classes, torch.ones(steps), [""] * len(picked), adapter.task,
+                quantity="log_prob", positions=positions,
+            )
+            ids, mask = ids.to(adapter.device), mask.to(adapter.device)
+            logits = adapter.forward(_Plain(ids, mask), positions, input_ids=ids, attention_mask=mask).logits
+            found[picked] = target.score(logits).double().cpu().numpy()
+    return found
+
+
+@dataclass
+class _Plain:
+    """The two fields :meth:`~heedful.adapters.ModelAdapter.forward` reads from a batch of ids
+    (no tokens, offsets or segments: rows built from ids)."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    token_type_ids: torch.Tensor | None = None
