@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.heedful-installed
 
-.PHONY: demo test test-all lint bench bench-ferret clean-venv
+.PHONY: demo test test-all lint bench bench-ferret bench-generation clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,10 @@ bench-ferret: $(STAMP)  ## AOPC under the ferret protocol, heedful vs ferret on 
 	$(BIN)/python -m pip install --quiet -e ".[bench]"
 	$(BIN)/python -m pip install --quiet --no-deps ferret-xai==0.4.2
 	OMP_WAIT_POLICY=PASSIVE $(BIN)/python benchmarks/ferret_aopc.py
+
+bench-generation: $(STAMP)  ## generation attribution, heedful vs Inseq and Captum on the same generations
+	$(BIN)/python -m pip install --quiet -e ".[bench]"
+	OMP_WAIT_POLICY=PASSIVE $(BIN)/python benchmarks/generation.py
 
 clean-venv:
 	rm -rf $(VENV)

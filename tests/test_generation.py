@@ -257,3 +257,33 @@ def test_bootstrap_interval_is_seeded_and_covers_the_mean():
     assert bootstrap_mean(values) == bootstrap_mean(values)
     mean, low, high = bootstrap_mean(values)
     assert mean == 9.5 and low < mean < high
+
+
+def test_bench_generate_on_a_prompts_file(monkeypatch, capsys, tmp_path):
+    folder = saved_tiny(tmp_path / "tiny-llama", "llama", "causal_lm")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(
+        "\n".join(json.dumps(r) for r in [
+            {"prompt": "the cat sat on the mat"},
+            {"prompt": "a dog ran far away", "continuation": " and back"},
+            {"prompt": "the bird sang all day"},
+        ]) + "\n"
+    )
+    out = tmp_path / "out"
+    code, stdout, err = run_cli(
+        monkeypatch, capsys, "bench", "--model", folder, "--dataset", str(prompts), "--methods", "random,grad_x_input",
+        "--generate", "3", "--out", str(out),
+    )
+    assert code == 0, err
+    report = (out / "generation.md").read_text()
+    assert "| grad_x_input |" in report and "| random |" in report and "overlap" in report
+    import pandas as pd
+
+    rows = pd.read_csv(out / "generation.csv")
+    assert len(rows) == 2 * 3 * 5 and set(rows["method"]) == {"random", "grad_x_input"}
+    assert (rows[rows["continuation"] == " and back"]["prompt"] == "a dog ran far away").all()
+    code, _, err = run_cli(
+        monkeypatch, capsys, "bench", "--model", folder, "--dataset", str(prompts), "--methods", "saliency",
+        "--generate", "2", "--metrics", "accuracy", "--out", str(out),
+    )
+    assert code == 2 and "accuracy" in err

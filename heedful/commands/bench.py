@@ -46,7 +46,7 @@ def bench(
     model: Annotated[str, typer.Option("--model", "-m", help="Zoo name, model directory or hub id.")],
     dataset: Annotated[str, typer.Option("--dataset", "-d", help="movies, amazon, nyt, tweets, agreement, or a CSV / JSONL path.")],
     methods: Annotated[str, typer.Option("--methods", help="Comma-separated methods, e.g. random,grad_x_input,normxlogit.")],
-    metrics: Annotated[str, typer.Option("--metrics", help="Comma-separated metrics.")] = "aopc,sufficiency,accuracy",
+    metrics: Annotated[str | None, typer.Option("--metrics", help="Comma-separated metrics (default aopc,sufficiency,accuracy; with --generate aopc,sufficiency).")] = None,
     preset: Annotated[str, typer.Option("--preset", "-p", help="Protocol: normxlogit, mask-lrp, ferret or default.")] = "default",
     n: Annotated[int | None, typer.Option("--n", "-n", help="Use the first N usable examples.")] = None,
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder of the results store, tables and plots.")] = Path("results"),
@@ -57,9 +57,12 @@ def bench(
     option: Annotated[list[str] | None, typer.Option("--option", help="method.key=value or protocol.key=value; repeatable.")] = None,
     threads: Annotated[int | None, typer.Option("--threads", help="torch CPU threads (default: torch's choice).")] = None,
     lm_word: Annotated[str, typer.Option("--lm-word", help="Language-model data: explain the 'target' or the 'foil' word.")] = "target",
+    generate: Annotated[int | None, typer.Option("--generate", "-g", help="Prompts data (JSONL with 'prompt', optional 'continuation'): explain N generated tokens per prompt.")] = None,
 ) -> None:
     """Run METHODS x examples x METRICS under a paper's protocol; results are stored per example
-    in OUT/results.sqlite, so an interrupted run resumes where it stopped."""
+    in OUT/results.sqlite, so an interrupted run resumes where it stopped. With --generate, the
+    dataset is a file of prompts: every method explains each generated (or given) continuation
+    and is measured by comprehensiveness and sufficiency of its log-probability."""
     from rich.console import Console
 
     from heedful.evaluate import get_protocol, metric_names
@@ -74,6 +77,10 @@ def bench(
 
         torch.set_num_threads(threads)
     method_options, protocol_changes = _parse_options(option)
+    if generate is not None:
+        _bench_generation(model, dataset, _split_list(methods, "methods"), method_options, metrics or "aopc,sufficiency", generate, n, out)
+        return
+    metrics = metrics or "aopc,sufficiency,accuracy"
     if random_seeds is not None:
         protocol_changes["random_seeds"] = random_seeds
     protocol = get_protocol(preset, **protocol_changes)
@@ -109,3 +116,43 @@ def bench(
     )
     for path in files:
         err_console.print(f"wrote {path}")
+
+
+GENERATION_METRICS = {"aopc", "comprehensiveness", "sufficiency"}
+
+
+def _bench_generation(model, dataset, names, method_options, metrics, generate, n, out: Path) -> None:
+    """``heedful bench --generate N``: generation faithfulness of every method on a prompts file
+    (not stored: every run recomputes), written to OUT/generation.md and OUT/generation.csv."""
+    from rich.console import Console
+    from rich.markdown import Markdown
+
+    from heedful.datasets.prompts import load_prompts
+    from heedful.evaluate.bench import check_options
+    from heedful.evaluate.generation import bench_generation, generation_report, generation_rows
+
+    asked = set(_split_list(metrics, "metrics"))
+    if not asked <= GENERATION_METRICS:
+        raise HeedfulError(
+            f"generation faithfulness measures {', '.join(sorted(GENERATION_METRICS))}, not {', '.join(sorted(asked - GENERATION_METRICS))}",
+            hint="drop --metrics, or use aopc,sufficiency",
+        )
+    if generate < 1:
+        raise HeedfulError(f"--generate must be at least 1, got {generate}")
+    method_options = check_options(names, method_options)
+    prompts = load_prompts(dataset, n)
+    err = Console(stderr=True)
+    with err.status(f"loading {model} …"):
+        import heedful
+
+        loaded = heedful.load(model)
+    with err.status(f"explaining {len(prompts)} generations with {len(names)} methods …"):
+        results = bench_generation(loaded, prompts, names, method_options, max_new_tokens=generate)
+    report = generation_report(results, loaded.name)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "generation.md").write_text(report, encoding="utf-8")
+    import pandas as pd
+
+    pd.DataFrame(generation_rows(results)).to_csv(out / "generation.csv", index=False)
+    Console().print(Markdown(report))
+    err.print(f"wrote {out / 'generation.md'} and {out / 'generation.csv'}")

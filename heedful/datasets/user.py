@@ -44,7 +44,8 @@ def looks_like_path(name: str) -> bool:
     return name.lower().endswith(SUFFIXES) or "/" in name or Path(name).exists()
 
 
-def _read(path: Path) -> pd.DataFrame:
+def read_table(path: Path) -> pd.DataFrame:
+    """A CSV, TSV, JSON or JSON-lines file as a data frame (an :class:`InputError` when it cannot be read)."""
     suffix = path.suffix.lower()
     try:
         if suffix in (".csv", ".tsv"):
@@ -118,7 +119,7 @@ def load_file(path: str | Path, split: str | None = None, name: str | None = Non
     path = Path(path).expanduser()
     if not path.is_file():
         raise InputError(f"no such data file: {path}", hint="give a CSV or JSON-lines file with a 'text' column")
-    frame = _read(path)
+    frame = read_table(path)
     if "text" not in frame.columns:
         raise InputError(f"{path} has no 'text' column", hint=f"columns found: {', '.join(map(str, frame.columns))}")
     if split is not None and "split" in frame.columns:
