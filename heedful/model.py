@@ -19,7 +19,7 @@ from heedful.explanation import Cost, Explanation, TargetInfo
 from heedful.generation import Generation, force, generate, prepare_steps
 from heedful.generation_explanation import GenerationExplanation, assemble_generation
 from heedful.options import jsonable
-from heedful.problem import Problem, prepare, span_request
+from heedful.problem import Problem, contrast_spans, prepare, span_request
 from heedful.registry import MethodInfo
 from heedful.targets import ResolvedTarget, Target
 
@@ -190,6 +190,7 @@ class Model:
         spec = Target.parse(target)
         span = self._check_span(info, spec)
         quantity = info.quantity(quantity, "log_prob" if span else "logit")
+        explain_batch = self._explain_contrast if contrast_spans(self.adapter, spec) is not None else self._explain_batch
         single = isinstance(texts, str)
         items = _text_list(texts)
         pairs = _pairs(text_pair, len(items), single)
@@ -201,7 +202,7 @@ class Model:
             batch = self.adapter.encode(
                 items[start:stop], None if pairs is None else pairs[start:stop], truncation, max_length
             )
-            results.extend(self._explain_batch(batch, info, spec, bound, quantity))
+            results.extend(explain_batch(batch, info, spec, bound, quantity))
             if progress is not None:
                 progress(len(batch))
         return results[0] if single else results
@@ -223,12 +224,57 @@ class Model:
         return self._explain_problem(problem, info, bound, shared=shared)
 
     def _check_span(self, info: MethodInfo, spec: Target) -> bool:
-        """Whether ``spec`` is a span target; one for a method that explains one position fails
-        before any work."""
-        span = span_request(self.adapter, spec)
+        """Whether ``spec`` is a span target (or a contrast of spans); one for a method that
+        explains one position fails before any work."""
+        pair = contrast_spans(self.adapter, spec)
+        span = span_request(self.adapter, spec) if pair is None else pair[0] + pair[1]
         if span is not None and not info.spans:
-            self._refuse_span(info, spec.value, len(span))
+            label = _contrast_label(spec) if pair is not None else spec.value
+            self._refuse_span(info, label, len(span))
         return span is not None
+
+    def _explain_contrast(
+        self, batch: Batch, info: MethodInfo, spec: Target, bound: dict[str, Any], quantity: str | None = None
+    ) -> list[Explanation]:
+        """A contrast of spans ``"A vs B"``: the method on the texts continued by A and by B
+        (one problem each), the prompt tokens' scores of the second subtracted from the first --
+        exactly the attribution of ``log p(A | x) - log p(B | x)`` for the span methods, which
+        are linear in their target. The explanations cover the texts' own tokens."""
+        parts = []
+        for value in (spec.value, spec.foil):
+            problem, prepared = self._timed(
+                lambda v=value: prepare(
+                    self.adapter, batch, Target("given", v), reference=info.reference,
+                    hidden_states=info.needs_hidden, attentions=info.needs_attentions, quantity=quantity,
+                )
+            )
+            scores, own = self._timed(lambda p=problem: info.fn(p, **bound).detach())
+            problem.release_graph()
+            parts.append((problem, scores, [a + b for a, b in zip(prepared, own, strict=True)]))
+        (first, a, cost_a), (second, b, cost_b) = parts
+        width = batch.seq_len
+        keep = batch.attention_mask.bool().to(a.device)
+        scores = (a[..., :width] - b[..., :width]) * keep
+        n = max(len(batch), 1)
+        cost = Cost(*((x + y) / n for x, y in zip(cost_a, cost_b, strict=True)))
+        log_a = first.target.score(first.reference.logits.detach().float())
+        log_b = second.target.score(second.reference.logits.detach().float())
+        label = _contrast_label(spec)
+        target = ResolvedTarget(
+            anchor=batch.lengths - 1,
+            anchor_kind="last",
+            classes=torch.cat([first.target.classes, second.target.classes], dim=1),
+            weights=torch.cat([first.target.weights, -second.target.weights]),
+            labels=[label] * len(batch),
+            task=self.task,
+            quantity=first.target.quantity,
+        )
+        joined = Problem(self.adapter, batch, target, first.reference, spec)
+        predictions = [
+            {"label": label, "log_probability_difference": float(x - y), "log_probabilities": [float(x), float(y)]}
+            for x, y in zip(log_a, log_b, strict=True)
+        ]
+        return self.explanations(joined, scores, info.name, bound, cost, predictions=predictions)
 
     @staticmethod
     def _refuse_span(info: MethodInfo, label: str, tokens: int) -> None:
@@ -261,12 +307,20 @@ class Model:
         return self.explanations(problem, scores, info.name, bound, cost)
 
     def explanations(
-        self, problem: Problem, scores: torch.Tensor, method: str, options: dict[str, Any], cost: Cost | None = None
+        self,
+        problem: Problem,
+        scores: torch.Tensor,
+        method: str,
+        options: dict[str, Any],
+        cost: Cost | None = None,
+        predictions: list[dict[str, Any]] | None = None,
     ) -> list[Explanation]:
         """One :class:`Explanation` per example of ``problem`` from ``scores`` ``[B, N]`` (or
-        ``[B, L, N]``) computed by ``method`` with ``options``."""
+        ``[B, L, N]``) computed by ``method`` with ``options``; ``predictions``: what the model
+        predicted, per example (default: read from the problem's reference pass)."""
         batch, resolved = problem.batch, problem.target
-        predictions = self._predictions(problem.reference.logits.detach(), resolved)
+        if predictions is None:
+            predictions = self._predictions(problem.reference.logits.detach(), resolved)
         kind = "regression" if self.task == "regression" else problem.request.kind
         recorded = jsonable(options)
         found = []
@@ -409,6 +463,12 @@ class Model:
         for info, opts in zip(infos, bound, strict=True):
             found.extend(self._explain_problem(problem, info, opts, shared=shared))
         return found
+
+
+def _contrast_label(spec: Target) -> str:
+    """``"A vs B"`` as the user wrote it (a foil given a leading space by the parse keeps one)."""
+    foil = str(spec.foil)
+    return f"{spec.value} vs{foil}" if foil.startswith(" ") else f"{spec.value} vs {foil}"
 
 
 def _pairs(text_pair, count: int, single: bool) -> list[str] | None:

@@ -246,16 +246,25 @@ def span_request(adapter: ModelAdapter, request: Target | Columns) -> list[int] 
     :class:`InputError` for a contrast with a part of several tokens)."""
     if adapter.task != "causal_lm" or not isinstance(request, Target) or request.kind == "predicted":
         return None
-    parts = [request.value] if request.kind == "given" else [request.value, request.foil]
-    lengths = [len(span_ids(adapter, p)) if isinstance(p, str) else 1 for p in parts]
-    if max(lengths) == 1:
-        return None
     if request.kind == "contrast":
-        raise InputError(
-            f"contrast {request.value!r} vs {request.foil!r} has a part of several tokens",
-            hint="contrast single tokens (e.g. ' Paris vs London'), or explain each span as its own target",
-        )
-    return span_ids(adapter, request.value)
+        if contrast_spans(adapter, request) is not None:
+            raise InputError(
+                f"contrast {request.value!r} vs {request.foil!r} has a part of several tokens: two continuations, "
+                "not one problem",
+                hint="explain it with model.explain(texts, method, target='A vs B'), which runs one problem per part",
+            )
+        return None
+    ids = span_ids(adapter, request.value) if isinstance(request.value, str) else [request.value]
+    return ids if len(ids) > 1 else None
+
+
+def contrast_spans(adapter: ModelAdapter, request: Target | Columns) -> tuple[list[int], list[int]] | None:
+    """The ids of both parts of a language-model contrast ``"A vs B"`` when a part has several
+    tokens (its score is ``log p(A | x) - log p(B | x)``, two continuations), else ``None``."""
+    if adapter.task != "causal_lm" or not isinstance(request, Target) or request.kind != "contrast":
+        return None
+    parts = [span_ids(adapter, p) if isinstance(p, str) else [p] for p in (request.value, request.foil)]
+    return (parts[0], parts[1]) if max(len(p) for p in parts) > 1 else None
 
 
 def _with_span(adapter: ModelAdapter, batch: Batch, span: list[int]) -> tuple[Batch, torch.Tensor]:

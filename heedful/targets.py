@@ -39,6 +39,8 @@ class Target:
     'given'
     >>> Target.parse("POSITIVE vs NEGATIVE").kind
     'contrast'
+    >>> Target.parse(" Paris vs London").foil    # a leading space on the first part goes to both
+    ' London'
     """
 
     kind: str  # "predicted" | "given" | "contrast"
@@ -61,6 +63,8 @@ class Target:
             return cls("contrast", _as_index_or_text(spec[0]), _as_index_or_text(spec[1]))
         if isinstance(spec, str) and " vs " in spec:
             a, b = spec.split(" vs ", 1)
+            if a.startswith(" ") and not b.startswith(" "):  # " Paris vs London": both continue a text
+                b = " " + b
             return cls("contrast", _as_index_or_text(a), _as_index_or_text(b))
         if isinstance(spec, bool):
             raise InputError(f"target {spec!r} is not a class, label or token")

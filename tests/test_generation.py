@@ -153,8 +153,10 @@ def test_span_errors_name_the_problem(tiny):
     lm = tiny("gpt2", "causal_lm")
     with pytest.raises(InputError, match="explains one output position"):
         lm.explain("the cat", "raw_attention", target=" sat on the mat")
-    with pytest.raises(InputError, match="several tokens"):
-        lm.explain("the cat", "saliency", target=" sat on vs the mat")
+    with pytest.raises(InputError, match="explains one output position"):
+        lm.explain("the cat", "raw_attention", target=" sat on vs the mat")
+    with pytest.raises(InputError, match="two continuations"):
+        lm.prepare("the cat", " sat on vs the mat")
     classifier = tiny("bert", "classification")
     with pytest.raises(InputError, match="causal language model"):
         classifier.explain_generation("great fun", max_new_tokens=2)
@@ -287,3 +289,22 @@ def test_bench_generate_on_a_prompts_file(monkeypatch, capsys, tmp_path):
         "--generate", "2", "--metrics", "accuracy", "--out", str(out),
     )
     assert code == 2 and "accuracy" in err
+
+
+@pytest.mark.parametrize("method", ["grad_x_input", "integrated_gradients"])
+def test_contrast_of_spans_is_the_difference_of_the_two_spans(tiny, method):
+    lm = tiny("gpt2", "causal_lm")
+    prompts = ["the cat sat on", "a dog"]
+    options = {"n_steps": 6} if method == "integrated_gradients" else {}
+    found = lm.explain(prompts, method, target=" the mat vs a red hat", **options)
+    first = lm.explain(prompts, method, target=" the mat", **options)
+    second = lm.explain(prompts, method, target=" a red hat", **options)
+    for c, a, b in zip(found, first, second, strict=True):
+        n = len(c.tokens)
+        assert c.tokens == a.tokens[:n] == b.tokens[:n] and c.text in prompts
+        np.testing.assert_allclose(c.scores, a.scores[:n] - b.scores[:n], atol=1e-6)
+        assert c.target.kind == "contrast" and c.target.label == " the mat vs a red hat"
+        difference = a.prediction["log_probability"] - b.prediction["log_probability"]
+        assert c.prediction["log_probability_difference"] == pytest.approx(difference, abs=1e-5)
+    if method == "grad_x_input":
+        assert found[0].cost.backward_passes == 2.0
