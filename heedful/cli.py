@@ -68,6 +68,7 @@ def explain(
     generate: Annotated[int | None, typer.Option("--generate", "-g", help="Language models: generate N tokens and explain each one.")] = None,
     continuation: Annotated[str | None, typer.Option("--continuation", help="Language models: explain this given continuation, token by token.")] = None,
     quantity: Annotated[str | None, typer.Option("--quantity", help="Explain the target's logit or log_prob (generation and spans: log_prob).")] = None,
+    chat: Annotated[bool, typer.Option("--chat", help="With --generate / --continuation: the texts are user messages in the model's chat template.")] = False,
 ) -> None:
     """Explain TEXT(s) with one or more methods and show a heatmap (or JSON / HTML); with
     --generate or --continuation, explain every token a language model writes after them."""
@@ -86,7 +87,7 @@ def explain(
         if generate is not None and generate < 1:
             raise HeedfulError(f"--generate must be at least 1, got {generate}")
         loaded = load_model(model, device)
-        _explain_generation(loaded, items, infos, runs, generate, continuation, quantity or "log_prob", as_json, html)
+        _explain_generation(loaded, items, infos, runs, generate, continuation, quantity, chat, as_json, html)
         return
     loaded = load_model(model, device)
     results: list[heedful.Explanation] = []
@@ -118,12 +119,12 @@ def explain(
         print_explanations(ordered, words=words, console=out)
 
 
-def _explain_generation(loaded, items, infos, runs, generate, continuation, quantity, as_json, html) -> None:
+def _explain_generation(loaded, items, infos, runs, generate, continuation, quantity, chat, as_json, html) -> None:
     """Generate (or force) a continuation of every text once, explain each of its tokens with
     every method, and show the step x token matrices (or JSON / HTML)."""
     from heedful.render.generation import generation_page
 
-    generation = loaded.generate(items, generate or 20, continuation=continuation)
+    generation = loaded.generate(items, generate or 20, continuation=continuation, chat=chat)
     found = []
     for info, kwargs in zip(infos, runs, strict=True):
         found.extend(loaded.explain_generation(generation, info.name, quantity=quantity, **kwargs))

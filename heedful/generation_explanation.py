@@ -3,6 +3,8 @@ per generated step, one column per token of the prompt and of the generation bef
 
 from __future__ import annotations
 
+import bisect
+import re
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -80,17 +82,32 @@ class GenerationExplanation(Views):
     def words(self, agg: str = "sum") -> tuple[list[str], np.ndarray]:
         """Words of the text (by the tokenizer's word numbers) and the ``[T, W]`` scores
         aggregated over each word's tokens (``"sum"``, ``"mean"`` or ``"max"`` by absolute
-        value); NaN for a word not yet written at that step."""
+        value) written before the step; NaN for a word none of whose tokens was written yet."""
         groups: dict[int, list[int]] = {}
         for i, w in enumerate(self.word_ids):
             if w is not None and not self.special[i]:
                 groups.setdefault(w, []).append(i)
-        words, columns = [], []
-        for idx in groups.values():
+        return self._grouped(list(groups.values()), agg)
+
+    def sentences(self, agg: str = "sum") -> tuple[list[str], np.ndarray]:
+        """Sentences of the text (ending at ``.``, ``!`` or ``?`` followed by a space, or at a
+        line break) and the ``[T, S]`` scores aggregated over each sentence's tokens, as
+        :meth:`words`."""
+        bounds = [m.end() for m in re.finditer(r"[.!?]+[\"')\]]*\s+|\n+", self.text)]
+        groups: dict[int, list[int]] = {}
+        for i, offset in enumerate(self.offsets):
+            if offset is not None and not self.special[i]:
+                groups.setdefault(bisect.bisect_right(bounds, offset[0]), []).append(i)
+        return self._grouped(list(groups.values()), agg)
+
+    def _grouped(self, groups: list[list[int]], agg: str) -> tuple[list[str], np.ndarray]:
+        """The text of each group of token positions and its ``[T, G]`` aggregated scores."""
+        labels, columns = [], []
+        for idx in groups:
             start, end = self.offsets[idx[0]][0], self.offsets[idx[-1]][1]
-            words.append(self.text[start:end].strip())
+            labels.append(self.text[start:end].strip())
             block = self.scores[:, idx]
-            written = ~np.isnan(block).any(axis=1)
+            written = ~np.isnan(block).all(axis=1)
             if agg == "sum":
                 col = np.nansum(block, axis=1)
             elif agg == "mean":
@@ -101,7 +118,7 @@ class GenerationExplanation(Views):
             else:
                 raise ValueError(f"agg must be 'sum', 'mean' or 'max', got {agg!r}")
             columns.append(np.where(written, col, np.nan))
-        return words, np.stack(columns, axis=1) if columns else np.zeros((self.steps, 0))
+        return labels, np.stack(columns, axis=1) if columns else np.zeros((self.steps, 0))
 
     def top(self, step: int, k: int = 5) -> list[tuple[str, float]]:
         """The ``k`` tokens with the largest scores for generated step ``step``."""

@@ -21,6 +21,7 @@ from heedful.generation_explanation import GenerationExplanation, assemble_gener
 from heedful.options import jsonable
 from heedful.problem import Problem, contrast_spans, prepare, span_request
 from heedful.registry import MethodInfo
+from heedful.sequences import chat_batch
 from heedful.targets import ResolvedTarget, Target
 
 ProgressHook = Callable[[int], None]
@@ -362,19 +363,24 @@ class Model:
         *,
         continuation: str | Sequence[str] | None = None,
         generation_config: dict[str, Any] | None = None,
+        chat: bool = False,
         truncation: bool = True,
         max_length: int | None = None,
     ) -> Generation:
         """The prompts followed by what the model writes (greedy, at most ``max_new_tokens``;
         ``generation_config``: any ``transformers`` generation option), or by ``continuation``
-        (forced). Pass the result to :meth:`explain_generation` to explain one generation with
-        several methods.
+        (forced). ``chat``: each prompt is a user message in the model's chat template (the
+        template's tokens marked special). Pass the result to :meth:`explain_generation` to
+        explain one generation with several methods.
 
         >>> lm = heedful.load("smollm2-135m")                               # doctest: +SKIP
         >>> lm.generate("The capital of France is", 3).batch.texts          # doctest: +SKIP
         ['The capital of France is Paris. The']
         """
-        batch = self.encode(prompts, truncation=truncation, max_length=max_length)
+        if chat:
+            batch = chat_batch(self.adapter, _text_list(prompts), truncation, max_length)
+        else:
+            batch = self.encode(prompts, truncation=truncation, max_length=max_length)
         if continuation is not None:
             return force(self.adapter, batch, continuation)
         return generate(self.adapter, batch, max_new_tokens, **(generation_config or {}))
@@ -387,6 +393,7 @@ class Model:
         max_new_tokens: int = 20,
         continuation: str | Sequence[str] | None = None,
         generation_config: dict[str, Any] | None = None,
+        chat: bool = False,
         quantity: str | None = None,
         truncation: bool = True,
         max_length: int | None = None,
@@ -401,7 +408,7 @@ class Model:
         The continuation is generated (greedy, at most ``max_new_tokens``; ``generation_config``:
         any ``transformers`` generation option), given (``continuation``: forced decoding, one
         text for all prompts or one per prompt), or taken from a :meth:`generate` result passed
-        as ``prompts``. Every step of every prompt is explained as its
+        as ``prompts``; ``chat``: the prompts are user messages in the model's chat template. Every step of every prompt is explained as its
         own target, all in one batched problem (see :mod:`heedful.generation`); ``options`` go
         to the method, as for :meth:`explain`.
 
@@ -423,7 +430,7 @@ class Model:
         else:
             generation = self.generate(
                 prompts, max_new_tokens, continuation=continuation, generation_config=generation_config,
-                truncation=truncation, max_length=max_length,
+                chat=chat, truncation=truncation, max_length=max_length,
             )
         (problem, example, step), shared = self._timed(lambda: prepare_steps(self.adapter, generation, info, quantity))
         scores, own = self._timed(lambda: info.fn(problem, **bound).detach())

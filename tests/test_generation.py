@@ -85,6 +85,16 @@ def test_forced_continuation_keeps_its_own_ids_and_offsets(tiny):
     words, matrix = g.words()
     assert words == ["the", "cat", "sat", "on", "the", "mat"]
     assert matrix.shape == (g.steps, 6) and np.isnan(matrix[0, 3:]).all()
+    np.testing.assert_allclose(np.nansum(matrix, axis=1), np.nansum(g.scores, axis=1), atol=1e-9)
+
+
+def test_sentences_group_tokens_by_sentence(tiny):
+    lm = tiny("gpt2", "causal_lm")
+    g = lm.explain_generation("the cat sat. a dog ran", "grad_x_input", continuation=" far. the end")
+    sentences, matrix = g.sentences()
+    assert sentences == ["the cat sat.", "a dog ran far.", "the end"]
+    np.testing.assert_allclose(np.nansum(matrix, axis=1), np.nansum(g.scores, axis=1), atol=1e-9)
+    assert np.isnan(matrix[0, 2]) and np.isfinite(matrix[-1, 2])
 
 
 def test_step_rows_cover_each_prefix(tiny):
@@ -308,3 +318,21 @@ def test_contrast_of_spans_is_the_difference_of_the_two_spans(tiny, method):
         assert c.prediction["log_probability_difference"] == pytest.approx(difference, abs=1e-5)
     if method == "grad_x_input":
         assert found[0].cost.backward_passes == 2.0
+
+
+def test_chat_template_tokens_are_special(tiny, monkeypatch):
+    lm = tiny("llama", "causal_lm")
+    template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\\n{{ m['content'] }}<|im_end|>\\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\\n{% endif %}"
+    )
+    monkeypatch.setattr(lm.tokenizer, "chat_template", template, raising=False)
+    g = lm.explain_generation("the cat sat", "grad_x_input", max_new_tokens=2, chat=True)
+    assert g.prompt.startswith("<|im_start|>user\\nthe cat sat<|im_end|>")
+    content = [t for t, s in zip(g.tokens[: g.prompt_length], g.special[: g.prompt_length], strict=True) if not s]
+    assert lm.tokenizer.convert_tokens_to_string(content).strip() == "the cat sat"
+    words, _ = g.words()
+    assert words[:3] == ["the", "cat", "sat"]
+    monkeypatch.setattr(lm.tokenizer, "chat_template", None, raising=False)
+    with pytest.raises(InputError, match="chat template"):
+        lm.generate("the cat", 2, chat=True)

@@ -31,28 +31,32 @@ def _row_scale(row: np.ndarray, special: Sequence[bool]) -> Scale:
     return Scale.fit(row, [not s for s in special])
 
 
-def generation_table(expl: GenerationExplanation, strongest: int = 3) -> Table:
-    """Rows: generated steps (token, probability); columns: the prompt and generated tokens.
-    Each row is coloured on its own scale; its ``strongest`` sources are underlined."""
+def generation_table(expl: GenerationExplanation, strongest: int = 3, specials: bool = False) -> Table:
+    """Rows: generated steps (token, probability); columns: the prompt and generated tokens
+    (special tokens -- template markers, BOS -- only with ``specials``). Each row is coloured on
+    its own scale; its ``strongest`` sources are underlined."""
+    width = expl.prompt_length + max(expl.steps - 1, 0)
+    shown = [j for j in range(width) if specials or not expl.special[j]]
+    hidden = width - len(shown)
     title = (
         f"{expl.method} · {expl.model} · {expl.quantity} of each generated token"
-        f" ({'forced' if expl.forced else 'generated'}, {expl.steps} steps)"
+        f" ({'forced' if expl.forced else 'generated'}, {expl.steps} steps"
+        f"{f'; {hidden} special tokens not shown' if hidden else ''})"
     )
     table = Table(title=title, show_lines=False, pad_edge=False, title_justify="left", box=None, padding=(0, 1, 0, 0))
-    table.add_column("step", justify="right", style="dim")
+    table.add_column("step", justify="right", style="dim", min_width=2, no_wrap=True)
     table.add_column("generated", style="bold", no_wrap=True)
-    table.add_column("p", justify="right", style="dim")
-    for j, token in enumerate(expl.tokens[: expl.prompt_length + max(expl.steps - 1, 0)]):
-        table.add_column(_visible(token), justify="right", no_wrap=True, style="dim" if j >= expl.prompt_length else None)
-    width = expl.prompt_length + max(expl.steps - 1, 0)
+    table.add_column("p", justify="right", style="dim", min_width=4, no_wrap=True)
+    for j in shown:
+        table.add_column(_visible(expl.tokens[j]), justify="right", no_wrap=True, style="dim" if j >= expl.prompt_length else None)
     for t, token in enumerate(expl.generated_tokens):
         row = expl.scores[t, :width]
         scale = _row_scale(row, expl.special[:width])
-        top = set(i for i, _ in sorted(
-            ((i, abs(v)) for i, v in enumerate(row) if np.isfinite(v) and not expl.special[i]), key=lambda p: -p[1]
-        )[:strongest])
+        ranked = sorted((j for j in shown if np.isfinite(row[j]) and not expl.special[j]), key=lambda j: -abs(row[j]))
+        top = set(ranked[:strongest])
         cells = []
-        for j, v in enumerate(row):
+        for j in shown:
+            v = row[j]
             if not np.isfinite(v):
                 cells.append(Text(""))
                 continue
