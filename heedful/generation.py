@@ -117,7 +117,7 @@ def step_rows(generation: Generation) -> tuple[Batch, torch.Tensor, torch.Tensor
         attention_mask=mask,
         token_type_ids=None,
         special_mask=full.special_mask[example, :width] & mask.bool(),
-        texts=[full.texts[b] for b in rows],
+        texts=[_prefix_text(full, b, n) for b, n in zip(rows, cut, strict=True)],
         text_pairs=[None] * len(rows),
         tokens=[full.tokens[b][:n] for b, n in zip(rows, cut, strict=True)],
         offsets=[full.offsets[b][:n] for b, n in zip(rows, cut, strict=True)],
@@ -126,6 +126,13 @@ def step_rows(generation: Generation) -> tuple[Batch, torch.Tensor, torch.Tensor
         truncated=[full.truncated[b] for b in rows] if full.truncated else [],
     )
     return batch, example, step
+
+
+def _prefix_text(batch: Batch, b: int, n: int) -> str:
+    """Example ``b``'s text up to the end of its first ``n`` tokens (a step row's own text: what
+    seeds a stochastic method, as for the same prefix explained on its own)."""
+    ends = [offset[1] for offset in batch.offsets[b][:n] if offset is not None]
+    return batch.texts[b][: max(ends)] if ends else ""
 
 
 def prepare_steps(

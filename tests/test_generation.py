@@ -30,6 +30,7 @@ def _prefix_problem(lm: heedful.Model, prompt: str, continuation: list[int], qua
     ids = torch.tensor([prompt_ids + continuation[:-1]])
     batch = lm.encode(prompt)
     batch = batch.with_ids(ids, torch.ones_like(ids))
+    batch.texts = [prompt + lm.tokenizer.decode(continuation[:-1])]
     batch.tokens = [lm.tokenizer.convert_ids_to_tokens(ids[0].tolist())]
     batch.special_mask = torch.zeros_like(ids, dtype=torch.bool)
     return lm.prepare(batch, continuation[-1], quantity=quantity)
@@ -336,3 +337,18 @@ def test_chat_template_tokens_are_special(tiny, monkeypatch):
     monkeypatch.setattr(lm.tokenizer, "chat_template", None, raising=False)
     with pytest.raises(InputError, match="chat template"):
         lm.generate("the cat", 2, chat=True)
+
+
+@pytest.mark.parametrize("info", heedful.methods(task="causal_lm"), ids=lambda i: i.name)
+def test_every_causal_lm_method_explains_each_step_as_its_own_problem(tiny, info):
+    from heedful.testing import fast_options
+
+    lm = tiny("llama", "causal_lm")
+    options = fast_options(info, lm)
+    g = lm.explain_generation("the cat sat on the mat", info.name, max_new_tokens=2, **options)
+    generated = lm.tokenizer.convert_tokens_to_ids(g.generated_tokens)
+    for t in range(2):
+        alone = lm.explain(_prefix_problem(lm, "the cat sat on the mat", generated[: t + 1], g.quantity), info.name, **options)[0]
+        width = g.prompt_length + t
+        scale = max(1.0, float(np.abs(alone.scores).max()))
+        np.testing.assert_allclose(g.scores[t, :width], alone.scores, atol=1e-4 * scale, rtol=1e-3)
