@@ -67,6 +67,22 @@ class Views:
     def to_json(self, indent: int | None = None) -> str:
         return json.dumps(self.to_dict(), indent=indent)
 
+    def _plain(self) -> dict[str, Any]:
+        """The result as a dict of its fields with offsets as lists (``to_dict`` then makes the
+        scores JSON-ready)."""
+        data = asdict(self)
+        data["offsets"] = [list(o) if o is not None else None for o in self.offsets]
+        return data
+
+    @staticmethod
+    def _restored(data: dict[str, Any]) -> dict[str, Any]:
+        """A copy of ``to_dict`` output with the fields every result type shares made typed again
+        (offsets as tuples, the cost record)."""
+        data = dict(data)
+        data["offsets"] = [tuple(o) if o is not None else None for o in data["offsets"]]
+        data["cost"] = Cost(**data["cost"])
+        return data
+
     def to_html(self, path: str | None = None, **view: Any) -> str:
         """A self-contained HTML page (no network); written to ``path`` when given."""
         page = self._page(**view)
@@ -171,18 +187,15 @@ class Explanation(Views):
     # ------------------------------------------------------------------ export
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready dict (scores as lists)."""
-        data = asdict(self)
+        data = self._plain()
         data["scores"] = self.scores.tolist()
-        data["offsets"] = [list(o) if o is not None else None for o in self.offsets]
         return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Explanation:
-        data = dict(data)
+        data = cls._restored(data)
         data["scores"] = np.asarray(data["scores"], dtype=float)
-        data["offsets"] = [tuple(o) if o is not None else None for o in data["offsets"]]
         data["target"] = TargetInfo(**data["target"])
-        data["cost"] = Cost(**data["cost"])
         return cls(**data)
 
     def to_pandas(self) -> pd.DataFrame:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import bisect
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -148,19 +148,17 @@ class GenerationExplanation(Views):
         return pd.DataFrame(rows)
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
+        """Plain JSON-ready dict (scores as lists, ``None`` where not yet written)."""
+        data = self._plain()
         data["scores"] = [[None if np.isnan(v) else float(v) for v in row] for row in self.scores]
         data["probabilities"] = self.probabilities.tolist()
-        data["offsets"] = [list(o) if o is not None else None for o in self.offsets]
         return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> GenerationExplanation:
-        data = dict(data)
+        data = cls._restored(data)
         data["scores"] = np.array([[np.nan if v is None else v for v in row] for row in data["scores"]], dtype=float)
         data["probabilities"] = np.asarray(data["probabilities"], dtype=float)
-        data["offsets"] = [tuple(o) if o is not None else None for o in data["offsets"]]
-        data["cost"] = Cost(**data["cost"])
         return cls(**data)
 
     # ------------------------------------------------------------------ views
