@@ -118,7 +118,8 @@ def run_side(side: str, method: str, model_name: str, prompts: list[str], contin
             return call
         prompt_batch = lm.encode(prompts)
         generation = heedful.Generation(  # the generated ids themselves, never re-tokenized
-            continue_batch(lm.adapter, prompt_batch, continuations), prompt_batch.lengths.tolist(), continuations, True
+            continue_batch(lm.adapter, prompt_batch, continuations), prompt_batch.lengths.tolist(), continuations, True,
+            prompts=list(prompts),
         )
         return lambda: lm.explain_generation(generation, METHODS[method][0], quantity=quantity, **options)
 

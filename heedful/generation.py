@@ -44,6 +44,8 @@ class Generation:
     continuations: list[list[int]]
     forced: bool
     seconds: float = 0.0
+    prompts: list[str] | None = None
+    """The prompts' texts (the start of each joined text); ``None``: up to the prompt tokens' end."""
 
     @property
     def steps(self) -> list[int]:
@@ -83,7 +85,7 @@ def generate(
     for row in out[:, width:].cpu().tolist():
         stop = next((k + 1 for k, token in enumerate(row) if token in eos), len(row))
         continuations.append(row[:stop])
-    return Generation(continue_batch(adapter, prompts, continuations), lengths, continuations, False, seconds)
+    return Generation(continue_batch(adapter, prompts, continuations), lengths, continuations, False, seconds, list(prompts.texts))
 
 
 def force(adapter: ModelAdapter, prompts: Batch, continuations: str | Sequence[str]) -> Generation:
@@ -95,7 +97,7 @@ def force(adapter: ModelAdapter, prompts: Batch, continuations: str | Sequence[s
     if len(texts) != len(prompts):
         raise InputError(f"{len(texts)} continuations for {len(prompts)} prompts", hint="give one per prompt, or one for all")
     ids = [span_ids(adapter, text) for text in texts]
-    return Generation(continue_batch(adapter, prompts, ids), prompts.lengths.tolist(), ids, True)
+    return Generation(continue_batch(adapter, prompts, ids), prompts.lengths.tolist(), ids, True, 0.0, list(prompts.texts))
 
 
 def step_rows(generation: Generation) -> tuple[Batch, torch.Tensor, torch.Tensor]:

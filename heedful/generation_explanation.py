@@ -207,7 +207,7 @@ def assemble_generation(
             p[t] = probs[r]
         found.append(
             GenerationExplanation(
-                prompt=batch.texts[b][: _prompt_chars(batch, b, prompt)],
+                prompt=generation.prompts[b] if generation.prompts is not None else batch.texts[b][: _prompt_chars(batch, b, prompt)],
                 text=batch.texts[b],
                 tokens=batch.tokens[b],
                 offsets=batch.offsets[b],
@@ -229,9 +229,6 @@ def assemble_generation(
 
 
 def _prompt_chars(batch: Batch, b: int, prompt: int) -> int:
-    """Characters of example ``b``'s text that belong to its prompt (up to the first
-    continuation token's start, else the whole text)."""
-    for offset in batch.offsets[b][prompt:]:
-        if offset is not None:
-            return offset[0]
-    return len(batch.texts[b])
+    """Characters of example ``b``'s text that belong to its prompt: up to the end of its last
+    prompt token (0 when all are special)."""
+    return max((offset[1] for offset in batch.offsets[b][:prompt] if offset is not None), default=0)

@@ -352,3 +352,37 @@ def test_every_causal_lm_method_explains_each_step_as_its_own_problem(tiny, info
         width = g.prompt_length + t
         scale = max(1.0, float(np.abs(alone.scores).max()))
         np.testing.assert_allclose(g.scores[t, :width], alone.scores, atol=1e-4 * scale, rtol=1e-3)
+
+
+def _sentencepiece_llama():
+    """A tiny seeded Llama with a SentencePiece-style tokenizer (BPE over ``▁``-marked words,
+    a BOS token, and a decoder that drops the first word's leading space)."""
+    import transformers as tf
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    from heedful.testing import CORPUS
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first")
+    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=200, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False))
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", tok.token_to_id("<s>"))])
+    fast = tf.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="</s>")
+    torch.manual_seed(0)
+    config = tf.LlamaConfig(vocab_size=fast.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=4, pad_token_id=fast.pad_token_id,
+                            bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id)
+    return heedful.from_pretrained_objects(tf.LlamaForCausalLM(config), fast)
+
+
+def test_sentencepiece_continuations_keep_their_spaces_offsets_and_words():
+    lm = _sentencepiece_llama()
+    g = lm.explain_generation("the cat sat", "grad_x_input", continuation=" on the mat")
+    assert g.text == "the cat sat on the mat" and g.continuation == " on the mat"
+    assert g.special[0] and g.tokens[0] == "<s>"
+    for token, offset in zip(g.generated_tokens, g.offsets[g.prompt_length :], strict=True):
+        assert g.text[offset[0] : offset[1]] == token.replace("▁", " ").strip()
+    words, _ = g.words()
+    assert words == ["the", "cat", "sat", "on", "the", "mat"]
+    span = lm.explain("the cat sat", "grad_x_input", target=" on the mat")
+    assert span.text == "the cat sat on the mat" and span.tokens == g.tokens
