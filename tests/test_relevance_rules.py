@@ -278,7 +278,7 @@ import heedful, lxt
 from transformers import AttentionInterface
 model = tiny_model({family!r}, {task!r}, initializer_range=0.2)
 texts = {texts!r}
-ours = model.explain(texts, "attnlrp")
+ours = model.explain(texts, "attnlrp", target={target!r})
 base = os.path.dirname(lxt.__file__)
 for name in ("lxt.efficient", "lxt.efficient.models"):  # skip lxt's BERT module (transformers 4 only)
     mod = types.ModuleType(name); mod.__path__ = [os.path.join(base, *name.split(".")[1:])]; sys.modules[name] = mod
@@ -288,7 +288,8 @@ for target, patch in patches.attnLRP.items():
     if isinstance(target, types.ModuleType) and isinstance(target.ALL_ATTENTION_FUNCTIONS, dict):
         iface = AttentionInterface(); iface._local_mapping.update(target.ALL_ATTENTION_FUNCTIONS)
         target.ALL_ATTENTION_FUNCTIONS = iface
-problem = model.prepare(texts, method="grad_x_input")  # its reference pass keeps the graph from the embeddings
+# its reference pass keeps the graph from the embeddings; a span's score is the sum of its logits (lxt #39)
+problem = model.prepare(texts, {target!r}, method="grad_x_input", quantity="logit")
 emb = problem.reference.inputs_embeds
 (g,) = torch.autograd.grad(problem.target.score(problem.reference.logits).sum(), emb)
 rel = (g * emb).sum(-1).detach()
@@ -298,10 +299,19 @@ print(worst)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family,task,lxt_module", [("llama", "causal_lm", "llama"), ("qwen2", "classification", "qwen2")])
-def test_attnlrp_matches_lxt(family, task, lxt_module):
+@pytest.mark.parametrize(
+    "family,task,lxt_module,target",
+    [
+        ("llama", "causal_lm", "llama", None),
+        ("llama", "causal_lm", "llama", " the mat is red"),  # a span: one backward from the sum of its logits
+        ("qwen2", "classification", "qwen2", None),
+    ],
+)
+def test_attnlrp_matches_lxt(family, task, lxt_module, target):
     pytest.importorskip("lxt")
-    script = LXT_SCRIPT.format(tests=str(Path(__file__).parent), family=family, task=task, texts=TEXTS, lxt_module=lxt_module)
+    script = LXT_SCRIPT.format(
+        tests=str(Path(__file__).parent), family=family, task=task, texts=TEXTS, lxt_module=lxt_module, target=target
+    )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env={**os.environ, "TRANSFORMERS_VERBOSITY": "error"})
     assert done.returncode == 0, done.stderr[-2000:]
     assert float(done.stdout.strip().splitlines()[-1]) < 1e-5
