@@ -28,6 +28,7 @@ from heedful.batch import Batch
 from heedful.errors import InputError
 from heedful.problem import Problem, prepare, reference_pass
 from heedful.registry import MethodInfo
+from heedful.runner import backward_token_budget
 from heedful.sequences import continue_batch, span_ids
 from heedful.targets import Columns, resolve_target
 
@@ -144,8 +145,10 @@ def prepare_steps(
     the step's token, explained as its ``quantity``), prepared the way ``info`` wants it, with
     the rows' ``example`` and ``step`` ``[R]``.
 
-    A method with a reference pass of its own (gradient, LRP) gets it per step row; any other
-    gets :func:`shared_reference` -- one pass per sequence for all its steps."""
+    A method with a reference pass of its own (gradient, LRP) gets it per step row when the rows
+    fit the backward budget (:func:`~heedful.runner.backward_token_budget`); any other method,
+    and any problem larger than that, gets :func:`shared_reference` -- one pass per sequence for
+    all its steps -- and the method runs its own passes chunk by chunk."""
     batch, example, step = step_rows(generation)
     request = Columns(
         indices=tuple((generation.continuations[b][t],) for b, t in zip(example.tolist(), step.tolist(), strict=True)),
@@ -154,7 +157,8 @@ def prepare_steps(
     )
     hidden = info is not None and info.needs_hidden
     attentions = info is not None and info.needs_attentions
-    if info is not None and info.reference is not None:
+    fits = int(batch.lengths.sum()) <= backward_token_budget(adapter)
+    if info is not None and info.reference is not None and fits:
         problem = prepare(adapter, batch, request, reference=info.reference, quantity=quantity)
     else:
         anchor = batch.lengths - 1

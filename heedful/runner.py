@@ -27,7 +27,7 @@ from heedful.chunks import CHUNK_OVERHEAD, TOKEN_BUDGET, length_chunks
 from heedful.perturb import Perturbed
 from heedful.targets import ResolvedTarget
 
-__all__ = ["CHUNK_OVERHEAD", "TOKEN_BUDGET", "Chunk", "Copies", "Runner", "length_chunks"]
+__all__ = ["CHUNK_OVERHEAD", "TOKEN_BUDGET", "Chunk", "Copies", "Runner", "backward_token_budget", "length_chunks"]
 
 EmbedBuilder = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
 """``embeds(rows, example, width) -> [r, width, E]``: input embeddings of copies ``rows`` (of
@@ -78,6 +78,20 @@ class Chunk:
     inputs: dict
 
 
+ACTIVATION_BYTES = 2 * 2**30
+"""Bytes of saved activations one forward+backward chunk may hold (see :func:`backward_token_budget`)."""
+
+
+def backward_token_budget(adapter: ModelAdapter, activation_bytes: int = ACTIVATION_BYTES) -> int:
+    """Token positions per forward+backward chunk that keep the activations a backward needs
+    (~96 bytes x layers x width per position: about 220 kB for MiniLM, 1.7 MB for a 30-layer
+    135M decoder) within ``activation_bytes``, between 256 and :data:`TOKEN_BUDGET`. On a CPU the
+    cost per position is flat from a few hundred positions on, so bigger chunks would only cost
+    memory; small models, whose cost is per-call overhead, keep big chunks."""
+    per_position = 96 * adapter.num_layers * adapter.hidden_size
+    return int(min(TOKEN_BUDGET, max(256, activation_bytes // per_position)))
+
+
 class Runner:
     """Runs :class:`Copies` of the examples of ``batch`` (explaining ``target``) through
     ``adapter``'s model in chunks (see the module docstring).
@@ -104,22 +118,30 @@ class Runner:
         self.overhead = overhead
         self.passes = 0
 
+    @property
+    def backward_budget(self) -> int:
+        """Token positions per forward+backward chunk: the runner's budget, or fewer where the
+        activations a backward keeps would pass :data:`ACTIVATION_BYTES` (see
+        :func:`backward_token_budget`)."""
+        return min(self.budget, backward_token_budget(self.adapter))
+
     @classmethod
     def for_problem(cls, problem, **options) -> Runner:
         """A runner over a :class:`~heedful.Problem`'s batch and target."""
         return cls(problem.adapter, problem.batch, problem.target, **options)
 
     # ------------------------------------------------------------------ the loop
-    def plan(self, lengths: torch.Tensor, row_cells: int = 1) -> list[tuple[torch.Tensor, int]]:
-        """Chunks of rows of ``lengths`` ``[R]``: ``(rows, width)`` pairs (:func:`length_chunks`)."""
+    def plan(self, lengths: torch.Tensor, row_cells: int = 1, budget: int | None = None) -> list[tuple[torch.Tensor, int]]:
+        """Chunks of rows of ``lengths`` ``[R]``: ``(rows, width)`` pairs (:func:`length_chunks`)
+        under ``budget`` token positions (default the runner's)."""
         rows = max(1, self.rows // row_cells) if self.rows else None
-        return length_chunks(lengths, rows, row_cells=row_cells, budget=self.budget, overhead=self.overhead)
+        return length_chunks(lengths, rows, row_cells=row_cells, budget=budget or self.budget, overhead=self.overhead)
 
-    def chunks(self, copies: Copies) -> Iterator[Chunk]:
+    def chunks(self, copies: Copies, budget: int | None = None) -> Iterator[Chunk]:
         """The chunks of ``copies``, each with the keyword arguments of its forward pass
         (``inputs_embeds`` left to the caller when the copies build embeddings)."""
         batch = self.batch
-        for rows, width in self.plan(copies.lengths(batch)):
+        for rows, width in self.plan(copies.lengths(batch), budget=budget):
             example = copies.example[rows]
             target = self.target.select(example)
             if copies.anchor is not None:
@@ -177,7 +199,7 @@ class Runner:
         of the batch."""
         bsz = examples if examples is not None else len(self.batch)
         total: torch.Tensor | None = None
-        for chunk in self.chunks(copies):
+        for chunk in self.chunks(copies, self.backward_budget):
             points = copies.embeds(chunk.rows, chunk.example, chunk.width).detach().requires_grad_(True)
             with torch.enable_grad():
                 fwd = self.forward(chunk, inputs_embeds=points)

@@ -72,7 +72,7 @@ early and otherwise runs ``max_steps``.
 Batching: many sentences -- and, for layer-wise interest, every layer of every sentence, and
 for lambda sweeps every lambda -- are independent optimisation *problems* solved together: each
 step runs ``problems x samples`` noised copies in batched forwards and backwards (chunks of
-similar length, sized by :func:`grad_token_budget`). Problems that have converged leave the
+similar length, sized by :func:`~heedful.runner.backward_token_budget`). Problems that have converged leave the
 batch. Each problem draws its noise (and, with ``init="randn"``, its initial ``theta``) from its own generator, seeded
 from ``seed``, the example's text and the probed layer, so the scores of a sentence do not
 depend on the batch it is in.
@@ -85,7 +85,6 @@ from typing import Annotated, Literal
 
 import torch
 
-from heedful.adapters import ModelAdapter
 from heedful.attribution.noise import (
     GUAN_SCALE_FACTOR,
     OUTPUTS,
@@ -100,12 +99,11 @@ from heedful.attribution.noise import (
     resolve_layer,
 )
 from heedful.batch import Batch
-from heedful.chunks import TOKEN_BUDGET
 from heedful.errors import InputError
 from heedful.options import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, RUNTIME
 from heedful.problem import Problem
 from heedful.registry import register
-from heedful.runner import Runner
+from heedful.runner import Runner, backward_token_budget
 from heedful.seeding import example_generators
 
 Score = Literal["rho", "log_rho"]
@@ -117,7 +115,8 @@ INITS: tuple[str, ...] = Init.__args__
 COPERTURBATION_COST = "steps x (samples forwards + 1 backward), batched over sentences (converged ones drop out)"
 GUAN2019_COST = "5000 x (1 forward + 1 backward), batched over sentences"
 ACTIVATION_BUDGET = 512 * 2**20
-"""Bytes of saved activations a forward+backward chunk may hold (see :func:`grad_token_budget`)."""
+"""Bytes of saved activations a noised forward+backward chunk may hold (see
+:func:`~heedful.runner.backward_token_budget`)."""
 GRAD_CHUNK_OVERHEAD = 64
 """What one more forward+backward chunk costs, in noised token positions, when problems are cut
 into chunks (measured on MiniLM, one thread: ~20 ms of per-call work against ~0.7 ms per
@@ -268,7 +267,7 @@ def fit_interest(
     active = torch.ones(n_problems, dtype=torch.bool)
     history = torch.full((settings.max_steps, n_problems), float("nan"))
     runner = Runner.for_problem(
-        problem, budget=grad_token_budget(adapter), rows=settings.internal_batch_size or None, overhead=GRAD_CHUNK_OVERHEAD
+        problem, budget=backward_token_budget(adapter, ACTIVATION_BUDGET), rows=settings.internal_batch_size or None, overhead=GRAD_CHUNK_OVERHEAD
     )
 
     for t in range(1, settings.max_steps + 1):
@@ -306,17 +305,6 @@ def fit_interest(
         best_j, best_dist = history[steps - 1, torch.arange(n_problems)], last_dist
     sigma = scale[:, None] * torch.sigmoid(best_theta) * real
     return InterestFit(sigma, best_j, best_dist, steps, converged, history[: int(steps.max())], scale)
-
-
-def grad_token_budget(adapter: ModelAdapter) -> int:
-    """Noised token positions per forward+backward chunk: as many as keep the activations the
-    backward needs (~96 bytes x layers x width per position: about 220 kB for MiniLM, 1.7 MB for a
-    30-layer 135M decoder) within ``ACTIVATION_BUDGET``, between 256 and ``TOKEN_BUDGET``. On CPU
-    the cost per position is flat from a few hundred positions on (MiniLM, forward+backward: 700
-    us per position at 68 positions, 530 us at 4352), so bigger chunks would only cost memory;
-    small models, whose cost is per-call overhead, get big chunks."""
-    per_position = 96 * adapter.num_layers * adapter.hidden_size
-    return int(min(TOKEN_BUDGET, max(256, ACTIVATION_BUDGET // per_position)))
 
 
 def _draw_noise(gens: list[torch.Generator], lengths: torch.Tensor, samples: int, seq: int, dim: int) -> torch.Tensor:

@@ -36,9 +36,9 @@ from heedful.batch import Batch
 from heedful.chunks import length_chunks
 from heedful.errors import InputError
 from heedful.options import AT_LEAST_ONE, NON_NEGATIVE, RUNTIME
-from heedful.problem import Problem
+from heedful.problem import Problem, reference_pass
 from heedful.registry import find, register
-from heedful.runner import Copies, Runner
+from heedful.runner import Copies, Runner, backward_token_budget
 from heedful.seeding import example_generators
 
 Aggregate = Literal["sum", "l1", "l2"]
@@ -72,7 +72,13 @@ def gradient_reference(
 ) -> Forward:
     """Reference pass of the single-pass gradient methods: the forward pass from the word
     embeddings with its autograd graph kept, so that the method needs one backward pass and no
-    second forward. Rows run in groups of similar length, each cut to its longest row."""
+    second forward. Rows run in groups of similar length, each cut to its longest row.
+
+    A batch whose kept activations would pass the backward budget
+    (:func:`~heedful.runner.backward_token_budget`) gets the plain reference pass instead; the
+    method then runs forward and backward chunk by chunk, in bounded memory."""
+    if int(batch.lengths.sum()) > backward_token_budget(adapter):
+        return reference_pass(adapter, batch, anchor, inputs_embeds)
     start = adapter.embed(batch.input_ids) if inputs_embeds is None else inputs_embeds
     embeds = start.detach().requires_grad_(True)
     parts, order = [], []
