@@ -49,9 +49,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from _shared import command_line, cpu_name, fmt_s, library_versions  # noqa: E402  (benchmarks/ is the script's folder)
+from _shared import command_line, cpu_name, finish, fmt_s, library_versions  # noqa: E402  (benchmarks/ is the script's folder)
 from rich.console import Console
-from rich.markdown import Markdown
 
 import heedful
 from heedful import datasets
@@ -249,11 +248,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(_row(method, f"Captum `LLMGradientAttribution({METHODS[method][4]})`", ours, captum, worst, largest, compared, len(prompts)))
 
     text = _report(args, rows, notes, generate_seconds, lm, prompts, prompt_lengths, load_before)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text, encoding="utf-8")
-    console.print(Markdown(text))
-    console.print(f"[dim]written to {args.out}[/dim]")
-    return 0
+    return finish(text, args, console)
 
 
 def _row(method, peer, ours, theirs, worst, largest, compared, total) -> dict:

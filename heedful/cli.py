@@ -106,9 +106,7 @@ def explain(
                 **kwargs,
             )
             results.extend(found)
-    # interleave so each text's methods sit together
-    per_method = len(items)
-    ordered = [results[m * per_method + i] for i in range(per_method) for m in range(len(infos))]
+    ordered = _by_text(results, len(items), len(infos))
     if html is not None:
         html.write_text(explanation_page(ordered, words=words), encoding="utf-8")
         err.print(f"wrote {html}")
@@ -117,6 +115,12 @@ def explain(
         out.print_json(json.dumps(payload[0] if len(payload) == 1 else payload))
     elif html is None or sys.stdout.isatty():
         print_explanations(ordered, words=words, console=out)
+
+
+def _by_text(found: list, texts: int, methods: int) -> list:
+    """Method-major results (every text for method 1, then method 2, ...) reordered so each
+    text's methods sit together."""
+    return [found[m * texts + i] for i in range(texts) for m in range(methods)]
 
 
 def _explain_generation(loaded, items, infos, runs, generate, continuation, quantity, chat, as_json, html) -> None:
@@ -128,8 +132,7 @@ def _explain_generation(loaded, items, infos, runs, generate, continuation, quan
     found = []
     for info, kwargs in zip(infos, runs, strict=True):
         found.extend(loaded.explain_generation(generation, info.name, quantity=quantity, **kwargs))
-    per_method = len(items)
-    ordered = [found[m * per_method + i] for i in range(per_method) for m in range(len(infos))]
+    ordered = _by_text(found, len(items), len(infos))
     if html is not None:
         html.write_text(generation_page(ordered), encoding="utf-8")
         err.print(f"wrote {html}")
