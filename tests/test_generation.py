@@ -386,3 +386,70 @@ def test_sentencepiece_continuations_keep_their_spaces_offsets_and_words():
     assert words == ["the", "cat", "sat", "on", "the", "mat"]
     span = lm.explain("the cat sat", "grad_x_input", target=" on the mat")
     assert span.text == "the cat sat on the mat" and span.tokens == g.tokens
+
+
+@pytest.mark.parametrize(
+    "args,says",
+    [
+        (["--generate", "0"], "--generate must be at least 1"),
+        (["--generate", "2", "--quantity", "prob"], "--quantity must be one of"),
+        (["--generate", "2", "--chat"], "chat template"),
+        (["--continuation", " sat", "--method", "attnlrp", "--quantity", "log_prob"], "not its log_prob"),
+        (["--generate", "2", "--method", "normxlogit", "--layerwise"], "one score per token and step"),
+    ],
+)
+def test_cli_generation_bad_input_is_one_line_and_exit_2(monkeypatch, capsys, tmp_path, args, says):
+    folder = saved_tiny(tmp_path / "tiny-gpt2", "gpt2", "causal_lm")
+    code, out, err = run_cli(monkeypatch, capsys, "explain", "the cat", "--model", folder, *args)
+    assert code == 2 and says in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "content,args,says",
+    [
+        (None, ["--generate", "2"], "no prompts file"),
+        ('{"text": "the cat"}\n', ["--generate", "2"], "no 'prompt' column"),
+        ('{"prompt": ""}\n', ["--generate", "2"], "no prompt text"),
+        ('{"prompt": "the cat"}\n', ["--generate", "0"], "--generate must be at least 1"),
+        ('{"prompt": "the cat"}\n', ["--generate", "2", "--option", "nosuch.k=1"], "nosuch"),
+    ],
+)
+def test_bench_generate_bad_input_is_one_line_and_exit_2(monkeypatch, capsys, tmp_path, content, args, says):
+    folder = saved_tiny(tmp_path / "tiny-gpt2", "gpt2", "causal_lm")
+    prompts = tmp_path / "prompts.jsonl"
+    if content is not None:
+        prompts.write_text(content)
+    code, _, err = run_cli(
+        monkeypatch, capsys, "bench", "--model", folder, "--dataset", str(prompts), "--methods", "saliency",
+        "--out", str(tmp_path / "out"), *args,
+    )
+    assert code == 2 and says in err and "Traceback" not in err
+
+
+def test_api_generation_bad_input_names_the_problem(tiny):
+    lm = tiny("gpt2", "causal_lm")
+    with pytest.raises(InputError, match="max_new_tokens must be at least 1"):
+        lm.explain_generation("the cat", max_new_tokens=0)
+    with pytest.raises(InputError, match="quantity must be one of"):
+        lm.explain_generation("the cat", max_new_tokens=1, quantity="prob")
+    with pytest.raises(InputError, match="2 continuations for 1 prompts"):
+        lm.explain_generation("the cat", continuation=[" a", " b"])
+    generation = lm.generate("the cat", 1)
+    with pytest.raises(InputError, match="has its continuations"):
+        lm.explain_generation(generation, continuation=" sat")
+    with pytest.raises(InputError, match="quantity must be one of"):
+        lm.explain("the cat", "saliency", target=" sat on", quantity="prob")
+
+
+def test_bootstrap_interval_equals_a_plain_resampling_loop():
+    from heedful.evaluate import bootstrap_mean
+
+    values = np.random.default_rng(7).normal(size=25)
+    rng = np.random.default_rng(3)
+    means = []
+    for _ in range(400):  # the textbook percentile bootstrap, one resample at a time
+        picks = rng.integers(0, len(values), size=len(values))
+        means.append(sum(values[i] for i in picks) / len(values))
+    means.sort()
+    low, high = np.percentile(means, [2.5, 97.5])
+    assert bootstrap_mean(values, n_boot=400, seed=3) == pytest.approx((values.mean(), low, high), abs=1e-12)
