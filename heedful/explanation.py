@@ -60,6 +60,20 @@ class WordScores:
         }
 
 
+@dataclass
+class SourceScores(WordScores):
+    """Scores pooled from tokens to sources (sentences, paragraphs, windows or given spans of
+    the text, see :mod:`heedful.sources`): ``words[s]`` is source ``s``'s text, ``spans[s]`` its
+    character span, ``scores`` ``[S]`` (or ``[L, S]``)."""
+
+    def ranked(self) -> list[tuple[int, str, float]]:
+        """``(source index, text, score)`` from the highest score down (last layer for
+        layer-wise scores)."""
+        flat = self.scores[-1] if self.scores.ndim > 1 else self.scores
+        order = np.argsort(-flat, kind="stable")
+        return [(int(i), self.words[i], float(flat[i])) for i in order]
+
+
 class Views:
     """The views every result type shares, from what it defines: ``to_dict``, ``_page`` (a
     self-contained HTML page), ``_snippet`` (HTML for a notebook) and ``_renderable`` (rich)."""
@@ -138,6 +152,7 @@ class Explanation(Views):
     model: str = ""
     prediction: dict[str, Any] = field(default_factory=dict)
     truncated: bool = False
+    sources: list[tuple[int, int]] | None = None
 
     # ------------------------------------------------------------------ views
     @property
@@ -178,6 +193,24 @@ class Explanation(Views):
         scores = np.stack(columns, axis=-1) if columns else np.zeros(self.scores.shape[:-1] + (0,))
         return WordScores(words, spans, token_lists, scores, agg)
 
+    def source_scores(self, agg: str = "sum") -> SourceScores:
+        """Token scores pooled per source with ``agg`` (``sum`` by default: a context method's
+        source score exactly, a gradient method's summed over the source's tokens). Needs the
+        explanation's ``sources`` (``explain(..., sources="sentences")``)."""
+        from heedful.sources import token_sources
+
+        if self.sources is None:
+            raise ValueError("this explanation has no sources; explain with sources='sentences' (or paragraphs, tokens:N, spans)")
+        if agg not in AGGREGATIONS:
+            raise ValueError(f"agg must be one of {AGGREGATIONS}, got {agg!r}")
+        owner = np.asarray(token_sources([o if seg == 0 else None for o, seg in zip(self.offsets, self.segments, strict=True)], self.sources))
+        reduce = {"sum": np.sum, "mean": np.mean, "max": np.max, "first": lambda v, axis: v[..., 0], "last": lambda v, axis: v[..., -1]}[agg]
+        members = [np.flatnonzero(owner == s).tolist() for s in range(len(self.sources))]
+        columns = [reduce(self.scores[..., idx], axis=-1) if idx else np.zeros(self.scores.shape[:-1]) for idx in members]
+        scores = np.stack(columns, axis=-1) if columns else np.zeros(self.scores.shape[:-1] + (0,))
+        texts = [self.text[a:b] for a, b in self.sources]
+        return SourceScores(texts, list(self.sources), members, scores, agg)
+
     def top(self, k: int = 5) -> list[tuple[str, float]]:
         """The ``k`` highest-scoring non-special tokens (last layer for layer-wise scores)."""
         flat = self.scores[-1] if self.layerwise else self.scores
@@ -196,6 +229,8 @@ class Explanation(Views):
         data = cls._restored(data)
         data["scores"] = np.asarray(data["scores"], dtype=float)
         data["target"] = TargetInfo(**data["target"])
+        if data.get("sources") is not None:
+            data["sources"] = [tuple(s) for s in data["sources"]]
         return cls(**data)
 
     def to_pandas(self) -> pd.DataFrame:

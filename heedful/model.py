@@ -22,6 +22,7 @@ from heedful.options import jsonable
 from heedful.problem import Problem, contrast_spans, prepare, span_request
 from heedful.registry import MethodInfo
 from heedful.sequences import chat_batch
+from heedful.sources import SourceSpec
 from heedful.targets import ResolvedTarget, Target
 
 ProgressHook = Callable[[int], None]
@@ -85,6 +86,7 @@ class Model:
         hidden_states: bool = False,
         attentions: bool = False,
         quantity: str | None = None,
+        sources: SourceSpec | str | Sequence[tuple[int, int]] | None = None,
     ) -> Problem:
         """The :class:`~heedful.Problem` of ``texts`` (all at once, one batch): encoded, anchor
         positions found, one reference pass run and ``target`` resolved against it.
@@ -115,6 +117,7 @@ class Model:
             attentions=attentions or (info is not None and info.needs_attentions),
             reference=None if info is None else info.reference,
             quantity=quantity,
+            sources=sources,
         )
 
     # ------------------------------------------------------------------ prediction
@@ -163,6 +166,7 @@ class Model:
         max_length: int | None = None,
         progress: ProgressHook | None = None,
         quantity: str | None = None,
+        sources: SourceSpec | str | Sequence[tuple[int, int]] | None = None,
         **options: Any,
     ) -> Explanation | list[Explanation]:
         """Explain the model's output for one text (returns an :class:`Explanation`) or many
@@ -175,7 +179,11 @@ class Model:
         ``quantity``: ``"logit"`` or ``"log_prob"`` of the target. ``options`` go to
         the method (e.g. ``n_steps=100`` for integrated gradients, ``layerwise=True`` for
         NormXLogit); they are checked before any work, and the explanation records every option
-        of the method, defaults included. Stochastic methods take ``seed``.
+        of the method, defaults included. Stochastic methods take ``seed``. ``sources``: cut
+        each text into sources -- ``"sentences"``, ``"paragraphs"``, ``"tokens:N"`` or
+        ``(start, end)`` character spans (:mod:`heedful.sources`) -- which the context
+        attribution methods rank and ``Explanation.source_scores()`` pools any method's scores
+        into (they default to sentences for the context methods).
 
         >>> model = heedful.load("minilm-sentiment")                          # doctest: +SKIP
         >>> e = model.explain("a charming and often affecting journey")        # doctest: +SKIP
@@ -184,14 +192,15 @@ class Model:
         """
         info = get_method(method, self.task)
         bound = info.bind(options)
+        spec = SourceSpec.parse(sources) if sources is not None or info.needs_sources else None
         if isinstance(texts, Problem):
-            if target is not None or quantity is not None:
-                raise InputError("a prepared problem has its target", hint="pass the target to model.prepare(...)")
+            if target is not None or quantity is not None or sources is not None:
+                raise InputError("a prepared problem has its target and sources", hint="pass them to model.prepare(...)")
             return self._explain_problem(texts, info, bound)
-        spec = Target.parse(target)
-        span = self._check_span(info, spec)
+        request = Target.parse(target)
+        span = self._check_span(info, request)
         quantity = info.quantity(quantity, "log_prob" if span else "logit")
-        explain_batch = self._explain_contrast if contrast_spans(self.adapter, spec) is not None else self._explain_batch
+        explain_batch = self._explain_contrast if contrast_spans(self.adapter, request) is not None else self._explain_batch
         single = isinstance(texts, str)
         items = _text_list(texts)
         pairs = _pairs(text_pair, len(items), single)
@@ -203,13 +212,19 @@ class Model:
             batch = self.adapter.encode(
                 items[start:stop], None if pairs is None else pairs[start:stop], truncation, max_length
             )
-            results.extend(explain_batch(batch, info, spec, bound, quantity))
+            results.extend(explain_batch(batch, info, request, bound, quantity, spec))
             if progress is not None:
                 progress(len(batch))
         return results[0] if single else results
 
     def _explain_batch(
-        self, batch: Batch, info: MethodInfo, spec: Target, bound: dict[str, Any], quantity: str | None = None
+        self,
+        batch: Batch,
+        info: MethodInfo,
+        spec: Target,
+        bound: dict[str, Any],
+        quantity: str | None = None,
+        sources: SourceSpec | None = None,
     ) -> list[Explanation]:
         problem, shared = self._timed(
             lambda: prepare(
@@ -220,6 +235,7 @@ class Model:
                 attentions=info.needs_attentions,
                 reference=info.reference,
                 quantity=quantity,
+                sources=sources,
             )
         )
         return self._explain_problem(problem, info, bound, shared=shared)
@@ -235,7 +251,13 @@ class Model:
         return span is not None
 
     def _explain_contrast(
-        self, batch: Batch, info: MethodInfo, spec: Target, bound: dict[str, Any], quantity: str | None = None
+        self,
+        batch: Batch,
+        info: MethodInfo,
+        spec: Target,
+        bound: dict[str, Any],
+        quantity: str | None = None,
+        sources: SourceSpec | None = None,
     ) -> list[Explanation]:
         """A contrast of spans ``"A vs B"``: the method on the texts continued by A and by B
         (one problem each), the prompt tokens' scores of the second subtracted from the first --
@@ -247,6 +269,7 @@ class Model:
                 lambda v=value: prepare(
                     self.adapter, batch, Target("given", v), reference=info.reference,
                     hidden_states=info.needs_hidden, attentions=info.needs_attentions, quantity=quantity,
+                    sources=sources,
                 )
             )
             scores, own = self._timed(lambda p=problem: info.fn(p, **bound).detach())
@@ -270,7 +293,7 @@ class Model:
             task=self.task,
             quantity=first.target.quantity,
         )
-        joined = Problem(self.adapter, batch, target, first.reference, spec)
+        joined = Problem(self.adapter, batch, target, first.reference, spec, sources=None if sources is None else first.sources)
         predictions = [
             {"label": label, "log_probability_difference": float(x - y), "log_probabilities": [float(x), float(y)]}
             for x, y in zip(log_a, log_b, strict=True)
@@ -352,6 +375,7 @@ class Model:
                     model=self.name,
                     prediction=predictions[b],
                     truncated=bool(batch.truncated[b]) if batch.truncated else False,
+                    sources=None if problem.sources is None else list(problem.sources.spans[b]),
                 )
             )
         return found

@@ -17,7 +17,7 @@ torch.Size([2, 5])
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -27,6 +27,7 @@ from heedful.batch import Batch
 from heedful.chunks import length_chunks
 from heedful.errors import InputError
 from heedful.sequences import continue_batch, span_ids
+from heedful.sources import SourceMap, SourceSpec, Span, map_sources
 from heedful.targets import QUANTITIES, Columns, ResolvedTarget, Target, resolve_target
 
 ReferencePass = Callable[[ModelAdapter, Batch, torch.Tensor, "torch.Tensor | None"], Forward]
@@ -44,7 +45,8 @@ class Problem:
     hidden states and attention probabilities when they were asked for -- see
     :meth:`reference_with`); ``request``: the target as the user asked for it;
     ``inputs_embeds`` ``[B, N, E]``: word embeddings that replace the ids' own (a problem about
-    edited inputs: noised, down-weighted), ``None`` for the ids' embeddings.
+    edited inputs: noised, down-weighted), ``None`` for the ids' embeddings; ``sources``: the
+    texts cut into sources (:mod:`heedful.sources`) when asked for.
     """
 
     adapter: ModelAdapter
@@ -53,6 +55,7 @@ class Problem:
     reference: Forward
     request: Target | Columns
     inputs_embeds: torch.Tensor | None = None
+    sources: SourceMap | None = None
 
     def __len__(self) -> int:
         return len(self.batch)
@@ -65,6 +68,16 @@ class Problem:
     @property
     def device(self) -> torch.device:
         return self.adapter.device
+
+    def source_map(self) -> SourceMap:
+        """The problem's sources; sentences when none were asked for (kept on the problem)."""
+        if self.sources is None:
+            ends = None
+            if self.target.is_span:  # the texts were continued by the span, which is no source
+                last = self.target.positions[:, 0].tolist()
+                ends = [offs[i][1] if offs[i] else len(t) for offs, i, t in zip(self.batch.offsets, last, self.batch.texts, strict=True)]
+            self.sources = map_sources(self.batch, None, ends)
+        return self.sources
 
     def word_embeddings(self) -> torch.Tensor:
         """The word embeddings the problem starts from ``[B, N, E]`` (detached)."""
@@ -130,7 +143,10 @@ class Problem:
             None if ref.attentions is None else tuple(a[idx][..., :width, :width].detach() for a in ref.attentions),
         )
         embeds = None if self.inputs_embeds is None else self.inputs_embeds[idx, :width]
-        return replace(self, batch=batch, target=self.target.select(idx), reference=reference, inputs_embeds=embeds)
+        sources = None if self.sources is None else self.sources.select(idx.tolist(), width)
+        return replace(
+            self, batch=batch, target=self.target.select(idx), reference=reference, inputs_embeds=embeds, sources=sources
+        )
 
     def release_graph(self) -> Problem:
         """Drop the autograd graph a method's reference pass kept (a graph serves one backward;
@@ -197,6 +213,7 @@ def prepare(
     attentions: bool = False,
     reference: ReferencePass | None = None,
     quantity: str | None = None,
+    sources: SourceSpec | str | Sequence[Span] | None = None,
 ) -> Problem:
     """A :class:`Problem` for an encoded ``batch``: anchor positions, one reference pass
     (:func:`reference_pass`: no gradient, rows of similar length together, with hidden states /
@@ -210,9 +227,12 @@ def prepare(
     its tokens and the score is their summed log-probability ``sum_k log p(y_k | x, y_<k)``,
     read at ``K`` positions of one pass. ``quantity``: ``"logit"`` (default for one position)
     or ``"log_prob"`` (default for a span). ``inputs_embeds`` ``[B, N, E]``: start from these
-    word embeddings instead of the ids'.
+    word embeddings instead of the ids'. ``sources``: cut the texts into sources
+    (:class:`~heedful.sources.SourceSpec`: ``"sentences"``, ``"paragraphs"``, ``"tokens:N"`` or
+    character spans) for the context attribution methods and source-level views.
     """
     request = target if isinstance(target, Columns) else Target.parse(target)
+    text_ends = [len(t) for t in batch.texts]
     if quantity is not None and quantity not in QUANTITIES:
         raise InputError(f"quantity must be one of {', '.join(QUANTITIES)}, got {quantity!r}", hint="use 'logit' or 'log_prob'")
     span = span_request(adapter, request)
@@ -238,7 +258,8 @@ def prepare(
     else:
         resolved = resolve_target(request, adapter, anchor, anchor_kind, forward.logits.detach())
     resolved.quantity = quantity or ("log_prob" if span is not None else "logit")
-    return Problem(adapter, batch, resolved, forward, request, inputs_embeds)
+    mapped = None if sources is None else map_sources(batch, sources, text_ends)
+    return Problem(adapter, batch, resolved, forward, request, inputs_embeds, mapped)
 
 
 def span_request(adapter: ModelAdapter, request: Target | Columns) -> list[int] | None:

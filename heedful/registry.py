@@ -20,10 +20,11 @@ from heedful.options import OptionSpec, bind_options, option_specs
 from heedful.targets import QUANTITIES, TASKS
 
 ALL_TASKS: tuple[str, ...] = TASKS
-FAMILIES = ("vector", "gradient", "attention", "relevance", "perturbation", "baseline")
+FAMILIES = ("vector", "gradient", "attention", "relevance", "perturbation", "context", "baseline")
 
 RESERVED_OPTIONS = (
     "texts", "method", "target", "quantity", "text_pair", "batch_size", "truncation", "max_length", "progress",
+    "sources",
 )
 """Parameters of :meth:`heedful.Model.explain`: a method option of one of these names could not
 be passed through it."""
@@ -49,6 +50,8 @@ class MethodInfo:
     span target (several positions' outputs summed, :attr:`~heedful.targets.ResolvedTarget.positions`)
     in the passes it needs for one position. ``quantities``: what the method can explain of a
     target, its logit and/or its log-probability (LRP rules conserve logits only).
+    ``needs_sources``: the method ranks sources of the text (:mod:`heedful.sources`; sentences
+    unless others were asked for) and gives each token its source's score shared evenly.
     """
 
     name: str
@@ -66,6 +69,7 @@ class MethodInfo:
     per_dimension: Callable | None = field(default=None, repr=False)
     spans: bool = False
     quantities: tuple[str, ...] = QUANTITIES
+    needs_sources: bool = False
 
     # ------------------------------------------------------------------ options
     @property
@@ -159,6 +163,7 @@ def register(
     per_dimension: Callable | None = None,
     spans: bool = False,
     quantities: tuple[str, ...] = QUANTITIES,
+    needs_sources: bool = False,
 ) -> Callable[[Callable], Callable]:
     """Register ``fn`` under ``name`` (see :class:`MethodInfo`); ``fn`` is returned unchanged.
 
@@ -204,6 +209,7 @@ def register(
             per_dimension=per_dimension,
             spans=spans,
             quantities=quantities,
+            needs_sources=needs_sources,
         )
         return fn
 

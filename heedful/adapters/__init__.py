@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from heedful.adapters.base import Forward, LMHeadParts, ModelAdapter, PassCounter
+from heedful.adapters.base import Forward, LMHeadParts, ModelAdapter, PassCounter, PrefixStates
 from heedful.adapters.families import FAMILIES
 from heedful.adapters.heads import head_of_class, head_of_task
 from heedful.adapters.intercept import Interception
@@ -26,6 +26,7 @@ __all__ = [
     "ModelAdapter",
     "ModelRoles",
     "PassCounter",
+    "PrefixStates",
     "Site",
     "adapter_for",
     "infer_task",

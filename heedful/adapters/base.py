@@ -40,6 +40,22 @@ class Forward:
 
 
 @dataclass
+class PrefixStates:
+    """The attention keys and values every layer computed for a batch (a decoder's key/value
+    cache): ``keys[l]`` / ``values[l]`` ``[B, H_kv, N, d]``. A causal model's states at
+    positions before ``p`` do not depend on later tokens, so any copy of example ``b`` that
+    agrees with it on its first ``p`` tokens can start from ``keys[l][b, :, :p]`` and run only
+    the rest (:meth:`ModelAdapter.forward` with ``prefix=``)."""
+
+    keys: tuple[torch.Tensor, ...]
+    values: tuple[torch.Tensor, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+
+
+@dataclass
 class PassCounter:
     """Counts sequences sent through the model forward and backward (cost bookkeeping)."""
 
@@ -453,15 +469,24 @@ class ModelAdapter:
         token_type_ids: torch.Tensor | None = None,
         hidden_states: bool = False,
         attentions: bool = False,
+        prefix: tuple[PrefixStates, torch.Tensor, int] | None = None,
     ) -> Forward:
         """Run the model and the head at each example's ``anchor`` position ``[B]`` (logits
         ``[B, C]``), or at ``K`` positions per example ``[B, K]`` (a span; logits ``[B, K, C]``).
 
         By default ids and masks come from ``batch``; pass ``input_ids`` or ``inputs_embeds``
         ``[B', N, E]`` (with a matching ``attention_mask``) to run perturbed or expanded copies.
+        ``prefix=(states, rows, p)`` (decoders): the rows continue the first ``p`` positions of
+        examples ``rows`` ``[B']`` of ``states`` (:meth:`prefix_states`); ``input_ids`` are
+        then the positions from ``p`` on, ``attention_mask`` covers all ``p + N'`` positions
+        and ``anchor`` counts from ``p``.
         """
         mask = batch.attention_mask if attention_mask is None else attention_mask
         kwargs: dict = {"attention_mask": mask, "return_dict": True}
+        if self.is_decoder:
+            kwargs["use_cache"] = prefix is not None
+        if prefix is not None:
+            kwargs["past_key_values"] = self._prefix_cache(prefix)
         if inputs_embeds is not None:
             kwargs["inputs_embeds"] = inputs_embeds
         else:
@@ -488,6 +513,26 @@ class ModelAdapter:
             hidden_states=tuple(out.hidden_states) if hidden_states else None,
             attentions=tuple(out.attentions) if attentions else None,
         )
+
+    @torch.no_grad()
+    def prefix_states(self, batch: Batch) -> PrefixStates:
+        """The key/value cache of one pass over ``batch`` (decoders only; right padding leaves
+        every real position's states as they are)."""
+        if not self.is_decoder:
+            raise InputError(f"a {self.family} model has no key/value cache", hint="reuse prefixes with decoders only")
+        out = self.backbone(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=True, return_dict=True)
+        self.counter.forward += len(batch)
+        layers = out.past_key_values.layers
+        return PrefixStates(tuple(layer.keys for layer in layers), tuple(layer.values for layer in layers))
+
+    def _prefix_cache(self, prefix: tuple[PrefixStates, torch.Tensor, int]):
+        from transformers import DynamicCache
+
+        states, rows, length = prefix
+        cache = DynamicCache()
+        for layer, (keys, values) in enumerate(zip(states.keys, states.values, strict=True)):
+            cache.update(keys[rows, :, :length], values[rows, :, :length], layer)
+        return cache
 
     def head_logits(self, h: torch.Tensor, columns: torch.Tensor | None = None) -> torch.Tensor:
         """Head-on-top applied to representations ``h`` ``[M, D]``.
