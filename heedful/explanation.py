@@ -126,7 +126,9 @@ class Explanation(Views):
     flagged in ``special``); ``scores`` ``[N]`` (or ``[L, N]`` for layer-wise methods, layers
     1..L) give one score per token. ``offsets[i]`` is the character span of token ``i`` in
     ``text`` (or in ``text_pair`` where ``segments[i] == 1``), ``None`` for special tokens;
-    ``word_ids[i]`` groups sub-word tokens into words.
+    ``word_ids[i]`` groups sub-word tokens into words. ``sources``: the character spans of the
+    text's sources when it was cut into them (:meth:`source_scores` pools scores per source);
+    ``details``: what the method reported besides scores (e.g. ContextCite's fit quality).
 
     >>> import numpy as np
     >>> e = Explanation(text="hi there", text_pair=None, tokens=["hi", "the", "##re"],
@@ -153,6 +155,7 @@ class Explanation(Views):
     prediction: dict[str, Any] = field(default_factory=dict)
     truncated: bool = False
     sources: list[tuple[int, int]] | None = None
+    details: dict[str, Any] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ views
     @property

@@ -376,6 +376,7 @@ class Model:
                     prediction=predictions[b],
                     truncated=bool(batch.truncated[b]) if batch.truncated else False,
                     sources=None if problem.sources is None else list(problem.sources.spans[b]),
+                    details={key: values[b] for key, values in problem.details.items()},
                 )
             )
         return found

@@ -18,7 +18,7 @@ torch.Size([2, 5])
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -46,7 +46,8 @@ class Problem:
     :meth:`reference_with`); ``request``: the target as the user asked for it;
     ``inputs_embeds`` ``[B, N, E]``: word embeddings that replace the ids' own (a problem about
     edited inputs: noised, down-weighted), ``None`` for the ids' embeddings; ``sources``: the
-    texts cut into sources (:mod:`heedful.sources`) when asked for.
+    texts cut into sources (:mod:`heedful.sources`) when asked for; ``details``: what a method
+    reports besides scores, one list entry per example (a surrogate's fit quality, ...).
     """
 
     adapter: ModelAdapter
@@ -56,6 +57,7 @@ class Problem:
     request: Target | Columns
     inputs_embeds: torch.Tensor | None = None
     sources: SourceMap | None = None
+    details: dict[str, list] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.batch)

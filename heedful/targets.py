@@ -27,6 +27,10 @@ QUANTITIES = ("logit", "log_prob")
 log-softmax over all outputs; a span's is the sum over its tokens)."""
 
 
+OUTPUTS = ("logit", "probability", "log_prob", "logit_prob")
+"""What a perturbation method watches of its target (:meth:`ResolvedTarget.output`)."""
+
+
 @dataclass(frozen=True)
 class Target:
     """A request for what to explain.
@@ -135,15 +139,31 @@ class ResolvedTarget:
 
     def output(self, logits: torch.Tensor, kind: str = "logit") -> torch.Tensor:
         """The explained scalar per row ``[R]`` as ``kind``: the target's own quantity
-        (``"logit"``, :meth:`score`) or a probability (``"probability"``: the softmax
-        probability of the column(s), the joint probability of a span, the value for regression)."""
+        (``"logit"``, :meth:`score`), a probability (``"probability"``: the softmax
+        probability of the column(s), the joint probability of a span, the value for
+        regression), the log-probability (``"log_prob"``: ``log p(A)``, or ``log p(A) - log p(B)``
+        for a contrast) or ContextCite's logit-probability (``"logit_prob"``:
+        ``log P - log(1 - P)`` of the joint probability ``P`` of the target's columns, each part
+        of a contrast on its own)."""
         if kind == "logit" or self.task == "regression":
             return self.score(logits)
         if kind == "probability":
             if self.is_span:
                 return torch.exp(replace(self, quantity="log_prob").score(logits))
             return replace(self, quantity="logit").score(torch.softmax(logits.float(), dim=-1))
-        raise InputError(f"output must be 'logit' or 'probability', got {kind!r}", hint="use output='logit' or 'probability'")
+        if kind == "log_prob":
+            return replace(self, quantity="log_prob").score(logits)
+        if kind == "logit_prob":
+            weights = self.weights.to(logits.device)
+            target = replace(self, weights=(weights > 0).to(weights), quantity="log_prob").score(logits)
+            value = target - torch.log(-torch.expm1(target.clamp(max=-1e-7)))
+            if (weights < 0).any():
+                foil = replace(self, weights=(weights < 0).to(weights), quantity="log_prob").score(logits)
+                value = value - (foil - torch.log(-torch.expm1(foil.clamp(max=-1e-7))))
+            return value
+        raise InputError(
+            f"output must be one of {', '.join(OUTPUTS)}, got {kind!r}", hint="use output='logit' or 'probability'"
+        )
 
     def repeat(self, times: int) -> ResolvedTarget:
         """Each example repeated ``times`` times in a row (``[B] -> [B * times]``)."""
@@ -160,7 +180,12 @@ class ResolvedTarget:
         )
 
     def with_anchor(self, anchor: torch.Tensor) -> ResolvedTarget:
-        return replace(self, anchor=anchor)
+        """The target read at new anchors ``[B]`` (tokens were deleted before them); a span's
+        positions move with its anchor."""
+        positions = self.positions
+        if positions is not None:
+            positions = positions + (anchor - self.anchor).to(positions)[:, None]
+        return replace(self, anchor=anchor, positions=positions)
 
     @property
     def class_indices(self) -> list[list[int]]:

@@ -293,6 +293,9 @@ TEXTS = ("a charming , unbelievably affecting journey", "dull")
 """Texts of different lengths: the second is padded in a batch with the first. The first has
 enough content tokens that a stochastic method's draws matter."""
 
+SOURCES = "tokens:2"
+"""How the context methods (``needs_sources``) cut the texts into sources."""
+
 MASKED_TEXTS = ("the plot is {mask} yet the actors are wonderful", "a {mask} film")
 """Masked-LM texts (``{mask}``: the tokenizer's mask token, the anchor)."""
 
@@ -377,7 +380,9 @@ def _watched(model: Model, own: Batch) -> Iterator[_Passes]:
 
     def forward(batch: Batch, anchor: torch.Tensor, **kwargs: Any) -> Forward:
         ids = kwargs.get("input_ids")
-        if ids is not None:
+        if kwargs.get("prefix") is not None:  # a copy's positions after a shared prefix
+            seen.edited = True
+        elif ids is not None:
             mask = kwargs.get("attention_mask")
             mask = batch.attention_mask if mask is None else mask
             seen.edited |= not bool(_own_rows(ids, mask, own).all())
@@ -410,13 +415,15 @@ class _Case:
         self.info, self.model, self.family, self.given = info, model, family, given
         mask = model.tokenizer.mask_token
         self.texts = [t.format(mask=mask) for t in MASKED_TEXTS] if model.task == "masked_lm" else list(TEXTS)
+        # a context method ranks sources: windows of two tokens give the texts several
+        self.sources = SOURCES if info.needs_sources else None
 
     @property
     def label(self) -> str:
         return f"{self.family}/{self.model.task}"
 
     def explain(self, texts: str | list[str], **options: Any) -> Any:
-        return self.model.explain(texts, self.info.name, **{**self.given, **options})
+        return self.model.explain(texts, self.info.name, sources=self.sources, **{**self.given, **options})
 
     def run(self, **options: Any) -> _Run:
         """The method on the prepared problem of :attr:`texts`, as :meth:`Model.explain` runs it."""
@@ -424,7 +431,7 @@ class _Case:
         counter.reset()
         batch = self.model.encode(self.texts)
         with _watched(self.model, batch) as passes:
-            problem = self.model.prepare(batch, method=self.info.name)
+            problem = self.model.prepare(batch, method=self.info.name, sources=self.sources)
             scores = self.info.fn(problem, **self.info.bind({**self.given, **options}))
         problem.release_graph()
         return _Run(problem, scores, counter.forward, counter.backward, passes)

@@ -7,6 +7,7 @@ from heedful.attribution import (  # noqa: F401  (each module registers its meth
     attention,
     attention_gradient,
     baseline,
+    context,
     coperturbation,
     gradient,
     individual_perturbation,

@@ -1,0 +1,104 @@
+"""Removal scores with key/value prefix reuse: copies of a decoder's inputs with some tokens
+removed agree with their example on every position before the first removed token, so their
+passes start from the example's key/value cache there and compute only the rest.
+
+This is AttriBoT's exact cache reuse (Liu et al. 2024, "AttriBoT: A Bag of Tricks for
+Efficiently Approximating Leave-One-Out Context Attribution", Sec. 3.1): removing a late source
+costs only the tokens after it. The example's cache comes from one pass
+(:meth:`~heedful.adapters.ModelAdapter.prefix_states`); rows are sorted by where they start
+differing and cut into chunks that share the shortest prefix of their rows (each row recomputes
+its own few extra positions after it), under the runner's token budget. A causal model's
+states before position ``p`` do not depend on later tokens and right padding changes no real
+position, so the scores equal those of full passes (:meth:`heedful.runner.Runner.scores`)
+beyond float rounding. Encoders, which have no cache, and ``reuse=False`` take the full
+passes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from heedful.chunks import TOKEN_BUDGET
+from heedful.perturb import Perturbed, remove_from_examples
+from heedful.problem import Problem
+from heedful.runner import Copies, Runner
+
+WASTE = 0.25
+"""A chunk grows while the positions its rows recompute beyond their own prefix stay under this
+share of the positions they must compute."""
+
+
+def prefix_chunks(start: torch.Tensor, lengths: torch.Tensor, budget: int) -> list[torch.Tensor]:
+    """Rows ``[R]`` grouped into chunks that share a prefix: each chunk's rows (indices) sorted
+    from the latest ``start`` down; a chunk computes ``rows x (longest - shortest start)``
+    positions, at most ``budget`` (one row always fits) and at most :data:`WASTE` more than its
+    rows' own ``lengths - start``."""
+    order = torch.argsort(start, descending=True, stable=True).tolist()
+    begin, end = start.tolist(), lengths.tolist()
+    chunks: list[list[int]] = []
+    current: list[int] = []
+    useful = longest = 0
+    for row in order:
+        grown_longest = max(longest, end[row])
+        grown_useful = useful + end[row] - begin[row]
+        cells = (len(current) + 1) * (grown_longest - begin[row])
+        if current and (cells > budget or cells > (1 + WASTE) * grown_useful):
+            chunks.append(current)
+            current, useful, grown_longest, grown_useful = [], 0, end[row], end[row] - begin[row]
+        current.append(row)
+        useful, longest = grown_useful, grown_longest
+    if current:
+        chunks.append(current)
+    return [torch.tensor(c, dtype=torch.long) for c in chunks]
+
+
+@torch.no_grad()
+def removal_scores(
+    problem: Problem,
+    example: torch.Tensor,
+    remove: torch.Tensor,
+    output: str,
+    *,
+    removal: str = "delete",
+    reuse: bool = True,
+    rows: int | None = None,
+) -> torch.Tensor:
+    """The target's ``output`` (:meth:`~heedful.targets.ResolvedTarget.output`) for copies of
+    examples ``example`` ``[R]`` with the positions ``remove`` ``[R, N]`` removed by
+    ``removal`` -> ``[R]``. ``reuse``: start decoder copies from their example's key/value
+    cache at their first removed position; ``rows``: a fixed number of rows per chunk."""
+    perturbed = remove_from_examples(problem.adapter, problem.batch, problem.target, example, remove, removal)
+    if not (reuse and problem.adapter.is_decoder and problem.inputs_embeds is None):
+        return Runner.for_problem(problem, rows=rows).scores(Copies.of(perturbed, example), output)
+    return _reused(problem, example, remove, perturbed, output, rows)
+
+
+def _reused(
+    problem: Problem, example: torch.Tensor, remove: torch.Tensor, perturbed: Perturbed, output: str, rows: int | None
+) -> torch.Tensor:
+    adapter, batch = problem.adapter, problem.batch
+    target = problem.target.select(example).with_anchor(perturbed.anchor)
+    lengths = perturbed.attention_mask.sum(dim=1)
+    removed = remove.bool() & batch.attention_mask[example].bool()
+    first = torch.where(removed.any(dim=1), removed.int().argmax(dim=1), batch.lengths[example])
+    # the head is read at and after the first read position: it must be recomputed
+    first_read = target.read_at if target.read_at.dim() == 1 else target.read_at[:, 0]
+    start = torch.minimum(first, first_read).clamp(min=0)
+    states = adapter.prefix_states(batch)
+    values = torch.zeros(len(example))
+    budget = TOKEN_BUDGET if rows is None else None
+    chunks = prefix_chunks(start, lengths, budget or 1 << 62)
+    if rows is not None:
+        chunks = [part for c in chunks for part in c.split(rows)]
+    for members in chunks:
+        shared = int(start[members].min())
+        width = int(lengths[members].max())
+        local = target.select(members)
+        local = local.with_anchor(local.anchor - shared)
+        mask = perturbed.attention_mask[members, :width]
+        prefix = {"prefix": (states, example[members], shared)} if shared > 0 else {}
+        fwd = adapter.forward(
+            batch, local.read_at, input_ids=perturbed.input_ids[members, shared:width], attention_mask=mask, **prefix
+        )
+        values[members] = local.output(fwd.logits, output).float().cpu()
+    return values
