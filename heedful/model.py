@@ -446,6 +446,11 @@ class Model:
         bound = info.bind(options)
         if bound.get("layerwise"):
             raise InputError("generation attribution gives one score per token and step", hint="drop layerwise=True")
+        if info.needs_sources:
+            raise InputError(
+                f"{info.name} ranks sources for one target, not every generated step",
+                hint=f"explain the generated answer as a span: lm.explain(prompt, {info.name!r}, target=answer)",
+            )
         quantity = info.quantity(quantity, "log_prob")
         single = isinstance(prompts, str)
         if isinstance(prompts, Generation):

@@ -162,8 +162,9 @@ def _hand_value_module(family: str, layer: torch.nn.Module) -> tuple[torch.nn.Mo
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_zeroing_a_tokens_value_equals_zeroing_its_value_rows_by_hand(family):
+def test_zeroing_a_tokens_value_equals_zeroing_its_value_rows_by_hand(family, monkeypatch):
     adapter = cached_model(family).adapter
+    monkeypatch.setattr(adapter, "kernel_attention", False)  # bitwise: the plain pass runs eager too
     batch, anchor = _inputs(adapter)
     token = 2
     keep = torch.ones(batch.input_ids.shape)
@@ -284,8 +285,9 @@ def test_an_attached_rule_sees_the_modules_input_and_changes_only_the_backward(f
 
 
 @pytest.mark.parametrize("family", [f for f in FAMILIES if f != "deberta-v2"])
-def test_an_attention_rule_replaces_the_attention_computation(family):
+def test_an_attention_rule_replaces_the_attention_computation(family, monkeypatch):
     adapter = cached_model(family).adapter
+    monkeypatch.setattr(adapter, "kernel_attention", False)  # bitwise: the plain pass runs eager too
     batch, anchor = _inputs(adapter)
     clean = _logits(adapter, batch, anchor)
     layers = []
@@ -416,3 +418,28 @@ def test_register_family_adds_an_adapter():
         heedful.adapters.FAMILIES.pop("custom-llama")
     with pytest.raises(TypeError, match="ModelAdapter"):
         register_family("custom-llama", object)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_passes_without_probabilities_run_fused_attention_with_the_same_outputs(family, monkeypatch):
+    adapter = cached_model(family).adapter
+    batch, anchor = _inputs(adapter)
+    seen = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def counted(*args, **kwargs):
+        seen.append(1)
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", counted)
+    fused = _logits(adapter, batch, anchor)
+    fused_calls = len(seen)
+    with_probs = adapter.forward(batch, anchor, attentions=True)
+    assert len(seen) == fused_calls, "a pass returning attention probabilities must run eager attention"
+    monkeypatch.setattr(adapter, "kernel_attention", False)
+    eager = _logits(adapter, batch, anchor)
+    torch.testing.assert_close(fused, eager, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(with_probs.logits, eager, rtol=1e-5, atol=1e-5)
+    if family != "deberta-v2":  # computes attention inline
+        assert fused_calls >= adapter.num_layers
+    assert adapter.config._attn_implementation == "eager"

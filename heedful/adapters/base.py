@@ -9,8 +9,9 @@ any token's representation, the token that removes a token, any tensor inside a 
 
 from __future__ import annotations
 
+import contextlib
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import ClassVar
@@ -18,7 +19,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from heedful.adapters.intercept import Interception
+from heedful.adapters.intercept import Interception, intercepting
 from heedful.adapters.roles import BlockRoles, HeadRoles, LRPRoles, ModelRoles, NormSite
 from heedful.batch import Batch
 from heedful.errors import InputError, UnsupportedModelError
@@ -100,6 +101,8 @@ class ModelAdapter:
     """Whether the model embeds segment (token type) ids; ``None``: its config says."""
     lrp_mapped: ClassVar[bool] = False
     """Relevance propagation's rules have been checked against this family's blocks."""
+    kernel_attention: ClassVar[bool] = True
+    """Passes without attention probabilities may run fused attention (``sdpa``)."""
 
     def __post_init__(self) -> None:
         self.hf_model.eval()
@@ -501,7 +504,8 @@ class ModelAdapter:
             kwargs["output_hidden_states"] = True
         if attentions:
             kwargs["output_attentions"] = True
-        out = self.backbone(**kwargs)
+        with self._kernel_attention(not attentions):
+            out = self.backbone(**kwargs)
         last = out.last_hidden_state
         self.counter.forward += last.shape[0]
         rows = torch.arange(last.shape[0], device=last.device)
@@ -514,13 +518,38 @@ class ModelAdapter:
             attentions=tuple(out.attentions) if attentions else None,
         )
 
+    @contextlib.contextmanager
+    def _kernel_attention(self, wanted: bool) -> Iterator[None]:
+        """Inside the block, attention runs as PyTorch's fused ``scaled_dot_product_attention``
+        when ``wanted`` and the model otherwise runs plain eager attention: a pass that returns
+        no attention probabilities needs no ``[B, H, N, N]`` matrix (memory linear in the
+        length on a CPU, and faster). An interception (its own attention) and families that
+        compute attention inline are left as they are, and so is any pass inside an open
+        interception (its rules see the model exactly as it was built)."""
+        config = self.config
+        switch = (
+            wanted
+            and self.kernel_attention
+            and getattr(config, "_attn_implementation", None) == "eager"
+            and not intercepting(self.hf_model)
+        )
+        if not switch:
+            yield
+            return
+        config._attn_implementation = "sdpa"
+        try:
+            yield
+        finally:
+            config._attn_implementation = "eager"
+
     @torch.no_grad()
     def prefix_states(self, batch: Batch) -> PrefixStates:
         """The key/value cache of one pass over ``batch`` (decoders only; right padding leaves
         every real position's states as they are)."""
         if not self.is_decoder:
             raise InputError(f"a {self.family} model has no key/value cache", hint="reuse prefixes with decoders only")
-        out = self.backbone(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=True, return_dict=True)
+        with self._kernel_attention(True):
+            out = self.backbone(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=True, return_dict=True)
         self.counter.forward += len(batch)
         layers = out.past_key_values.layers
         return PrefixStates(tuple(layer.keys for layer in layers), tuple(layer.values for layer in layers))

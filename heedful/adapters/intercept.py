@@ -147,6 +147,11 @@ class Kept:
     value: torch.Tensor | None = None
 
 
+def intercepting(model: nn.Module) -> bool:
+    """Whether an interception is open on ``model``."""
+    return any(other.model is model for other in _ACTIVE.get())
+
+
 class Interception:
     """Hooks on ``model`` for the duration of a ``with`` block (see the module docstring).
 
