@@ -7,13 +7,14 @@
 
 from heedful.attribution import get_method, methods
 from heedful.errors import HeedfulError, InputError, MethodError, UnsupportedModelError
-from heedful.explanation import Cost, Explanation, TargetInfo, WordScores
+from heedful.explanation import Cost, Explanation, SourceScores, TargetInfo, WordScores
 from heedful.generation import Generation
 from heedful.generation_explanation import GenerationExplanation
 from heedful.loading import from_pretrained_objects, load
 from heedful.model import Model
 from heedful.problem import Problem, prepare
 from heedful.registry import MethodInfo, register
+from heedful.sources import SourceSpec
 from heedful.targets import QUANTITIES, Target
 from heedful.version import __version__
 
@@ -30,6 +31,8 @@ __all__ = [
     "Model",
     "Problem",
     "QUANTITIES",
+    "SourceScores",
+    "SourceSpec",
     "Target",
     "TargetInfo",
     "UnsupportedModelError",

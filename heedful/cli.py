@@ -49,6 +49,20 @@ def _read_texts(texts: list[str], file: str | None) -> list[str]:
     return found
 
 
+def _read_document(texts: list[str], file: str | None) -> list[str]:
+    """The documents to cut into sources: each TEXT argument, and the whole of ``file``."""
+    found = list(texts)
+    if file is not None:
+        stream = sys.stdin if file == "-" else open(file, encoding="utf-8")  # noqa: SIM115
+        with stream:
+            document = stream.read()
+        if document.strip():
+            found.append(document.rstrip("\n"))
+    if not found:
+        raise HeedfulError("no text given", hint='pass TEXT arguments or --file PATH (use "-" for stdin)')
+    return found
+
+
 @app.command()
 def explain(
     texts: Annotated[list[str] | None, typer.Argument(help="Text(s) to explain.")] = None,
@@ -69,19 +83,33 @@ def explain(
     continuation: Annotated[str | None, typer.Option("--continuation", help="Language models: explain this given continuation, token by token.")] = None,
     quantity: Annotated[str | None, typer.Option("--quantity", help="Explain the target's logit or log_prob (generation and spans: log_prob).")] = None,
     chat: Annotated[bool, typer.Option("--chat", help="With --generate / --continuation: the texts are user messages in the model's chat template.")] = False,
+    sources: Annotated[str | None, typer.Option("--sources", help="Cut each text into sources and rank them: sentences, paragraphs or tokens:N. --file is then one document.")] = None,
+    query: Annotated[str | None, typer.Option("--query", help="With --sources: text appended after each document (e.g. the question), not itself a source.")] = None,
 ) -> None:
     """Explain TEXT(s) with one or more methods and show a heatmap (or JSON / HTML); with
-    --generate or --continuation, explain every token a language model writes after them."""
+    --generate or --continuation, explain every token a language model writes after them; with
+    --sources, rank the sources of a long text (the context methods: source_loo, context_cite,
+    hierarchical; any other method's scores pooled per source)."""
     import heedful
     from heedful.render.html import explanation_page
     from heedful.render.terminal import print_explanations
 
-    items = _read_texts(texts or [], file)
+    items = _read_document(texts or [], file) if sources is not None else _read_texts(texts or [], file)
+    if query is not None and sources is None:
+        raise HeedfulError("--query goes with --sources", hint="add --sources sentences (or paragraphs, tokens:N)")
+    spans = None
+    if sources is not None:
+        spec = heedful.SourceSpec.parse(sources)
+        if query is not None:
+            spans = [heedful.SourceSpec.parse(spec, within=(0, len(text))) for text in items]
+            items = [f"{text}\n\n{query}" for text in items]
     infos = [heedful.get_method(name) for name in method or (["saliency"] if generate or continuation else ["normxlogit"])]
     runs = _method_options(infos, options(option, "--option n_steps=100"), seed, layerwise)
     if quantity is not None and quantity not in heedful.QUANTITIES:
         raise HeedfulError(f"--quantity must be one of {', '.join(heedful.QUANTITIES)}, got {quantity!r}")
     if generate is not None or continuation is not None:
+        if sources is not None:
+            raise HeedfulError("--sources ranks the sources of one target", hint="give the answer as --target instead of --generate")
         if target is not None:
             raise HeedfulError("--target does not apply to --generate / --continuation", hint="each generated token is its own target")
         if generate is not None and generate < 1:
@@ -95,16 +123,24 @@ def explain(
     with progress() as bar:
         for info, kwargs in zip(infos, runs, strict=True):
             task_id = bar.add_task(info.name, total=len(items), visible=show_bar)
-            found = loaded.explain(
-                items,
-                info.name,
-                target,
-                batch_size=batch_size,
-                truncation=not no_truncate,
-                progress=lambda n, t=task_id: bar.advance(t, n),
-                quantity=quantity,
-                **kwargs,
-            )
+            if spans is not None:  # each document has its own region to cut
+                found = [
+                    loaded.explain(text, info.name, target, truncation=not no_truncate, quantity=quantity, sources=spec, **kwargs)
+                    for text, spec in zip(items, spans, strict=True)
+                ]
+                bar.advance(task_id, len(items))
+            else:
+                found = loaded.explain(
+                    items,
+                    info.name,
+                    target,
+                    batch_size=batch_size,
+                    truncation=not no_truncate,
+                    progress=lambda n, t=task_id: bar.advance(t, n),
+                    quantity=quantity,
+                    sources=None if sources is None else spec,
+                    **kwargs,
+                )
             results.extend(found)
     ordered = _by_text(results, len(items), len(infos))
     if html is not None:
@@ -173,6 +209,8 @@ def _json_view(expl, words: bool) -> dict[str, Any]:
     data = expl.to_dict()
     if words:
         data["words"] = expl.words("sum").to_dict()
+    if expl.sources is not None:
+        data["source_scores"] = expl.source_scores().to_dict()
     return data
 
 

@@ -10,6 +10,7 @@ import numpy as np
 
 from heedful.render.colors import Scale
 from heedful.render.layout import pieces
+from heedful.render.sources import sources_html
 
 if TYPE_CHECKING:  # render reads explanations as plain data; heedful.explanation imports render
     from heedful.explanation import Explanation
@@ -27,6 +28,10 @@ table.hf-grid { border-collapse: collapse; font-size: 0.8rem; }
 table.hf-grid td, table.hf-grid th { padding: 0.2rem 0.35rem; text-align: center; }
 table.hf-cmp td { vertical-align: top; padding: 0.4rem 0.8rem; }
 .hf-legend { font-size: 0.8rem; color: #555; margin-top: 1rem; }
+.hf-sources { font-size: 1rem; line-height: 1.8; white-space: pre-wrap; }
+.hf-source { padding: 0.1rem 0; border-radius: 0.2rem; }
+.hf-outside { color: #777; }
+table.hf-ranking { font-size: 0.85rem; margin-bottom: 0.8rem; }
 """
 
 
@@ -83,9 +88,15 @@ def _header_html(expl: Explanation) -> str:
     )
 
 
+def _body(expl: Explanation, words: bool) -> str:
+    if expl.sources is not None:
+        return sources_html(expl)
+    return layer_grid_html(expl, words) if expl.layerwise else heatmap_html(expl, words)
+
+
 def explanation_fragment(expl: Explanation, words: bool = False) -> str:
     """HTML for one explanation (no page wrapper; used for notebooks)."""
-    body = layer_grid_html(expl, words) if expl.layerwise else heatmap_html(expl, words)
+    body = _body(expl, words)
     return f'<div class="hf-expl"><style>{CSS}</style>{_header_html(expl)}{body}</div>'
 
 
@@ -93,7 +104,7 @@ def explanation_page(explanations: Sequence[Explanation], words: bool = False, t
     """A complete, self-contained HTML page; several methods on one text are laid out together."""
     blocks = []
     for expl in explanations:
-        body = layer_grid_html(expl, words) if expl.layerwise else heatmap_html(expl, words)
+        body = _body(expl, words)
         blocks.append(f'<div class="hf-expl">{_header_html(expl)}{body}</div>')
     legend = (
         '<div class="hf-legend">Warm: the token pushes towards the explained output; cool: against it. '

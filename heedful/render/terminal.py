@@ -13,6 +13,7 @@ from rich.text import Text
 
 from heedful.render.colors import Scale
 from heedful.render.layout import pieces
+from heedful.render.sources import sources_renderable
 
 if TYPE_CHECKING:  # render reads explanations as plain data; heedful.explanation imports render
     from heedful.explanation import Explanation
@@ -76,7 +77,10 @@ def layer_table(expl: Explanation, words: bool = False) -> Table:
 
 
 def explanation_renderable(expl: Explanation, words: bool = False) -> RenderableType:
-    """Header plus heatmap (or layer grid) for one explanation."""
+    """Header plus heatmap (or layer grid) for one explanation; an explanation cut into sources
+    shows its sources ranked and the text coloured source by source."""
+    if expl.sources is not None:
+        return Group(sources_renderable(expl, header(expl)), Text(""))
     body = layer_table(expl, words) if expl.layerwise else heatmap_text(expl, words)
     return Group(header(expl), body, Text(""))
 
@@ -102,7 +106,10 @@ def print_explanations(
     for expl in explanations:
         by_text.setdefault((expl.text, expl.text_pair), []).append(expl)
     for group in by_text.values():
-        if len(group) > 1:
+        if len(group) > 1 and all(e.sources is not None for e in group):
+            for expl in group:
+                console.print(explanation_renderable(expl, words))
+        elif len(group) > 1:
             first = group[0]
             console.print(
                 Text(f"{first.model}  ·  explaining {first.target.label}", style="dim"),
