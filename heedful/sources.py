@@ -5,8 +5,8 @@ every token of an encoded batch mapped to the source it belongs to.
 A source is a character span ``(start, end)`` of the text, trimmed of surrounding white space.
 Sentences follow ContextCite's splitter in kind: the text is cut into lines, each line after
 sentence-final punctuation (``. ! ?``, with closing quotes and brackets) that is followed by
-white space; pieces without a letter or digit (list markers such as ``"1."``) join the source
-before them. Paragraphs are separated by blank lines. ``within`` limits the split to a region
+white space; pieces without a letter (list markers such as ``"1."``) join the sentence after
+them on their line. Paragraphs are separated by blank lines. ``within`` limits the split to a region
 of the text (the context, not the question asked about it): tokens outside every source belong
 to none.
 
@@ -32,7 +32,7 @@ from heedful.errors import InputError
 KINDS = ("sentences", "paragraphs", "tokens", "spans")
 SENTENCE_END = re.compile(r"[.!?]+[\"'\u201d\u2019)\]]*(?=\s)")
 PARAGRAPH_BREAK = re.compile(r"\n[ \t]*\n\s*")
-ALPHANUMERIC = re.compile(r"\w")
+LETTER = re.compile(r"[^\W\d_]")
 
 Span = tuple[int, int]
 
@@ -102,11 +102,19 @@ def _cut(text: str, start: int, end: int, breaks: re.Pattern[str], keep_break: b
 def _sentences(text: str, start: int, end: int) -> list[Span]:
     spans: list[Span] = []
     for line in _cut(text, start, end, re.compile(r"\n"), keep_break=False):
+        pending: int | None = None  # a letterless piece ("1.", "...") joins the next sentence
+        first = len(spans)
         for piece in _cut(text, *line, SENTENCE_END, keep_break=True):
-            if spans and not ALPHANUMERIC.search(text[piece[0] : piece[1]]):
-                spans[-1] = (spans[-1][0], piece[1])  # "1." and the like join the sentence before
+            if not LETTER.search(text[piece[0] : piece[1]]):
+                pending = piece[0] if pending is None else pending
+                continue
+            spans.append((piece[0] if pending is None else pending, piece[1]))
+            pending = None
+        if pending is not None:  # nothing followed on the line: it ends the sentence before
+            if len(spans) > first:
+                spans[-1] = (spans[-1][0], line[1])
             else:
-                spans.append(piece)
+                spans.append((pending, line[1]))
     return spans
 
 
