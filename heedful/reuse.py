@@ -16,8 +16,11 @@ passes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
+from heedful.adapters import ModelAdapter, PrefixStates
 from heedful.chunks import TOKEN_BUDGET
 from heedful.perturb import Perturbed, remove_from_examples
 from heedful.problem import Problem
@@ -28,11 +31,14 @@ WASTE = 0.25
 share of the positions they must compute."""
 
 
-def prefix_chunks(start: torch.Tensor, lengths: torch.Tensor, budget: int) -> list[torch.Tensor]:
+def prefix_chunks(
+    start: torch.Tensor, lengths: torch.Tensor, budget: int, row_bytes: Callable[[int, int], int] | None = None, max_bytes: int = 0
+) -> list[torch.Tensor]:
     """Rows ``[R]`` grouped into chunks that share a prefix: each chunk's rows (indices) sorted
     from the latest ``start`` down; a chunk computes ``rows x (longest - shortest start)``
-    positions, at most ``budget`` (one row always fits) and at most :data:`WASTE` more than its
-    rows' own ``lengths - start``."""
+    positions, at most ``budget`` (one row always fits), at most :data:`WASTE` more than its
+    rows' own ``lengths - start``, and -- with ``row_bytes(width, computed)``, the memory one
+    row of ``width`` positions of which ``computed`` are run takes -- at most ``max_bytes``."""
     order = torch.argsort(start, descending=True, stable=True).tolist()
     begin, end = start.tolist(), lengths.tolist()
     chunks: list[list[int]] = []
@@ -41,8 +47,10 @@ def prefix_chunks(start: torch.Tensor, lengths: torch.Tensor, budget: int) -> li
     for row in order:
         grown_longest = max(longest, end[row])
         grown_useful = useful + end[row] - begin[row]
-        cells = (len(current) + 1) * (grown_longest - begin[row])
-        if current and (cells > budget or cells > (1 + WASTE) * grown_useful):
+        rows = len(current) + 1
+        cells = rows * (grown_longest - begin[row])
+        heavy = row_bytes is not None and rows * row_bytes(grown_longest, grown_longest - begin[row]) > max_bytes
+        if current and (cells > budget or cells > (1 + WASTE) * grown_useful or heavy):
             chunks.append(current)
             current, useful, grown_longest, grown_useful = [], 0, end[row], end[row] - begin[row]
         current.append(row)
@@ -73,6 +81,25 @@ def removal_scores(
     return _reused(problem, example, remove, perturbed, output, rows)
 
 
+CACHE_SHARE = 0.5
+"""Share of the memory budget a chunk's key/value caches and attention scores may take."""
+
+
+def _memory_budget(adapter: ModelAdapter) -> int:
+    budget = getattr(adapter, "max_memory", None) or 4 * 2**30
+    return int(budget * CACHE_SHARE)
+
+
+def _row_bytes(adapter: ModelAdapter, states: PrefixStates) -> Callable[[int, int], int]:
+    """Memory of one row that continues a cached prefix: its key/value cache over ``width``
+    positions (held twice while each layer concatenates the new keys) and the attention
+    scores of its ``computed`` queries over them, ``[H, computed, width]`` floats."""
+    keys = states.keys[0]
+    per_position = 2 * sum(k.shape[1] * k.shape[3] * k.element_size() for k in states.keys)
+    heads = getattr(adapter.config, "num_attention_heads", keys.shape[1])
+    return lambda width, computed: 2 * per_position * width + heads * computed * width * keys.element_size()
+
+
 def _reused(
     problem: Problem, example: torch.Tensor, remove: torch.Tensor, perturbed: Perturbed, output: str, rows: int | None
 ) -> torch.Tensor:
@@ -87,7 +114,7 @@ def _reused(
     states = adapter.prefix_states(batch)
     values = torch.zeros(len(example))
     budget = TOKEN_BUDGET if rows is None else None
-    chunks = prefix_chunks(start, lengths, budget or 1 << 62)
+    chunks = prefix_chunks(start, lengths, budget or 1 << 62, _row_bytes(adapter, states), _memory_budget(adapter))
     if rows is not None:
         chunks = [part for c in chunks for part in c.split(rows)]
     for members in chunks:
