@@ -88,8 +88,9 @@ def explain(
 ) -> None:
     """Explain TEXT(s) with one or more methods and show a heatmap (or JSON / HTML); with
     --generate or --continuation, explain every token a language model writes after them; with
-    --sources, rank the sources of a long text (the context methods: source_loo, context_cite,
-    hierarchical; any other method's scores pooled per source)."""
+    --sources, rank the sources of a long text for the target, or for the answer the model
+    writes with --generate N (the context methods: source_loo, context_cite -- the default --
+    and hierarchical; any other method's scores pooled per source)."""
     import heedful
     from heedful.render.html import explanation_page
     from heedful.render.terminal import print_explanations
@@ -103,13 +104,21 @@ def explain(
         if query is not None:
             spans = [heedful.SourceSpec.parse(spec, within=(0, len(text))) for text in items]
             items = [f"{text}\n\n{query}" for text in items]
-    infos = [heedful.get_method(name) for name in method or (["saliency"] if generate or continuation else ["normxlogit"])]
+    default = "context_cite" if sources is not None else "saliency" if generate or continuation else "normxlogit"
+    infos = [heedful.get_method(name) for name in method or [default]]
     runs = _method_options(infos, options(option, "--option n_steps=100"), seed, layerwise)
     if quantity is not None and quantity not in heedful.QUANTITIES:
         raise HeedfulError(f"--quantity must be one of {', '.join(heedful.QUANTITIES)}, got {quantity!r}")
-    if generate is not None or continuation is not None:
+    if sources is not None and generate is not None:
+        if target is not None or continuation is not None:
+            raise HeedfulError("--generate writes the answer whose sources are ranked", hint="drop --target / --continuation, or --generate")
+        if generate < 1:
+            raise HeedfulError(f"--generate must be at least 1, got {generate}")
+        loaded = load_model(model, device)
+        answers = _answers(loaded, items, generate)
+    elif generate is not None or continuation is not None:
         if sources is not None:
-            raise HeedfulError("--sources ranks the sources of one target", hint="give the answer as --target instead of --generate")
+            raise HeedfulError("--continuation with --sources: give the answer as --target", hint="--target ' the answer'")
         if target is not None:
             raise HeedfulError("--target does not apply to --generate / --continuation", hint="each generated token is its own target")
         if generate is not None and generate < 1:
@@ -117,16 +126,21 @@ def explain(
         loaded = load_model(model, device)
         _explain_generation(loaded, items, infos, runs, generate, continuation, quantity, chat, as_json, html)
         return
-    loaded = load_model(model, device)
+    else:
+        answers = None
+        loaded = load_model(model, device)
     results: list[heedful.Explanation] = []
     show_bar = len(items) > batch_size
     with progress() as bar:
         for info, kwargs in zip(infos, runs, strict=True):
             task_id = bar.add_task(info.name, total=len(items), visible=show_bar)
-            if spans is not None:  # each document has its own region to cut
+            if spans is not None or answers is not None:  # each document has its own region or answer
                 found = [
-                    loaded.explain(text, info.name, target, truncation=not no_truncate, quantity=quantity, sources=spec, **kwargs)
-                    for text, spec in zip(items, spans, strict=True)
+                    loaded.explain(
+                        text, info.name, target if answers is None else answers[i], truncation=not no_truncate,
+                        quantity=quantity, sources=spec if spans is None else spans[i], **kwargs,
+                    )
+                    for i, text in enumerate(items)
                 ]
                 bar.advance(task_id, len(items))
             else:
@@ -151,6 +165,21 @@ def explain(
         out.print_json(json.dumps(payload[0] if len(payload) == 1 else payload))
     elif html is None or sys.stdout.isatty():
         print_explanations(ordered, words=words, console=out)
+
+
+def _answers(loaded, items: list[str], steps: int) -> list[str]:
+    """What the model writes after each text (greedy, at most ``steps`` tokens, up to its end of
+    sequence): the span target whose sources --sources ranks."""
+    generation = loaded.generate(items, steps)
+    eos = getattr(loaded.tokenizer, "eos_token_id", None)
+    found = []
+    for ids in generation.continuations:
+        kept = ids[: ids.index(eos)] if eos in ids else ids
+        text = loaded.tokenizer.decode(kept)
+        if not text.strip():
+            raise HeedfulError("the model wrote nothing but the end of the text", hint="give the answer as --target")
+        found.append(text)
+    return found
 
 
 def _by_text(found: list, texts: int, methods: int) -> list:

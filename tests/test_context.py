@@ -240,9 +240,21 @@ def test_cli_ranks_sources_of_a_document(monkeypatch, capsys, lm_dir, tmp_path):
     [
         (["--sources", "clauses"], "unknown sources"),
         (["--query", "Why?"], "--query goes with --sources"),
-        (["--sources", "sentences", "--generate", "3"], "--sources ranks"),
+        (["--sources", "sentences", "--continuation", "x"], "--continuation with --sources"),
+        (["--sources", "sentences", "--generate", "2", "--target", "x"], "--generate writes the answer"),
     ],
 )
 def test_cli_bad_source_options_exit_2(monkeypatch, capsys, lm_dir, args, message):
     code, _, err = run_cli(monkeypatch, capsys, "explain", "It rained. We read.", "--model", lm_dir, "--method", "source_loo", *args)
     assert code == 2 and message in err
+
+
+def test_cli_ranks_the_sources_of_the_answer_the_model_writes(monkeypatch, capsys, lm_dir):
+    code, out, _ = run_cli(
+        monkeypatch, capsys, "explain", "It rained all day. We stayed in and read.", "--model", lm_dir,
+        "--sources", "sentences", "--generate", "3", "--json",
+    )
+    data = json.loads(out)
+    assert code == 0 and data["method"] == "context_cite"
+    assert len(data["target"]["indices"]) == 3, "the three written tokens are one span target"
+    assert len(data["source_scores"]["scores"]) == 2
