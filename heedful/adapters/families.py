@@ -7,9 +7,19 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from transformers.activations import ACT2FN
 
 from heedful.adapters.base import LMHeadParts, ModelAdapter
-from heedful.adapters.roles import BlockRoles, HeadRoles, NormSite, Site, linear_sites
+from heedful.adapters.roles import (
+    Activation,
+    BlockRoles,
+    HeadRoles,
+    LinearSite,
+    NormSite,
+    Projection,
+    Site,
+    linear_sites,
+)
 
 CLASSIFIER_TASKS = ("classification", "regression")
 
@@ -29,6 +39,12 @@ def _rms_norm(module: nn.Module) -> NormSite:
 def _sites(heads: int, *modules: nn.Module, **where) -> tuple[Site, ...]:
     """Output sites of ``modules`` whose last dimension holds ``heads`` heads."""
     return tuple(Site(m, heads=heads, **where) for m in modules)
+
+
+def _lm_steps(dense: nn.Module, act, norm: NormSite, projection: LinearSite | Projection) -> tuple:
+    """The head chain of a masked-LM transform ``norm(act(dense(h)))`` and its vocabulary
+    ``projection``."""
+    return (LinearSite(dense), Activation(act), norm, projection)
 
 
 def _block(
@@ -121,13 +137,21 @@ class BertAdapter(_EncoderAdapter):
         m = self.hf_model
         if self.task in CLASSIFIER_TASKS:
             pooler = getattr(self.backbone, "pooler", None)
+            pooling = () if pooler is None else (LinearSite(pooler.dense), Activation(pooler.activation))
             return HeadRoles(
                 linears=linear_sites(pooler.dense if pooler is not None else None, m.classifier),
                 activations=[pooler.activation] if pooler is not None else [],
+                steps=(*pooling, LinearSite(m.classifier)),
             )
         if getattr(m, "cls", None) is not None:
             transform = m.cls.predictions.transform
-            return HeadRoles(linear_sites(transform.dense), [_layer_norm(transform.LayerNorm)], [transform.transform_act_fn])
+            norm = _layer_norm(transform.LayerNorm)
+            return HeadRoles(
+                linear_sites(transform.dense),
+                [norm],
+                [transform.transform_act_fn],
+                steps=_lm_steps(transform.dense, transform.transform_act_fn, norm, LinearSite(m.cls.predictions.decoder)),
+            )
         return HeadRoles()
 
 
@@ -170,8 +194,11 @@ class DistilBertAdapter(_EncoderAdapter):
         transform."""
         m = self.hf_model
         if self.task in CLASSIFIER_TASKS:
-            return HeadRoles(linear_sites(m.pre_classifier, m.classifier))
-        return HeadRoles(linear_sites(m.vocab_transform), [_layer_norm(m.vocab_layer_norm)], [m.activation])
+            steps = (LinearSite(m.pre_classifier), Activation(torch.relu), LinearSite(m.classifier))
+            return HeadRoles(linear_sites(m.pre_classifier, m.classifier), steps=steps)
+        norm = _layer_norm(m.vocab_layer_norm)
+        steps = _lm_steps(m.vocab_transform, m.activation, norm, LinearSite(m.vocab_projector))
+        return HeadRoles(linear_sites(m.vocab_transform), [norm], [m.activation], steps=steps)
 
 
 class RobertaAdapter(_EncoderAdapter):
@@ -198,8 +225,13 @@ class RobertaAdapter(_EncoderAdapter):
         the masked-LM dense and LayerNorm."""
         m = self.hf_model
         if self.task in CLASSIFIER_TASKS:
-            return HeadRoles(linear_sites(m.classifier.dense, m.classifier.out_proj))
-        return HeadRoles(linear_sites(m.lm_head.dense), [_layer_norm(m.lm_head.layer_norm)])
+            cls = m.classifier
+            steps = (LinearSite(cls.dense), Activation(torch.tanh), LinearSite(cls.out_proj))
+            return HeadRoles(linear_sites(cls.dense, cls.out_proj), steps=steps)
+        head = m.lm_head
+        norm = _layer_norm(head.layer_norm)
+        steps = _lm_steps(head.dense, nn.functional.gelu, norm, LinearSite(head.decoder))
+        return HeadRoles(linear_sites(head.dense), [norm], steps=steps)
 
 
 class DebertaV2Adapter(_EncoderAdapter):
@@ -245,9 +277,18 @@ class DebertaV2Adapter(_EncoderAdapter):
         """Pooler dense (its activation is a function) and classifier, or the masked-LM transform."""
         m = self.hf_model
         if self.task in CLASSIFIER_TASKS:
-            return HeadRoles(linear_sites(m.pooler.dense, m.classifier))
-        lm = m.lm_predictions.lm_head if getattr(m, "lm_predictions", None) is not None else m.cls.predictions.transform
-        return HeadRoles(linear_sites(lm.dense), [_layer_norm(lm.LayerNorm)], [lm.transform_act_fn])
+            act = ACT2FN[m.pooler.config.pooler_hidden_act]
+            steps = (LinearSite(m.pooler.dense), Activation(act), LinearSite(m.classifier))
+            return HeadRoles(linear_sites(m.pooler.dense, m.classifier), steps=steps)
+        if getattr(m, "lm_predictions", None) is not None:  # the vocabulary projection is tied to the word embeddings
+            lm = m.lm_predictions.lm_head
+            projection: LinearSite | Projection = Projection(self.word_embeddings.weight, lm.bias)
+        else:
+            lm = m.cls.predictions.transform
+            projection = LinearSite(m.cls.predictions.decoder)
+        norm = _layer_norm(lm.LayerNorm)
+        steps = _lm_steps(lm.dense, lm.transform_act_fn, norm, projection)
+        return HeadRoles(linear_sites(lm.dense), [norm], [lm.transform_act_fn], steps=steps)
 
 
 class ElectraAdapter(_EncoderAdapter):
@@ -269,9 +310,12 @@ class ElectraAdapter(_EncoderAdapter):
         m = self.hf_model
         if self.task in CLASSIFIER_TASKS:
             cls = m.classifier
-            return HeadRoles(linear_sites(cls.dense, cls.out_proj), activations=[cls.activation])
+            steps = (LinearSite(cls.dense), Activation(cls.activation), LinearSite(cls.out_proj))
+            return HeadRoles(linear_sites(cls.dense, cls.out_proj), activations=[cls.activation], steps=steps)
         gen = m.generator_predictions
-        return HeadRoles(linear_sites(gen.dense), [_layer_norm(gen.LayerNorm)], [gen.activation])
+        norm = _layer_norm(gen.LayerNorm)
+        steps = _lm_steps(gen.dense, gen.activation, norm, LinearSite(m.generator_lm_head))
+        return HeadRoles(linear_sites(gen.dense), [norm], [gen.activation], steps=steps)
 
 
 class _DecoderAdapter(ModelAdapter):
@@ -291,8 +335,11 @@ class _DecoderAdapter(ModelAdapter):
 
     def head_roles(self) -> HeadRoles:
         """The ``score`` of a classifier (an LM head's vocabulary projection is not a module call
-        in heedful)."""
-        return HeadRoles(linear_sites(self.hf_model.score if self.task in CLASSIFIER_TASKS else None))
+        in heedful, and is listed in the chain only)."""
+        m = self.hf_model
+        score = m.score if self.task in CLASSIFIER_TASKS else None
+        output = score if score is not None else getattr(m, "lm_head", None)
+        return HeadRoles(linear_sites(score), steps=() if output is None else (LinearSite(output),))
 
     def final_norm_site(self) -> NormSite | None:
         return None if self.final_norm is None else _layer_norm(self.final_norm)
@@ -359,8 +406,12 @@ class OPTAdapter(_DecoderAdapter):
 
     def head_roles(self) -> HeadRoles:
         """``project_out`` (when the model has one) and the score."""
-        score = self.hf_model.score if self.task in CLASSIFIER_TASKS else None
-        return HeadRoles(linear_sites(self.backbone.decoder.project_out, score))
+        m = self.hf_model
+        score = m.score if self.task in CLASSIFIER_TASKS else None
+        output = score if score is not None else getattr(m, "lm_head", None)
+        project = self.backbone.decoder.project_out
+        steps = tuple(LinearSite(mod) for mod in (project, output) if mod is not None)
+        return HeadRoles(linear_sites(project, score), steps=steps)
 
 
 class LlamaAdapter(_DecoderAdapter):

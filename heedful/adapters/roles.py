@@ -36,11 +36,17 @@ residual addition (``norm(x + f(x))``).
 Relevance propagation needs a flatter view -- every linear map, norm, activation, residual
 addition and gated product -- which :meth:`ModelRoles.lrp` derives from the same roles
 (:class:`LRPRoles`).
+
+The head is described twice: as the sets of modules relevance propagation attaches rules to
+(:class:`HeadRoles` ``linears``, ``norms``, ``activations``) and as the ordered chain of
+operations that maps one token's representation to the outputs (``HeadRoles.steps``: linear
+maps, norms, elementwise activations, ending with the output projection), which the
+decomposition methods push token contributions through (:mod:`heedful.attribution.decomposition`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -156,6 +162,27 @@ class ProductSite:
     gate: nn.Module
     up: nn.Module
     consumer: nn.Module
+
+
+@dataclass(frozen=True)
+class Activation:
+    """An elementwise activation of the head applied as a function ``fn`` (``[..., F] ->
+    [..., F]``): a module (BERT's pooler ``Tanh``) or a plain function (RoBERTa's ``torch.tanh``)."""
+
+    fn: Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Projection:
+    """``y = x W^T + b`` from tensors: ``weight`` ``[out, in]``, ``bias`` ``[out]`` or ``None`` (a
+    projection that is no module call, e.g. a vocabulary projection tied to the word embeddings)."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None = None
+
+
+HeadStep = LinearSite | NormSite | Activation | Projection
+"""One operation of the head chain (:attr:`HeadRoles.steps`)."""
 
 
 @dataclass
@@ -289,11 +316,18 @@ class BlockRoles:
 class HeadRoles:
     """Modules between the last block's output and the head's output (pooler, classifier, the
     transform of a masked-LM head, OPT's output projection). Activations applied as plain
-    functions (``torch.tanh`` in RoBERTa's classifier) are not modules and are not listed."""
+    functions (``torch.tanh`` in RoBERTa's classifier) are not modules and are not listed.
+
+    ``steps``: the same head as an ordered chain applied to one token's representation at the
+    anchor ``[M, D]`` (after a pre-LN decoder's final norm, :attr:`ModelRoles.final_norm`) --
+    every linear map, norm and elementwise activation in forward order, the last step the
+    output projection ``[M, C]`` (classes, or the vocabulary) -- with the function activations
+    included and dropout (inactive in eval mode) left out. Empty: the head is not described."""
 
     linears: list[LinearSite] = field(default_factory=list)
     norms: list[NormSite] = field(default_factory=list)
     activations: list[nn.Module] = field(default_factory=list)
+    steps: tuple[HeadStep, ...] = ()
 
 
 @dataclass(frozen=True)
