@@ -8,7 +8,9 @@ from heedful.attribution import (  # noqa: F401  (each module registers its meth
     attention_gradient,
     baseline,
     context,
+    contributions,
     coperturbation,
+    decomposition,
     gradient,
     individual_perturbation,
     perturbation,
@@ -16,6 +18,7 @@ from heedful.attribution import (  # noqa: F401  (each module registers its meth
     rise,
     surrogate,
     tdd,
+    value_zeroing,
     vector,
 )
 from heedful.registry import FAMILIES, MethodInfo, find, registered
