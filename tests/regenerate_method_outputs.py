@@ -30,6 +30,7 @@ if str(TESTS) not in sys.path:
 from conftest import cached_model  # noqa: E402  (tests/ on the path first)
 
 import heedful  # noqa: E402
+from heedful.errors import UnsupportedModelError  # noqa: E402
 from heedful.registry import MethodInfo  # noqa: E402
 
 PATH = TESTS / "data" / "method_outputs.json"
@@ -69,14 +70,19 @@ def scores(info: MethodInfo, key: str, options: Mapping[str, Any]) -> list[list[
 
 
 def outputs(info: MethodInfo) -> dict[str, Any]:
-    """The golden entry of one method: version, options and scores per model."""
+    """The golden entry of one method: version, options and scores per model (a model the
+    method declines -- ``alti_logit`` on the post-LN BERT -- has none)."""
     entry: dict[str, Any] = {"version": info.version, "options": {}, "scores": {}}
     for key, (family, task) in MODELS.items():
         if not info.supports(task):
             continue
         options = golden_options(info, cached_model(family, task))
+        try:
+            found = scores(info, key, options)
+        except UnsupportedModelError:
+            continue
         entry["options"][key] = options
-        entry["scores"][key] = scores(info, key, options)
+        entry["scores"][key] = found
     return entry
 
 

@@ -16,10 +16,14 @@ from heedful.seeding import example_generators
 from heedful.testing import CHECKS, ConformanceError, check_method
 
 CASES = ["bert/classification", "bert/regression", "bert/masked_lm", "llama/classification", "llama/regression", "llama/causal_lm"]
+PRE_LN_ONLY = {"alti_logit"}
+"""Methods that decline post-LN models (the tiny BERT) with a hint: they check on Llama only."""
+
 
 @pytest.mark.parametrize("method", [m.name for m in heedful.methods()])
 def test_every_method_conforms(method):
-    assert check_method(method) == CASES
+    expected = [c for c in CASES if c.startswith("llama/")] if method in PRE_LN_ONLY else CASES
+    assert check_method(method) == expected
 
 
 def test_the_documented_examples_run():
