@@ -59,6 +59,12 @@ orders above)."""
 
 FLOAT_BYTES = 4
 
+
+def working(t: torch.Tensor) -> torch.Tensor:
+    """``t`` detached in the precision decompositions run in: float64 when it is float64, else
+    float32 (half-precision models are decomposed in float32)."""
+    return t.detach().to(torch.float64 if t.dtype == torch.float64 else torch.float32)
+
 TRANSIENT = 2**22
 """Values the per-position transients of a decomposition step may hold at least (16 MiB in
 float32), whatever the size of the state (short inputs would otherwise run one position at a
@@ -68,7 +74,7 @@ time)."""
 # ---------------------------------------------------------------------------- recording
 @dataclass
 class BlockRecord:
-    """What one block computed in the recording pass, in float32 (``B`` examples of the group,
+    """What one block computed in the recording pass (:func:`working` precision; ``B`` examples of the group,
     ``N`` positions, ``H`` heads, ``Hkv`` key/value heads of width ``d``, ``F`` MLP width):
 
     ``block_in`` ``[B, N, D]`` the residual stream entering the block; ``probs`` ``[B, H, N, N]``;
@@ -133,15 +139,15 @@ def record(problem: Problem, rows: torch.Tensor, width: int, roles: ModelRoles) 
         fwd = problem.forward(rows=rows, width=width)
     blocks = [
         BlockRecord(
-            block_in=found["block_in"][layer].float(),
-            probs=found["probs"][layer].float(),
-            value=found["value"][layer].float(),
-            attn_norm_in=norms["attn"][layer].float(),
-            mlp_norm_in=norms["mlp"][layer].float(),
-            attn_out=found["attn_out"][layer].float(),
-            mlp_up=found["mlp_up"][layer].float(),
-            mlp_gate=gates[layer].float() if gated else None,
-            block_out=found["block_out"][layer].float(),
+            block_in=working(found["block_in"][layer]),
+            probs=working(found["probs"][layer]),
+            value=working(found["value"][layer]),
+            attn_norm_in=working(norms["attn"][layer]),
+            mlp_norm_in=working(norms["mlp"][layer]),
+            attn_out=working(found["attn_out"][layer]),
+            mlp_up=working(found["mlp_up"][layer]),
+            mlp_gate=working(gates[layer]) if gated else None,
+            block_out=working(found["block_out"][layer]),
         )
         for layer in range(len(roles.blocks))
     ]
@@ -150,8 +156,8 @@ def record(problem: Problem, rows: torch.Tensor, width: int, roles: ModelRoles) 
         rows=rows,
         width=width,
         blocks=blocks,
-        final_in=None if final is None else final.value.float(),
-        logits=fwd.logits.float(),
+        final_in=None if final is None else working(final.value),
+        logits=working(fwd.logits),
         anchor=problem.anchor[rows],
         mask=mask,
     )
@@ -200,7 +206,7 @@ def position_chunks(width: int, columns: int, per_position: int, states: int) ->
 
 # ---------------------------------------------------------------------------- linear algebra
 def affine(site: Site | LinearSite | Projection, transposed: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The weight ``[out, in]`` and bias ``[out]`` (or ``None``) of a linear role, float32: a
+    """The weight ``[out, in]`` and bias ``[out]`` (or ``None``) of a linear role (:func:`working` precision): a
     projection site (only its ``columns`` of a fused projection), a :class:`LinearSite` or a
     :class:`Projection`."""
     if isinstance(site, Projection):
@@ -213,7 +219,7 @@ def affine(site: Site | LinearSite | Projection, transposed: bool = False) -> tu
         if columns is not None:
             weight = weight[columns[0] : columns[1]]
             bias = None if bias is None else bias[columns[0] : columns[1]]
-    return weight.detach().float(), None if bias is None else bias.detach().float()
+    return working(weight), None if bias is None else working(bias)
 
 
 def norm_scale(norm: NormSite, x: torch.Tensor) -> torch.Tensor:
@@ -235,13 +241,13 @@ def norm_linear(norm: NormSite, parts: torch.Tensor, scale: torch.Tensor) -> tor
         parts = parts - parts.mean(dim=-1, keepdim=True)
     parts = parts * scale[..., None, :]
     weight = getattr(norm.module, "weight", None)
-    return parts if weight is None else parts * weight.detach().float()
+    return parts if weight is None else parts * working(weight)
 
 
 def norm_bias(norm: NormSite) -> torch.Tensor | None:
     """A LayerNorm's bias ``[D]`` (``None`` for RMSNorm and weightless norms)."""
     bias = getattr(norm.module, "bias", None) if norm.kind == "layernorm" else None
-    return None if bias is None else bias.detach().float()
+    return None if bias is None else working(bias)
 
 
 def norm_apply(norm: NormSite, x: torch.Tensor) -> torch.Tensor:
@@ -402,9 +408,9 @@ def target_parts(problem: Problem, rows: torch.Tensor, head: HeadParts) -> torch
     """The explained scalar's parts ``[B, K]``: ``sum_c w_c parts[..., c]`` over the target's
     columns (weights ``w``: 1, or 1 and -1 for a contrast)."""
     classes = problem.target.classes[rows]  # [B, Kc]
-    where = (head.columns[:, None, :] == classes[:, :, None]).float()  # [B, Kc, C']
+    where = (head.columns[:, None, :] == classes[:, :, None]).to(head.parts.dtype)  # [B, Kc, C']
     picked = torch.einsum("bkc,bjc->bkj", head.parts, where)  # [B, K, Kc]
-    return (picked * problem.target.weights.float()).sum(dim=-1)
+    return (picked * problem.target.weights.to(picked.dtype)).sum(dim=-1)
 
 
 # ---------------------------------------------------------------------------- DecompX
@@ -578,9 +584,12 @@ next state, and the chunk's transients)."""
 def scatter(problem: Problem, groups: Iterator[tuple[torch.Tensor, torch.Tensor]], layers: int | None) -> torch.Tensor:
     """Per-group scores ``(rows, [r, (L,) width])`` laid out as ``[B, N]`` (``[B, L, N]`` with
     ``layers``), 0 beyond each group's width."""
-    out = torch.zeros(len(problem), *(() if layers is None else (layers,)), problem.batch.seq_len)
+    out: torch.Tensor | None = None
     for rows, scores in groups:
-        out[rows, ..., : scores.shape[-1]] = scores.float()
+        if out is None:
+            out = scores.new_zeros(len(problem), *(() if layers is None else (layers,)), problem.batch.seq_len)
+        out[rows, ..., : scores.shape[-1]] = scores
+    assert out is not None
     return out
 
 

@@ -127,7 +127,8 @@ def value_zeroing(problem: Problem, *, rollout: bool = True, layerwise: bool = F
     Source: Mohebbi et al. 2023, Quantifying Context Mixing in Transformers (EACL); reference
     hmohebbi/ValueZeroing (scoring/value_zeroing.py)
     """
-    matrices = row_normalised(distances(problem)).float()  # [L, B, N, N]
+    dtype = problem.reference.logits.dtype
+    matrices = row_normalised(distances(problem)).to(torch.float64 if dtype == torch.float64 else torch.float32)  # [L, B, N, N]
     rows = torch.arange(len(problem))
     joint: torch.Tensor | None = None
     found = []
