@@ -13,6 +13,7 @@ from conftest import INIT_RANGE, cached_model
 from tiny import FAMILIES, tiny_model
 
 import heedful
+from heedful.errors import UnsupportedModelError
 from heedful.explanation import Explanation
 
 TEXTS = [
@@ -332,7 +333,13 @@ def test_every_method_gives_the_same_scores_on_a_plainly_prepared_problem(family
     problem = model.prepare(TEXTS[:2])
     for info in heedful.methods(task=model.task):
         options = fast_options(info, model)
-        direct = model.explain(TEXTS[:2], info.name, **options)
+        try:
+            direct = model.explain(TEXTS[:2], info.name, **options)
+        except UnsupportedModelError as declined:  # e.g. alti_logit on the post-LN BERT: so does the prepared problem
+            assert declined.hint, info.name
+            with pytest.raises(UnsupportedModelError):
+                model.explain(problem, info.name, **options)
+            continue
         prepared = model.explain(problem, info.name, **options)
         for a, b in zip(direct, prepared, strict=True):
             scale = max(np.abs(a.scores).max(), 1e-12)
