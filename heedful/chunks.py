@@ -4,10 +4,13 @@ examples -- into forward passes that waste little on padding and stay under a to
 Right padding never changes a real position's output, so chunking changes the cost of a pass,
 not its result (beyond float rounding). Every pass over many rows plans its chunks here: the
 reference pass (:func:`heedful.problem.reference_pass`), the gradient methods' graph-keeping
-pass, and the batched runner (:mod:`heedful.runner`).
+pass, and the batched runner (:mod:`heedful.runner`) -- each also bounding a chunk's rows by what
+the memory budget allows (:mod:`heedful.memory`, through ``max_rows``).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -27,6 +30,7 @@ def length_chunks(
     row_cells: int = 1,
     budget: int = TOKEN_BUDGET,
     overhead: int = CHUNK_OVERHEAD,
+    max_rows: Callable[[int], int] | None = None,
 ) -> list[tuple[torch.Tensor, int]]:
     """Chunks of rows of similar length: ``(row indices, width)`` pairs covering every row.
 
@@ -41,6 +45,9 @@ def length_chunks(
     ``row_cells``: sequences each row stands for (e.g. a problem run as ``samples`` noised
     copies), so that padding is costed -- and the ``budget`` filled -- in the sequences actually
     run.
+
+    ``max_rows(width)``: most rows a chunk of that width may hold besides (a memory bound,
+    :mod:`heedful.memory`); a chunk holds the fewer of the two, and at least one row.
     """
     lengths = lengths.reshape(-1).long().clamp(min=1)
     rows = lengths.shape[0]
@@ -53,7 +60,8 @@ def length_chunks(
     starts = np.concatenate([[0], ends[:-1]])
 
     def per_chunk(width: int) -> int:
-        return chunk_rows or max(1, budget // (width * row_cells))
+        cap = chunk_rows or max(1, budget // (width * row_cells))
+        return max(1, min(cap, max_rows(width))) if max_rows is not None else cap
 
     # best[j]: least cost of the first ends[j - 1] rows; a span of distinct lengths i..j-1 is
     # padded to widths[i] and split into as few chunks as the budget allows.

@@ -28,7 +28,7 @@ from heedful.batch import Batch
 from heedful.errors import InputError
 from heedful.problem import Problem, prepare, reference_pass
 from heedful.registry import MethodInfo
-from heedful.runner import backward_token_budget
+from heedful.runner import keeps_graph
 from heedful.sequences import continue_batch, span_ids
 from heedful.targets import Columns, resolve_target
 
@@ -145,8 +145,8 @@ def prepare_steps(
     the step's token, explained as its ``quantity``), prepared the way ``info`` wants it, with
     the rows' ``example`` and ``step`` ``[R]``.
 
-    A method with a reference pass of its own (gradient, LRP) gets it per step row when the rows
-    fit the backward budget (:func:`~heedful.runner.backward_token_budget`); any other method,
+    A method with a reference pass of its own (gradient, LRP) gets it per step row when the rows'
+    kept graph fits the memory budget (:func:`~heedful.runner.keeps_graph`); any other method,
     and any problem larger than that, gets :func:`shared_reference` -- one pass per sequence for
     all its steps -- and the method runs its own passes chunk by chunk."""
     batch, example, step = step_rows(generation)
@@ -157,7 +157,7 @@ def prepare_steps(
     )
     hidden = info is not None and info.needs_hidden
     attentions = info is not None and info.needs_attentions
-    fits = int(batch.lengths.sum()) <= backward_token_budget(adapter)
+    fits = keeps_graph(adapter, batch.lengths)
     if info is not None and info.reference is not None and fits:
         problem = prepare(adapter, batch, request, reference=info.reference, quantity=quantity)
     else:

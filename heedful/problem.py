@@ -26,6 +26,7 @@ from heedful.adapters import Forward, ModelAdapter
 from heedful.batch import Batch
 from heedful.chunks import length_chunks
 from heedful.errors import InputError
+from heedful.memory import Fit, Need
 from heedful.sequences import continue_batch, span_ids
 from heedful.sources import SourceMap, SourceSpec, Span, map_sources
 from heedful.targets import QUANTITIES, Columns, ResolvedTarget, Target, resolve_target
@@ -174,14 +175,35 @@ def reference_pass(
     attentions: bool = False,
 ) -> Forward:
     """The unperturbed pass of every example (no gradient), in chunks of similar length
-    (:func:`~heedful.chunks.length_chunks`), laid back out like ``batch``: ``logits`` ``[B, C]``
-    at the anchors; ``hidden_states`` ``L + 1`` x ``[B, N, D]`` and ``attentions`` ``L`` x
-    ``[B, H, N, N]`` when asked for, 0 beyond each example's own positions (what a padded
-    position would hold is no example's business). A batch that is one chunk runs as it is."""
-    chunks = length_chunks(batch.lengths)
+    (:func:`~heedful.chunks.length_chunks`) whose estimated peak memory fits the adapter's
+    ``max_memory`` (:mod:`heedful.memory`), laid back out like ``batch``: ``logits`` ``[B, C]``
+    at the anchors (``[B, K, C]`` at ``K`` positions per example); ``hidden_states`` ``L + 1`` x
+    ``[B, N, D]`` and ``attentions`` ``L`` x ``[B, H, N, N]`` when asked for, 0 beyond each
+    example's own positions (what a padded position would hold is no example's business). A
+    row too long for one pass runs in position chunks with a decoder's key/value cache (chunked
+    prefill); a pass that cannot fit at all -- e.g. all attention probabilities of a long input
+    -- is an :class:`InputError` before any work. A batch that is one chunk runs as it is."""
+    need = Need(
+        hidden_states=hidden_states,
+        attentions=attentions,
+        anchors=int(anchor.shape[1]) if anchor.dim() == 2 else 1,
+        padded=bool(batch.lengths.min() != batch.lengths.max()),  # right padding only: rows of one length have none
+    )
+    fits: dict[int, Fit] = {}
+
+    def max_rows(width: int) -> int:
+        fits[width] = adapter.fit(width, need)
+        return fits[width].rows
+
+    chunks = length_chunks(batch.lengths, max_rows=max_rows)
     if len(chunks) == 1 and chunks[0][1] == batch.seq_len:
         return adapter.forward(
-            batch, anchor, inputs_embeds=inputs_embeds, hidden_states=hidden_states, attentions=attentions
+            batch,
+            anchor,
+            inputs_embeds=inputs_embeds,
+            hidden_states=hidden_states,
+            attentions=attentions,
+            prefill=fits[batch.seq_len].need.queries,
         )
     logits: torch.Tensor | None = None
     hidden: list[torch.Tensor] = []
@@ -192,7 +214,9 @@ def reference_pass(
         if inputs_embeds is not None:
             inputs["inputs_embeds"] = inputs_embeds[rows, :width]
             del inputs["input_ids"]
-        fwd = adapter.forward(batch, anchor[rows], **inputs, hidden_states=hidden_states, attentions=attentions)
+        fwd = adapter.forward(
+            batch, anchor[rows], **inputs, hidden_states=hidden_states, attentions=attentions, prefill=fits[width].need.queries
+        )
         if logits is None:
             logits = fwd.logits.new_zeros(bsz, *fwd.logits.shape[1:])
             hidden = [h.new_zeros(bsz, seq, h.shape[-1]) for h in fwd.hidden_states or ()]

@@ -1,33 +1,39 @@
 """The one batched runner: many perturbed, interpolated or noised copies of each example, run
-through the model in chunks of similar length under a token budget, results scattered back.
+through the model in chunks of similar length under a token and a memory budget, results
+scattered back.
 
 A method describes its copies as :class:`Copies` -- which example each row stands for, and
 either its perturbed ids (leave-one-out, LIME, KernelSHAP, RISE, TDD, the faithfulness curves)
 or a builder of its input embeddings (integrated gradients' path points, SmoothGrad's noised
 copies) -- and a :class:`Runner` does the rest: :meth:`Runner.chunks` cuts the rows into chunks
 of similar length (:func:`~heedful.chunks.length_chunks`: least padding plus a per-chunk
-overhead, each chunk cut to its longest row and holding at most ``budget`` token positions), :meth:`Runner.map` runs them
-forward and scatters per-row values back, :meth:`Runner.gradients` runs them forward and
-backward and sums the input gradients per example. Right padding never changes a real
-position's output, so chunking changes the cost of a method, not its result (beyond float
-rounding). Passes are counted by the adapter (``adapter.counter``) and chunks here
-(:attr:`Runner.passes`).
+overhead, each chunk cut to its longest row, holding at most ``budget`` token positions and at
+most the rows whose estimated peak memory fits the adapter's ``max_memory``,
+:mod:`heedful.memory`), :meth:`Runner.map` runs them forward and scatters per-row values back,
+:meth:`Runner.gradients` runs them forward and backward and sums the input gradients per
+example. Where not even one row fits, a backward runs with per-block gradient checkpointing and
+a decoder's forward in position chunks with its key/value cache (chunked prefill); where that
+does not fit either, an :class:`~heedful.errors.InputError` comes from the planning, before
+any pass. Right padding never changes a real position's output, so chunking changes the cost
+of a method, not its result (beyond float rounding). Passes are counted by the adapter
+(``adapter.counter``) and chunks here (:attr:`Runner.passes`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from heedful.adapters import Forward, ModelAdapter
 from heedful.batch import Batch
 from heedful.chunks import CHUNK_OVERHEAD, TOKEN_BUDGET, length_chunks
+from heedful.memory import FORWARD, Fit, Need, fit, together
 from heedful.perturb import Perturbed
 from heedful.targets import ResolvedTarget
 
-__all__ = ["CHUNK_OVERHEAD", "TOKEN_BUDGET", "Chunk", "Copies", "Runner", "backward_token_budget", "length_chunks"]
+__all__ = ["CHUNK_OVERHEAD", "TOKEN_BUDGET", "Chunk", "Copies", "Runner", "keeps_graph", "length_chunks"]
 
 EmbedBuilder = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
 """``embeds(rows, example, width) -> [r, width, E]``: input embeddings of copies ``rows`` (of
@@ -69,27 +75,31 @@ class Copies:
 @dataclass
 class Chunk:
     """Rows ``rows`` (indices into the copies) of examples ``example``, cut to ``width``
-    positions; ``target``: the rows' target with each row's anchor."""
+    positions; ``target``: the rows' target with each row's anchor; ``need``: how its pass
+    runs within the memory budget (gradient checkpointing, chunked prefill; see
+    :func:`heedful.memory.fit`)."""
 
     rows: torch.Tensor
     example: torch.Tensor
     width: int
     target: ResolvedTarget
     inputs: dict
+    need: Need = FORWARD
 
 
-ACTIVATION_BYTES = 2 * 2**30
-"""Bytes of saved activations one forward+backward chunk may hold (see :func:`backward_token_budget`)."""
+def anchors_of(target: ResolvedTarget) -> int:
+    """Positions per row where the head is read: ``K`` for a span target, else 1."""
+    read = target.read_at
+    return int(read.shape[1]) if read.dim() == 2 else 1
 
 
-def backward_token_budget(adapter: ModelAdapter, activation_bytes: int = ACTIVATION_BYTES) -> int:
-    """Token positions per forward+backward chunk that keep the activations a backward needs
-    (~96 bytes x layers x width per position: about 220 kB for MiniLM, 1.7 MB for a 30-layer
-    135M decoder) within ``activation_bytes``, between 256 and :data:`TOKEN_BUDGET`. On a CPU the
-    cost per position is flat from a few hundred positions on, so bigger chunks would only cost
-    memory; small models, whose cost is per-call overhead, keep big chunks."""
-    per_position = 96 * adapter.num_layers * adapter.hidden_size
-    return int(min(TOKEN_BUDGET, max(256, activation_bytes // per_position)))
+def keeps_graph(adapter: ModelAdapter, lengths: torch.Tensor, anchors: int = 1) -> bool:
+    """Whether one pass over rows of real lengths ``lengths`` ``[R]`` that keeps its autograd
+    graph for one later backward (a gradient method's reference pass: its length chunks'
+    graphs all alive at once) stays under the adapter's ``max_memory``: the sum of its chunks'
+    estimates (:func:`heedful.memory.together`)."""
+    parts = [(len(rows), width) for rows, width in length_chunks(lengths)]
+    return together(adapter.shape, parts, Need(grad="saved", anchors=anchors)) <= adapter.max_memory
 
 
 class Runner:
@@ -97,7 +107,9 @@ class Runner:
     ``adapter``'s model in chunks (see the module docstring).
 
     ``budget``: token positions per chunk; ``rows``: a fixed number of rows per chunk instead
-    (a method's ``internal_batch_size``); ``overhead``: what one more chunk costs, in cells.
+    (a method's ``internal_batch_size``); ``overhead``: what one more chunk costs, in cells;
+    ``max_memory``: bytes one pass may use (default and upper bound: the adapter's
+    ``max_memory``). A chunk holds the fewest rows of these bounds.
     """
 
     def __init__(
@@ -109,6 +121,7 @@ class Runner:
         budget: int = TOKEN_BUDGET,
         rows: int | None = None,
         overhead: int = CHUNK_OVERHEAD,
+        max_memory: int | None = None,
     ) -> None:
         self.adapter = adapter
         self.batch = batch
@@ -116,14 +129,14 @@ class Runner:
         self.budget = budget
         self.rows = rows
         self.overhead = overhead
+        self.max_memory = adapter.max_memory if max_memory is None else min(max_memory, adapter.max_memory)
         self.passes = 0
 
-    @property
-    def backward_budget(self) -> int:
-        """Token positions per forward+backward chunk: the runner's budget, or fewer where the
-        activations a backward keeps would pass :data:`ACTIVATION_BYTES` (see
-        :func:`backward_token_budget`)."""
-        return min(self.budget, backward_token_budget(self.adapter))
+    def fit(self, width: int, need: Need = FORWARD, **options) -> Fit:
+        """How passes over rows of ``width`` positions that keep ``need`` fit the runner's
+        memory budget (:func:`heedful.memory.fit`; ``options``: ``checkpoint``, ``prefill``,
+        ``group``)."""
+        return fit(self.adapter.shape, width, self.max_memory, need, **options)
 
     @classmethod
     def for_problem(cls, problem, **options) -> Runner:
@@ -131,17 +144,61 @@ class Runner:
         return cls(problem.adapter, problem.batch, problem.target, **options)
 
     # ------------------------------------------------------------------ the loop
-    def plan(self, lengths: torch.Tensor, row_cells: int = 1, budget: int | None = None) -> list[tuple[torch.Tensor, int]]:
+    def plan(
+        self,
+        lengths: torch.Tensor,
+        row_cells: int = 1,
+        budget: int | None = None,
+        need: Need = FORWARD,
+        *,
+        bounded: bool = False,
+        mask: torch.Tensor | None = None,
+    ) -> list[tuple[torch.Tensor, int]]:
         """Chunks of rows of ``lengths`` ``[R]``: ``(rows, width)`` pairs (:func:`length_chunks`)
-        under ``budget`` token positions (default the runner's)."""
+        under ``budget`` token positions (default the runner's) and with no more rows than
+        passes keeping ``need`` fit the memory budget (:meth:`need_of`), each row standing for
+        ``row_cells`` sequences. ``bounded``: the passes run through :meth:`forward`, which
+        checkpoints a backward or prefills a decoder's forward in position chunks where one row
+        does not fit (see :meth:`chunks`); otherwise a row that does not fit is an
+        :class:`InputError` here, before any pass. ``mask`` ``[R, N']``: the rows' attention
+        masks when they are not the batch's."""
         rows = max(1, self.rows // row_cells) if self.rows else None
-        return length_chunks(lengths, rows, row_cells=row_cells, budget=budget or self.budget, overhead=self.overhead)
+        shape = self.adapter.shape
+        need = self.need_of(need, lengths, mask)
 
-    def chunks(self, copies: Copies, budget: int | None = None) -> Iterator[Chunk]:
+        def max_rows(width: int) -> int:
+            found = fit(shape, width, self.max_memory, need, checkpoint=bounded, prefill=bounded, group=row_cells)
+            return found.rows // row_cells
+
+        return length_chunks(
+            lengths, rows, row_cells=row_cells, budget=budget or self.budget, overhead=self.overhead, max_rows=max_rows
+        )
+
+    @staticmethod
+    def need_of(need: Need, lengths: torch.Tensor, mask: torch.Tensor | None = None) -> Need:
+        """``need`` for rows of real lengths ``lengths`` ``[R]`` (attention masks ``mask``
+        ``[R, N']`` when not the batch's, which are right-padded): rows all of one length, with
+        no hole in their masks, are never padded in a chunk cut to its longest row."""
+        if not need.padded or lengths.numel() == 0 or bool(lengths.min() != lengths.max()):
+            return need
+        if mask is not None and mask.shape[1] > 1 and bool((mask.int().diff(dim=1) > 0).any()):
+            return need  # a removed position in the middle: masked, whatever the lengths
+        return replace(need, padded=False)
+
+    def chunks(self, copies: Copies, need: Need | None = None) -> Iterator[Chunk]:
         """The chunks of ``copies``, each with the keyword arguments of its forward pass
-        (``inputs_embeds`` left to the caller when the copies build embeddings)."""
+        (``inputs_embeds`` left to the caller when the copies build embeddings) and how its
+        pass runs within the memory budget (``need``: what it keeps, default a forward without
+        gradient). All chunks are planned -- and a pass that cannot fit refused -- before the
+        first is yielded."""
         batch = self.batch
-        for rows, width in self.plan(copies.lengths(batch), budget=budget):
+        lengths = copies.lengths(batch)
+        need = self.need_of(need or Need(anchors=anchors_of(self.target)), lengths, copies.attention_mask)
+        planned = self.plan(lengths, need=need, bounded=True, mask=copies.attention_mask)
+        fits: dict[int, Fit] = {}
+        for rows, width in planned:
+            if width not in fits:
+                fits[width] = self.fit(width, need)
             example = copies.example[rows]
             target = self.target.select(example)
             if copies.anchor is not None:
@@ -158,11 +215,20 @@ class Runner:
                 if copies.embeds is not None:
                     del inputs["input_ids"]
             self.passes += 1
-            yield Chunk(rows, example, width, target, inputs)
+            yield Chunk(rows, example, width, target, inputs, fits[width].need)
 
     def forward(self, chunk: Chunk, **kwargs) -> Forward:
-        """The chunk's forward pass (``kwargs``: ``inputs_embeds``, ``hidden_states``, ...)."""
-        return self.adapter.forward(self.batch, chunk.target.read_at, **chunk.inputs, **kwargs)
+        """The chunk's forward pass (``kwargs``: ``inputs_embeds``, ``hidden_states``, ...), with
+        gradient checkpointing or chunked prefill where its plan says so."""
+        need = chunk.need
+        return self.adapter.forward(
+            self.batch,
+            chunk.target.read_at,
+            **chunk.inputs,
+            checkpoint=need.grad == "checkpoint",
+            prefill=need.queries,
+            **kwargs,
+        )
 
     # ------------------------------------------------------------------ what runs
     @torch.no_grad()
@@ -195,11 +261,12 @@ class Runner:
         """``sum_r weights[r] * d score_r / d e_r`` per example ``[B, N, E]``: the gradient of
         each copy's explained logit with respect to its input embeddings (built by
         ``copies.embeds``), weighted and summed over the copies of each example (one forward and
-        one backward per chunk). ``examples``: ``B`` when the copies do not cover every example
-        of the batch."""
+        one backward per chunk; rows too long to keep every block's activations run with
+        per-block gradient checkpointing). ``examples``: ``B`` when the copies do not cover every
+        example of the batch."""
         bsz = examples if examples is not None else len(self.batch)
         total: torch.Tensor | None = None
-        for chunk in self.chunks(copies, self.backward_budget):
+        for chunk in self.chunks(copies, Need(grad="saved", anchors=anchors_of(self.target))):
             points = copies.embeds(chunk.rows, chunk.example, chunk.width).detach().requires_grad_(True)
             with torch.enable_grad():
                 fwd = self.forward(chunk, inputs_embeds=points)

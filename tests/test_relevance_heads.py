@@ -70,6 +70,9 @@ class DesignedHeads:
     def anchor_positions(self, batch):
         return self.inner.anchor_positions(batch)
 
+    def fit(self, width, need, **options):
+        return self.inner.fit(width, need, **options)
+
     def output_name(self, index: int) -> str:
         return str(index)
 

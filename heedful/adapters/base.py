@@ -18,11 +18,22 @@ from typing import ClassVar
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint as checkpoint_call
 
 from heedful.adapters.intercept import Interception, intercepting
 from heedful.adapters.roles import BlockRoles, HeadRoles, LRPRoles, ModelRoles, NormSite
 from heedful.batch import Batch
 from heedful.errors import InputError, UnsupportedModelError
+from heedful.memory import (
+    FORWARD,
+    Fit,
+    ModelShape,
+    Need,
+    default_budget,
+    fit,
+    parse_memory,
+    release_heap,
+)
 
 
 @dataclass
@@ -54,6 +65,25 @@ class PrefixStates:
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+
+
+@contextlib.contextmanager
+def _attention_set(config, implementation: str | None) -> Iterator[None]:
+    """``config``'s attention implementation set to ``implementation`` while inside."""
+    before = getattr(config, "_attn_implementation", None)
+    if implementation is None or implementation == before:
+        yield
+        return
+    config._attn_implementation = implementation
+    try:
+        yield
+    finally:
+        config._attn_implementation = before
+
+
+def _released(grad: torch.Tensor) -> None:
+    """Gradient hook: give the heap's free pages back (:func:`heedful.memory.release_heap`)."""
+    release_heap()
 
 
 @dataclass
@@ -90,6 +120,9 @@ class ModelAdapter:
     task: str
     name: str = "model"
     counter: PassCounter = field(default_factory=PassCounter)
+    max_memory: int = field(default_factory=default_budget)
+    """Bytes one pass may use on top of what the process holds (:mod:`heedful.memory`);
+    default :func:`~heedful.memory.default_budget`, half of the memory available at load."""
 
     family: ClassVar[str] = "generic"
     is_decoder: ClassVar[bool] = False
@@ -105,6 +138,7 @@ class ModelAdapter:
     """Passes without attention probabilities may run fused attention (``sdpa``)."""
 
     def __post_init__(self) -> None:
+        self.max_memory = parse_memory(self.max_memory)
         self.hf_model.eval()
         for p in self.hf_model.parameters():
             p.requires_grad_(False)
@@ -234,6 +268,93 @@ class ModelAdapter:
     @property
     def num_layers(self) -> int:
         return len(self.blocks)
+
+    # ------------------------------------------------------------------ memory
+    @property
+    def shape(self) -> ModelShape:
+        """The model's shape as the memory estimator reads it (:mod:`heedful.memory`): blocks,
+        widths, heads, key/value heads, MLP width, the head's output columns, bytes per value."""
+        cfg = self.config
+
+        def first(*names: str) -> int | None:
+            found = [getattr(cfg, n, None) for n in names]
+            return next((int(v) for v in found if isinstance(v, int) and v > 0), None)
+
+        hidden = self.hidden_size
+        heads = first("num_attention_heads", "n_head", "n_heads") or 1
+        outputs = len(self.labels) if self.task in ("classification", "regression") else first("vocab_size") or 1
+        param = next(self.hf_model.parameters())
+        return ModelShape(
+            layers=self.num_layers,
+            hidden=hidden,
+            heads=heads,
+            kv_heads=first("num_key_value_heads") or heads,
+            head_dim=first("head_dim") or hidden // heads,
+            intermediate=first("intermediate_size", "ffn_dim", "n_inner", "hidden_dim") or 4 * hidden,
+            outputs=outputs,
+            embed=self.word_embeddings.embedding_dim,
+            element=param.element_size(),
+            decoder=self.is_decoder,
+            fused=(
+                self.kernel_attention
+                and getattr(cfg, "_attn_implementation", None) == "eager"
+                and bool(getattr(self.hf_model, "_supports_sdpa", False))
+                and not intercepting(self.hf_model)
+            ),
+        )
+
+    def fit(self, width: int, need: Need = FORWARD, **options) -> Fit:
+        """How passes over rows of ``width`` positions keeping ``need`` fit :attr:`max_memory`
+        (:func:`heedful.memory.fit`: rows per pass, with gradient checkpointing or chunked
+        prefill where one row does not fit; ``options``: ``checkpoint``, ``prefill``,
+        ``group``). An :class:`InputError` when nothing fits."""
+        return fit(self.shape, width, self.max_memory, need, **options)
+
+    @contextlib.contextmanager
+    def checkpointed(self, checkpoint: bool = True) -> Iterator[None]:
+        """Blocks in bounded memory while inside, in a pass with gradients: each block gives
+        the heap's free pages back after its forward and after its backward
+        (:func:`heedful.memory.release_heap`: the one tensor a block keeps for later splits the
+        heap, and its next, larger temporaries would not fit the holes), and with
+        ``checkpoint`` runs with per-block gradient checkpointing -- its forward keeps only its
+        inputs and runs again during the backward (``torch.utils.checkpoint``, non-reentrant,
+        recomputed with the attention the forward ran). The model is in eval mode (no
+        dropout), so the gradients equal the plain backward's. Without gradients the blocks run
+        as they are."""
+        blocks = list(self.blocks)
+        own = [block.__dict__.get("forward") for block in blocks]
+        config = self.config
+
+        def contexts() -> tuple[contextlib.AbstractContextManager, contextlib.AbstractContextManager]:
+            # the recomputation runs during the backward, after the pass's attention setting
+            # (fused or eager, :meth:`_kernel_attention`) was restored: run it as the forward ran
+            return contextlib.nullcontext(), _attention_set(config, getattr(config, "_attn_implementation", None))
+
+        for block in blocks:
+            plain = block.forward
+
+            def run(*args, _plain=plain, **kwargs):
+                if not torch.is_grad_enabled():
+                    return _plain(*args, **kwargs)
+                if checkpoint:
+                    out = checkpoint_call(_plain, *args, use_reentrant=False, context_fn=contexts, **kwargs)
+                else:
+                    out = _plain(*args, **kwargs)
+                release_heap()
+                entering = next((a for a in (*args, *kwargs.values()) if torch.is_tensor(a) and a.requires_grad), None)
+                if entering is not None:  # once the block's backward is done, so are its temporaries
+                    entering.register_hook(_released)
+                return out
+
+            block.forward = run
+        try:
+            yield
+        finally:
+            for block, before in zip(blocks, own, strict=True):
+                if before is None:
+                    del block.forward
+                else:
+                    block.forward = before
 
     @property
     def device(self) -> torch.device:
@@ -473,6 +594,8 @@ class ModelAdapter:
         hidden_states: bool = False,
         attentions: bool = False,
         prefix: tuple[PrefixStates, torch.Tensor, int] | None = None,
+        checkpoint: bool = False,
+        prefill: int | None = None,
     ) -> Forward:
         """Run the model and the head at each example's ``anchor`` position ``[B]`` (logits
         ``[B, C]``), or at ``K`` positions per example ``[B, K]`` (a span; logits ``[B, K, C]``).
@@ -483,6 +606,12 @@ class ModelAdapter:
         examples ``rows`` ``[B']`` of ``states`` (:meth:`prefix_states`); ``input_ids`` are
         then the positions from ``p`` on, ``attention_mask`` covers all ``p + N'`` positions
         and ``anchor`` counts from ``p``.
+
+        Bounded memory (the runner decides, :mod:`heedful.memory`): ``checkpoint`` runs the
+        blocks with per-block gradient checkpointing (:meth:`checkpointed`) for a backward
+        through this pass; ``prefill`` (decoders, no attention probabilities) runs the positions
+        in chunks of ``prefill`` with the key/value cache -- attention over ``prefill x N``
+        instead of ``N x N`` per block -- with the same outputs (beyond float rounding).
         """
         mask = batch.attention_mask if attention_mask is None else attention_mask
         kwargs: dict = {"attention_mask": mask, "return_dict": True}
@@ -504,9 +633,17 @@ class ModelAdapter:
             kwargs["output_hidden_states"] = True
         if attentions:
             kwargs["output_attentions"] = True
-        with self._kernel_attention(not attentions):
-            out = self.backbone(**kwargs)
-        last = out.last_hidden_state
+        width = (inputs_embeds if inputs_embeds is not None else kwargs["input_ids"]).shape[1]
+        blocks = self.checkpointed(checkpoint) if torch.is_grad_enabled() else contextlib.nullcontext()
+        with self._kernel_attention(not attentions), blocks:
+            if prefill is not None and prefill < width:
+                if attentions:
+                    raise InputError("attention probabilities cannot be kept in a forward run in position chunks")
+                last, hidden = self._prefilled(kwargs, prefill)
+                probs = None
+            else:
+                out = self.backbone(**kwargs)
+                last, hidden, probs = out.last_hidden_state, out.hidden_states, out.attentions
         self.counter.forward += last.shape[0]
         rows = torch.arange(last.shape[0], device=last.device)
         if anchor.dim() == 2:  # a span: K positions per example -> [B, K, C]
@@ -514,9 +651,48 @@ class ModelAdapter:
         logits = self.head_logits(last[rows, anchor.to(last.device)])
         return Forward(
             logits=logits,
-            hidden_states=tuple(out.hidden_states) if hidden_states else None,
-            attentions=tuple(out.attentions) if attentions else None,
+            hidden_states=tuple(hidden) if hidden_states else None,
+            attentions=tuple(probs) if attentions else None,
         )
+
+    def _prefilled(self, kwargs: dict, size: int) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+        """The backbone's pass of ``kwargs`` run ``size`` positions at a time, each chunk
+        attending to the key/value cache of the positions before it (chunked prefill; decoders
+        only): the last hidden state ``[B, N, D]`` and, when asked for, every layer's hidden
+        states ``L + 1`` x ``[B, N, D]``, filled chunk by chunk."""
+        from transformers import DynamicCache
+
+        if not self.is_decoder:
+            raise InputError(f"a {self.family} model has no key/value cache to run positions in chunks with")
+        kwargs = dict(kwargs)
+        key = "inputs_embeds" if "inputs_embeds" in kwargs else "input_ids"
+        inputs, mask = kwargs.pop(key), kwargs.pop("attention_mask")
+        kwargs.pop("use_cache", None)
+        cache = kwargs.pop("past_key_values", None) or DynamicCache()
+        past = cache.get_seq_length()
+        width = inputs.shape[1]
+        last: torch.Tensor | None = None
+        hidden: list[torch.Tensor] | None = None
+        for start in range(0, width, size):
+            end = min(width, start + size)
+            out = self.backbone(
+                **kwargs,
+                **{key: inputs[:, start:end]},
+                attention_mask=mask[:, : past + end],
+                past_key_values=cache,
+                use_cache=True,
+            )
+            part = out.last_hidden_state
+            if last is None:
+                last = part.new_empty(part.shape[0], width, part.shape[-1])
+                if out.hidden_states is not None:
+                    hidden = [h.new_empty(h.shape[0], width, h.shape[-1]) for h in out.hidden_states]
+            last[:, start:end] = part
+            for full, h in zip(hidden or (), out.hidden_states or (), strict=True):
+                full[:, start:end] = h
+            del out, part
+            release_heap()  # the cache grows by concatenation: give the freed copies back
+        return last, hidden
 
     @contextlib.contextmanager
     def _kernel_attention(self, wanted: bool) -> Iterator[None]:

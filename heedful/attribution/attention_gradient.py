@@ -10,6 +10,7 @@ import torch
 
 from heedful.adapters import Forward, ModelAdapter
 from heedful.batch import Batch
+from heedful.memory import Need, require
 from heedful.problem import Problem
 from heedful.registry import register
 
@@ -17,11 +18,14 @@ from heedful.registry import register
 def attention_reference(hidden: bool = False):
     """A reference pass (see :class:`heedful.registry.MethodInfo`) that keeps attentions (and,
     with ``hidden``, hidden states) in the autograd graph, so the method's backward needs no
-    forward of its own."""
+    forward of its own. The pass must fit the adapter's ``max_memory``
+    (:func:`heedful.memory.require`: an :class:`InputError` before any work)."""
 
     def reference(
         adapter: ModelAdapter, batch: Batch, anchor: torch.Tensor, inputs_embeds: torch.Tensor | None = None
     ) -> Forward:
+        need = Need(grad="saved", attentions=True, hidden_states=hidden)
+        require(adapter.shape, adapter.max_memory, [(len(batch), batch.seq_len)], need)
         start = adapter.embed(batch.input_ids) if inputs_embeds is None else inputs_embeds
         embeds = start.detach().requires_grad_(True)
         with torch.enable_grad():

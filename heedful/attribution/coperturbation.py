@@ -72,7 +72,8 @@ early and otherwise runs ``max_steps``.
 Batching: many sentences -- and, for layer-wise interest, every layer of every sentence, and
 for lambda sweeps every lambda -- are independent optimisation *problems* solved together: each
 step runs ``problems x samples`` noised copies in batched forwards and backwards (chunks of
-similar length, sized by :func:`~heedful.runner.backward_token_budget`). Problems that have converged leave the
+similar length, as many as fit :data:`ACTIVATION_BUDGET` by the memory estimator,
+:mod:`heedful.memory`). Problems that have converged leave the
 batch. Each problem draws its noise (and, with ``init="randn"``, its initial ``theta``) from its own generator, seeded
 from ``seed``, the example's text and the probed layer, so the scores of a sentence do not
 depend on the batch it is in.
@@ -100,10 +101,11 @@ from heedful.attribution.noise import (
 )
 from heedful.batch import Batch
 from heedful.errors import InputError
+from heedful.memory import Need
 from heedful.options import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, RUNTIME
 from heedful.problem import Problem
 from heedful.registry import register
-from heedful.runner import Runner, backward_token_budget
+from heedful.runner import Runner
 from heedful.seeding import example_generators
 
 Score = Literal["rho", "log_rho"]
@@ -115,8 +117,9 @@ INITS: tuple[str, ...] = Init.__args__
 COPERTURBATION_COST = "steps x (samples forwards + 1 backward), batched over sentences (converged ones drop out)"
 GUAN2019_COST = "5000 x (1 forward + 1 backward), batched over sentences"
 ACTIVATION_BUDGET = 512 * 2**20
-"""Bytes of saved activations a noised forward+backward chunk may hold (see
-:func:`~heedful.runner.backward_token_budget`)."""
+"""Bytes one noised forward+backward chunk may take (estimated by :mod:`heedful.memory`; the
+adapter's ``max_memory`` when that is smaller): on a CPU the cost per position is flat from a
+few hundred positions on, so bigger chunks would only cost memory."""
 GRAD_CHUNK_OVERHEAD = 64
 """What one more forward+backward chunk costs, in noised token positions, when problems are cut
 into chunks (measured on MiniLM, one thread: ~20 ms of per-call work against ~0.7 ms per
@@ -267,15 +270,17 @@ def fit_interest(
     active = torch.ones(n_problems, dtype=torch.bool)
     history = torch.full((settings.max_steps, n_problems), float("nan"))
     runner = Runner.for_problem(
-        problem, budget=backward_token_budget(adapter, ACTIVATION_BUDGET), rows=settings.internal_batch_size or None, overhead=GRAD_CHUNK_OVERHEAD
+        problem, rows=settings.internal_batch_size or None, overhead=GRAD_CHUNK_OVERHEAD, max_memory=ACTIVATION_BUDGET
     )
+    # noised passes keep their graph, run inside an interception (eager attention) and read hidden states
+    need = Need(grad="saved", hidden_states=True, eager=True)
 
     for t in range(1, settings.max_steps + 1):
         act = active.nonzero().flatten()
         grad = torch.zeros(act.shape[0], seq)
         j_now = torch.zeros(act.shape[0])
         dist_now = torch.zeros(act.shape[0])
-        for idx, width in runner.plan(lengths[act], row_cells=samples):
+        for idx, width in runner.plan(lengths[act], row_cells=samples, need=need):
             probs = act[idx]
             z = _draw_noise([gens[p] for p in probs.tolist()], lengths[probs], samples, width, dim)
             th = theta[probs, :width].clone().requires_grad_(True)

@@ -35,10 +35,11 @@ from heedful.adapters import Forward, ModelAdapter
 from heedful.batch import Batch
 from heedful.chunks import length_chunks
 from heedful.errors import InputError
+from heedful.memory import Need
 from heedful.options import AT_LEAST_ONE, NON_NEGATIVE, RUNTIME
 from heedful.problem import Problem, reference_pass
 from heedful.registry import find, register
-from heedful.runner import Copies, Runner, backward_token_budget
+from heedful.runner import Copies, Runner, keeps_graph
 from heedful.seeding import example_generators
 
 Aggregate = Literal["sum", "l1", "l2"]
@@ -74,10 +75,14 @@ def gradient_reference(
     embeddings with its autograd graph kept, so that the method needs one backward pass and no
     second forward. Rows run in groups of similar length, each cut to its longest row.
 
-    A batch whose kept activations would pass the backward budget
-    (:func:`~heedful.runner.backward_token_budget`) gets the plain reference pass instead; the
-    method then runs forward and backward chunk by chunk, in bounded memory."""
-    if int(batch.lengths.sum()) > backward_token_budget(adapter):
+    A batch whose kept activations would pass the adapter's memory budget
+    (:func:`~heedful.runner.keeps_graph`) gets the plain reference pass instead; the method
+    then runs forward and backward chunk by chunk in bounded memory (with per-block gradient
+    checkpointing where one row needs it) -- checked here, so that a backward that cannot fit
+    at all is an :class:`InputError` before any work."""
+    anchors = int(anchor.shape[1]) if anchor.dim() == 2 else 1
+    if not keeps_graph(adapter, batch.lengths, anchors):
+        adapter.fit(int(batch.lengths.max()), Need(grad="saved", anchors=anchors))
         return reference_pass(adapter, batch, anchor, inputs_embeds)
     start = adapter.embed(batch.input_ids) if inputs_embeds is None else inputs_embeds
     embeds = start.detach().requires_grad_(True)

@@ -22,6 +22,7 @@ from heedful.attribution.noise import (
     noise_scale,
     resolve_layer,
 )
+from heedful.memory import Need
 from heedful.options import AT_LEAST_ONE, POSITIVE, RUNTIME
 from heedful.problem import Problem
 from heedful.registry import register
@@ -82,7 +83,9 @@ def individual_perturbation(
     flat = (draws * std[example, None, None]).reshape(-1, dim)
     out = torch.zeros(rows_example.shape[0])
     # rows of similar length run together, each chunk cut to its longest row
-    for idx, width in Runner.for_problem(problem, rows=internal_batch_size).plan(batch.lengths[rows_example]):
+    # noised passes run inside an interception (eager attention) and may read hidden states
+    need = Need(hidden_states=True, eager=True)
+    for idx, width in Runner.for_problem(problem, rows=internal_batch_size).plan(batch.lengths[rows_example], need=need):
         n_rows = idx.shape[0]
         noise = torch.zeros(n_rows, width, dim)
         noise[torch.arange(n_rows), rows_position[idx]] = flat[idx]

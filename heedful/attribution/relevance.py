@@ -26,6 +26,7 @@ from heedful.errors import InputError
 from heedful.lrp import rule_set
 from heedful.lrp.masks import Ablation
 from heedful.lrp.propagate import LRPForward, Prepared, RelevancePass, lrp_backward, lrp_forward
+from heedful.memory import Need, require
 from heedful.options import OPEN_UNIT, UNIT
 from heedful.problem import Problem
 from heedful.registry import register
@@ -36,15 +37,17 @@ RELPROP_COST = "1 forward + 1 backward + 1 relevance pass"
 def lrp_reference(rules: str) -> Callable[..., LRPForward]:
     """A reference pass (see :class:`~heedful.registry.MethodInfo`) that is the LRP forward of
     ``rules`` itself, run in groups of rows of similar length, each cut to its longest row: the
-    method then needs no forward of its own."""
+    method then needs no forward of its own. Their graphs, all kept, must fit the adapter's
+    ``max_memory`` (:func:`heedful.memory.require`: an :class:`InputError` before any work)."""
 
     def reference(
         adapter: ModelAdapter, batch: Batch, anchor: torch.Tensor, inputs_embeds: torch.Tensor | None = None
     ) -> LRPForward:
-        chunks = [
-            lrp_forward(adapter, batch, anchor, rule_set(rules), rows, width, inputs_embeds)
-            for rows, width in length_chunks(batch.lengths)
-        ]
+        planned = length_chunks(batch.lengths)
+        # every chunk's graph is kept for the relevance pass; the rules run eager attention
+        need = Need(grad="saved", eager=True, hidden_states=adapter.task in ("masked_lm", "causal_lm"))
+        require(adapter.shape, adapter.max_memory, [(len(rows), width) for rows, width in planned], need)
+        chunks = [lrp_forward(adapter, batch, anchor, rule_set(rules), rows, width, inputs_embeds) for rows, width in planned]
         order = torch.argsort(torch.cat([c.rows for c in chunks]))
         return LRPForward(logits=torch.cat([c.logits for c in chunks])[order], rules=rules, chunks=chunks)
 

@@ -15,9 +15,6 @@ why. :mod:`heedful.evaluate.report` turns the stored results into tables and plo
 
 from __future__ import annotations
 
-import ctypes
-import gc
-import resource
 import time
 from collections.abc import Callable, Collection, Sequence
 from contextlib import nullcontext
@@ -50,6 +47,7 @@ from heedful.evaluate.metrics import (
 from heedful.evaluate.protocol import Protocol, get_protocol
 from heedful.evaluate.store import ResultsStore, RunKey, Subject, run_key, subject
 from heedful.explanation import Explanation
+from heedful.memory import peak_rss_mb, reset_peak_rss
 from heedful.model import Model
 
 
@@ -121,35 +119,6 @@ class BenchResult:
     evidence_source: str | None
     notes: list[str] = field(default_factory=list)
     files: list[Path] = field(default_factory=list)
-
-
-# ---------------------------------------------------------------------------- memory
-def _reset_peak_rss() -> bool:
-    """Give freed heap memory back to the system (so an earlier method's freed buffers do not
-    count) and reset the kernel's peak-RSS mark of this process (Linux ``clear_refs``)."""
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-    try:
-        with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def peak_rss_mb() -> float:
-    """Peak resident memory of this process in MB (since the last reset where supported)."""
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -324,7 +293,7 @@ def _explain_missing(
         return None
     older = store.superseded(run.key, [i.id for i in todo], current)
     step = spec.batch_size * 4  # store every few model batches
-    _reset_peak_rss()  # once per run: the store keeps the maximum over its parts
+    reset_peak_rss()  # once per run: the store keeps the maximum over its parts
     for start in range(0, len(todo), step):
         part = todo[start : start + step]
         groups: dict[str, list[int]] = {}

@@ -344,7 +344,7 @@ def _run_method(model, method, options, errors, result, batch_size, store, key, 
             for k, expl in zip(todo, fresh, strict=True):
                 found[part[k].id] = expl
             if store is not None:
-                from heedful.evaluate.bench import peak_rss_mb
+                from heedful.memory import peak_rss_mb
 
                 store.record_explained(key, [(part[k].id, found[part[k].id]) for k in todo], wall, peak_rss_mb())
         scores = scores_tensor([found[e.id] for e in part], batch)
