@@ -26,6 +26,7 @@ from heedful.commands import steer as steer_command
 from heedful.commands.console import err, load_model, out, progress
 from heedful.commands.options import options
 from heedful.errors import HeedfulError
+from heedful.memory import parse_memory
 from heedful.targets import TASKS
 
 app = typer.Typer(
@@ -85,6 +86,7 @@ def explain(
     chat: Annotated[bool, typer.Option("--chat", help="With --generate / --continuation: the texts are user messages in the model's chat template.")] = False,
     sources: Annotated[str | None, typer.Option("--sources", help="Cut each text into sources and rank them: sentences, paragraphs or tokens:N. --file is then one document.")] = None,
     query: Annotated[str | None, typer.Option("--query", help="With --sources: text appended after each document (e.g. the question), not itself a source.")] = None,
+    max_memory: Annotated[str | None, typer.Option("--max-memory", help="Memory one pass may use, e.g. 4GB or 512MiB (default: half of the free memory).")] = None,
 ) -> None:
     """Explain TEXT(s) with one or more methods and show a heatmap (or JSON / HTML); with
     --generate or --continuation, explain every token a language model writes after them; with
@@ -95,6 +97,7 @@ def explain(
     from heedful.render.html import explanation_page
     from heedful.render.terminal import print_explanations
 
+    budget = None if max_memory is None else parse_memory(max_memory)
     items = _read_document(texts or [], file) if sources is not None else _read_texts(texts or [], file)
     if query is not None and sources is None:
         raise HeedfulError("--query goes with --sources", hint="add --sources sentences (or paragraphs, tokens:N)")
@@ -114,7 +117,7 @@ def explain(
             raise HeedfulError("--generate writes the answer whose sources are ranked", hint="drop --target / --continuation, or --generate")
         if generate < 1:
             raise HeedfulError(f"--generate must be at least 1, got {generate}")
-        loaded = load_model(model, device)
+        loaded = load_model(model, device, budget)
         answers = _answers(loaded, items, generate)
     elif generate is not None or continuation is not None:
         if sources is not None:
@@ -123,12 +126,12 @@ def explain(
             raise HeedfulError("--target does not apply to --generate / --continuation", hint="each generated token is its own target")
         if generate is not None and generate < 1:
             raise HeedfulError(f"--generate must be at least 1, got {generate}")
-        loaded = load_model(model, device)
+        loaded = load_model(model, device, budget)
         _explain_generation(loaded, items, infos, runs, generate, continuation, quantity, chat, as_json, html)
         return
     else:
         answers = None
-        loaded = load_model(model, device)
+        loaded = load_model(model, device, budget)
     results: list[heedful.Explanation] = []
     show_bar = len(items) > batch_size
     with progress() as bar:

@@ -12,6 +12,7 @@ from transformers import AutoConfig, AutoTokenizer
 from heedful.adapters import FAMILIES, adapter_for
 from heedful.adapters.heads import TASKS, head_of_class, head_of_task
 from heedful.errors import HeedfulError, UnsupportedModelError
+from heedful.memory import parse_memory
 from heedful.model import Model
 from heedful.quiet import quiet_transformers
 
@@ -42,6 +43,7 @@ def load(
     dtype: torch.dtype = torch.float32,
     trust_remote_code: bool = False,
     progress: bool = True,
+    max_memory: str | int | None = None,
 ) -> Model:
     """Load a model to explain.
 
@@ -49,6 +51,11 @@ def load(
     Hugging Face directory, or a hub id (where a hub is reachable). ``task`` is inferred from
     the model class (classification, regression, masked_lm, causal_lm) unless given.
     Attention is loaded in eager mode so that attention probabilities exist.
+    ``max_memory``: what one pass may use on top of what the process holds (``"4GB"``,
+    ``"512MiB"`` or bytes; default half of the memory available once the weights are loaded,
+    :func:`heedful.memory.default_budget`); the runner cuts its chunks under it, checkpoints a
+    backward or runs a decoder's forward in position chunks where one row needs it, and refuses
+    what cannot fit before any work (:mod:`heedful.memory`).
 
     >>> import heedful
     >>> model = heedful.load("minilm-sentiment")   # doctest: +SKIP
@@ -57,6 +64,7 @@ def load(
     """
     from heedful import zoo
 
+    budget = None if max_memory is None else parse_memory(max_memory)  # a bad size fails before loading
     name = str(name_or_path)
     info: dict = {}
     if name in zoo.ENTRIES:
@@ -102,6 +110,8 @@ def load(
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
     adapter = adapter_for(hf_model, tokenizer, task=task, name=name)
+    if budget is not None:
+        adapter.max_memory = budget
     return Model(adapter, name=name, info=info)
 
 

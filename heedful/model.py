@@ -18,6 +18,7 @@ from heedful.errors import InputError
 from heedful.explanation import Cost, Explanation, TargetInfo
 from heedful.generation import Generation, force, generate, prepare_steps
 from heedful.generation_explanation import GenerationExplanation, assemble_generation
+from heedful.memory import parse_memory
 from heedful.options import jsonable
 from heedful.problem import Problem, contrast_spans, prepare, span_request
 from heedful.registry import MethodInfo
@@ -58,6 +59,17 @@ class Model:
     @property
     def labels(self) -> list[str]:
         return self.adapter.labels
+
+    @property
+    def max_memory(self) -> int:
+        """Bytes one pass may use on top of what the process holds (:mod:`heedful.memory`):
+        the runner cuts its chunks so that each one's estimated peak stays under it. Set it to
+        a size (``"4GB"``, ``"512MiB"``) or a number of bytes."""
+        return self.adapter.max_memory
+
+    @max_memory.setter
+    def max_memory(self, value: str | int) -> None:
+        self.adapter.max_memory = parse_memory(value)
 
     # ------------------------------------------------------------------ problems
     def encode(

@@ -12,6 +12,7 @@ import typer
 
 from heedful.commands.options import key_value
 from heedful.errors import HeedfulError
+from heedful.memory import parse_memory
 
 
 def _split_list(raw: str, what: str) -> list[str]:
@@ -58,6 +59,7 @@ def bench(
     threads: Annotated[int | None, typer.Option("--threads", help="torch CPU threads (default: torch's choice).")] = None,
     lm_word: Annotated[str, typer.Option("--lm-word", help="Language-model data: explain the 'target' or the 'foil' word.")] = "target",
     generate: Annotated[int | None, typer.Option("--generate", "-g", help="Prompts data (JSONL with 'prompt', optional 'continuation'): explain N generated tokens per prompt.")] = None,
+    max_memory: Annotated[str | None, typer.Option("--max-memory", help="Memory one pass may use, e.g. 4GB or 512MiB (default: half of the free memory).")] = None,
 ) -> None:
     """Run METHODS x examples x METRICS under a paper's protocol; results are stored per example
     in OUT/results.sqlite, so an interrupted run resumes where it stopped. With --generate, the
@@ -76,9 +78,10 @@ def bench(
         import torch
 
         torch.set_num_threads(threads)
+    budget = None if max_memory is None else parse_memory(max_memory)
     method_options, protocol_changes = _parse_options(option)
     if generate is not None:
-        _bench_generation(model, dataset, _split_list(methods, "methods"), method_options, metrics or "aopc,sufficiency", generate, n, out)
+        _bench_generation(model, dataset, _split_list(methods, "methods"), method_options, metrics or "aopc,sufficiency", generate, n, out, budget)
         return
     metrics = metrics or "aopc,sufficiency,accuracy"
     if random_seeds is not None:
@@ -89,7 +92,7 @@ def bench(
     with err_console.status(f"loading {model} …"):
         import heedful
 
-        loaded = heedful.load(model)
+        loaded = heedful.load(model, max_memory=budget)
     spec = BenchSpec(
         model=loaded,
         dataset=dataset,
@@ -121,7 +124,7 @@ def bench(
 GENERATION_METRICS = {"aopc", "comprehensiveness", "sufficiency"}
 
 
-def _bench_generation(model, dataset, names, method_options, metrics, generate, n, out: Path) -> None:
+def _bench_generation(model, dataset, names, method_options, metrics, generate, n, out: Path, budget: int | None = None) -> None:
     """``heedful bench --generate N``: generation faithfulness of every method on a prompts file
     (not stored: every run recomputes), written to OUT/generation.md and OUT/generation.csv."""
     from rich.console import Console
@@ -145,7 +148,7 @@ def _bench_generation(model, dataset, names, method_options, metrics, generate, 
     with err.status(f"loading {model} …"):
         import heedful
 
-        loaded = heedful.load(model)
+        loaded = heedful.load(model, max_memory=budget)
     with err.status(f"explaining {len(prompts)} generations with {len(names)} methods …"):
         results = bench_generation(loaded, prompts, names, method_options, max_new_tokens=generate)
     report = generation_report(results, loaded.name)

@@ -18,9 +18,10 @@ def progress() -> LoggedProgress:
     return progress_bar(err)
 
 
-def load_model(name: str, device: str = "cpu"):
-    """:func:`heedful.load` with a spinner on stderr (zoo models are built on first use)."""
+def load_model(name: str, device: str = "cpu", max_memory: int | str | None = None):
+    """:func:`heedful.load` with a spinner on stderr (zoo models are built on first use);
+    ``max_memory``: the budget of one pass (see :mod:`heedful.memory`)."""
     import heedful
 
     with err.status(f"loading {name} …"):
-        return heedful.load(name, device=device)
+        return heedful.load(name, device=device, max_memory=max_memory)
