@@ -432,7 +432,20 @@ def _normed(norm: NormSite, parts: torch.Tensor, real: torch.Tensor, settings: S
     return spread(norm_linear(norm, parts, norm_scale(norm, real)), norm_bias(norm), settings.rule, settings.aside)
 
 
-def _mlp(parts: torch.Tensor, rec: BlockRecord, block: BlockRoles, pos: slice, settings: Settings) -> torch.Tensor:
+Positions = slice | torch.Tensor
+"""Positions of a block's output to compute: a slice (the same for every example) or an index
+``[B, n]`` per example (the anchors)."""
+
+
+def take(t: torch.Tensor, pos: Positions, dim: int = 1) -> torch.Tensor:
+    """``t``'s entries at positions ``pos`` along ``dim`` (per example for an index ``[B, n]``)."""
+    if isinstance(pos, slice):
+        return t[(slice(None),) * dim + (pos,)]
+    moved = t.movedim(dim, 1)
+    return moved[torch.arange(t.shape[0])[:, None], pos].movedim(1, dim)
+
+
+def _mlp(parts: torch.Tensor, rec: BlockRecord, block: BlockRoles, pos: Positions, settings: Settings) -> torch.Tensor:
     """The MLP's output parts ``[B, n, K, D]`` from its input's parts ``[B, n, K, D]`` (positions
     ``pos``): the projections exactly (biases shared), the activation by its zero-origin slope
     ``act(z) / z`` at the real pre-activation. A gated MLP ``act(g) * u`` splits each cross term
@@ -445,18 +458,22 @@ def _mlp(parts: torch.Tensor, rec: BlockRecord, block: BlockRoles, pos: slice, s
     if block.mlp_gate is not None:
         w_gate, b_gate = affine(block.mlp_gate, block.transposed)
         gate = spread(parts @ w_gate.T, b_gate, settings.rule, settings.aside)
-        a, s = slope(act, rec.mlp_gate[:, pos])
-        u = rec.mlp_up[:, pos]
+        a, s = slope(act, take(rec.mlp_gate, pos))
+        u = take(rec.mlp_up, pos)
         product = 0.5 * (gate * (s * u)[:, :, None, :] + a[:, :, None, :] * up)
     else:
-        _, s = slope(act, rec.mlp_up[:, pos])
+        _, s = slope(act, take(rec.mlp_up, pos))
         product = up * s[:, :, None, :]
     return spread(product @ w_down.T, b_down, settings.rule, settings.aside)
 
 
-def propagate(parts: torch.Tensor, rec: BlockRecord, block: BlockRoles, settings: Settings) -> torch.Tensor:
+def propagate(
+    parts: torch.Tensor, rec: BlockRecord, block: BlockRoles, settings: Settings, at: torch.Tensor | None = None
+) -> torch.Tensor:
     """One block applied to the decomposition ``parts`` ``[B, N, K, D]`` of its input (part ``k``
-    of position ``i``: what comes from input token ``k``) -> the decomposition of its output.
+    of position ``i``: what comes from input token ``k``) -> the decomposition of its output
+    ``[B, N, K, D]``, or of its output at positions ``at`` ``[B, n]`` only ``[B, n, K, D]`` (the
+    last block needs only the anchors).
 
     Attention: the values of each part (``X W_v^T``, pre-LN blocks normalising first), mixed by
     the recorded probabilities head by head and projected by ``W_O``, plus the residual; the
@@ -472,17 +489,20 @@ def propagate(parts: torch.Tensor, rec: BlockRecord, block: BlockRoles, settings
     w_out, b_out = affine(block.attn_out, block.transposed)
     bias = value_bias_out(block, w_out, b_out)
     width = rec.mlp_up.shape[-1]
-    out = torch.empty_like(parts)
-    for pos in position_chunks(seq, bsz * k, 3 * width + 4 * dim, bsz * seq * k * dim):
-        res = parts[:, pos] + mix(rec.probs[:, :, pos], values, block.value.heads) @ w_out.T
+    out = torch.empty_like(parts) if at is None else parts.new_empty(bsz, at.shape[1], k, dim)
+    chunks = position_chunks(seq, bsz * k, 3 * width + 4 * dim, bsz * seq * k * dim) if at is None else [at]
+    for pos in chunks:
+        res = take(parts, pos) + mix(take(rec.probs, pos, 2), values, block.value.heads) @ w_out.T
         res = spread(res, bias, settings.rule, settings.aside)
         if not pre:
-            res = _normed(block.attn_norm, res, rec.attn_norm_in[:, pos], settings)
+            res = _normed(block.attn_norm, res, take(rec.attn_norm_in, pos), settings)
         if settings.ffn:
-            mlp_in = _normed(block.mlp_norm, res, rec.mlp_norm_in[:, pos], settings) if pre else res
+            mlp_in = _normed(block.mlp_norm, res, take(rec.mlp_norm_in, pos), settings) if pre else res
             res = res + _mlp(mlp_in, rec, block, pos, settings)
         if not pre:
-            res = _normed(block.mlp_norm, res, rec.mlp_norm_in[:, pos], settings)
+            res = _normed(block.mlp_norm, res, take(rec.mlp_norm_in, pos), settings)
+        if at is not None:
+            return res
         out[:, pos] = res
     return out
 
@@ -522,13 +542,14 @@ def _at_layer(
     real: torch.Tensor,
     classifier: bool,
     settings: Settings,
+    anchored: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None, HeadParts | None]:
-    """Token scores ``[B, N]`` from the parts ``[B, N, K, D]`` of one layer's output whose real
-    vectors are ``real`` ``[B, N, D]``: through a pre-LN decoder's final norm (at the layer's
+    """Token scores ``[B, N]`` from the parts ``[B, N, K, D]`` of one layer's output (``anchored``:
+    of its anchors only, ``[B, 1, K, D]``) whose real vectors are ``real`` ``[B, N, D]``: through a pre-LN decoder's final norm (at the layer's
     own statistics, as the logit lens) and the head chain, the target's parts; without the
     classifier the norms of the anchor's parts."""
     seq = rec.width
-    anchor_parts = _anchor_rows(parts, rec.anchor)  # [B, K, D]
+    anchor_parts = parts[:, 0] if anchored else _anchor_rows(parts, rec.anchor)  # [B, K, D]
     anchor_real = _anchor_rows(real, rec.anchor)  # [B, D]
     final = roles.final_norm
     if final is not None:
@@ -557,13 +578,16 @@ def decompose(
     per_layer: list[torch.Tensor] = []
     last = len(rec.blocks) - 1
     found: tuple[torch.Tensor, torch.Tensor | None, HeadParts | None] | None = None
+    anchors = rec.anchor[:, None]
     for layer, (block, block_rec) in enumerate(zip(roles.blocks, rec.blocks, strict=True)):
-        parts = propagate(parts, block_rec, block, settings)
+        only_anchors = layer == last and not layerwise
+        parts = propagate(parts, block_rec, block, settings, anchors if only_anchors else None)
         real = rec.blocks[layer + 1].block_in if layer < last else block_rec.block_out
         if settings.ffn:
-            guard(parts.sum(dim=2), real, rec.mask, family, f"block {layer}")
+            computed = take(real, anchors) if only_anchors else real
+            guard(parts.sum(dim=2), computed, None if only_anchors else rec.mask, family, f"block {layer}")
         if layerwise or layer == last:
-            found = _at_layer(problem, rec, roles, parts, real, classifier, settings)
+            found = _at_layer(problem, rec, roles, parts, real, classifier, settings, only_anchors)
             per_layer.append(found[0])
     assert found is not None
     _, target, head = found
