@@ -87,6 +87,7 @@ __all__ = [
     "estimate",
     "fit",
     "format_bytes",
+    "kept_bytes",
     "parse_memory",
     "peak_rss",
     "peak_rss_mb",
@@ -290,11 +291,7 @@ def _per_row(shape: ModelShape, width: int, need: Need) -> float:
         attention = (1 + s) * q * n if need.padded else 0.0
     block_forward = attention + e * q * (FORWARD_D * D + FORWARD_F * F)
     outputs = 2 * e * need.anchors * shape.outputs  # the logits at the anchors and their softmax
-    kept = 0.0
-    if need.hidden_states:
-        kept += e * (L + 1) * n * D
-    if need.attentions:
-        kept += s * L * H * n * n
+    kept = kept_bytes(shape, 1, n, need)
     if q < n:  # chunked prefill: the cache (twice: it grows by concatenation), the last hidden state
         kept += 2 * shape.cache_bytes(n) + e * n * D
     if need.grad == "none":
@@ -314,6 +311,18 @@ def _per_row(shape: ModelShape, width: int, need: Need) -> float:
         else:  # every block's input kept (and two gradients); one block recomputed at a time
             work = e * (L + 2) * n * D + block_saved + max(block_forward, block_backward) + embeds
     return MARGIN * (work + kept + outputs) + need.extra_per_row
+
+
+def kept_bytes(shape: ModelShape, rows: int, width: int, need: Need = FORWARD) -> int:
+    """Bytes of what a pass over ``rows`` rows of ``width`` positions returns besides its
+    logits: all hidden states ``(L + 1) x N x D`` (``element`` bytes each) and all attention
+    probabilities ``L x H x N x N`` (4 bytes each), when ``need`` keeps them."""
+    kept = 0
+    if need.hidden_states:
+        kept += shape.element * (shape.layers + 1) * width * shape.hidden
+    if need.attentions:
+        kept += SCORE_BYTES * shape.layers * shape.heads * width * width
+    return rows * kept
 
 
 def rows_within(shape: ModelShape, width: int, budget: int, need: Need = FORWARD) -> int:

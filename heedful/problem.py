@@ -26,7 +26,7 @@ from heedful.adapters import Forward, ModelAdapter
 from heedful.batch import Batch
 from heedful.chunks import length_chunks
 from heedful.errors import InputError
-from heedful.memory import Fit, Need
+from heedful.memory import Fit, Need, estimate, kept_bytes, refusal
 from heedful.sequences import continue_batch, span_ids
 from heedful.sources import SourceMap, SourceSpec, Span, map_sources
 from heedful.targets import QUANTITIES, Columns, ResolvedTarget, Target, resolve_target
@@ -182,7 +182,9 @@ def reference_pass(
     example's own positions (what a padded position would hold is no example's business). A
     row too long for one pass runs in position chunks with a decoder's key/value cache (chunked
     prefill); a pass that cannot fit at all -- e.g. all attention probabilities of a long input
-    -- is an :class:`InputError` before any work. A batch that is one chunk runs as it is."""
+    -- is an :class:`InputError` before any work, and so are hidden states or attention
+    probabilities that do not fit laid out for the whole batch. A batch that is one chunk runs
+    as it is."""
     need = Need(
         hidden_states=hidden_states,
         attentions=attentions,
@@ -191,11 +193,24 @@ def reference_pass(
     )
     fits: dict[int, Fit] = {}
 
-    def max_rows(width: int) -> int:
-        fits[width] = adapter.fit(width, need)
-        return fits[width].rows
+    def planned(budget: int) -> list[tuple[torch.Tensor, int]]:
+        def max_rows(width: int) -> int:
+            fits[width] = adapter.fit(width, need, budget=budget)
+            return fits[width].rows
 
-    chunks = length_chunks(batch.lengths, max_rows=max_rows)
+        return length_chunks(batch.lengths, max_rows=max_rows)
+
+    chunks = planned(adapter.max_memory)
+    if len(chunks) > 1 and (hidden_states or attentions):
+        # what the chunks return is laid out for the whole batch, beside each chunk's own pass
+        shape = adapter.shape
+        laid_out = kept_bytes(shape, len(batch), batch.seq_len, need)
+        try:
+            fits.clear()
+            chunks = planned(adapter.max_memory - laid_out)
+        except InputError:
+            needed = laid_out + estimate(shape, 1, batch.seq_len, replace(need, padded=False))
+            raise refusal(shape, batch.seq_len, adapter.max_memory, need, len(batch), needed) from None
     if len(chunks) == 1 and chunks[0][1] == batch.seq_len:
         return adapter.forward(
             batch,

@@ -215,6 +215,23 @@ def test_a_pass_that_cannot_fit_is_refused_before_any_work():
     assert adapter.counter.forward == 0
 
 
+def test_a_whole_batchs_attention_probabilities_must_fit_beside_a_chunk():
+    model = wide("llama", "causal_lm")
+    adapter = model.adapter
+    texts = [long_text(model, 300)] * 6
+    width = len(model.tokenizer(texts[0])["input_ids"])
+    need = Need(attentions=True, padded=False)
+    # one chunk of a row or two fits, the probabilities of all six rows beside it do not
+    model.max_memory = estimate(adapter.shape, 1, width, need) + memory.kept_bytes(adapter.shape, 2, width, need)
+    assert adapter.fit(width, need).rows >= 1
+    adapter.counter.reset()
+    with pytest.raises(InputError, match=f"6 rows of a forward pass over {width} positions keeping all attention"):
+        model.prepare(texts, attentions=True)
+    assert adapter.counter.forward == 0
+    model.max_memory = 8 * 2**30
+    assert model.prepare(texts, attentions=True).reference.attentions[0].shape == (6, 8, width, width)
+
+
 # ---------------------------------------------------------------------------- equal results
 @pytest.mark.parametrize(("family", "task"), [("llama", "causal_lm"), ("gpt2", "causal_lm"), ("bert", "classification")])
 def test_checkpointed_gradient_equals_the_plain_gradient(family, task):

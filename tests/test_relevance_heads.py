@@ -70,8 +70,16 @@ class DesignedHeads:
     def anchor_positions(self, batch):
         return self.inner.anchor_positions(batch)
 
-    def fit(self, width, need, **options):
+    def fit(self, width, need, **options):  # the memory plan of the real tiny adapter
         return self.inner.fit(width, need, **options)
+
+    @property
+    def shape(self):
+        return self.inner.shape
+
+    @property
+    def max_memory(self):
+        return self.inner.max_memory
 
     def output_name(self, index: int) -> str:
         return str(index)

@@ -303,12 +303,12 @@ class ModelAdapter:
             ),
         )
 
-    def fit(self, width: int, need: Need = FORWARD, **options) -> Fit:
+    def fit(self, width: int, need: Need = FORWARD, budget: int | None = None, **options) -> Fit:
         """How passes over rows of ``width`` positions keeping ``need`` fit :attr:`max_memory`
-        (:func:`heedful.memory.fit`: rows per pass, with gradient checkpointing or chunked
-        prefill where one row does not fit; ``options``: ``checkpoint``, ``prefill``,
-        ``group``). An :class:`InputError` when nothing fits."""
-        return fit(self.shape, width, self.max_memory, need, **options)
+        (or a smaller ``budget``; :func:`heedful.memory.fit`: rows per pass, with gradient
+        checkpointing or chunked prefill where one row does not fit; ``options``:
+        ``checkpoint``, ``prefill``, ``group``). An :class:`InputError` when nothing fits."""
+        return fit(self.shape, width, self.max_memory if budget is None else budget, need, **options)
 
     @contextlib.contextmanager
     def checkpointed(self, checkpoint: bool = True) -> Iterator[None]:

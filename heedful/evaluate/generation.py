@@ -30,6 +30,7 @@ from heedful.adapters import ModelAdapter
 from heedful.chunks import length_chunks
 from heedful.errors import InputError
 from heedful.generation_explanation import GenerationExplanation
+from heedful.memory import Fit, Need
 from heedful.targets import ResolvedTarget
 
 RATIOS = (0.01, 0.05, 0.1, 0.2, 0.5)
@@ -128,7 +129,8 @@ def _continuation_log_probs(
     adapter: ModelAdapter, rows: list[list[int]], prompt_lengths: list[int], owners: list[tuple[int, list[int]]]
 ) -> np.ndarray:
     """``log p(continuation | prompt)`` of every row ``[R]``: rows of equal continuation length
-    run together, in chunks of similar length, each a span target read at its positions."""
+    run together, in chunks of similar length under the memory budget (:mod:`heedful.memory`),
+    each a span target read at its positions."""
     found = np.zeros(len(rows))
     pad = adapter.pad_token_id if adapter.pad_token_id is not None else 0
     by_steps: dict[int, list[int]] = {}
@@ -136,7 +138,14 @@ def _continuation_log_probs(
         by_steps.setdefault(len(continuation), []).append(i)
     for steps, members in by_steps.items():
         total = torch.tensor([len(rows[i]) for i in members])
-        for part, width in length_chunks(total):
+        need = Need(anchors=steps)
+        fits: dict[int, Fit] = {}
+
+        def max_rows(width: int, need: Need = need, fits: dict[int, Fit] = fits) -> int:
+            fits[width] = adapter.fit(width, need)
+            return fits[width].rows
+
+        for part, width in length_chunks(total, max_rows=max_rows):
             picked = [members[i] for i in part.tolist()]
             ids = torch.full((len(picked), width), pad, dtype=torch.long)
             mask = torch.zeros(len(picked), width, dtype=torch.long)
@@ -151,7 +160,9 @@ def _continuation_log_probs(
                 quantity="log_prob", positions=positions,
             )
             ids, mask = ids.to(adapter.device), mask.to(adapter.device)
-            logits = adapter.forward(_Plain(ids, mask), positions, input_ids=ids, attention_mask=mask).logits
+            logits = adapter.forward(
+                _Plain(ids, mask), positions, input_ids=ids, attention_mask=mask, prefill=fits[width].need.queries
+            ).logits
             found[picked] = target.score(logits).double().cpu().numpy()
     return found
 
