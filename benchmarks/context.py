@@ -62,7 +62,7 @@ def documents(model_name: str, length: int, n: int, seed: int) -> list[dict]:
     lm = heedful.load(model_name)
     data = datasets.load("planted", "test", n=n, length=length, tokenizer=lm.tokenizer, seed=seed)
     return [
-        {"text": ex.text, "spans": [tuple(s) for s in ex.meta["sources"]], "planted": ex.meta["answer_source"], "target": ex.meta["target"]}
+        {"text": ex.text, "spans": [tuple(s) for s in ex.meta["sources"]], "planted": ex.meta["answer_source"], "target": ex.target}
         for ex in data
     ]
 
@@ -192,7 +192,7 @@ def report(rows: dict[int, dict], args: argparse.Namespace, load_before: float) 
                     hit3.append(doc["planted"] in order[:3])
             mark = " (projected)" if projected else ""
             lines.append(
-                f"| {first['tokens']} | {first['all_sources']} | {label} | {fmt_s(seconds)}{mark} | {positions / 1e6:.2f} M{mark} | "
+                f"| {first['tokens']} | {first['all_sources']} | {label} | {fmt_s(seconds)}{mark} | {positions / 1e3:,.0f} k{mark} | "
                 f"{first['peak_mb']:.0f} MB | {_mean(rhos)} | {_share(tops)} | {_share(hit1)} | {_share(hit3)} |"
             )
         times = {label: r["docs"][0]["seconds"] * r["docs"][0]["all_sources"] / r["docs"][0]["timed_sources"] for label, r in results.items()}
