@@ -2,8 +2,10 @@
 
 The VADER snippet sets (:mod:`heedful.datasets.vader`) with lexicon-derived evidence
 (:mod:`heedful.datasets.evidence`), generated agreement minimal pairs
-(:mod:`heedful.datasets.agreement`), and the user's CSV / JSONL files
-(:mod:`heedful.datasets.user`), all as a :class:`Dataset` of :class:`Example`.
+(:mod:`heedful.datasets.agreement`), planted long contexts whose answer source is known
+(:mod:`heedful.datasets.planted`), the user's CSV / JSONL files (:mod:`heedful.datasets.user`)
+and JSON lines of context documents (:mod:`heedful.datasets.context`), all as a
+:class:`Dataset` of :class:`Example`.
 """
 
 from heedful.datasets.examples import Dataset, Example

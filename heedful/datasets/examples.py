@@ -93,7 +93,8 @@ class Dataset:
 
     ``task`` is what the gold annotations support: ``"classification"`` (``label``),
     ``"regression"`` (``rating``), ``"sentiment"`` (both), ``"agreement"`` (target / foil words
-    for language models) or ``"unlabelled"``. ``label_names[i]`` names class index ``i`` so that
+    for language models), ``"context"`` (a prompt with sources and the continuation to explain,
+    :mod:`heedful.datasets.context`) or ``"unlabelled"``. ``label_names[i]`` names class index ``i`` so that
     gold labels can be matched to a model's labels by name. ``evidence_source`` says where the
     evidence came from (reports must say that lexicon evidence is lexicon-derived).
     """

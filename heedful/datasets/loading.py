@@ -10,7 +10,12 @@ name                           what it is
                                (:mod:`heedful.datasets.evidence`)
 ``agreement``                  generated agreement minimal pairs following BLiMP's paradigms
                                (:mod:`heedful.datasets.agreement`; not BLiMP)
-a file path                    the user's CSV / JSON-lines data (:mod:`heedful.datasets.user`)
+``planted``                    long contexts of movie-review snippets with one planted answer
+                               sentence (:mod:`heedful.datasets.planted`): the source a model
+                               must read is known; ``length`` tokens (512 ... 4096), ``seed``
+a file path                    the user's CSV / JSON-lines data (:mod:`heedful.datasets.user`),
+                               or JSON lines of context documents with ``context`` and
+                               ``query`` fields (:mod:`heedful.datasets.context`)
 =============================  ================================================================
 """
 
@@ -19,14 +24,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from heedful.datasets import agreement, evidence, user, vader
+from heedful.datasets import agreement, context, evidence, planted, user, vader
 from heedful.datasets.examples import Dataset, Example
 from heedful.errors import InputError
 
 SENTIMENT_LABELS = ("NEGATIVE", "POSITIVE")
 """Names of the snippet sets' label indices 0 and 1 (the zoo models' labels)."""
 
-NAMES: tuple[str, ...] = (*vader.SNIPPET_FILES, "agreement")
+NAMES: tuple[str, ...] = (*vader.SNIPPET_FILES, "agreement", "planted")
 
 Loader = Callable[..., Dataset]
 """``loader(split, **options) -> Dataset``: a named dataset of the user's."""
@@ -95,7 +100,8 @@ def load(name: str, split: str = "test", n: int | None = None, **options: Any) -
 
     ``n`` keeps the first ``n`` examples of the split (file order for the snippet sets,
     generation order for agreement pairs). ``options``: ``threshold`` (lexicon evidence) for the
-    snippet sets; ``seed``, ``paradigms``, ``causal`` for ``agreement``.
+    snippet sets; ``seed``, ``paradigms``, ``causal`` for ``agreement``; ``length``, ``seed``,
+    ``tokenizer``, ``distractors`` for ``planted`` (:func:`heedful.datasets.planted.generate`).
 
     >>> ds = load("movies", "test", n=3)                       # doctest: +SKIP
     >>> ds[0].label, ds[0].evidence                            # doctest: +SKIP
@@ -103,21 +109,56 @@ def load(name: str, split: str = "test", n: int | None = None, **options: Any) -
     """
     if n is not None and n < 1:
         raise InputError(f"n must be positive, got {n}")
+    check_options(name, options)
     if name in vader.SNIPPET_FILES:
-        _only(options, {"threshold"}, name)
         return load_snippet_set(name, split, **options).head(n)
     if name == "agreement":
-        _only(options, {"seed", "paradigms", "causal"}, name)
         return agreement.generate(n or agreement.DEFAULT_SIZE, split, **options)
+    if name == "planted":
+        return planted.generate(n or planted.DEFAULT_SIZE, split, **options)
     if name in _LOADERS:
         return _LOADERS[name](split, **options).head(n)
     if user.looks_like_path(name):
-        _only(options, set(), name)
-        return user.load_file(name, None if split in ("all", None) else split).head(n)
+        wanted = None if split in ("all", None) else split
+        if context.is_context_file(name):
+            return context.load_context_file(name, wanted).head(n)
+        return user.load_file(name, wanted).head(n)
     raise InputError(
         f"unknown dataset {name!r}",
         hint=f"use one of {', '.join((*NAMES, *_LOADERS))}, or the path of a CSV / JSONL file",
     )
+
+
+OPTIONS: dict[str, set[str]] = {
+    **{name: {"threshold"} for name in vader.SNIPPET_FILES},
+    "agreement": {"seed", "paradigms", "causal"},
+    "planted": {"length", "seed", "tokenizer", "distractors"},
+}
+"""The options each built-in dataset takes (a data file takes none)."""
+
+
+def check_options(name: str, options: dict[str, Any]) -> None:
+    """An :class:`InputError` naming the first option dataset ``name`` does not take (a
+    registered loader checks its own), before anything is loaded."""
+    if name in OPTIONS:
+        _only(options, OPTIONS[name], name)
+    elif name not in _LOADERS and user.looks_like_path(name):
+        _only(options, set(), name)
+
+
+def takes_tokenizer(name: str) -> bool:
+    """Whether dataset ``name`` is built with a tokenizer (option ``tokenizer``), so that
+    ``heedful bench`` passes it the model's: ``planted``, and registered loaders that take one."""
+    if name == "planted":
+        return True
+    if name in _LOADERS:
+        import inspect
+
+        try:
+            return "tokenizer" in inspect.signature(_LOADERS[name]).parameters
+        except (TypeError, ValueError):
+            return False
+    return False
 
 
 def _only(options: dict[str, Any], allowed: set[str], name: str) -> None:
