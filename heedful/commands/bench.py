@@ -22,15 +22,17 @@ def _split_list(raw: str, what: str) -> list[str]:
     return items
 
 
-def _parse_options(raw: list[str] | None) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
-    """``method.key=value`` -> per-method options; ``protocol.key=value`` -> protocol changes."""
+def _parse_options(raw: list[str] | None) -> tuple[dict[str, dict[str, Any]], dict[str, Any], dict[str, Any]]:
+    """``method.key=value`` -> per-method options; ``protocol.key=value`` -> protocol changes;
+    ``dataset.key=value`` -> dataset options (``dataset.length=512`` for the planted set)."""
     methods: dict[str, dict[str, Any]] = {}
     protocol: dict[str, Any] = {}
+    data: dict[str, Any] = {}
     for item in raw or []:
         if "=" not in item or "." not in item.split("=", 1)[0]:
             raise HeedfulError(
                 f"option {item!r} is not target.key=value",
-                hint="e.g. --option integrated_gradients.n_steps=20 or --option protocol.max_length=64",
+                hint="e.g. --option integrated_gradients.n_steps=20, --option protocol.max_length=64 or --option dataset.length=512",
             )
         left, parsed = key_value(item)
         owner, key = left.split(".", 1)
@@ -38,14 +40,16 @@ def _parse_options(raw: list[str] | None) -> tuple[dict[str, dict[str, Any]], di
             parsed = tuple(parsed)
         if owner == "protocol":
             protocol[key] = parsed
+        elif owner == "dataset":
+            data[key] = parsed
         else:
             methods.setdefault(owner, {})[key] = parsed
-    return methods, protocol
+    return methods, protocol, data
 
 
 def bench(
     model: Annotated[str, typer.Option("--model", "-m", help="Zoo name, model directory or hub id.")],
-    dataset: Annotated[str, typer.Option("--dataset", "-d", help="movies, amazon, nyt, tweets, agreement, or a CSV / JSONL path.")],
+    dataset: Annotated[str, typer.Option("--dataset", "-d", help="movies, amazon, nyt, tweets, agreement, planted (--option dataset.length=1024), or a CSV / JSONL path.")],
     methods: Annotated[str, typer.Option("--methods", help="Comma-separated methods, e.g. random,grad_x_input,normxlogit.")],
     metrics: Annotated[str | None, typer.Option("--metrics", help="Comma-separated metrics (default aopc,sufficiency,accuracy; with --generate aopc,sufficiency).")] = None,
     preset: Annotated[str, typer.Option("--preset", "-p", help="Protocol: normxlogit, mask-lrp, ferret or default.")] = "default",
@@ -55,7 +59,7 @@ def bench(
     seed: Annotated[int, typer.Option("--seed", help="Seed of stochastic methods (random baseline: seed..seed+k-1).")] = 0,
     batch_size: Annotated[int, typer.Option("--batch-size", "-b", help="Examples per model batch.")] = 16,
     random_seeds: Annotated[int | None, typer.Option("--random-seeds", help="Seeds of the random baseline (default: the preset's).")] = None,
-    option: Annotated[list[str] | None, typer.Option("--option", help="method.key=value or protocol.key=value; repeatable.")] = None,
+    option: Annotated[list[str] | None, typer.Option("--option", help="method.key=value, protocol.key=value or dataset.key=value; repeatable.")] = None,
     threads: Annotated[int | None, typer.Option("--threads", help="torch CPU threads (default: torch's choice).")] = None,
     lm_word: Annotated[str, typer.Option("--lm-word", help="Language-model data: explain the 'target' or the 'foil' word.")] = "target",
     generate: Annotated[int | None, typer.Option("--generate", "-g", help="Prompts data (JSONL with 'prompt', optional 'continuation'): explain N generated tokens per prompt.")] = None,
@@ -79,8 +83,10 @@ def bench(
 
         torch.set_num_threads(threads)
     budget = None if max_memory is None else parse_memory(max_memory)
-    method_options, protocol_changes = _parse_options(option)
+    method_options, protocol_changes, data_options = _parse_options(option)
     if generate is not None:
+        if data_options:
+            raise HeedfulError("--generate reads a prompts file, which takes no dataset options", hint="drop the dataset.* options")
         _bench_generation(model, dataset, _split_list(methods, "methods"), method_options, metrics or "aopc,sufficiency", generate, n, out, budget)
         return
     metrics = metrics or "aopc,sufficiency,accuracy"
@@ -89,6 +95,10 @@ def bench(
     protocol = get_protocol(preset, **protocol_changes)
     names, metric_list = _split_list(methods, "methods"), metric_names(metrics)
     method_options = check_options(names, method_options)  # bad options fail before the model loads
+    if data_options:
+        from heedful.datasets.loading import check_options as check_dataset_options
+
+        check_dataset_options(dataset, data_options)
     with err_console.status(f"loading {model} …"):
         import heedful
 
@@ -105,6 +115,7 @@ def bench(
         seed=seed,
         batch_size=batch_size,
         method_options=method_options,
+        dataset_options=data_options,
         lm_word=lm_word,
     )
     result = run_bench(spec, console=err_console)

@@ -8,6 +8,8 @@
   precision, AUPRC, token F1, IOU (:mod:`heedful.evaluate.metrics`);
 * :func:`generation_faithfulness`: comprehensiveness and sufficiency of generation
   explanations for the continuation's log-probability (:mod:`heedful.evaluate.generation`);
+* context attribution: top-1 / top-3 source accuracy, token precision@k against the answer,
+  source comprehensiveness and LDS, with bootstrap intervals (:mod:`heedful.evaluate.context`);
 * :class:`ResultsStore`: the SQLite store ``heedful bench`` resumes from
   (:mod:`heedful.evaluate.store`); :func:`run_bench` runs methods x examples x metrics
   (:mod:`heedful.evaluate.bench`).

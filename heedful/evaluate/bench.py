@@ -16,6 +16,7 @@ why. :mod:`heedful.evaluate.report` turns the stored results into tables and plo
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable, Collection, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from heedful.errors import HeedfulError, InputError
+from heedful.evaluate.context import SharedAblations
 from heedful.evaluate.evaluation import (
     ModelInput,
     attach_references,
@@ -169,15 +171,30 @@ def make_runs(spec: BenchSpec, about: Subject) -> list[Run]:
 
 
 def spec_subject(spec: BenchSpec, data) -> Subject:
-    """The spec's model on the whole split ``data`` of its dataset (labels and fingerprints)."""
-    return subject(spec.model, spec.dataset, spec.split, data, label=spec.model_label)
+    """The spec's model on the whole split ``data`` of its dataset (labels and fingerprints;
+    the dataset's label shows the options it was made with, ``planted[length=512]``)."""
+    shown = {k: v for k, v in sorted(spec.dataset_options.items()) if isinstance(v, str | int | float | bool)}
+    dataset = spec.dataset + ("[" + ",".join(f"{k}={v}" for k, v in shown.items()) + "]" if shown else "")
+    return subject(spec.model, dataset, spec.split, data, label=spec.model_label)
+
+
+def dataset_options(spec: BenchSpec) -> dict[str, Any]:
+    """The options the spec's dataset is loaded with: the spec's, and the model's tokenizer for
+    a dataset built with one (:func:`heedful.datasets.loading.takes_tokenizer`: the planted set
+    counts its length in the model's tokens)."""
+    from heedful.datasets.loading import takes_tokenizer
+
+    options = dict(spec.dataset_options)
+    if "tokenizer" not in options and takes_tokenizer(spec.dataset):
+        options["tokenizer"] = spec.model.adapter.tokenizer
+    return options
 
 
 def select_inputs(model, spec: BenchSpec, skipped: dict[str, int]) -> tuple[list[ModelInput], Any]:
     """The examples of the run: those the model can take and the protocol keeps, first ``n``."""
     from heedful import datasets
 
-    data = datasets.load(spec.dataset, spec.split, None, **spec.dataset_options)
+    data = datasets.load(spec.dataset, spec.split, None, **dataset_options(spec))
     inputs = model_inputs(data, model.adapter, spec.protocol.label, skipped, spec.lm_word)
     if spec.protocol.min_length > 0 and inputs:
         tok = model.adapter.tokenizer
@@ -235,6 +252,12 @@ def run_bench(
             f"{spec.dataset} has no evidence, so plausibility metrics are undefined",
             hint="drop the plausibility metrics or use data with evidence",
         )
+    _check_spans(model, spec.methods, inputs)
+    if any(METRICS[n].family == "context" for n in names) and not any(i.sources for i in inputs):
+        raise HeedfulError(
+            f"{spec.dataset} has no sources, so context metrics are undefined",
+            hint="use context data (--dataset planted, or JSON lines with 'context' and 'query')",
+        )
     about = spec_subject(spec, data)
     runs = make_runs(spec, about)
     store = ResultsStore(spec.out)
@@ -244,6 +267,7 @@ def run_bench(
     by_id = {i.id: i for i in inputs}
     notes = [note for note in [store.legacy_note()] if note]
     current = {run.key.digest for run in runs}
+    shared = SharedAblations()  # the methods share the random source ablations of an example
     bar = _progress(console) if progress else None
     with bar if bar is not None else nullcontext():
         for run in runs:
@@ -251,7 +275,7 @@ def run_bench(
             if note:
                 notes.append(note)
         for run in runs:
-            _evaluate_missing(model, store, run, ids, by_id, names, spec, phash, bar, on_batch)
+            _evaluate_missing(model, store, run, ids, by_id, names, spec, phash, bar, on_batch, shared)
     groups, x = collect(store, runs, ids, names, spec.protocol)
     store.close()
     return BenchResult(
@@ -268,6 +292,25 @@ def run_bench(
         evidence_source=getattr(data, "evidence_source", None),
         notes=notes,
     )
+
+
+def _check_spans(model: Model, methods: Sequence[str], inputs: Sequence[ModelInput]) -> None:
+    """Before any work: an :class:`InputError` when some input's target is a span of several
+    tokens (context data with a longer continuation) and a method explains one position only."""
+    from heedful.attribution import get_method
+    from heedful.problem import span_request
+
+    targets = {repr(i.target): i.target for i in inputs if i.target is not None and model.task == "causal_lm"}
+    spans = [t for t in targets.values() if span_request(model.adapter, t) is not None]
+    if not spans:
+        return
+    single = [m for m in methods if not get_method(m, model.task).spans]
+    if single:
+        count = sum(1 for i in inputs if i.target is not None and repr(i.target) in {repr(t) for t in spans})
+        raise InputError(
+            f"{count} examples have a target of several tokens ({spans[0].value!r} ...), which {', '.join(single)} cannot explain",
+            hint="drop those methods, or give targets of one token",
+        )
 
 
 def _progress(console):
@@ -296,9 +339,9 @@ def _explain_missing(
     reset_peak_rss()  # once per run: the store keeps the maximum over its parts
     for start in range(0, len(todo), step):
         part = todo[start : start + step]
-        groups: dict[str, list[int]] = {}
-        for k, item in enumerate(part):
-            groups.setdefault(_target_key(item.target), []).append(k)
+        groups: dict[tuple, list[int]] = {}
+        for k, item in enumerate(part):  # one call per target and sources (context data: per example)
+            groups.setdefault((_target_key(item.target), item.sources), []).append(k)
         found: dict[int, Explanation] = {}
         began = time.perf_counter()
         for members in groups.values():
@@ -311,6 +354,7 @@ def _explain_missing(
                 text_pair=pairs if any(p is not None for p in pairs) else None,
                 batch_size=spec.batch_size,
                 max_length=spec.protocol.max_length,
+                sources=None if items[0].sources is None else list(items[0].sources),
                 **run.options,
             )
             found.update(zip(members, explained, strict=True))
@@ -325,7 +369,7 @@ def _explain_missing(
 
 def _evaluate_missing(
     model, store: ResultsStore, run: Run, ids: list[str], by_id: dict[str, ModelInput], names: list[str],
-    spec: BenchSpec, phash: str, bar, on_batch,
+    spec: BenchSpec, phash: str, bar, on_batch, shared: SharedAblations | None = None,
 ) -> None:
     have = {name: store.metric_ids(run.key, name, phash) for name in names}
     todo = [i for i in ids if any(i not in have[name] for name in names)]
@@ -345,7 +389,7 @@ def _evaluate_missing(
         to_measure = [s for s in sources if any(i not in stored[s] for i in part)]
         records: dict[str, list[dict]] = {}
         if to_measure:
-            fresh = measure(adapter, explanations, spec.protocol, to_measure)
+            fresh = measure(adapter, explanations, spec.protocol, to_measure, shared=shared)
             for s in to_measure:
                 records[s] = to_records(fresh, s)
                 new = [(i, r) for i, r in zip(part, records[s], strict=True) if i not in stored[s]]
@@ -412,7 +456,14 @@ def collect(store: ResultsStore, runs: Sequence[Run], ids: Sequence[str], names:
                 stack = np.stack([s.curve for s in per_seed])
                 curve = np.nanmean(stack, axis=0)
                 curve_std[name] = np.nanstd(stack, axis=0, ddof=1)
-            summaries[name] = Summary(float(np.nanmean(values)), float(np.nanstd(values, ddof=1)), per_seed[0].n, curve)
+            low = high = float("nan")
+            if per_seed[0].has_interval:  # the interval of the per-example means over the seeds
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)
+                    means = np.nanmean([per_example_from_store(store, r.key, name, phash, ids).values for r in members], axis=0)
+                pooled = aggregate(METRICS[name], PerExample(means), protocol)
+                low, high = pooled.low, pooled.high
+            summaries[name] = Summary(float(np.nanmean(values)), float(np.nanstd(values, ddof=1)), per_seed[0].n, curve, low, high)
         costs = [store.cost(r.key) for r in members]
         costs = [c for c in costs if c and c["examples"]]
         total = sum(c["examples"] for c in costs)

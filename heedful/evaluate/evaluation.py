@@ -22,6 +22,7 @@ from heedful.adapters import ModelAdapter
 from heedful.datasets.evidence import token_evidence
 from heedful.datasets.examples import Dataset, Example, Span
 from heedful.errors import InputError
+from heedful.evaluate import context as ctx
 from heedful.evaluate import perturbation as pert
 from heedful.evaluate.metrics import (
     METRICS,
@@ -42,7 +43,10 @@ from heedful.targets import Target
 class ModelInput:
     """What one example becomes for one model: the text(s) to explain, the target to explain
     (``None``: the predicted class), the evidence spans in *that* text, and the gold reference
-    (``gold_class``: class / token index or -1; ``gold_value``: regression value or NaN)."""
+    (``gold_class``: class / token index or -1; ``gold_value``: regression value or NaN).
+    Context data adds ``sources`` (character spans of ``text``, explained with
+    ``sources=...``) and ``answer_source`` (index of the source holding the answer; -1
+    unknown)."""
 
     id: str
     text: str
@@ -51,6 +55,8 @@ class ModelInput:
     evidence_spans: tuple[Span, ...]
     gold_class: int
     gold_value: float
+    sources: tuple[tuple[int, int], ...] | None = None
+    answer_source: int = -1
 
 
 def gold_class_index(label: int | str | None, adapter: ModelAdapter, label_names: Sequence[str] | None) -> int:
@@ -108,6 +114,10 @@ def model_inputs(
 
     ``lm_word="foil"`` explains the foil word instead of the target for language models
     (NormXLogit's LogAt(Foil)); the gold reference stays the target word.
+
+    Context data (``task="context"``, :mod:`heedful.datasets.context`) needs a causal LM: the
+    prompt is explained with its sources, the target is the example's continuation (one token
+    or a span; ``None``: the predicted next token), the evidence its answer span.
     """
     if lm_word not in ("target", "foil"):
         raise InputError(f"lm_word must be 'target' or 'foil', got {lm_word!r}")
@@ -119,6 +129,16 @@ def model_inputs(
 
     def skip(reason: str) -> None:
         skipped[reason] = skipped.get(reason, 0) + 1
+
+    if isinstance(data, Dataset) and data.task == "context":
+        for ex in examples:
+            if task != "causal_lm":
+                skip("context data needs a causal language model")
+                continue
+            sources, answer, spans = ctx.example_sources(ex)
+            target = None if ex.target is None else Target("given", ex.target)
+            found.append(ModelInput(ex.id, ex.text, None, target, spans, -1, float("nan"), sources, answer))
+        return found
 
     for ex in examples:
         gold_value = float(ex.rating) if ex.rating is not None else float("nan")
@@ -155,7 +175,9 @@ def model_inputs(
 
 
 # ---------------------------------------------------------------------------- measuring
-SOURCES = ("remove", "keep", "loo")
+SOURCES = ("remove", "keep", "loo", "ablations")
+TOKEN_SOURCES = ("remove", "keep", "loo")
+"""The measurements read off token perturbations (``ablations`` removes whole sources)."""
 
 
 def measure(
@@ -164,10 +186,19 @@ def measure(
     protocol: Protocol,
     sources: Sequence[str],
     chunk: int | None = None,
+    shared: ctx.SharedAblations | None = None,
 ) -> Measurements:
-    """Raw perturbation measurements of ``explanations`` (one batch) for the given ``sources``."""
+    """Raw perturbation measurements of ``explanations`` (one batch) for the given ``sources``
+    (``shared``: source-ablation outputs other runs measured, see
+    :class:`~heedful.evaluate.context.SharedAblations`)."""
+    m = Measurements(protocol=protocol, n=len(explanations))
+    if "ablations" in sources:
+        m.ablations = ctx.measure_ablations(adapter, explanations, protocol, shared, chunk)
+    if not any(s in TOKEN_SOURCES for s in sources):
+        m.x = protocol.curve_ratios
+        return m
     prepared = pert.prepare(adapter, explanations, protocol, chunk)
-    m = Measurements(protocol=protocol, n=len(explanations), original=prepared.original, kept=prepared.kept)
+    m.original, m.kept = prepared.original, prepared.kept
     if "remove" in sources:
         m.x, m.remove, m.remove_valid = pert.curve(prepared, "remove", chunk)
     if "keep" in sources:
@@ -200,9 +231,11 @@ def considered_positions(expl: Explanation, specials: str, task: str) -> np.ndar
 def attach_references(
     m: Measurements, explanations: Sequence[Explanation], inputs: Sequence[ModelInput] | None, task: str
 ) -> Measurements:
-    """Add gold references and evidence (from ``inputs``, aligned with ``explanations``)."""
+    """Add gold references and evidence (from ``inputs``, aligned with ``explanations``), and
+    what the context metrics compare (:func:`heedful.evaluate.context.attach_context`)."""
     m.scores = [np.asarray(e.scores, dtype=float) for e in explanations]
     m.considered = [considered_positions(e, m.protocol.plausibility_specials, task) for e in explanations]
+    ctx.attach_context(m, explanations, None if inputs is None else [i.answer_source for i in inputs])
     if inputs is None:
         m.gold_class = np.full(m.n, -1)
         m.gold_value = np.full(m.n, np.nan)
@@ -219,6 +252,8 @@ def attach_references(
 # ---------------------------------------------------------------------------- records (store)
 def to_records(m: Measurements, source: str) -> list[dict]:
     """One JSON-ready dict per example holding ``source``'s raw measurements."""
+    if source == "ablations":
+        return ctx.ablation_records(m.ablations)
     records = []
     for b in range(m.n):
         base = {f"original_{f}": getattr(m.original, f)[b].item() for f in pert.Outputs.FIELDS}
@@ -238,7 +273,12 @@ def to_records(m: Measurements, source: str) -> list[dict]:
 def from_records(protocol: Protocol, records: dict[str, list[dict]], n: int) -> Measurements:
     """Measurements of ``n`` examples back from ``source -> [record per example]``."""
     m = Measurements(protocol=protocol, n=n, x=protocol.curve_ratios)
-    any_records = next(iter(records.values()))
+    if "ablations" in records:
+        m.ablations = ctx.ablations_from_records(records["ablations"])
+    token_records = [records[s] for s in TOKEN_SOURCES if s in records]
+    if not token_records:
+        return m
+    any_records = token_records[0]
     m.original = pert.Outputs(
         *(np.array([r[f"original_{f}"] for r in any_records], dtype=np.int64 if f == "predicted" else float) for f in pert.Outputs.FIELDS)
     )
@@ -296,6 +336,7 @@ def evaluate(
     inputs: Sequence[ModelInput] | None = None,
     batch_size: int = 32,
     chunk: int | None = None,
+    shared: ctx.SharedAblations | None = None,
 ) -> dict[str, MetricResult]:
     """Faithfulness and plausibility of ``explanations`` of ``model`` (a :class:`heedful.Model`).
 
@@ -303,6 +344,8 @@ def evaluate(
     values and evidence; without them accuracy is measured against the original predictions and
     plausibility metrics are undefined. Examples are measured ``batch_size`` at a time; all
     perturbed copies of a batch run together in chunks of about ``TOKEN_BUDGET`` tokens.
+    Context metrics read the explanations' sources and ``inputs``' answer sources; ``shared``
+    lets several calls (one per method) share the random source ablations they measure.
     """
     adapter: ModelAdapter = getattr(model, "adapter", model)
     protocol = get_protocol(protocol)
@@ -316,7 +359,7 @@ def evaluate(
         chunk_expl = explanations[start : start + batch_size]
         chunk_inputs = None if inputs is None else inputs[start : start + batch_size]
         if sources:
-            m = measure(adapter, chunk_expl, protocol, sources, chunk)
+            m = measure(adapter, chunk_expl, protocol, sources, chunk, shared)
             x = m.x
         else:
             m = Measurements(protocol=protocol, n=len(chunk_expl), x=x)
@@ -327,7 +370,7 @@ def evaluate(
     for name in names:
         per = concat_per_example(parts[name])
         metric = METRICS[name]
-        curve_x = x if metric.curve_kind == "ratio" else (
+        curve_x = x if metric.curve_kind == "ratio" else np.asarray(protocol.source_ks) if metric.curve_kind == "sources" else (
             np.arange(1, per.curves.shape[1] + 1) if per.curves is not None else None
         )
         results[name] = MetricResult(metric, per, aggregate(metric, per, protocol), curve_x)

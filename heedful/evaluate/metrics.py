@@ -39,6 +39,11 @@ auprc              high  area under the precision-recall curve (ERASER; ferret)
 token_f1           high  F1 of the top-k hard rationale against the evidence (ERASER; ferret)
 iou                high  |top-k AND evidence| / |top-k OR evidence| (ERASER; ferret)
 =================  ====  ===================================================================
+
+Context attribution adds a fourth kind of measurement, ``ablations`` (the target's
+log-probability with the top-k sources removed and under random source ablations), and the
+metrics ``source_top1``, ``source_top3``, ``precision_at_k``, ``source_comprehensiveness`` and
+``lds``, registered by :mod:`heedful.evaluate.context`.
 """
 
 from __future__ import annotations
@@ -46,12 +51,16 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from heedful.errors import InputError
 from heedful.evaluate.perturbation import Outputs
 from heedful.evaluate.protocol import Protocol
+
+if TYPE_CHECKING:
+    from heedful.evaluate.context import SourceAblations
 
 
 @dataclass
@@ -63,7 +72,11 @@ class Measurements:
     order) and ``loo_scores`` (the explanation's scores there); ``gold_class`` ``[B]`` (-1:
     unknown), ``gold_value`` ``[B]`` (NaN: unknown), ``kept`` ``[B]`` (examples not skipped by
     the protocol). Plausibility uses ``scores`` (per example
-    ``[N]`` or ``[L, N]``), ``evidence`` and ``considered`` (``[N]`` bool each).
+    ``[N]`` or ``[L, N]``), ``evidence`` and ``considered`` (``[N]`` bool each). Context
+    attribution (:mod:`heedful.evaluate.context`) uses ``ablations`` (the source-ablation
+    outputs), ``source_scores`` (per example ``[S]``, ``None`` without sources),
+    ``answer_source`` ``[B]`` (-1: unknown) and ``content`` (per example ``[N]`` bool: the
+    non-special tokens of the explained text).
     """
 
     protocol: Protocol
@@ -82,6 +95,10 @@ class Measurements:
     evidence: list[np.ndarray] | None = None
     considered: list[np.ndarray] | None = None
     kept: np.ndarray | None = None
+    ablations: SourceAblations | None = None
+    source_scores: list[np.ndarray | None] | None = None
+    answer_source: np.ndarray | None = None
+    content: list[np.ndarray] | None = None
 
     @property
     def kept_mask(self) -> np.ndarray:
@@ -102,18 +119,27 @@ class PerExample:
 @dataclass
 class Summary:
     """A metric aggregated over examples: ``value``, its standard deviation over examples,
-    ``n`` examples counted, and the mean ``curve`` (``[R]`` or ``[L]``) if the metric has one."""
+    ``n`` examples counted, the mean ``curve`` (``[R]`` or ``[L]``) if the metric has one, and
+    ``low`` / ``high``: a 95 % bootstrap interval of ``value`` over examples where the metric's
+    aggregation gives one (NaN otherwise)."""
 
     value: float
     std: float
     n: int
     curve: np.ndarray | None = None
+    low: float = float("nan")
+    high: float = float("nan")
+
+    @property
+    def has_interval(self) -> bool:
+        return bool(np.isfinite(self.low) and np.isfinite(self.high))
 
 
 @dataclass(frozen=True)
 class Metric:
-    """A registered metric. ``source``: ``"remove"``, ``"keep"``, ``"loo"`` or ``"evidence"``;
-    ``curve_kind``: ``"ratio"``, ``"layer"`` or ``None``."""
+    """A registered metric. ``source``: ``"remove"``, ``"keep"``, ``"loo"``, ``"ablations"`` or
+    ``"evidence"``; ``curve_kind``: ``"ratio"``, ``"layer"``, ``"sources"`` (per number of
+    removed sources, ``protocol.source_ks``) or ``None``."""
 
     name: str
     family: str
@@ -418,7 +444,8 @@ METRICS: dict[str, Metric] = {
     )
 }
 ALIASES = {"comprehensiveness": "aopc", "aopc_compr": "aopc", "aopc_suff": "sufficiency", "lodds": "log_odds",
-           "ap": "average_precision", "dot": "dot_product", "f1": "token_f1", "taucorr_loo": "tau_loo"}
+           "ap": "average_precision", "dot": "dot_product", "f1": "token_f1", "taucorr_loo": "tau_loo",
+           "precision@k": "precision_at_k", "p@k": "precision_at_k", "top1": "source_top1", "top3": "source_top3"}
 
 
 def register_metric(
@@ -435,8 +462,8 @@ def register_metric(
 ) -> Callable[[Callable[[Measurements], PerExample]], Callable[[Measurements], PerExample]]:
     """Register ``compute(measurements) -> PerExample`` as the metric ``name`` (see
     :class:`Metric`); ``compute`` is returned unchanged. ``source`` names the raw measurements it
-    reads (``"remove"``, ``"keep"``, ``"loo"``) or ``"evidence"``, so that :func:`evaluate` and
-    ``heedful bench`` measure them once for every metric that needs them.
+    reads (``"remove"``, ``"keep"``, ``"loo"``, ``"ablations"``) or ``"evidence"``, so that
+    :func:`evaluate` and ``heedful bench`` measure them once for every metric that needs them.
 
     >>> @register_metric("top1_drop", family="faithfulness", source="remove", higher_is_better=True,
     ...                  summary="probability drop when the top token is removed", curve_kind=None)
@@ -448,8 +475,8 @@ def register_metric(
     """
     if name in METRICS:
         raise ValueError(f"metric {name!r} registered twice")
-    if source not in ("remove", "keep", "loo", "evidence"):
-        raise ValueError(f"metric {name!r}: source must be remove, keep, loo or evidence, not {source!r}")
+    if source not in ("remove", "keep", "loo", "ablations", "evidence"):
+        raise ValueError(f"metric {name!r}: source must be remove, keep, loo, ablations or evidence, not {source!r}")
 
     def deco(compute: Callable[[Measurements], PerExample]) -> Callable[[Measurements], PerExample]:
         METRICS[name] = Metric(

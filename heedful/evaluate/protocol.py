@@ -55,6 +55,11 @@ NORMALIZATIONS = ("softmax", "l1", "none")
 
 TENTHS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
+LATER_FIELDS = {"precision_k": 20, "source_ks": (1, 3, 5), "lds_ablations": 32, "lds_keep": 0.5}
+"""Fields added after results stores were first written, with their defaults: a protocol's
+:meth:`Protocol.hash` leaves them out while they hold these values, so older stores keep their
+keys (a changed value enters the hash as any other field)."""
+
 
 @dataclass(frozen=True)
 class Protocol:
@@ -97,6 +102,13 @@ class Protocol:
         size of the hard rationale for token F1 / IOU. ``dot_normalization``: scores are
         ``"softmax"``-ed (NormXLogit), ``"l1"``-normalised (``|s| / sum |s|``) or used as is
         before the dot product with the evidence vector.
+    Context attribution (:mod:`heedful.evaluate.context`)
+        ``precision_k``: how many top tokens precision@k reads (Mask-LRP: 20). ``source_ks``:
+        numbers of top sources removed together for source comprehensiveness (ContextCite: 1,
+        3, 5). ``lds_ablations``: random source ablations per example for the LDS, each source
+        kept with probability ``lds_keep`` (ContextCite: 0.5). These fields enter :meth:`hash`
+        only when they differ from their defaults (:data:`LATER_FIELDS`), so stores written
+        before they existed keep their keys.
     Baseline
         ``random_seeds``: how many seeds the random baseline is run with (mean +- std).
     """
@@ -125,6 +137,10 @@ class Protocol:
     plausibility_specials: str = "exclude"
     rationale_k: int = 5
     dot_normalization: str = "softmax"
+    precision_k: int = 20
+    source_ks: tuple[int, ...] = (1, 3, 5)
+    lds_ablations: int = 32
+    lds_keep: float = 0.5
     random_seeds: int = 5
     citation: str = ""
 
@@ -169,6 +185,15 @@ class Protocol:
             raise InputError("rationale_k must be at least 1")
         if self.random_seeds < 1:
             raise InputError("random_seeds must be at least 1")
+        if self.precision_k < 1:
+            raise InputError("precision_k must be at least 1")
+        object.__setattr__(self, "source_ks", tuple(int(k) for k in self.source_ks))
+        if not self.source_ks or any(k < 1 for k in self.source_ks) or list(self.source_ks) != sorted(set(self.source_ks)):
+            raise InputError(f"source_ks must be increasing numbers of sources from 1, got {list(self.source_ks)}", hint="e.g. (1, 3, 5)")
+        if self.lds_ablations < 3:
+            raise InputError(f"lds_ablations must be at least 3 (a rank correlation needs them), got {self.lds_ablations}")
+        if not 0.0 < self.lds_keep < 1.0:
+            raise InputError(f"lds_keep must lie strictly between 0 and 1, got {self.lds_keep}")
 
     # ------------------------------------------------------------------ derived views
     @property
@@ -193,6 +218,9 @@ class Protocol:
         data = asdict(self)
         for label in ("name", "citation", "random_seeds"):
             data.pop(label)
+        for label, default in LATER_FIELDS.items():
+            if data[label] == default:
+                data.pop(label)
         return data
 
     def hash(self) -> str:

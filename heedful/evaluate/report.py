@@ -150,6 +150,15 @@ def markdown(result: BenchResult) -> str:
             "| " + " | ".join([group, *cells, fmt(c["seconds"], digits=4), fmt(c["forward"], digits=1),
                                fmt(c["backward"], digits=1), fmt(c["peak_mb"], digits=0)]) + " |"
         )
+    lines += interval_lines(result, names)
+    for name in [n for n in names if METRICS[n].curve_kind == "sources"]:
+        ks = list(p.source_ks)
+        lines += ["", f"## {name} per number of removed sources", ""]
+        lines += ["| method | " + " | ".join(f"k={k}" for k in ks) + " |", "|" + "---|" * (len(ks) + 1)]
+        for group, res in result.groups.items():
+            curve = res.summaries[name].curve
+            cells = [fmt(v) for v in (curve if curve is not None else [float("nan")] * len(ks))]
+            lines.append(f"| {group} | " + " | ".join(cells) + " |")
     curve_names = [n for n in names if METRICS[n].curve_kind == "ratio"]
     for name in curve_names:
         lines += ["", f"## {name} per perturbation ratio", ""]
@@ -164,19 +173,53 @@ def markdown(result: BenchResult) -> str:
     return "\n".join(lines) + "\n"
 
 
+def overlapping(intervals: dict[str, tuple[float, float]]) -> list[str]:
+    """``"a / b"`` for every pair of methods whose ``(low, high)`` intervals overlap."""
+    keys = [k for k, (lo, hi) in intervals.items() if math.isfinite(lo) and math.isfinite(hi)]
+    return [
+        f"{a} / {b}"
+        for i, a in enumerate(keys)
+        for b in keys[i + 1 :]
+        if intervals[a][0] <= intervals[b][1] and intervals[b][0] <= intervals[a][1]
+    ]
+
+
+def interval_lines(result: BenchResult, names: list[str]) -> list[str]:
+    """Markdown: the metrics aggregated with a 95 % bootstrap interval over examples (the
+    context metrics), per method, and which methods' intervals overlap."""
+    shown = [n for n in names if any(r.summaries[n].has_interval for r in result.groups.values())]
+    if not shown:
+        return []
+    lines = [
+        "", "## 95 % bootstrap intervals over examples", "",
+        "Mean over the examples where a metric is defined (n) and its 95 % percentile bootstrap interval "
+        "(1000 resamples; the random baseline: per-example means over its seeds).", "",
+        "| method | " + " | ".join(f"{n} {_arrow(n)}" for n in shown) + " |", "|" + "---|" * (len(shown) + 1),
+    ]
+    for group, res in result.groups.items():
+        cells = [f"{fmt(res.summaries[n].value)} [{fmt(res.summaries[n].low)}, {fmt(res.summaries[n].high)}] (n={res.summaries[n].n})" for n in shown]
+        lines.append(f"| {group} | " + " | ".join(cells) + " |")
+    lines.append("")
+    for name in shown:
+        pairs = overlapping({g: (r.summaries[name].low, r.summaries[name].high) for g, r in result.groups.items()})
+        lines.append(f"- {name}: intervals that overlap (no difference claimed): {', '.join(pairs) or 'none'}.")
+    return lines
+
+
 def write_csv(result: BenchResult, summary_path: Path, curves_path: Path) -> None:
     names = list(next(iter(result.groups.values())).summaries) if result.groups else []
     with open(summary_path, "w", newline="", encoding="utf-8") as fh:
         writer = csv.writer(fh)
         writer.writerow(["model", "dataset", "split", "protocol", "method", "seeds", "metric", "value", "std", "n",
-                         "higher_is_better", "seconds_per_example", "forward_per_example", "backward_per_example", "peak_mb"])
+                         "higher_is_better", "seconds_per_example", "forward_per_example", "backward_per_example", "peak_mb",
+                         "ci_low", "ci_high"])
         for group, res in result.groups.items():
             for name in names:
                 s = res.summaries[name]
                 writer.writerow([
                     result.model_name, result.spec.dataset, result.spec.split, result.spec.protocol.name, group, res.seeds,
                     name, s.value, s.std, s.n, METRICS[name].higher_is_better,
-                    res.cost["seconds"], res.cost["forward"], res.cost["backward"], res.cost["peak_mb"],
+                    res.cost["seconds"], res.cost["forward"], res.cost["backward"], res.cost["peak_mb"], s.low, s.high,
                 ])
     with open(curves_path, "w", newline="", encoding="utf-8") as fh:
         writer = csv.writer(fh)
@@ -187,7 +230,7 @@ def write_csv(result: BenchResult, summary_path: Path, curves_path: Path) -> Non
                 kind = METRICS[name].curve_kind
                 if curve is None or kind is None:
                     continue
-                xs = result.x if kind == "ratio" else np.arange(1, len(curve) + 1)
+                xs = result.x if kind == "ratio" else np.asarray(result.spec.protocol.source_ks) if kind == "sources" else np.arange(1, len(curve) + 1)
                 std = res.curve_std.get(name)
                 for j, x in enumerate(xs[: len(curve)]):
                     writer.writerow([group, name, kind, x, curve[j], "" if std is None else std[j]])
