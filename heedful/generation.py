@@ -157,7 +157,7 @@ def prepare_steps(
     )
     hidden = info is not None and info.needs_hidden
     attentions = info is not None and info.needs_attentions
-    fits = keeps_graph(adapter, batch.lengths)
+    fits = keeps_graph(adapter, batch.lengths) is not None
     if info is not None and info.reference is not None and fits:
         problem = prepare(adapter, batch, request, reference=info.reference, quantity=quantity)
     else:

@@ -47,8 +47,10 @@ A pass with gradients keeps one tensor per block for later (its saved activation
 input when checkpointed); between them the heap holds holes that the next block's larger
 temporaries do not fit, and glibc's heap grows by about one block's working set per block.
 The adapter gives the free pages back after each block's forward and backward
-(:func:`release_heap`); on smollm2-135m this took a checkpointed 2,048-token backward from
-+776 MiB to +303 MiB and a plain one from +1,135 MiB to +913 MiB.
+(:func:`release_heap`) in checkpointed passes and in passes estimated above
+:data:`RELEASE_SHARE` of the budget (the pages are faulted in again: about 10% of a short
+pass's time); on smollm2-135m this took a checkpointed 2,048-token backward from +776 MiB to
++303 MiB and a plain one from +1,135 MiB to +913 MiB.
 
 Calibration (``benchmarks/memory_calibration.py``, whose output ``docs/design.md``
 summarises): each kind of pass run as the runner runs it, one thread, after a warm-up pass,
@@ -88,6 +90,7 @@ __all__ = [
     "fit",
     "format_bytes",
     "kept_bytes",
+    "near_budget",
     "parse_memory",
     "peak_rss",
     "peak_rss_mb",
@@ -102,8 +105,6 @@ __all__ = [
 Grad = Literal["none", "saved", "checkpoint"]
 """What a pass does after its forward: nothing (``torch.no_grad``), a backward through saved
 activations, or a backward with per-block gradient checkpointing."""
-
-GRADS: tuple[str, ...] = Grad.__args__
 
 SCORE_BYTES = 4
 """Bytes per attention score (softmax runs in float32 whatever the model's dtype)."""
@@ -134,6 +135,11 @@ MARGIN = 1.15
 """Safety factor on the sum (allocator rounding, fragmentation)."""
 FIXED = 16 * 2**20
 """Bytes added to every pass (per-call buffers, Python objects)."""
+RELEASE_SHARE = 0.5
+"""A pass with gradients estimated above this share of the budget gives the heap's free pages
+back after each block (:func:`release_heap`, :func:`near_budget`); below it, the heap's growth
+(measured up to 1.3x the live tensors) still leaves the pass under the budget, and the pages
+need not be faulted in again."""
 MIN_BUDGET = 256 * 2**20
 """Least default budget: below it the default is this (a smaller one can still be given)."""
 
@@ -323,6 +329,12 @@ def kept_bytes(shape: ModelShape, rows: int, width: int, need: Need = FORWARD) -
     if need.attentions:
         kept += SCORE_BYTES * shape.layers * shape.heads * width * width
     return rows * kept
+
+
+def near_budget(needed: int, budget: int) -> bool:
+    """Whether a pass estimated at ``needed`` bytes should give the heap's free pages back after
+    each block (above :data:`RELEASE_SHARE` of ``budget``)."""
+    return needed > RELEASE_SHARE * budget
 
 
 def rows_within(shape: ModelShape, width: int, budget: int, need: Need = FORWARD) -> int:

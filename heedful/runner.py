@@ -29,7 +29,7 @@ import torch
 from heedful.adapters import Forward, ModelAdapter
 from heedful.batch import Batch
 from heedful.chunks import CHUNK_OVERHEAD, TOKEN_BUDGET, length_chunks
-from heedful.memory import FORWARD, Fit, Need, fit, together
+from heedful.memory import FORWARD, Fit, Need, estimate, fit, near_budget, together
 from heedful.perturb import Perturbed
 from heedful.targets import ResolvedTarget
 
@@ -77,7 +77,8 @@ class Chunk:
     """Rows ``rows`` (indices into the copies) of examples ``example``, cut to ``width``
     positions; ``target``: the rows' target with each row's anchor; ``need``: how its pass
     runs within the memory budget (gradient checkpointing, chunked prefill; see
-    :func:`heedful.memory.fit`)."""
+    :func:`heedful.memory.fit`); ``release``: its pass is near the budget and gives the heap's
+    free pages back after each block (:func:`heedful.memory.near_budget`)."""
 
     rows: torch.Tensor
     example: torch.Tensor
@@ -85,6 +86,7 @@ class Chunk:
     target: ResolvedTarget
     inputs: dict
     need: Need = FORWARD
+    release: bool = False
 
 
 def anchors_of(target: ResolvedTarget) -> int:
@@ -93,13 +95,18 @@ def anchors_of(target: ResolvedTarget) -> int:
     return int(read.shape[1]) if read.dim() == 2 else 1
 
 
-def keeps_graph(adapter: ModelAdapter, lengths: torch.Tensor, anchors: int = 1) -> bool:
+def keeps_graph(adapter: ModelAdapter, lengths: torch.Tensor, anchors: int = 1) -> bool | None:
     """Whether one pass over rows of real lengths ``lengths`` ``[R]`` that keeps its autograd
     graph for one later backward (a gradient method's reference pass: its length chunks'
-    graphs all alive at once) stays under the adapter's ``max_memory``: the sum of its chunks'
-    estimates (:func:`heedful.memory.together`)."""
+    graphs all alive at once) stays under the adapter's ``max_memory`` -- the sum of its
+    chunks' estimates (:func:`heedful.memory.together`): ``None`` when it does not, else
+    whether it is near the budget (its passes should give the heap's free pages back after
+    each block, :func:`heedful.memory.near_budget`)."""
     parts = [(len(rows), width) for rows, width in length_chunks(lengths)]
-    return together(adapter.shape, parts, Need(grad="saved", anchors=anchors)) <= adapter.max_memory
+    needed = together(adapter.shape, parts, Need(grad="saved", anchors=anchors))
+    if needed > adapter.max_memory:
+        return None
+    return near_budget(needed, adapter.max_memory)
 
 
 class Runner:
@@ -196,9 +203,11 @@ class Runner:
         need = self.need_of(need or Need(anchors=anchors_of(self.target)), lengths, copies.attention_mask)
         planned = self.plan(lengths, need=need, bounded=True, mask=copies.attention_mask)
         fits: dict[int, Fit] = {}
+        shape = self.adapter.shape
         for rows, width in planned:
             if width not in fits:
                 fits[width] = self.fit(width, need)
+            release = need.grad != "none" and near_budget(estimate(shape, len(rows), width, fits[width].need), self.max_memory)
             example = copies.example[rows]
             target = self.target.select(example)
             if copies.anchor is not None:
@@ -215,7 +224,7 @@ class Runner:
                 if copies.embeds is not None:
                     del inputs["input_ids"]
             self.passes += 1
-            yield Chunk(rows, example, width, target, inputs, fits[width].need)
+            yield Chunk(rows, example, width, target, inputs, fits[width].need, release)
 
     def forward(self, chunk: Chunk, **kwargs) -> Forward:
         """The chunk's forward pass (``kwargs``: ``inputs_embeds``, ``hidden_states``, ...), with
@@ -226,6 +235,7 @@ class Runner:
             chunk.target.read_at,
             **chunk.inputs,
             checkpoint=need.grad == "checkpoint",
+            release=chunk.release,
             prefill=need.queries,
             **kwargs,
         )

@@ -398,5 +398,5 @@ def test_a_4096_token_input_on_smollm2_runs_within_4gb():
         assert len(found.tokens) == 4096
         assert torch.isfinite(torch.as_tensor(found.scores)).all()
         assert peak < parse_memory(budget)
-    with pytest.raises(InputError, match="attention probabilities"):
+    with pytest.raises(InputError, match="attention probabilities"), pytest.warns(UserWarning, match="truncated"):
         model.explain(text, "rollout", max_length=4096)

@@ -312,15 +312,16 @@ class ModelAdapter:
 
     @contextlib.contextmanager
     def checkpointed(self, checkpoint: bool = True) -> Iterator[None]:
-        """Blocks in bounded memory while inside, in a pass with gradients: each block gives
-        the heap's free pages back after its forward and after its backward
-        (:func:`heedful.memory.release_heap`: the one tensor a block keeps for later splits the
-        heap, and its next, larger temporaries would not fit the holes), and with
-        ``checkpoint`` runs with per-block gradient checkpointing -- its forward keeps only its
-        inputs and runs again during the backward (``torch.utils.checkpoint``, non-reentrant,
-        recomputed with the attention the forward ran). The model is in eval mode (no
-        dropout), so the gradients equal the plain backward's. Without gradients the blocks run
-        as they are."""
+        """Blocks in bounded memory while inside, in a pass with gradients: each block runs
+        with per-block gradient checkpointing (with ``checkpoint``) -- its forward keeps only
+        its inputs and runs again during the backward (``torch.utils.checkpoint``,
+        non-reentrant, recomputed with the attention the forward ran; the model is in eval mode,
+        no dropout, so the gradients equal the plain backward's) -- and gives the heap's free
+        pages back after its forward and after its backward (:func:`heedful.memory.release_heap`:
+        the one tensor a block keeps for later splits the heap, and the next block's temporaries
+        do not fit the holes; the pages are faulted in again, about 10% of a short pass's time,
+        so the runner asks for this only for passes near the budget). Without gradients the
+        blocks run as they are."""
         blocks = list(self.blocks)
         own = [block.__dict__.get("forward") for block in blocks]
         config = self.config
@@ -595,6 +596,7 @@ class ModelAdapter:
         attentions: bool = False,
         prefix: tuple[PrefixStates, torch.Tensor, int] | None = None,
         checkpoint: bool = False,
+        release: bool = False,
         prefill: int | None = None,
     ) -> Forward:
         """Run the model and the head at each example's ``anchor`` position ``[B]`` (logits
@@ -608,8 +610,9 @@ class ModelAdapter:
         and ``anchor`` counts from ``p``.
 
         Bounded memory (the runner decides, :mod:`heedful.memory`): ``checkpoint`` runs the
-        blocks with per-block gradient checkpointing (:meth:`checkpointed`) for a backward
-        through this pass; ``prefill`` (decoders, no attention probabilities) runs the positions
+        blocks with per-block gradient checkpointing for a backward through this pass, and it
+        and ``release`` give the heap's free pages back after each block's forward and backward
+        (:meth:`checkpointed`); ``prefill`` (decoders, no attention probabilities) runs the positions
         in chunks of ``prefill`` with the key/value cache -- attention over ``prefill x N``
         instead of ``N x N`` per block -- with the same outputs (beyond float rounding).
         """
@@ -634,7 +637,8 @@ class ModelAdapter:
         if attentions:
             kwargs["output_attentions"] = True
         width = (inputs_embeds if inputs_embeds is not None else kwargs["input_ids"]).shape[1]
-        blocks = self.checkpointed(checkpoint) if torch.is_grad_enabled() else contextlib.nullcontext()
+        bounded = (checkpoint or release) and torch.is_grad_enabled()
+        blocks = self.checkpointed(checkpoint) if bounded else contextlib.nullcontext()
         with self._kernel_attention(not attentions), blocks:
             if prefill is not None and prefill < width:
                 if attentions:

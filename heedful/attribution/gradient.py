@@ -81,7 +81,8 @@ def gradient_reference(
     checkpointing where one row needs it) -- checked here, so that a backward that cannot fit
     at all is an :class:`InputError` before any work."""
     anchors = int(anchor.shape[1]) if anchor.dim() == 2 else 1
-    if not keeps_graph(adapter, batch.lengths, anchors):
+    kept = keeps_graph(adapter, batch.lengths, anchors)
+    if kept is None:
         adapter.fit(int(batch.lengths.max()), Need(grad="saved", anchors=anchors))
         return reference_pass(adapter, batch, anchor, inputs_embeds)
     start = adapter.embed(batch.input_ids) if inputs_embeds is None else inputs_embeds
@@ -91,7 +92,7 @@ def gradient_reference(
         for rows, width in length_chunks(batch.lengths):
             inputs = batch.cut(rows, width)
             del inputs["input_ids"]
-            fwd = adapter.forward(batch, anchor[rows], inputs_embeds=embeds[rows, :width], **inputs)
+            fwd = adapter.forward(batch, anchor[rows], inputs_embeds=embeds[rows, :width], release=kept, **inputs)
             parts.append(fwd.logits)
             order.append(rows)
         logits = torch.cat(parts)[torch.argsort(torch.cat(order))]
