@@ -4,6 +4,7 @@ numbers beside ours, the random-mask ablation; and (slow) a rerun that reuses th
 from __future__ import annotations
 
 import csv
+import re
 
 import numpy as np
 import pytest
@@ -38,6 +39,7 @@ def setting(tmp_path_factory):
         "mask_seeds": 2,
         "random_seeds": 2,
         "batch_size": 2,
+        "planted_model": "none",  # the planted section needs a decoder: tested on its own below
     }
     return root, options
 
@@ -64,6 +66,7 @@ def test_quick_report_on_tiny_model(setting, tmp_path):
     assert "0.438" in text  # the paper's SST-2 AOPC of Mask-LRP, in the reference table
     assert "1 of 8 heads kept" in text and "12.5%" in text
     assert "random masks mean ± std" in text and "no head kept" in text
+    assert "precision@20 is not measured (planted section left out)" in text
     pngs = sorted(p.name for p in out.glob("*.png"))
     assert pngs == ["mask-lrp-curves-reviews.png", "mask-lrp-deletion.png", "mask-lrp-heads.png", "mask-lrp-random-masks.png"]
     for name in pngs:
@@ -100,3 +103,35 @@ def test_unknown_option_is_refused(setting, tmp_path):
 
     with pytest.raises(InputError, match="unknown mask-lrp report option"):
         report.write(tmp_path, ReportSettings(quick=True, store=tmp_path / "s", options={"bogus": 1}))
+
+
+def test_unknown_section_is_refused(tmp_path):
+    from heedful.errors import InputError
+
+    with pytest.raises(InputError, match="unknown mask-lrp section 'table'"):
+        report.write(tmp_path, ReportSettings(quick=True, store=tmp_path / "s", options={"only": "table"}))
+    with pytest.raises(InputError, match="only=planted needs a planted_model"):
+        report.write(tmp_path, ReportSettings(quick=True, store=tmp_path / "s", options={"only": "planted", "planted_model": "none"}))
+
+
+def test_planted_section_alone_on_a_tiny_decoder(tmp_path):
+    """``-O only=planted``: precision@20 of every planted method on planted documents, with
+    bootstrap intervals, written to its own file (never the full report)."""
+    hf_model, tokenizer = tiny_hf("llama", "causal_lm", max_position_embeddings=1024)
+    tokenizer.model_max_length = 1024
+    hf_model.save_pretrained(tmp_path / "decoder")
+    tokenizer.save_pretrained(tmp_path / "decoder")
+    options = {
+        "only": "planted", "planted_model": str(tmp_path / "decoder"), "planted_n": 3, "planted_length": 450,
+        "planted_methods": "saliency,grad_x_input", "random_seeds": 2,
+    }
+    out = tmp_path / "results"
+    path = report.write(out, ReportSettings(quick=True, store=tmp_path / "store", progress=False, options=options))
+    assert path == out / "mask-lrp-planted.md" and not (out / "mask-lrp.md").exists()
+    text = path.read_text(encoding="utf-8")
+    assert "## Token precision@20 on planted long contexts" in text and "3 documents of at most 450 tokens" in text
+    assert "| saliency |" in text and "| grad_x_input |" in text and "Precision@20 intervals that overlap" in text
+    assert "RawAtt 28.97 / 27.85" in text  # the paper's Table 2 (GPT-2 column) beside ours
+    row = next(line for line in text.splitlines() if line.startswith("| grad_x_input |"))
+    value, low, high = (float(v) for v in re.findall(r"(-?\d\.\d{3}) \[(-?\d\.\d{3}), (-?\d\.\d{3})\]", row)[0])
+    assert 0.0 <= low <= value <= high <= 1.0

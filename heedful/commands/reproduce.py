@@ -17,11 +17,11 @@ from heedful.errors import HeedfulError
 
 def reproduce(
     name: Annotated[str, typer.Argument(help="Report: normxlogit, mask-lrp or coperturbation.")],
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="Folder for the report and plots (default docs/results; docs/results/quick with --quick).")] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Folder for the report and plots (default docs/results; docs/results/quick with --quick or -O only=SECTION).")] = None,
     n: Annotated[int | None, typer.Option("--n", "-n", help="Examples per dataset (default: the report's).")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="Smoke run: few examples and steps; numbers are not the report's.")] = False,
     store: Annotated[Path | None, typer.Option("--store", help="Results-store folder (reused between runs).")] = None,
-    option: Annotated[list[str] | None, typer.Option("--option", "-O", help="Report-specific setting key=value.")] = None,
+    option: Annotated[list[str] | None, typer.Option("--option", "-O", help="Report-specific setting key=value (mask-lrp: only=planted runs its planted precision@20 section alone).")] = None,
 ) -> None:
     """Run a founding paper's experiments on the zoo models and write ``<out>/<name>.md`` with plots.
 
@@ -35,7 +35,7 @@ def reproduce(
     options = key_values(option, "--option ig_steps=20")
     settings = ReportSettings(n=n, quick=quick, store=store, options=options)
     if out is None:
-        # a smoke run never overwrites the committed report
-        out = default_out_dir() / "quick" if quick else default_out_dir()
+        # a smoke run, or one section alone, never writes beside the committed reports
+        out = default_out_dir() / "quick" if quick or options.get("only") else default_out_dir()
     path = report_writer(name)(out, settings)
     Console().print(f"wrote {path}")
