@@ -15,7 +15,8 @@ key/value heads of ``d``, MLP width ``F``) and what the pass keeps and how it ru
   :data:`FORWARD_F` ``F``). Eager attention adds the scores and probabilities ``[H, Q, N]``
   (``Q`` query positions): :data:`ATTENTION_COPIES` of them alive at once -- the product, the
   scaled and masked scores and the softmax are each a new tensor whose input is freed after
-  it -- at 4 bytes (softmax runs in float32), and the additive mask ``[Q, N]``. Fused attention
+  it, and the probabilities stay referenced through the MLP -- at 4 bytes (softmax runs in
+  float32), and the additive mask ``[Q, N]``. Fused attention
   (PyTorch's ``scaled_dot_product_attention``, which the adapter runs wherever no
   probabilities are asked for) materialises no scores, only a padded batch's mask (boolean,
   and its float copy inside the kernel);
@@ -34,8 +35,9 @@ key/value heads of ``d``, MLP width ``F``) and what the pass keeps and how it ru
   plus the larger of its forward and backward working sets;
 * a forward in position chunks of ``Q`` (chunked prefill, decoders) keeps the key/value cache
   ``2 x L x H_kv x d x N`` twice (it grows by concatenation) and the last hidden state, and
-  holds ``[H, Q, N]`` scores per block instead of ``[H, N, N]`` (with fused attention it saves
-  nothing, and :func:`fit` never picks it);
+  holds ``[H, Q, N]`` scores per block instead of ``[H, N, N]`` (with fused attention the
+  cache costs about what the chunks save, and :func:`fit` picks it only where its estimate is
+  the lower);
 * ``extra_per_row``: what the caller keeps beside the pass (e.g. a reused key/value prefix,
   :meth:`ModelShape.cache_bytes`).
 
@@ -47,10 +49,10 @@ A pass with gradients keeps one tensor per block for later (its saved activation
 input when checkpointed); between them the heap holds holes that the next block's larger
 temporaries do not fit, and glibc's heap grows by about one block's working set per block.
 The adapter gives the free pages back after each block's forward and backward
-(:func:`release_heap`) in checkpointed passes and in passes estimated above
-:data:`RELEASE_SHARE` of the budget (the pages are faulted in again: about 10% of a short
-pass's time); on smollm2-135m this took a checkpointed 2,048-token backward from +776 MiB to
-+303 MiB and a plain one from +1,135 MiB to +913 MiB.
+(:func:`release_heap`) in checkpointed and chunked-prefill passes and in passes with gradients
+estimated above :data:`RELEASE_SHARE` of the budget (the pages are faulted in again: about 10%
+of a short pass's time); on smollm2-135m this took a checkpointed 2,048-token backward from
++776 MiB to +303 MiB and a plain one from +1,135 MiB to +913 MiB.
 
 Calibration (``benchmarks/memory_calibration.py``, whose output ``docs/design.md``
 summarises): each kind of pass run as the runner runs it, one thread, after a warm-up pass,
@@ -108,10 +110,11 @@ activations, or a backward with per-block gradient checkpointing."""
 
 SCORE_BYTES = 4
 """Bytes per attention score (softmax runs in float32 whatever the model's dtype)."""
-ATTENTION_COPIES = 2.0
-"""Score-sized ``[H, Q, N]`` tensors alive at once in an eager attention forward (each of the
-product, the scaled and the masked scores and the softmax is a new tensor; its input is freed
-after it)."""
+ATTENTION_COPIES = 2.5
+"""Score-sized ``[H, Q, N]`` tensors alive at once in an eager attention forward: each of the
+product, the scaled and the masked scores and the softmax is a new tensor whose input is freed
+after it (two alive), and the block's probabilities stay referenced until its MLP has run;
+measured peaks on smollm2-135m reached 2.4 copies' worth."""
 FORWARD_D = 8.0
 """``D``-sized values per position alive in a block's forward (residual, norm, q/k/v,
 rotated and repeated k/v, context, output)."""

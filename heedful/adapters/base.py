@@ -311,17 +311,17 @@ class ModelAdapter:
         return fit(self.shape, width, self.max_memory if budget is None else budget, need, **options)
 
     @contextlib.contextmanager
-    def checkpointed(self, checkpoint: bool = True) -> Iterator[None]:
-        """Blocks in bounded memory while inside, in a pass with gradients: each block runs
-        with per-block gradient checkpointing (with ``checkpoint``) -- its forward keeps only
-        its inputs and runs again during the backward (``torch.utils.checkpoint``,
-        non-reentrant, recomputed with the attention the forward ran; the model is in eval mode,
-        no dropout, so the gradients equal the plain backward's) -- and gives the heap's free
-        pages back after its forward and after its backward (:func:`heedful.memory.release_heap`:
-        the one tensor a block keeps for later splits the heap, and the next block's temporaries
-        do not fit the holes; the pages are faulted in again, about 10% of a short pass's time,
-        so the runner asks for this only for passes near the budget). Without gradients the
-        blocks run as they are."""
+    def checkpointed(self, checkpoint: bool = True, release: bool = True) -> Iterator[None]:
+        """Blocks in bounded memory while inside. With ``checkpoint``, in a pass with gradients,
+        each block runs with per-block gradient checkpointing: its forward keeps only its inputs
+        and runs again during the backward (``torch.utils.checkpoint``, non-reentrant,
+        recomputed with the attention the forward ran; the model is in eval mode, no dropout,
+        so the gradients equal the plain backward's). With ``release``, each block gives the
+        heap's free pages back after its forward and, with gradients, after its backward
+        (:func:`heedful.memory.release_heap`: the tensors a pass keeps for later -- saved
+        activations, block inputs, a growing key/value cache -- split the heap, and the next
+        block's temporaries do not fit the holes; the pages are faulted in again, about 10% of
+        a short pass's time, so only passes near the budget ask for it)."""
         blocks = list(self.blocks)
         own = [block.__dict__.get("forward") for block in blocks]
         config = self.config
@@ -335,16 +335,16 @@ class ModelAdapter:
             plain = block.forward
 
             def run(*args, _plain=plain, **kwargs):
-                if not torch.is_grad_enabled():
-                    return _plain(*args, **kwargs)
-                if checkpoint:
+                grad = torch.is_grad_enabled()
+                if checkpoint and grad:
                     out = checkpoint_call(_plain, *args, use_reentrant=False, context_fn=contexts, **kwargs)
                 else:
                     out = _plain(*args, **kwargs)
-                release_heap()
-                entering = next((a for a in (*args, *kwargs.values()) if torch.is_tensor(a) and a.requires_grad), None)
-                if entering is not None:  # once the block's backward is done, so are its temporaries
-                    entering.register_hook(_released)
+                if release:
+                    release_heap()
+                    entering = next((a for a in (*args, *kwargs.values()) if torch.is_tensor(a) and a.requires_grad), None)
+                    if grad and entering is not None:  # once the block's backward is done, so are its temporaries
+                        entering.register_hook(_released)
                 return out
 
             block.forward = run
@@ -610,9 +610,10 @@ class ModelAdapter:
         and ``anchor`` counts from ``p``.
 
         Bounded memory (the runner decides, :mod:`heedful.memory`): ``checkpoint`` runs the
-        blocks with per-block gradient checkpointing for a backward through this pass, and it
-        and ``release`` give the heap's free pages back after each block's forward and backward
-        (:meth:`checkpointed`); ``prefill`` (decoders, no attention probabilities) runs the positions
+        blocks with per-block gradient checkpointing for a backward through this pass, and it,
+        ``release`` and ``prefill`` give the heap's free pages back after each block's forward
+        and backward (:meth:`checkpointed`); ``prefill`` (decoders, no attention probabilities)
+        runs the positions
         in chunks of ``prefill`` with the key/value cache -- attention over ``prefill x N``
         instead of ``N x N`` per block -- with the same outputs (beyond float rounding).
         """
@@ -637,10 +638,11 @@ class ModelAdapter:
         if attentions:
             kwargs["output_attentions"] = True
         width = (inputs_embeds if inputs_embeds is not None else kwargs["input_ids"]).shape[1]
-        bounded = (checkpoint or release) and torch.is_grad_enabled()
-        blocks = self.checkpointed(checkpoint) if bounded else contextlib.nullcontext()
+        chunked = prefill is not None and prefill < width  # chunked prefill runs near the budget
+        bounded = (checkpoint or release) and torch.is_grad_enabled() or chunked
+        blocks = self.checkpointed(checkpoint, release=True) if bounded else contextlib.nullcontext()
         with self._kernel_attention(not attentions), blocks:
-            if prefill is not None and prefill < width:
+            if chunked:
                 if attentions:
                     raise InputError("attention probabilities cannot be kept in a forward run in position chunks")
                 last, hidden = self._prefilled(kwargs, prefill)
