@@ -140,6 +140,12 @@ def markdown(result: BenchResult) -> str:
     ]
     if result.evidence_source and any(METRICS[n].family == "plausibility" for n in names):
         lines.append(f"- evidence: {result.evidence_source}")
+    if any(METRICS[n].family == "context" or n == "precision_at_k" for n in names):
+        lines.append(
+            f"- context metrics: precision@{p.precision_k}; the target's log-probability with the top k = "
+            f"{', '.join(map(str, p.source_ks))} sources removed together, and over {p.lds_ablations} random source "
+            f"ablations keeping each source with probability {p.lds_keep:g} (LDS)"
+        )
     lines += ["", "## Results", ""]
     header = ["method", *[f"{n} {_arrow(n)}" for n in names], "s / example", "fwd / ex", "bwd / ex", "peak MB"]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
