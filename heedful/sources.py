@@ -5,8 +5,8 @@ every token of an encoded batch mapped to the source it belongs to.
 A source is a character span ``(start, end)`` of the text, trimmed of surrounding white space.
 Sentences follow ContextCite's splitter in kind: the text is cut into lines, each line after
 sentence-final punctuation (``. ! ?``, with closing quotes and brackets) that is followed by
-white space; pieces without a letter (list markers such as ``"1."``) join the sentence after
-them on their line. Paragraphs are separated by blank lines. ``within`` limits the split to a region
+white space; a piece without a letter (``"..."``, a list marker such as ``"1."``) joins the
+sentence before it on its line, or the one after it when it opens the line. Paragraphs are separated by blank lines. ``within`` limits the split to a region
 of the text (the context, not the question asked about it): tokens outside every source belong
 to none.
 
@@ -22,12 +22,15 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from heedful.batch import Batch
 from heedful.errors import InputError
+
+if TYPE_CHECKING:  # sources sit below the batch: the datasets cut their texts with them
+    from heedful.batch import Batch
 
 KINDS = ("sentences", "paragraphs", "tokens", "spans")
 SENTENCE_END = re.compile(r"[.!?]+[\"'\u201d\u2019)\]]*(?=\s)")
@@ -102,19 +105,18 @@ def _cut(text: str, start: int, end: int, breaks: re.Pattern[str], keep_break: b
 def _sentences(text: str, start: int, end: int) -> list[Span]:
     spans: list[Span] = []
     for line in _cut(text, start, end, re.compile(r"\n"), keep_break=False):
-        pending: int | None = None  # a letterless piece ("1.", "...") joins the next sentence
         first = len(spans)
+        opening: int | None = None  # letterless pieces that open the line join the sentence after them
         for piece in _cut(text, *line, SENTENCE_END, keep_break=True):
-            if not LETTER.search(text[piece[0] : piece[1]]):
-                pending = piece[0] if pending is None else pending
-                continue
-            spans.append((piece[0] if pending is None else pending, piece[1]))
-            pending = None
-        if pending is not None:  # nothing followed on the line: it ends the sentence before
-            if len(spans) > first:
-                spans[-1] = (spans[-1][0], line[1])
-            else:
-                spans.append((pending, line[1]))
+            if LETTER.search(text[piece[0] : piece[1]]):
+                spans.append(piece if opening is None else (opening, piece[1]))
+                opening = None
+            elif len(spans) > first:  # "... mostly": a letterless piece joins the sentence before it
+                spans[-1] = (spans[-1][0], piece[1])
+            elif opening is None:
+                opening = piece[0]
+        if opening is not None:  # a line without a letter is a source of its own
+            spans.append((opening, line[1]))
     return spans
 
 

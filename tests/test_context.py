@@ -33,9 +33,11 @@ def test_sentences_paragraphs_and_spans_keep_their_offsets():
     assert split_text(text, SourceSpec.parse([(0, 5), (11, 18)])) == [(0, 5), (11, 18)]
 
 
-def test_a_letterless_piece_joins_the_sentence_after_it():
-    text = "See the list. 1. ... Then more.\nEnd. 2."
-    assert [text[a:b] for a, b in split_text(text, SourceSpec())] == ["See the list.", "1. ... Then more.", "End. 2."]
+def test_a_letterless_piece_joins_the_sentence_before_it_or_opening_a_line_the_one_after():
+    text = "See the list. 1. ... Then more.\n... a good look at war. 2.\n3."
+    assert [text[a:b] for a, b in split_text(text, SourceSpec())] == [
+        "See the list. 1. ...", "Then more.", "... a good look at war. 2.", "3.",
+    ]
 
 
 @pytest.mark.parametrize("spec", ["words", "tokens:0", "tokens:x", "sentences:3", [(3, 1)], [], [("a", "b")]])

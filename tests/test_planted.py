@@ -52,11 +52,16 @@ def test_the_planted_source_holds_the_answer_and_the_question_is_no_source(docs)
     assert len({round(p, 2) for p in places}) > 4  # seeded random places, not one fixed slot
 
 
-def test_sentences_of_a_line():
-    assert planted.sentences("It works. ... mostly! Yes") == [(0, 13), (14, 21), (22, 25)]
-    assert planted.sentences("... a good look at war.") == [(0, 23)]
-    assert planted.sentences("Plain text without an end") == [(0, 25)]
-    assert planted.sentences('He said "Go." Then left.') == [(0, 13), (14, 24)]
+def test_sentences_of_a_line_are_cut_as_every_text_is():
+    from heedful.sources import split_text
+
+    def cut(line):
+        return split_text(line, planted.SENTENCES)
+
+    assert cut("It works. ... mostly! Yes") == [(0, 13), (14, 21), (22, 25)]
+    assert cut("... a good look at war.") == [(0, 23)]
+    assert cut("Plain text without an end") == [(0, 25)]
+    assert cut('He said "Go." Then left.') == [(0, 13), (14, 24)]
 
 
 def test_deterministic_for_a_seed_and_prefix_stable():

@@ -20,8 +20,7 @@ were answered less often).
 The examples are context examples (:mod:`heedful.datasets.context`): ``text`` is the document,
 a blank line and the question; ``target`` the answer with its leading space (``" superb"``);
 ``meta["sources"]`` the character spans of every sentence of the document -- each snippet's
-sentences (:func:`sentences`: cut after ``.``, ``!`` or ``?`` followed by white space, as
-:func:`heedful.sources.split_text` cuts them) and each template sentence -- (the question is no
+sentences (as :func:`heedful.sources.split_text` cuts any text) and each template sentence -- (the question is no
 source); ``meta["answer_source"]`` the index of the planted sentence among them and
 ``evidence_spans`` its character span.
 
@@ -54,6 +53,7 @@ from heedful.datasets import vader
 from heedful.datasets.context import SEPARATOR, context_example
 from heedful.datasets.examples import Dataset, Example
 from heedful.errors import InputError
+from heedful.sources import SourceSpec, split_text
 
 DEFAULT_SIZE = 100
 DEFAULT_LENGTH = 1024
@@ -65,6 +65,8 @@ MIN_LENGTH = 128
 CHARS_PER_TOKEN = 4.5
 """Characters per token when no tokenizer counts them (SmolLM2 on the movie snippets: 4.55)."""
 SPLITS = {"train": 0, "test": 1}
+SENTENCES = SourceSpec()
+"""Each snippet line is cut into sentences as every text is (:func:`heedful.sources.split_text`)."""
 
 TEMPLATE = "The {subject} was {answer}."
 QUESTION = "The {subject} was"
@@ -79,47 +81,9 @@ ANSWERS: tuple[str, ...] = (
     "poor", "decent", "fantastic", "horrible", "wonderful", "boring", "stunning", "dull",
 )
 
-SENTENCE_END = re.compile(r"[.!?]+[\"'\u201d\u2019)\]]*(?=\s)")
-ALPHANUMERIC = re.compile(r"\w")
 
 Counter = Callable[[Sequence[str]], np.ndarray]
 """``count(texts) -> [T]`` tokens of each text."""
-
-
-def sentences(text: str) -> list[tuple[int, int]]:
-    """Character spans of the sentences of one line of text: cut after sentence-final
-    punctuation followed by white space, trimmed (the rule of :func:`heedful.sources.split_text`);
-    a piece without a letter or digit joins the sentence before it, or, opening the line
-    (``"... a good look at war."``), the sentence after it.
-
-    >>> sentences("It works. ... mostly! Yes")
-    [(0, 13), (14, 21), (22, 25)]
-    >>> sentences("... a good look at war.")
-    [(0, 23)]
-    """
-    pieces, begin = [], 0
-    for match in SENTENCE_END.finditer(text):
-        pieces.append((begin, match.end()))
-        begin = match.end()
-    pieces.append((begin, len(text)))
-    spans: list[tuple[int, int]] = []
-    opening: int | None = None  # start of letterless pieces that open the line
-    for start, end in pieces:
-        piece = text[start:end]
-        left, right = len(piece) - len(piece.lstrip()), len(piece.rstrip())
-        if right <= left:
-            continue
-        span = (start + left, start + right)
-        if ALPHANUMERIC.search(text[span[0] : span[1]]):
-            spans.append(span if opening is None else (opening, span[1]))
-            opening = None
-        elif spans:
-            spans[-1] = (spans[-1][0], span[1])
-        elif opening is None:
-            opening = span[0]
-    if opening is not None:  # a line of punctuation only
-        spans.append((opening, len(text.rstrip())))
-    return spans
 
 
 def _counter(tokenizer: Any | None) -> tuple[Counter, Callable[[str], int]]:
@@ -192,7 +156,7 @@ def _document(
     for line, which in lines:
         if which == 0:
             answer_source = len(sources)
-        sources.extend((start + a, start + b) for a, b in sentences(line))
+        sources.extend((start + a, start + b) for a, b in split_text(line, SENTENCES))
         start += len(line) + 1
     return context_example(
         ident,
