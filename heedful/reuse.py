@@ -20,8 +20,9 @@ from collections.abc import Callable
 
 import torch
 
-from heedful.adapters import ModelAdapter, PrefixStates
+from heedful.adapters import ModelAdapter
 from heedful.chunks import TOKEN_BUDGET
+from heedful.memory import Need, estimate
 from heedful.perturb import Perturbed, remove_from_examples
 from heedful.problem import Problem
 from heedful.runner import Copies, Runner
@@ -32,13 +33,14 @@ share of the positions they must compute."""
 
 
 def prefix_chunks(
-    start: torch.Tensor, lengths: torch.Tensor, budget: int, row_bytes: Callable[[int, int], int] | None = None, max_bytes: int = 0
+    start: torch.Tensor, lengths: torch.Tensor, budget: int, fits: Callable[[int, int, int], bool] | None = None
 ) -> list[torch.Tensor]:
     """Rows ``[R]`` grouped into chunks that share a prefix: each chunk's rows (indices) sorted
     from the latest ``start`` down; a chunk computes ``rows x (longest - shortest start)``
     positions, at most ``budget`` (one row always fits), at most :data:`WASTE` more than its
-    rows' own ``lengths - start``, and -- with ``row_bytes(width, computed)``, the memory one
-    row of ``width`` positions of which ``computed`` are run takes -- at most ``max_bytes``."""
+    rows' own ``lengths - start``, and -- with ``fits(rows, width, computed)``, whether a pass
+    of ``rows`` rows of ``width`` positions of which the last ``computed`` run fits the memory
+    budget -- only what fits."""
     order = torch.argsort(start, descending=True, stable=True).tolist()
     begin, end = start.tolist(), lengths.tolist()
     chunks: list[list[int]] = []
@@ -49,7 +51,7 @@ def prefix_chunks(
         grown_useful = useful + end[row] - begin[row]
         rows = len(current) + 1
         cells = rows * (grown_longest - begin[row])
-        heavy = row_bytes is not None and rows * row_bytes(grown_longest, grown_longest - begin[row]) > max_bytes
+        heavy = fits is not None and not fits(rows, grown_longest, grown_longest - begin[row])
         if current and (cells > budget or cells > (1 + WASTE) * grown_useful or heavy):
             chunks.append(current)
             current, useful, grown_longest, grown_useful = [], 0, end[row], end[row] - begin[row]
@@ -81,23 +83,13 @@ def removal_scores(
     return _reused(problem, example, remove, perturbed, output, rows)
 
 
-CACHE_SHARE = 0.5
-"""Share of the memory budget a chunk's key/value caches and attention scores may take."""
-
-
-def _memory_budget(adapter: ModelAdapter) -> int:
-    budget = getattr(adapter, "max_memory", None) or 4 * 2**30
-    return int(budget * CACHE_SHARE)
-
-
-def _row_bytes(adapter: ModelAdapter, states: PrefixStates) -> Callable[[int, int], int]:
-    """Memory of one row that continues a cached prefix: its key/value cache over ``width``
-    positions (held twice while each layer concatenates the new keys) and the attention
-    scores of its ``computed`` queries over them, ``[H, computed, width]`` floats."""
-    keys = states.keys[0]
-    per_position = 2 * sum(k.shape[1] * k.shape[3] * k.element_size() for k in states.keys)
-    heads = getattr(adapter.config, "num_attention_heads", keys.shape[1])
-    return lambda width, computed: 2 * per_position * width + heads * computed * width * keys.element_size()
+def _fits(adapter: ModelAdapter) -> Callable[[int, int, int], bool]:
+    """Whether ``rows`` rows continuing a cached prefix fit the adapter's memory budget: the
+    estimator's pass over ``width`` positions whose last ``computed`` run against the cache
+    (:class:`heedful.memory.Need` with ``queries``, as a prefill chunk: the cache of the whole
+    width held twice while each layer concatenates, and the queries' attention)."""
+    shape, budget = adapter.shape, adapter.max_memory
+    return lambda rows, width, computed: estimate(shape, rows, width, Need(queries=computed)) <= budget
 
 
 def _reused(
@@ -114,7 +106,7 @@ def _reused(
     states = adapter.prefix_states(batch)
     values = torch.zeros(len(example))
     budget = TOKEN_BUDGET if rows is None else None
-    chunks = prefix_chunks(start, lengths, budget or 1 << 62, _row_bytes(adapter, states), _memory_budget(adapter))
+    chunks = prefix_chunks(start, lengths, budget or 1 << 62, _fits(adapter))
     if rows is not None:
         chunks = [part for c in chunks for part in c.split(rows)]
     for members in chunks:
