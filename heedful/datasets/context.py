@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 
 from heedful.datasets.examples import Dataset, Example
-from heedful.datasets.user import read_table
+from heedful.datasets.user import read_table, rows_of_split
 from heedful.errors import InputError
 
 CONTEXT = "context"
@@ -160,10 +160,7 @@ def load_context_file(path: str | Path, split: str | None = None, name: str | No
     unknown = sorted(set(map(str, frame.columns)) - set(FIELDS))
     if unknown:
         raise InputError(f"{path}: unknown field {unknown[0]!r}", hint=f"context data fields: {', '.join(FIELDS)}")
-    if split is not None and "split" in frame.columns:
-        frame = frame[frame["split"].astype(str) == split]
-        if frame.empty:
-            raise InputError(f"{path} has no rows of split {split!r}")
+    frame = rows_of_split(frame, split, path)
     examples: list[Example] = []
     seen: set[str] = set()
     for row, record in enumerate(frame.to_dict("records")):

@@ -114,6 +114,17 @@ def _evidence(value: Any, text: str, pair: str | None, row: int) -> tuple[tuple[
     return words, spans
 
 
+def rows_of_split(frame: pd.DataFrame, split: str | None, path: Path) -> pd.DataFrame:
+    """The rows of ``split`` when the table has a ``split`` column (all rows otherwise); an
+    :class:`InputError` when none is left."""
+    if split is None or "split" not in frame.columns:
+        return frame
+    frame = frame[frame["split"].astype(str) == split]
+    if frame.empty:
+        raise InputError(f"{path} has no rows of split {split!r}")
+    return frame
+
+
 def load_file(path: str | Path, split: str | None = None, name: str | None = None) -> Dataset:
     """Read a user dataset (see the module docstring for the columns)."""
     path = Path(path).expanduser()
@@ -122,10 +133,7 @@ def load_file(path: str | Path, split: str | None = None, name: str | None = Non
     frame = read_table(path)
     if "text" not in frame.columns:
         raise InputError(f"{path} has no 'text' column", hint=f"columns found: {', '.join(map(str, frame.columns))}")
-    if split is not None and "split" in frame.columns:
-        frame = frame[frame["split"].astype(str) == split]
-        if frame.empty:
-            raise InputError(f"{path} has no rows of split {split!r}")
+    frame = rows_of_split(frame, split, path)
     examples: list[Example] = []
     seen: set[str] = set()
     for row, record in enumerate(frame.to_dict("records")):
