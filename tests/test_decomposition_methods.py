@@ -460,13 +460,15 @@ def test_alti_equals_the_papers_equations_layer_by_layer(family, task):
     model = cached_model(family, task)
     explained = model.explain(TEXTS, "alti")
     layerwise = model.explain(TEXTS, "alti", layerwise=True)
-    for text, e, lw in zip(TEXTS, explained, layerwise, strict=True):
+    per_layer = model.explain(TEXTS, "alti", layerwise=True, rollout=False)
+    for text, e, lw, own in zip(TEXTS, explained, layerwise, per_layer, strict=True):
         matrices = alti_oracle(family, model, text)
         anchor = anchor_of(family, text, model)
         expected = rollout_rows(matrices, anchor)
         np.testing.assert_allclose(e.scores, expected, rtol=1e-4, atol=1e-6)
         for layer in range(len(matrices)):
             np.testing.assert_allclose(lw.scores[layer], rollout_rows(matrices[: layer + 1], anchor), rtol=1e-4, atol=1e-6)
+            np.testing.assert_allclose(own.scores[layer], matrices[layer][anchor].numpy(), rtol=1e-4, atol=1e-6)
         assert abs(expected.sum() - 1) < 1e-5  # rows of a product of row-stochastic matrices
 
 
@@ -474,7 +476,8 @@ def test_alti_equals_the_papers_equations_layer_by_layer(family, task):
 def test_globenc_equals_the_papers_equations_layer_by_layer(family, task):
     model = cached_model(family, task)
     explained = model.explain(TEXTS, "globenc")
-    for text, e in zip(TEXTS, explained, strict=True):
+    per_layer = model.explain(TEXTS, "globenc", layerwise=True, rollout=False)
+    for text, e, own in zip(TEXTS, explained, per_layer, strict=True):
         layers, *_ = oracle_layers(family, model, text)
         matrices = []
         for layer in layers:
@@ -482,8 +485,12 @@ def test_globenc_equals_the_papers_equations_layer_by_layer(family, task):
             if not layer["pre_ln"]:
                 vectors = _ln_lin(vectors, layer["ln2_in"][:, None, :], layer["ln2"])
             matrices.append(vectors.norm(dim=-1))
-        expected = rollout_rows(matrices, anchor_of(family, text, model))
+        anchor = anchor_of(family, text, model)
+        expected = rollout_rows(matrices, anchor)
         np.testing.assert_allclose(e.scores, expected, rtol=1e-4, atol=1e-6 * np.abs(expected).max())
+        for layer, matrix in enumerate(matrices):  # GlobEnc¬: each layer's own norms
+            row = matrix[anchor].numpy()
+            np.testing.assert_allclose(own.scores[layer], row, rtol=1e-4, atol=1e-6 * np.abs(row).max())
 
 
 def test_alti_and_globenc_are_task_independent():

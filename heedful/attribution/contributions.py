@@ -117,14 +117,15 @@ def globenc_matrix(layer: LayerVectors, rec: BlockRecord, block: BlockRoles) -> 
     return norm_linear(norm, layer.vectors, norm_scale(norm, rec.mlp_norm_in)).norm(dim=-1)
 
 
-def rolled_rows(matrices: Iterator[torch.Tensor], anchor: torch.Tensor, layerwise: bool) -> torch.Tensor:
+def rolled_rows(matrices: Iterator[torch.Tensor], anchor: torch.Tensor, layerwise: bool, rollout: bool = True) -> torch.Tensor:
     """Rollout as plain products ``M_l ... M_1`` (no identity added), the anchor's row: ``[B, N]``
-    after the last layer, or ``[B, L, N]`` after each layer."""
+    after the last layer, or ``[B, L, N]`` after each layer; ``rollout=False``: each layer's own
+    matrix ``M_l`` instead of the product (the NormXLogit paper's per-layer "ALTI¬" and "GlobEnc¬")."""
     rows = torch.arange(anchor.shape[0])
     joint: torch.Tensor | None = None
     found = []
     for matrix in matrices:
-        joint = matrix if joint is None else matrix @ joint
+        joint = matrix if joint is None or not rollout else matrix @ joint
         if layerwise:
             found.append(joint[rows, anchor])
     assert joint is not None
@@ -137,13 +138,13 @@ def _matrices(rec: Recording, roles: ModelRoles, kind: str) -> Iterator[torch.Te
         yield alti_matrix(layer) if kind == "alti" else globenc_matrix(layer, block_rec, block)
 
 
-def _rollout_scores(problem: Problem, kind: str, layerwise: bool) -> torch.Tensor:
+def _rollout_scores(problem: Problem, kind: str, layerwise: bool, rollout: bool) -> torch.Tensor:
     roles = problem.adapter.roles()
     layers = problem.adapter.num_layers if layerwise else None
 
     def groups() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         for rec in recordings(problem, kind, STATES):
-            yield rec.rows, rolled_rows(_matrices(rec, roles, kind), rec.anchor, layerwise)
+            yield rec.rows, rolled_rows(_matrices(rec, roles, kind), rec.anchor, layerwise, rollout)
 
     return scatter(problem, groups(), layers)
 
@@ -154,7 +155,7 @@ CONTRIBUTION_COST = "2 forwards + O(L N^2 H D) contributions; O(N^2 D) memory pe
 
 @register("alti", family="vector", cost=CONTRIBUTION_COST)
 @torch.no_grad()
-def alti(problem: Problem, *, layerwise: bool = False) -> torch.Tensor:
+def alti(problem: Problem, *, rollout: bool = True, layerwise: bool = False) -> torch.Tensor:
     """Aggregation of Layer-wise Token-to-token Interactions: L1-distance contributions, rolled out.
 
     Per block, each source's vector ``T_i(x_j) = sum_h A_h[i, j] f_h(x_j) + delta_ij x_i`` (post-LN
@@ -162,7 +163,9 @@ def alti(problem: Problem, *, layerwise: bool = False) -> torch.Tensor:
     ``y_i = sum_j T_i(x_j) + b``: ``c_ij = max(0, ||y_i||_1 - ||y_i - T_i(x_j)||_1)``, rows
     normalised (Eq. 9-10); the matrices rolled out as plain products ``C_L ... C_1`` (no identity:
     the residual is inside ``T``), the anchor's row ``[B, N]``; ``layerwise=True``: the rollout
-    after each layer ``[B, L, N]``. Task-independent (the target does not enter).
+    after each layer ``[B, L, N]``; ``rollout=False``: each layer's own matrix instead of the
+    product ("ALTI¬", the per-layer scores the NormXLogit paper compares). Task-independent (the
+    target does not enter).
 
     Families: every block the roles describe (BERT-style post-LN encoders, DistilBERT, DeBERTa-v2 --
     relative attention only changes the probabilities --, GPT-2, OPT, the Llama family); in a
@@ -172,12 +175,12 @@ def alti(problem: Problem, *, layerwise: bool = False) -> torch.Tensor:
     Source: Ferrando et al. 2022, Measuring the Mixing of Contextual Information in the
     Transformer (EMNLP); reference mt-upc/transformer-contributions (src/contributions.py)
     """
-    return _rollout_scores(problem, "alti", layerwise)
+    return _rollout_scores(problem, "alti", layerwise, rollout)
 
 
 @register("globenc", family="vector", cost=CONTRIBUTION_COST)
 @torch.no_grad()
-def globenc(problem: Problem, *, layerwise: bool = False) -> torch.Tensor:
+def globenc(problem: Problem, *, rollout: bool = True, layerwise: bool = False) -> torch.Tensor:
     """Norm of each token's vector through attention, residual and both layer norms, rolled out.
 
     Per block ``N_ij = ||LN2lin(LN1lin(sum_h A_h[i, j] f_h(x_j) + delta_ij x_i))||_2``, each norm
@@ -185,7 +188,8 @@ def globenc(problem: Problem, *, layerwise: bool = False) -> torch.Tensor:
     out) and the MLP left out (Modarressi et al. 2022, Eq. 5-7, "N-Enc"); the matrices rolled out
     as plain products ``N_L ... N_1`` without normalising their rows -- as the reference code does
     (its rollout takes the norms as they are; a row-normalised variant differs) -- the anchor's
-    row ``[B, N]``; ``layerwise=True``: after each layer ``[B, L, N]``. Task-independent.
+    row ``[B, N]``; ``layerwise=True``: after each layer ``[B, L, N]``; ``rollout=False``: each
+    layer's own matrix instead of the product ("GlobEnc¬"). Task-independent.
 
     Families: every block the roles describe; a pre-LN block (GPT-2, OPT, the Llama family) has
     no norm at its output, so its ``N_ij`` is ``||T_i(x_j)||`` with the first norm inside the value
@@ -195,7 +199,7 @@ def globenc(problem: Problem, *, layerwise: bool = False) -> torch.Tensor:
     Incorporating the Whole Encoder Layer in Transformers (NAACL); reference mohsenfayyaz/GlobEnc
     (src/modeling/modeling_bert.py)
     """
-    return _rollout_scores(problem, "globenc", layerwise)
+    return _rollout_scores(problem, "globenc", layerwise, rollout)
 
 
 def _final_real(rec: Recording, roles: ModelRoles) -> torch.Tensor:

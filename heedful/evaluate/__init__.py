@@ -16,11 +16,8 @@
 """
 
 from heedful.evaluate.evaluation import MetricResult, ModelInput, evaluate, model_inputs
-from heedful.evaluate.generation import (
-    GenerationFaithfulness,
-    bootstrap_mean,
-    generation_faithfulness,
-)
+from heedful.evaluate.generation import GenerationFaithfulness, generation_faithfulness
+from heedful.evaluate.intervals import bootstrap_mean
 from heedful.evaluate.metrics import METRICS, Metric, PerExample, Summary, get_metric, metric_names
 from heedful.evaluate.protocol import PRESETS, Protocol, get_protocol
 from heedful.evaluate.store import ResultsStore, RunKey

@@ -48,7 +48,7 @@ from heedful.batch import Batch
 from heedful.datasets.context import ANSWER_SOURCE, CONTEXT, SOURCES
 from heedful.datasets.examples import Example, Span
 from heedful.errors import HeedfulError, InputError
-from heedful.evaluate.generation import bootstrap_mean
+from heedful.evaluate.intervals import bootstrap_mean
 from heedful.evaluate.metrics import Measurements, PerExample, Summary, register_metric
 from heedful.evaluate.perturbation import replacement_for
 from heedful.evaluate.protocol import Protocol

@@ -19,7 +19,6 @@ faithful explanation has a high comprehensiveness and a low sufficiency.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -29,6 +28,7 @@ import torch
 from heedful.adapters import ModelAdapter
 from heedful.chunks import length_chunks
 from heedful.errors import InputError
+from heedful.evaluate.intervals import bootstrap_mean
 from heedful.generation_explanation import GenerationExplanation
 from heedful.memory import Fit, Need
 from heedful.targets import ResolvedTarget
@@ -66,18 +66,6 @@ class GenerationFaithfulness:
             "comprehensiveness": bootstrap_mean(self.aopc_comprehensiveness, n_boot, seed),
             "sufficiency": bootstrap_mean(self.aopc_sufficiency, n_boot, seed),
         }
-
-
-def bootstrap_mean(values: np.ndarray, n_boot: int = 1000, seed: int = 0) -> tuple[float, float, float]:
-    """The mean of ``values`` and its 95 % percentile bootstrap interval (``n_boot`` resamples
-    from a seeded generator)."""
-    values = np.asarray(values, dtype=float)
-    if values.size == 0:
-        return (math.nan, math.nan, math.nan)
-    rng = np.random.default_rng(seed)
-    means = values[rng.integers(0, values.size, size=(n_boot, values.size))].mean(axis=1)
-    low, high = np.percentile(means, [2.5, 97.5])
-    return float(values.mean()), float(low), float(high)
 
 
 def generation_faithfulness(

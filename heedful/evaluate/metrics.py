@@ -56,6 +56,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from heedful.errors import InputError
+from heedful.evaluate.intervals import bootstrap_mean
 from heedful.evaluate.perturbation import Outputs
 from heedful.evaluate.protocol import Protocol
 
@@ -200,14 +201,18 @@ def _nanmean_std(values: np.ndarray) -> tuple[float, float, int]:
 
 
 def mean_aggregate(per: PerExample, protocol: Protocol) -> Summary:
-    """Mean (and std) over examples of the per-example values, and the mean curve."""
+    """Mean (and std) over examples of the per-example values, its 95 % percentile bootstrap
+    interval (two examples or more), and the mean curve."""
     value, std, n = _nanmean_std(per.values)
+    low = high = float("nan")
+    if n > 1:
+        _, low, high = bootstrap_mean(per.values[np.isfinite(per.values)])
     curve = None
     if per.curves is not None and per.curves.size:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             curve = np.nanmean(per.curves, axis=0)
-    return Summary(value, std, n, curve)
+    return Summary(value, std, n, curve, low, high)
 
 
 # ---------------------------------------------------------------------------- faithfulness

@@ -447,7 +447,7 @@ def _planted_run(plan: _Plan) -> _PlantedRun:
 
 def _planted_section(plan: _Plan, run: _PlantedRun) -> list[str]:
     """Markdown of the planted precision@20 run (see :func:`_planted_run`)."""
-    from heedful.evaluate.generation import bootstrap_mean
+    from heedful.evaluate.intervals import bootstrap_mean
     from heedful.evaluate.report import overlapping
 
     result = run.result
