@@ -40,21 +40,18 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import math
 import os
 import platform
-import statistics
 import sys
-import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from _shared import command_line, cpu_name, fmt_s, library_versions, load_model  # noqa: E402  (benchmarks/ is the script's folder)
+from _shared import Timing, command_line, cpu_name, fmt_s, library_versions, load_model, measure  # noqa: E402  (benchmarks/ is the script's folder)
 from captum.attr import FeatureAblation, InputXGradient, LayerIntegratedGradients, Saliency
 from rich.console import Console
 from rich.markdown import Markdown
@@ -76,70 +73,6 @@ METHOD_OPTIONS: dict[str, dict[str, Any]] = {
 NORMXLOGIT_TARGET = 1.3  # normxlogit <= 1.3 x a forward pass
 IG_TARGET = 1.5  # heedful IG >= 1.5 x faster than Captum's LayerIntegratedGradients
 STARTED = dt.datetime.now().astimezone()
-
-
-# ---------------------------------------------------------------------------------- timing
-@dataclass
-class Timing:
-    """Wall and process CPU times (seconds) of the timed runs, and the last run's result.
-
-    CPU time is a cross-check for a busy machine: time slices lost to other processes inflate
-    wall time but not CPU time (spin-waiting threads still count, so it is no exact measure).
-    """
-
-    times: list[float] = field(default_factory=list)
-    cpu: list[float] = field(default_factory=list)
-    result: Any = None
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.times)
-
-    @property
-    def cpu_median(self) -> float:
-        return statistics.median(self.cpu)
-
-    @property
-    def spread(self) -> str:
-        return f"{min(self.times):.3g}-{max(self.times):.3g}"
-
-
-def measure(
-    fns: dict[str, Callable[[], Any]],
-    repeats: int,
-    warmup: int = 1,
-    long: float = float("inf"),
-    min_seconds: float = 0.0,
-) -> dict[str, Timing]:
-    """Time each function ``repeats`` times after ``warmup`` untimed runs.
-
-    The functions are interleaved, and their order is reversed on every other round, so that a
-    burst of load from elsewhere on the machine is shared between them. Quick functions get
-    more rounds (up to ``5 x repeats``) until a round has taken ``min_seconds`` in all; when a
-    warm-up run took longer than ``long`` seconds, one timed run is made instead.
-    """
-    names = list(fns)
-    slowest, round_time = 0.0, 0.0
-    for _ in range(warmup):
-        round_time = 0.0
-        for name in names:
-            began = time.perf_counter()
-            fns[name]()
-            took = time.perf_counter() - began
-            slowest, round_time = max(slowest, took), round_time + took
-    if slowest > long:
-        repeats = 1
-    elif round_time > 0:
-        repeats = max(repeats, min(5 * repeats, math.ceil(min_seconds / round_time)))
-    timings = {name: Timing() for name in names}
-    for round_ in range(repeats):
-        for name in names if round_ % 2 == 0 else names[::-1]:
-            began, cpu = time.perf_counter(), time.process_time()
-            result = fns[name]()
-            timings[name].times.append(time.perf_counter() - began)
-            timings[name].cpu.append(time.process_time() - cpu)
-            timings[name].result = result
-    return timings
 
 
 # ---------------------------------------------------------------------------------- setup

@@ -31,6 +31,7 @@ def length_chunks(
     budget: int = TOKEN_BUDGET,
     overhead: int = CHUNK_OVERHEAD,
     max_rows: Callable[[int], int] | None = None,
+    power: int = 1,
 ) -> list[tuple[torch.Tensor, int]]:
     """Chunks of rows of similar length: ``(row indices, width)`` pairs covering every row.
 
@@ -48,6 +49,9 @@ def length_chunks(
 
     ``max_rows(width)``: most rows a chunk of that width may hold besides (a memory bound,
     :mod:`heedful.memory`); a chunk holds the fewer of the two, and at least one row.
+
+    ``power``: a row of width ``w`` costs ``w ** power`` cells (2 for the decompositions, whose
+    state holds ``w`` parts of each of ``w`` positions), so padding is weighed as it costs.
     """
     lengths = lengths.reshape(-1).long().clamp(min=1)
     rows = lengths.shape[0]
@@ -73,7 +77,7 @@ def length_chunks(
     for j in range(1, k + 1):
         span_rows = ends[j - 1] - starts[:j]
         n_chunks = -(-span_rows // caps[:j])
-        costs = best[:j] + span_rows * row_cells * width_arr[:j] + n_chunks * overhead
+        costs = best[:j] + span_rows * row_cells * width_arr[:j].astype(float) ** power + n_chunks * overhead
         i = int(np.argmin(costs))
         best[j], cut[j] = costs[i], i
     spans = []

@@ -59,6 +59,12 @@ orders above)."""
 
 FLOAT_BYTES = 4
 
+GROUP_OVERHEAD = 1024
+"""The fixed cost of one group of examples (its recording pass and the per-block calls) in the
+units of :func:`heedful.chunks.length_chunks` with ``power=2``: about one example of 32 tokens --
+so examples of quite different lengths are decomposed apart rather than padded together (a
+padded position costs a whole row of parts)."""
+
 
 def working(t: torch.Tensor) -> torch.Tensor:
     """``t`` detached in the precision decompositions run in: float64 when it is float64, else
@@ -191,7 +197,10 @@ def recordings(problem: Problem, method: str, states: float) -> Iterator[Recordi
             f"over the memory budget of {format_bytes(budget + FLOAT_BYTES * TRANSIENT)}",
             hint="raise max_memory (--max-memory) or shorten the input",
         )
-    for rows, width in length_chunks(lengths, max_rows=lambda w: budget // example_bytes(adapter, w, states)):
+    chunks = length_chunks(
+        lengths, max_rows=lambda w: budget // example_bytes(adapter, w, states), power=2, overhead=GROUP_OVERHEAD
+    )
+    for rows, width in chunks:
         yield record(problem, rows, width, roles)
 
 
@@ -276,9 +285,27 @@ def spread(parts: torch.Tensor, bias: torch.Tensor | None, rule: BiasRule, aside
         weights = parts.norm(dim=-1)
     else:
         weights = (parts.norm(dim=-1) != 0).to(parts.dtype)
+    return parts + shares(weights)[..., None] * b
+
+
+def shares(weights: torch.Tensor) -> torch.Tensor:
+    """Non-negative ``weights`` ``[..., K]`` divided by their sum over the sources (0 where
+    they sum to 0)."""
     total = weights.sum(dim=-1, keepdim=True)
-    weights = torch.where(total > 0, weights / total.clamp_min(torch.finfo(parts.dtype).tiny), 0.0)
-    return parts + weights[..., None] * b
+    return torch.where(total > 0, weights / total.clamp_min(torch.finfo(weights.dtype).tiny), 0.0)
+
+
+def project(parts: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, rule: BiasRule, aside: bool) -> torch.Tensor:
+    """``spread(parts @ weight.T, bias, rule, aside)`` for ``parts`` ``[..., K, in]`` and a
+    ``weight`` ``[out, in]``, computed without a pass over the ``[..., K, out]`` result for the
+    bias when the rule is ``absdot``: the dot products come from the input side,
+    ``<W x_k, b> = <x_k, W^T b>``, and each part's share of the bias rides along in the same
+    matrix product as an extra input column (``[x_k, w_k] @ [W^T; b]``) -- the MLP's wide up
+    projections cost one product and nothing else."""
+    if bias is None or aside or rule != "absdot":
+        return spread(parts @ weight.T, bias, rule, aside)
+    share = shares((parts @ (weight.T @ bias)).abs())
+    return torch.cat([parts, share[..., None]], dim=-1) @ torch.cat([weight.T, bias[None]], dim=0)
 
 
 def slope(activation, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -454,16 +481,16 @@ def _mlp(parts: torch.Tensor, rec: BlockRecord, block: BlockRoles, pos: Position
     w_up, b_up = affine(block.mlp_up, block.transposed)
     w_down, b_down = affine(block.mlp_out, block.transposed)
     act = block.mlp_act.module
-    up = spread(parts @ w_up.T, b_up, settings.rule, settings.aside)
+    product = project(parts, w_up, b_up, settings.rule, settings.aside)  # [B, n, K, F], fresh: scaled in place
     if block.mlp_gate is not None:
         w_gate, b_gate = affine(block.mlp_gate, block.transposed)
-        gate = spread(parts @ w_gate.T, b_gate, settings.rule, settings.aside)
+        gate = project(parts, w_gate, b_gate, settings.rule, settings.aside)
         a, s = slope(act, take(rec.mlp_gate, pos))
         u = take(rec.mlp_up, pos)
-        product = 0.5 * (gate * (s * u)[:, :, None, :] + a[:, :, None, :] * up)
+        product = gate.mul_((0.5 * s * u)[:, :, None, :]).add_(product.mul_(0.5 * a[:, :, None, :]))
     else:
         _, s = slope(act, take(rec.mlp_up, pos))
-        product = up * s[:, :, None, :]
+        product.mul_(s[:, :, None, :])
     return spread(product @ w_down.T, b_down, settings.rule, settings.aside)
 
 
