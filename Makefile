@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.heedful-installed
 
-.PHONY: demo test test-all lint bench bench-ferret bench-generation clean-venv
+.PHONY: demo test test-all lint bench bench-decomposition bench-ferret bench-generation clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,9 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/core_methods.py
+
+bench-decomposition: $(STAMP)  ## DecompX, ALTI, GlobEnc, Value Zeroing vs a forward pass and the reference formulas
+	$(BIN)/python benchmarks/decomposition.py
 
 bench-ferret: $(STAMP)  ## AOPC under the ferret protocol, heedful vs ferret on the same explanations
 	$(BIN)/python -m pip install --quiet -e ".[bench]"
