@@ -428,7 +428,7 @@ def test_passes_without_probabilities_run_fused_attention_with_the_same_outputs(
     sdpa = torch.nn.functional.scaled_dot_product_attention
 
     def counted(*args, **kwargs):
-        seen.append(1)
+        seen.append(kwargs.get("attn_mask", args[3] if len(args) > 3 else None) is None)
         return sdpa(*args, **kwargs)
 
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", counted)
@@ -442,4 +442,8 @@ def test_passes_without_probabilities_run_fused_attention_with_the_same_outputs(
     torch.testing.assert_close(with_probs.logits, eager, rtol=1e-5, atol=1e-5)
     if family != "deberta-v2":  # computes attention inline
         assert fused_calls >= adapter.num_layers
+    assert not batch.attention_mask.bool().all(), "the texts must give a padded batch"
+    # a decoder's right padding is never attended by a real position: its fused pass runs causal,
+    # without the padding mask (and gives the same logits, above)
+    assert not fused_calls or all(seen[:fused_calls]) == adapter.is_decoder
     assert adapter.config._attn_implementation == "eager"

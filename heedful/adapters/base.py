@@ -108,6 +108,13 @@ class LMHeadParts:
     bias: torch.Tensor | None
 
 
+def right_padded(mask: torch.Tensor) -> bool:
+    """Whether every row of an attention mask ``[B, N]`` is its real positions followed by
+    padding only (no hole inside a row), so that a causal model's real positions never attend
+    to a padded one."""
+    return bool((mask[:, 1:] <= mask[:, :-1]).all())
+
+
 @dataclass
 class ModelAdapter:
     """Wraps a ``transformers`` model and its tokenizer for heedful's methods.
@@ -641,7 +648,12 @@ class ModelAdapter:
         chunked = prefill is not None and prefill < width  # chunked prefill runs near the budget
         bounded = (checkpoint or release) and torch.is_grad_enabled() or chunked
         blocks = self.checkpointed(checkpoint, release=True) if bounded else contextlib.nullcontext()
-        with self._kernel_attention(not attentions), blocks:
+        with self._kernel_attention(not attentions) as fused, blocks:
+            if fused and self.is_decoder and not hidden_states and right_padded(mask):
+                # causal attention never reads right padding: without the padding mask the fused
+                # kernel runs its causal path (no [B, H, N, N] mask or scores materialised); only
+                # padded positions' states change, and none are returned
+                kwargs["attention_mask"] = None
             if chunked:
                 if attentions:
                     raise InputError("attention probabilities cannot be kept in a forward run in position chunks")
@@ -672,7 +684,7 @@ class ModelAdapter:
             raise InputError(f"a {self.family} model has no key/value cache to run positions in chunks with")
         kwargs = dict(kwargs)
         key = "inputs_embeds" if "inputs_embeds" in kwargs else "input_ids"
-        inputs, mask = kwargs.pop(key), kwargs.pop("attention_mask")
+        inputs, mask = kwargs.pop(key), kwargs.pop("attention_mask")  # None: causal over right padding
         kwargs.pop("use_cache", None)
         cache = kwargs.pop("past_key_values", None) or DynamicCache()
         past = cache.get_seq_length()
@@ -684,7 +696,7 @@ class ModelAdapter:
             out = self.backbone(
                 **kwargs,
                 **{key: inputs[:, start:end]},
-                attention_mask=mask[:, : past + end],
+                attention_mask=None if mask is None else mask[:, : past + end],
                 past_key_values=cache,
                 use_cache=True,
             )
@@ -701,13 +713,14 @@ class ModelAdapter:
         return last, hidden
 
     @contextlib.contextmanager
-    def _kernel_attention(self, wanted: bool) -> Iterator[None]:
+    def _kernel_attention(self, wanted: bool) -> Iterator[bool]:
         """Inside the block, attention runs as PyTorch's fused ``scaled_dot_product_attention``
         when ``wanted`` and the model otherwise runs plain eager attention: a pass that returns
         no attention probabilities needs no ``[B, H, N, N]`` matrix (memory linear in the
         length on a CPU, and faster). An interception (its own attention) and families that
         compute attention inline are left as they are, and so is any pass inside an open
-        interception (its rules see the model exactly as it was built)."""
+        interception (its rules see the model exactly as it was built). Yields whether the fused
+        kernel runs."""
         config = self.config
         switch = (
             wanted
@@ -716,11 +729,11 @@ class ModelAdapter:
             and not intercepting(self.hf_model)
         )
         if not switch:
-            yield
+            yield False
             return
         config._attn_implementation = "sdpa"
         try:
-            yield
+            yield True
         finally:
             config._attn_implementation = "eager"
 
@@ -730,8 +743,12 @@ class ModelAdapter:
         every real position's states as they are)."""
         if not self.is_decoder:
             raise InputError(f"a {self.family} model has no key/value cache", hint="reuse prefixes with decoders only")
-        with self._kernel_attention(True):
-            out = self.backbone(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=True, return_dict=True)
+        mask = batch.attention_mask
+        with self._kernel_attention(True) as fused:
+            out = self.backbone(
+                input_ids=batch.input_ids, attention_mask=None if fused and right_padded(mask) else mask, use_cache=True,
+                return_dict=True,
+            )
         self.counter.forward += len(batch)
         layers = out.past_key_values.layers
         return PrefixStates(tuple(layer.keys for layer in layers), tuple(layer.values for layer in layers))
