@@ -43,6 +43,9 @@ def test_paper_tables_cover_every_method():
     assert max(bert, key=bert.get) == "decompx"
     assert max((m for m in bert if m != "decompx"), key=bert.get) == "normxlogit"
     assert nx.PAPER_SST2_AOPC["decompx"][nx.LLAMA] is None  # "N/A" in the paper
+    # the paper's STS-B Pearson (lower is better) puts NormXLogit ahead of DecompX, its SST-2 AOPC DecompX
+    assert nx.leader(nx.PAPER_STSB_PEARSON["decompx"][nx.BERT], nx.PAPER_STSB_PEARSON["normxlogit"][nx.BERT], False) == "NormXLogit"
+    assert nx.leader(nx.PAPER_SST2_AOPC["decompx"][nx.BERT], nx.PAPER_SST2_AOPC["normxlogit"][nx.BERT], True) == "DecompX"
 
 
 def test_alignment_scores_match_single_explanations():

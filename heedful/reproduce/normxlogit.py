@@ -246,6 +246,12 @@ def run_case(case: Case, settings: ReportSettings, out_dir: Path, n: int, ig_ste
     return result, wall, plots
 
 
+def leader(decompx: float, normxlogit: float, higher_is_better: bool) -> str:
+    """Which of DecompX and NormXLogit a metric value puts ahead."""
+    better = decompx > normxlogit if higher_is_better else decompx < normxlogit
+    return "DecompX" if better else "NormXLogit"
+
+
 def case_section(case: Case, result: Any, wall: float, plots: list[Path], ig_steps: int, aggregate: str | None) -> list[str]:
     """Markdown of one case: ours vs the paper, ordering agreement, per-ratio curves, cost."""
     from heedful.evaluate.metrics import METRICS
@@ -357,11 +363,11 @@ def case_section(case: Case, result: Any, wall: float, plots: list[Path], ig_ste
         ]
         dx = ours.get("decompx")
         if dx is not None and math.isfinite(dx):
-            ahead = (dx > nx) if higher else (dx < nx)
             said = paper.get("decompx")
             lines += [
-                f"- DecompX vs NormXLogit: {fmt(dx)} vs {fmt(nx)}, {'DecompX' if ahead else 'NormXLogit'} ahead; "
-                + (f"the paper ({case.column_name}): {fmt(said)} vs {fmt(paper['normxlogit'])}, DecompX ahead."
+                f"- DecompX vs NormXLogit: {fmt(dx)} vs {fmt(nx)}, {leader(dx, nx, higher)} ahead; "
+                + (f"the paper ({case.column_name}): {fmt(said)} vs {fmt(paper['normxlogit'])}, "
+                   f"{leader(said, paper['normxlogit'], higher)} ahead."
                    if said is not None else f"the paper has no DecompX number for {case.column_name} (\"N/A\": it "
                    "calls DecompX specific to BERT-like encoders; heedful's decomposes the Llama family as well)."),
                 "",
@@ -755,7 +761,7 @@ def timing_text(model, length: int) -> str:
     parts: list[str] = []
     for example in datasets.load("movies", "test", 4 * length):
         parts.append(example.text)
-        if len(model.tokenizer(" ".join(parts))["input_ids"]) >= length:
+        if len(model.tokenizer(" ".join(parts), truncation=True, max_length=length)["input_ids"]) >= length:
             break
     return " ".join(parts)
 
