@@ -541,25 +541,26 @@ def test_alti_logit_layer_updates_sum_to_the_logit_lens_of_the_attention_output(
         problem = model.prepare(TEXTS)
         adapter = model.adapter
         roles = adapter.roles()
-        (rec,) = recordings(problem, "alti_logit", 4.0)
-        per_layer = logit_contributions(problem, rec, roles, rollout=False)  # [B, L, N]
-        rows = torch.arange(len(problem))
-        for layer, block in enumerate(roles.blocks):
-            attn = rec.blocks[layer].attn_out[rows, rec.anchor]  # [B, D]
-            b_out = block.attn_out.module.bias
-            if b_out is not None:
-                attn = attn - b_out
-            final = roles.final_norm
-            real = rec.final_in[rows, rec.anchor]
-            normed = _ln_lin(attn, real, final.module)
-            head = adapter.roles().head.steps
-            lens = normed
-            for step in head:
-                weight = step.weight() if hasattr(step, "weight") and callable(step.weight) else step.module.weight
-                lens = lens @ weight.T
-            expected = (lens.gather(1, problem.target.classes) * problem.target.weights).sum(-1)
-            found = per_layer[:, layer].sum(-1)
-            torch.testing.assert_close(found, expected, rtol=RTOL, atol=1e-5)
+        for rec in recordings(problem, "alti_logit", 4.0):  # groups of similar length
+            per_layer = logit_contributions(problem, rec, roles, rollout=False)  # [b, L, N]
+            rows = torch.arange(rec.size)
+            for layer, block in enumerate(roles.blocks):
+                attn = rec.blocks[layer].attn_out[rows, rec.anchor]  # [b, D]
+                b_out = block.attn_out.module.bias
+                if b_out is not None:
+                    attn = attn - b_out
+                final = roles.final_norm
+                real = rec.final_in[rows, rec.anchor]
+                normed = _ln_lin(attn, real, final.module)
+                head = adapter.roles().head.steps
+                lens = normed
+                for step in head:
+                    weight = step.weight() if hasattr(step, "weight") and callable(step.weight) else step.module.weight
+                    lens = lens @ weight.T
+                classes = problem.target.classes[rec.rows]
+                expected = (lens.gather(1, classes) * problem.target.weights).sum(-1)
+                found = per_layer[:, layer].sum(-1)
+                torch.testing.assert_close(found, expected, rtol=RTOL, atol=1e-5)
 
 
 @pytest.mark.parametrize("family", ENCODERS)
