@@ -34,12 +34,12 @@ RTOL = 1e-4
 
 
 @functools.cache
-def cached_model(family: str, task: str = "classification", relative: bool = False) -> heedful.Model:
+def cached_model(family: str, task: str = "classification", relative: bool = False, double: bool = False) -> heedful.Model:
     """A tiny seeded model of ``family`` whose biases and norm weights are drawn too (the tiny
     models' are 0 and 1: a bias shared wrongly, a norm's weight or bias left out would go
     unnoticed), weights at the conformance models' scale; ``relative``: DeBERTa-v2 with
     relative attention (content-to-position and position-to-content terms, no absolute
-    positions)."""
+    positions); ``double``: in float64 (exactness checks free of float32 rounding)."""
     scale = {"init_std" if family == "opt" else "initializer_range": 0.2}
     if relative:
         scale.update(relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=8, max_relative_positions=16, position_biased_input=False)
@@ -51,7 +51,9 @@ def cached_model(family: str, task: str = "classification", relative: bool = Fal
                 param.copy_(0.2 * torch.randn(param.shape, generator=gen))
             elif param.dim() == 1 and "norm" in name.lower():
                 param.copy_(1 + 0.2 * torch.randn(param.shape, generator=gen))
-    return heedful.from_pretrained_objects(hf, tokenizer, name=f"biased-{family}-{task}")
+    if double:
+        hf = hf.double()
+    return heedful.from_pretrained_objects(hf, tokenizer, name=f"biased-{family}-{task}{'-float64' if double else ''}")
 
 
 def texts_for(model) -> list[str]:
@@ -621,9 +623,7 @@ def value_zeroing_oracle(family: str, model, text: str) -> np.ndarray:
     return found / found.sum(-1, keepdims=True)
 
 
-@pytest.mark.parametrize(("family", "task"), [("bert", "classification"), ("bert", "masked_lm"), ("gpt2", "causal_lm"), ("qwen2", "classification")])
-def test_value_zeroing_equals_zeroing_one_token_at_a_time(family, task):
-    model = cached_model(family, task)
+def _check_value_zeroing(model, family: str, atol: float) -> None:
     texts = texts_for(model)
     explained = model.explain(texts, "value_zeroing")
     single = model.explain(texts, "value_zeroing", rollout=False, layerwise=True)
@@ -633,14 +633,42 @@ def test_value_zeroing_equals_zeroing_one_token_at_a_time(family, task):
         joint = matrices[0]
         for m in matrices[1:]:
             joint = m @ joint
-        np.testing.assert_allclose(e.scores, joint[anchor], atol=1e-5)
-        np.testing.assert_allclose(s.scores, matrices[:, anchor], atol=1e-5)
+        np.testing.assert_allclose(e.scores, joint[anchor], atol=atol)
+        np.testing.assert_allclose(s.scores, matrices[:, anchor], atol=atol)
         assert np.abs(joint[anchor]).max() > 1e-2
 
 
-def test_value_zeroing_costs_one_forward_per_token_plus_two():
-    model = cached_model("llama", "causal_lm")
-    e = model.explain(TEXTS, "value_zeroing")
+VALUE_ZEROING_CASES = [("bert", "classification"), ("bert", "masked_lm"), ("gpt2", "causal_lm"), ("qwen2", "classification")]
+
+
+@pytest.mark.parametrize(("family", "task"), VALUE_ZEROING_CASES)
+def test_value_zeroing_equals_zeroing_one_token_at_a_time(family, task):
+    """In float64 to 1e-5 (float32 rounding apart, the attention correction is the loop's
+    computation); in float32 within what rounding the cosine distances of nearly equal vectors
+    leaves (the loop's float32 passes and heedful's differ in the order of their operations)."""
+    _check_value_zeroing(cached_model(family, task, double=True), family, 1e-5)
+    _check_value_zeroing(cached_model(family, task), family, 1e-4)
+
+
+@pytest.mark.parametrize(("family", "task"), VALUE_ZEROING_CASES[::2])
+def test_value_zeroing_by_copies_equals_the_loop_too(family, task, monkeypatch):
+    """The copies (every family; used when the rest of a block is not what the roles describe)."""
+    from heedful.attribution import value_zeroing as vz
+
+    def refuse(problem):
+        raise heedful.UnsupportedModelError("not described")
+
+    monkeypatch.setattr(vz, "corrected_distances", refuse)
+    model = cached_model(family, task)
+    _check_value_zeroing(model, family, 1e-5)
+    e = model.explain(texts_for(model), "value_zeroing")
     lengths = [len(x.tokens) for x in e]
     # the prediction's pass, the originals' pass and one copy per token, per example on average
-    assert e[0].cost.forward_passes == (2 * len(TEXTS) + sum(lengths)) / len(TEXTS)
+    assert e[0].cost.forward_passes == (2 * len(e) + sum(lengths)) / len(e)
+
+
+def test_value_zeroing_costs_two_forwards_by_the_attention_correction():
+    model = cached_model("llama", "causal_lm")
+    e = model.explain(TEXTS, "value_zeroing")
+    # the prediction's pass and the recording pass; no copy
+    assert e[0].cost.forward_passes == 2.0

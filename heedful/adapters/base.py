@@ -250,7 +250,8 @@ class ModelAdapter:
         if self.task in ("classification", "regression"):
             try:
                 with torch.no_grad():
-                    self.classification_head(torch.zeros(1, self.hidden_size))
+                    param = next(self.hf_model.parameters())
+                    self.classification_head(torch.zeros(1, self.hidden_size, dtype=param.dtype, device=param.device))
             except (AttributeError, TypeError) as exc:
                 raise UnsupportedModelError(
                     f"{type(self.hf_model).__name__} has no usable sequence-classification head ({exc})",

@@ -8,6 +8,15 @@ as ``N`` copies of each example through the batched runner (:mod:`heedful.runner
 zeroing token ``j``'s values in *every* block while each block's input is reset to the original
 one -- so one pass of a copy gives block ``l``'s zeroed output for every ``l`` at once, the
 ``L x N`` single-block passes of the reference in ``N`` forwards.
+
+Where the roles describe the block after its attention (its norms and MLP), the copies are not
+run at all: zeroing token ``j``'s values leaves the attention probabilities as they are, so the
+attention output at ``i`` loses exactly ``T'_ij = sum_h A_h[i, j] v_j^h W_O^h`` (ALTI's vectors
+without the residual), and only the rest of the block -- residual, norms, MLP -- is run again on
+each of the ``N x N`` zeroed attention outputs (:func:`corrected_distances`): no query, key,
+value or output projection and no attention is recomputed. A guard runs the same rest of the
+block on the unchanged attention output and compares it with the block's recorded output; a
+block it does not reproduce falls back to the copies.
 """
 
 from __future__ import annotations
@@ -16,7 +25,18 @@ from dataclasses import dataclass, field
 
 import torch
 
-from heedful.attribution.contributions import row_normalised
+from heedful.adapters.roles import BlockRoles
+from heedful.attribution.contributions import row_normalised, transformed_values
+from heedful.attribution.decomposition import (
+    BlockRecord,
+    affine,
+    guard,
+    norm_apply,
+    position_chunks,
+    recordings,
+    take,
+)
+from heedful.errors import UnsupportedModelError
 from heedful.memory import Need
 from heedful.problem import Problem
 from heedful.registry import register
@@ -71,10 +91,73 @@ def _originals(problem: Problem, runner: Runner) -> tuple[list[torch.Tensor], li
     return ins, outs
 
 
-def distances(problem: Problem) -> torch.Tensor:
-    """``S[l, b, i, j]`` ``[L, B, N, N]``: the cosine distance between block ``l``'s output for
-    token ``i`` with token ``j``'s value vectors zeroed (the block run on its original input)
-    and the original output; 0 beyond each example's tokens."""
+def _mlp(block: BlockRoles, z: torch.Tensor) -> torch.Tensor:
+    """The block's MLP on vectors ``z`` ``[..., D]``: ``W_down act(W_up z + b_up) + b_down``, or
+    with a gate ``W_down (act(W_g z + b_g) * (W_up z + b_up)) + b_down``."""
+    w_up, b_up = affine(block.mlp_up, block.transposed)
+    w_down, b_down = affine(block.mlp_out, block.transposed)
+    act = block.mlp_act.module
+    up = torch.nn.functional.linear(z, w_up, b_up)
+    if block.mlp_gate is not None:
+        w_gate, b_gate = affine(block.mlp_gate, block.transposed)
+        hidden = act(torch.nn.functional.linear(z, w_gate, b_gate)) * up
+    else:
+        hidden = act(up)
+    return torch.nn.functional.linear(hidden, w_down, b_down)
+
+
+def block_tail(block: BlockRoles, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+    """The rest of a block after its attention output projection: from the block's input ``x``
+    and the attention output ``attn`` (bias included) ``[..., D]`` to the block's output --
+    pre-LN ``r = x + attn; r + MLP(norm2(r))``, post-LN ``r = norm1(x + attn); norm2(r + MLP(r))``."""
+    if block.pre_ln:
+        r = x + attn
+        return r + _mlp(block, norm_apply(block.mlp_norm, r))
+    r = norm_apply(block.attn_norm, x + attn)
+    return norm_apply(block.mlp_norm, r + _mlp(block, r))
+
+
+STATES = 5.0
+"""``[N, N, D]`` tensors the corrected distances of one block keep alive at once."""
+
+
+def _layer_distances(rec: BlockRecord, block: BlockRoles, family: str, layer: int) -> torch.Tensor:
+    """``S[b, i, j]`` ``[B, N, N]`` of one block from its recording (see :func:`corrected_distances`)."""
+    x, attn, out = rec.block_in, rec.attn_out, rec.block_out
+    guard(block_tail(block, x, attn), out, None, family, f"the rest of block {layer} after its attention")
+    removed = torch.einsum("bhij,bjhd->bijd", rec.probs, transformed_values(rec, block))  # T'[b, i, j]
+    bsz, seq, dim = x.shape
+    found = x.new_zeros(bsz, seq, seq, dtype=torch.float64)
+    width = rec.mlp_up.shape[-1]
+    kept = removed.new_zeros(bsz, seq, 1, dim)  # a last column with nothing zeroed: the original
+    for pos in position_chunks(seq, bsz * (seq + 1), 2 * width + 4 * dim, int(STATES * bsz * seq * seq * dim)):
+        # the original output goes through the very operations of the zeroed ones, so their float
+        # rounding is shared and the small distances keep their digits (the recorded output would not)
+        removing = torch.cat([removed[:, pos], kept[:, pos]], dim=2)
+        outputs = block_tail(block, take(x, pos)[:, :, None], take(attn, pos)[:, :, None] - removing)  # [B, n, N + 1, D]
+        cos = torch.nn.functional.cosine_similarity(outputs[:, :, :seq].double(), outputs[:, :, seq:].double(), dim=-1)
+        found[:, pos] = (1.0 - cos).clamp_min(0.0).to(found)
+    return found
+
+
+def corrected_distances(problem: Problem) -> torch.Tensor:
+    """:func:`distances` without copies: per block, the attention output with token ``j``'s
+    value vectors zeroed is the recorded one minus ``T'_ij`` (the probabilities do not change),
+    and the rest of the block (:func:`block_tail`) runs on all ``N x N`` of them at once.
+    Raises :class:`UnsupportedModelError` when a block's rest does not reproduce its output."""
+    adapter, batch = problem.adapter, problem.batch
+    roles = adapter.roles()
+    found = torch.zeros(adapter.num_layers, len(problem), batch.seq_len, batch.seq_len, dtype=torch.float64)
+    for rec in recordings(problem, "value_zeroing", STATES):
+        real = (rec.mask[:, :, None] * rec.mask[:, None, :]).bool()
+        for layer, (block, block_rec) in enumerate(zip(roles.blocks, rec.blocks, strict=True)):
+            dist = _layer_distances(block_rec, block, adapter.family, layer).double()
+            found[layer, rec.rows, : rec.width, : rec.width] = torch.where(real, dist, 0.0)
+    return found
+
+
+def copied_distances(problem: Problem) -> torch.Tensor:
+    """:func:`distances` by ``N`` copies of each example through the runner (every family)."""
     adapter, batch = problem.adapter, problem.batch
     runner = Runner.for_problem(problem)
     ins, outs = _originals(problem, runner)
@@ -105,8 +188,22 @@ def distances(problem: Problem) -> torch.Tensor:
     return found
 
 
-VALUE_ZEROING_COST = "2 + N forwards (batched; each copy reruns all L blocks: the reference's L x N single-block passes)"
-"""The prediction's pass, one recording every block's original input and output, one per zeroed token."""
+def distances(problem: Problem) -> torch.Tensor:
+    """``S[l, b, i, j]`` ``[L, B, N, N]``: the cosine distance between block ``l``'s output for
+    token ``i`` with token ``j``'s value vectors zeroed (the block run on its original input)
+    and the original output; 0 beyond each example's tokens. By the attention correction
+    (:func:`corrected_distances`) where the roles describe the blocks, else by copies."""
+    try:
+        return corrected_distances(problem)
+    except UnsupportedModelError:
+        return copied_distances(problem)
+
+
+VALUE_ZEROING_COST = (
+    "2 forwards + the rest of every block (norms, MLP) on N x N zeroed attention outputs; O(N^2 D) memory "
+    "per layer (else 2 + N forwards: each copy reruns all L blocks, the reference's L x N single-block passes)"
+)
+"""The prediction's pass, one recording every block, and the blocks' rests (or one pass per zeroed token)."""
 
 
 @register("value_zeroing", family="vector", cost=VALUE_ZEROING_COST)
