@@ -59,8 +59,10 @@ def measure(
     warmup: int = 1,
     long: float = float("inf"),
     min_seconds: float = 0.0,
+    warmups: dict[str, Callable[[], Any]] | None = None,
 ) -> dict[str, Timing]:
-    """Time each function ``repeats`` times after ``warmup`` untimed runs.
+    """Time each function ``repeats`` times after ``warmup`` untimed runs (of ``warmups`` in
+    their place when given: a cheaper call that warms the same code).
 
     The functions are interleaved, and their order is reversed on every other round, so that a
     burst of load from elsewhere on the machine is shared between them. Quick functions get
@@ -71,9 +73,9 @@ def measure(
     slowest, round_time = 0.0, 0.0
     for _ in range(warmup):
         round_time = 0.0
-        for name in names:
+        for fn in (warmups or fns).values():
             began = time.perf_counter()
-            fns[name]()
+            fn()
             took = time.perf_counter() - began
             slowest, round_time = max(slowest, took), round_time + took
     if slowest > long:

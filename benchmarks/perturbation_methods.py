@@ -33,16 +33,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from _shared import finish, fmt_s, library_versions, machine_lines, start  # noqa: E402  (benchmarks/ is the script's folder)
+from _shared import finish, fmt_s, library_versions, machine_lines, measure, start  # noqa: E402  (benchmarks/ is the script's folder)
 from captum._utils.models.linear_model import SkLearnRidge
 from captum.attr import KernelShap, Lime
 
@@ -58,43 +55,6 @@ COPERTURBATION_TARGET = 5.0  # batched >= 5x the throughput of one sentence at a
 CAPTUM_TARGET = 2.0  # heedful LIME / KernelSHAP >= 2x faster than Captum at equal samples
 KERNEL_WIDTH = 0.25
 RIDGE_ALPHA = 1.0
-
-
-@dataclass
-class Timing:
-    times: list[float] = field(default_factory=list)
-    cpu: list[float] = field(default_factory=list)
-    result: Any = None
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.times)
-
-    @property
-    def cpu_median(self) -> float:
-        """Median CPU seconds of this process: on a shared machine, the work done rather than
-        the share of the cores this process happened to get."""
-        return statistics.median(self.cpu)
-
-
-def measure(
-    fns: dict[str, Callable[[], Any]],
-    repeats: int,
-    warmups: dict[str, Callable[[], Any]] | None = None,
-) -> dict[str, Timing]:
-    """Time each function ``repeats`` times, interleaved (order reversed every other round)."""
-    for fn in (warmups or fns).values():
-        fn()
-    names = list(fns)
-    timings = {name: Timing() for name in names}
-    for round_ in range(repeats):
-        for name in names if round_ % 2 == 0 else names[::-1]:
-            began, began_cpu = time.perf_counter(), time.process_time()
-            result = fns[name]()
-            timings[name].times.append(time.perf_counter() - began)
-            timings[name].cpu.append(time.process_time() - began_cpu)
-            timings[name].result = result
-    return timings
 
 
 # ---------------------------------------------------------------------------------- part 1
