@@ -18,7 +18,9 @@ For the first ``--n`` sentences of the movies test split and ``--model`` (defaul
 4. counts the multiply-adds each method needs at these lengths against a forward pass's, so the
    targets can be read against what any exact implementation must compute: DecompX pushes ``N``
    parts of ``D`` values through every projection of every block (``~N x`` a forward's
-   products), Value Zeroing reruns every block once per zeroed token (``N x``).
+   products); Value Zeroing must run every block's MLP -- a non-linear map -- on each of the
+   ``N x N`` different inputs that zeroing one token's values gives the positions (heedful runs
+   exactly that, the attention output corrected rather than recomputed).
 
 Targets (from the issue): DecompX <= 4x a forward pass at 64 sentences; Value Zeroing <= (1 +
 layers) forward passes' time.
@@ -98,14 +100,16 @@ def multiply_adds(model: heedful.Model, lengths: list[int], width: int) -> dict[
     padded to ``width``: the forward pass's projections (``4 D^2 + 2 D F`` per token and block,
     a gated MLP ``3 D F``) and attention (``2 N D``); DecompX the same projections for each of a
     position's ``N`` parts but the queries and keys (``2 D^2 + 2 D F`` per part) plus mixing
-    them (``N D`` per part); Value Zeroing a forward pass of each sentence per token."""
+    them (``N D`` per part); Value Zeroing the MLP of every block on each of ``N x N`` inputs
+    (position ``i`` with token ``j``'s values zeroed), plus the prediction's and the recording
+    pass of each sentence."""
     shape = model.adapter.shape
     d, f, blocks = shape.hidden, shape.intermediate, shape.layers
     mlp = (3 if any(b.mlp_gate is not None for b in model.adapter.roles().blocks) else 2) * d * f
     forward = len(lengths) * width * blocks * (4 * d * d + mlp + 2 * width * d)
     decompx = sum(n * n * blocks * (2 * d * d + mlp + n * d) for n in lengths)
     sentence = [n * blocks * (4 * d * d + mlp + 2 * n * d) for n in lengths]
-    zeroing = sum(n * s for n, s in zip(lengths, sentence, strict=True)) + 2 * sum(sentence)
+    zeroing = sum(n * n * blocks * mlp for n in lengths) + 2 * sum(sentence)
     return {"decompx": decompx / forward, "value_zeroing": zeroing / forward}
 
 
@@ -207,8 +211,8 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"Sentences of {mean_len:.1f} tokens on average (padded batch width {batch.seq_len}); {layers} layers. "
         "Multiply-adds: see the script's docstring (`multiply_adds`); they are a floor for an exact computation, "
-        "since DecompX must push every token's part through every projection and Value Zeroing must rerun every "
-        "block once per zeroed token.",
+        "since DecompX must push every token's part through every projection and Value Zeroing must run every "
+        "block's MLP on each of the N x N inputs that zeroing one token's values gives.",
         "",
         *verdicts,
         "",
