@@ -665,6 +665,24 @@ def test_value_zeroing_by_copies_equals_the_loop_too(family, task, monkeypatch):
     assert e[0].cost.forward_passes == (2 * len(e) + sum(lengths)) / len(e)
 
 
+def test_value_zeroing_over_the_budget_of_its_states_runs_by_copies():
+    from heedful.attribution.decomposition import FLOAT_BYTES, TRANSIENT, example_bytes
+
+    model = cached_model("bert", "classification")
+    corrected = model.explain(TEXTS, "value_zeroing")
+    adapter = model.adapter
+    before = adapter.max_memory
+    longest = int(model.prepare(TEXTS).batch.lengths.max())
+    try:  # the N x N states of the longest example do not fit; N copies of it do
+        adapter.max_memory = FLOAT_BYTES * TRANSIENT + example_bytes(adapter, longest, 5.0) // 2
+        copied = model.explain(TEXTS, "value_zeroing")
+    finally:
+        adapter.max_memory = before
+    assert copied[0].cost.forward_passes > 2 and corrected[0].cost.forward_passes == 2
+    for a, b in zip(corrected, copied, strict=True):
+        np.testing.assert_allclose(a.scores, b.scores, atol=1e-5)
+
+
 def test_value_zeroing_costs_two_forwards_by_the_attention_correction():
     model = cached_model("llama", "causal_lm")
     e = model.explain(TEXTS, "value_zeroing")

@@ -36,7 +36,7 @@ from heedful.attribution.decomposition import (
     recordings,
     take,
 )
-from heedful.errors import UnsupportedModelError
+from heedful.errors import InputError, UnsupportedModelError
 from heedful.memory import Need
 from heedful.problem import Problem
 from heedful.registry import register
@@ -192,10 +192,11 @@ def distances(problem: Problem) -> torch.Tensor:
     """``S[l, b, i, j]`` ``[L, B, N, N]``: the cosine distance between block ``l``'s output for
     token ``i`` with token ``j``'s value vectors zeroed (the block run on its original input)
     and the original output; 0 beyond each example's tokens. By the attention correction
-    (:func:`corrected_distances`) where the roles describe the blocks, else by copies."""
+    (:func:`corrected_distances`) where the roles describe the blocks and its ``O(N^2 D)`` states
+    fit ``max_memory``, else by copies (memory linear in the length)."""
     try:
         return corrected_distances(problem)
-    except UnsupportedModelError:
+    except (UnsupportedModelError, InputError):
         return copied_distances(problem)
 
 
