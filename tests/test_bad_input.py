@@ -147,6 +147,9 @@ def test_unknown_option(bert, method, options, words):
         ("raw_attention", {"layer": 7}, "layer"),
         ("raw_attention", {"head": 9}, "head"),
         ("rollout", {"start_layer": -5}, "layer"),
+        ("alti", {"rollout": "maybe"}, "rollout"),
+        ("globenc", {"layerwise": "every"}, "layerwise"),
+        ("decompx", {"bias_decomp": "mean"}, "bias_decomp"),
     ],
 )
 def test_bad_option_values(bert, method, options, word):

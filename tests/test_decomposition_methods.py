@@ -665,6 +665,22 @@ def test_value_zeroing_by_copies_equals_the_loop_too(family, task, monkeypatch):
     assert e[0].cost.forward_passes == (2 * len(e) + sum(lengths)) / len(e)
 
 
+def test_value_zeroing_falls_back_to_copies_where_a_block_is_not_what_its_roles_describe():
+    """A hook scales one block's MLP output: the rest of the block the roles describe
+    no longer reproduces the recorded output, the guard sends Value Zeroing to the copies (which
+    run the model as it is), and the scores still equal the loop's."""
+    model = cached_model("bert", "classification")
+    block = model.adapter.roles().blocks[0]
+    hook = block.mlp_out.module.register_forward_hook(lambda m, args, out: out * 1.5)
+    try:
+        e = model.explain(TEXTS, "value_zeroing", rollout=False, layerwise=True)
+        assert e[0].cost.forward_passes > 2  # copies ran
+        for text, ex in zip(TEXTS, e, strict=True):
+            np.testing.assert_allclose(ex.scores, value_zeroing_oracle("bert", model, text)[:, ex.target.anchor], atol=1e-5)
+    finally:
+        hook.remove()
+
+
 def test_value_zeroing_over_the_budget_of_its_states_runs_by_copies():
     from heedful.attribution.decomposition import FLOAT_BYTES, TRANSIENT, example_bytes
 

@@ -14,9 +14,9 @@ run at all: zeroing token ``j``'s values leaves the attention probabilities as t
 attention output at ``i`` loses exactly ``T'_ij = sum_h A_h[i, j] v_j^h W_O^h`` (ALTI's vectors
 without the residual), and only the rest of the block -- residual, norms, MLP -- is run again on
 each of the ``N x N`` zeroed attention outputs (:func:`corrected_distances`): no query, key,
-value or output projection and no attention is recomputed. A guard runs the same rest of the
-block on the unchanged attention output and compares it with the block's recorded output; a
-block it does not reproduce falls back to the copies.
+value or output projection and no attention is recomputed. A guard compares the rest of the
+block run on the unchanged attention output (computed beside the zeroed ones) with the block's
+recorded output; a block it does not reproduce falls back to the copies.
 """
 
 from __future__ import annotations
@@ -124,12 +124,12 @@ STATES = 5.0
 def _layer_distances(rec: BlockRecord, block: BlockRoles, family: str, layer: int) -> torch.Tensor:
     """``S[b, i, j]`` ``[B, N, N]`` of one block from its recording (see :func:`corrected_distances`)."""
     x, attn, out = rec.block_in, rec.attn_out, rec.block_out
-    guard(block_tail(block, x, attn), out, None, family, f"the rest of block {layer} after its attention")
     removed = torch.einsum("bhij,bjhd->bijd", rec.probs, transformed_values(rec, block))  # T'[b, i, j]
     bsz, seq, dim = x.shape
     found = x.new_zeros(bsz, seq, seq, dtype=torch.float64)
     width = rec.mlp_up.shape[-1]
     kept = removed.new_zeros(bsz, seq, 1, dim)  # a last column with nothing zeroed: the original
+    original = torch.empty_like(out)
     for pos in position_chunks(seq, bsz * (seq + 1), 2 * width + 4 * dim, int(STATES * bsz * seq * seq * dim)):
         # the original output goes through the very operations of the zeroed ones, so their float
         # rounding is shared and the small distances keep their digits (the recorded output would not)
@@ -137,6 +137,8 @@ def _layer_distances(rec: BlockRecord, block: BlockRoles, family: str, layer: in
         outputs = block_tail(block, take(x, pos)[:, :, None], take(attn, pos)[:, :, None] - removing)  # [B, n, N + 1, D]
         cos = torch.nn.functional.cosine_similarity(outputs[:, :, :seq].double(), outputs[:, :, seq:].double(), dim=-1)
         found[:, pos] = (1.0 - cos).clamp_min(0.0).to(found)
+        original[:, pos] = outputs[:, :, seq]
+    guard(original, out, None, family, f"the rest of block {layer} after its attention")
     return found
 
 
