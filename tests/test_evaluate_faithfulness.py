@@ -334,3 +334,22 @@ def test_task_checks(tiny):
     inputs = [ModelInput(str(i), t, None, None, (), -1, float(i)) for i, t in enumerate(TEXTS)]
     result = evaluate(model, expls, ["pearson", "deletion"], "normxlogit", inputs)
     assert result["pearson"].summary.curve.shape == (11,)
+
+
+def test_mean_aggregate_carries_a_95_percent_bootstrap_interval():
+    """The interval of a mean over examples: zero width for a constant, and for a normal sample
+    about the normal theory's ``mean ± 1.96 sd / sqrt(n)`` (NaNs left out)."""
+    from heedful.evaluate.metrics import PerExample, mean_aggregate
+
+    protocol = get_protocol("ferret")
+    flat = mean_aggregate(PerExample(np.full(50, 0.3)), protocol)
+    assert flat.low == pytest.approx(0.3) and flat.high == pytest.approx(0.3)
+    values = np.random.default_rng(7).normal(0.5, 0.2, 2000)
+    values[::100] = np.nan
+    s = mean_aggregate(PerExample(values), protocol)
+    finite = values[np.isfinite(values)]
+    half = 1.96 * finite.std(ddof=1) / np.sqrt(finite.size)
+    assert s.n == finite.size and s.low < s.value < s.high
+    assert s.high - s.low == pytest.approx(2 * half, rel=0.15)
+    assert abs((s.low + s.high) / 2 - finite.mean()) < 0.2 * half
+    assert not mean_aggregate(PerExample(np.array([0.4])), protocol).has_interval  # one example: none
