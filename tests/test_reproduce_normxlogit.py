@@ -58,7 +58,7 @@ def test_alignment_scores_match_single_explanations():
         (ModelInput(f"x{i}", t, None, Target("given", targets[i]), spans[i], targets[i], math.nan), foils[i], "p")
         for i, t in enumerate(texts)
     ]
-    scores, evidence = nx.alignment_scores(model, items, batch_size=2)
+    scores, evidence, lens = nx.alignment_scores(model, items, batch_size=2)
     layers = model.adapter.num_layers
     for i, text in enumerate(texts):
         n = len(evidence[i])
