@@ -364,8 +364,8 @@ def test_pearson_interval_resamples_the_examples():
     p = get_protocol("default", ratios=(0.5, 1.0), mean_over=None)
     rng = np.random.default_rng(3)
     gold = rng.normal(size=40)
-    values = gold[:, None] * np.array([0.8, 0.3]) + rng.normal(size=(40, 2))
-    original = gold + 0.5 * rng.normal(size=40)
+    values = 10 + gold[:, None] * np.array([0.8, 0.3]) + rng.normal(size=(40, 2))  # positive: the outputs' logs
+    original = 10 + gold + 0.5 * rng.normal(size=40)
     m = _measurements(p, original, values, gold_value=gold)
     for name in ("pearson", "pearson_drop"):
         summary = aggregate(METRICS[name], METRICS[name].compute(m), p)

@@ -957,7 +957,7 @@ def plot_lens(al: Alignment, path: Path) -> Path:
     right.plot(x, lens["kl"], color="C3", linestyle=":", marker=".", label="KL(final ‖ layer), nats")
     right.set_ylabel("KL (nats)")
     handles = ax.get_legend_handles_labels()[0] + right.get_legend_handles_labels()[0]
-    ax.legend(handles=handles, fontsize=8, loc="upper left")
+    ax.legend(handles=handles, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3)
     ax.set_title(f"Logit lens of {LM} at the anchor, {al.n} agreement pairs", fontsize=11)
     fig.tight_layout()
     fig.savefig(path, format="png", dpi=100, bbox_inches="tight")
