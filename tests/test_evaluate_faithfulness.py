@@ -353,3 +353,29 @@ def test_mean_aggregate_carries_a_95_percent_bootstrap_interval():
     assert s.high - s.low == pytest.approx(2 * half, rel=0.15)
     assert abs((s.low + s.high) / 2 - finite.mean()) < 0.2 * half
     assert not mean_aggregate(PerExample(np.array([0.4])), protocol).has_interval  # one example: none
+
+
+def test_pearson_interval_resamples_the_examples():
+    """The Pearson metrics' 95 % interval: r recomputed per ratio on every resample of the
+    examples (np.corrcoef in a loop here), the mean over ratios, its 2.5 / 97.5 percentiles."""
+    from heedful.evaluate.intervals import bootstrap_indices
+    from heedful.evaluate.metrics import aggregate
+
+    p = get_protocol("default", ratios=(0.5, 1.0), mean_over=None)
+    rng = np.random.default_rng(3)
+    gold = rng.normal(size=40)
+    values = 10 + gold[:, None] * np.array([0.8, 0.3]) + rng.normal(size=(40, 2))  # positive: the outputs' logs
+    original = 10 + gold + 0.5 * rng.normal(size=40)
+    m = _measurements(p, original, values, gold_value=gold)
+    for name in ("pearson", "pearson_drop"):
+        summary = aggregate(METRICS[name], METRICS[name].compute(m), p)
+        boot = []
+        for idx in bootstrap_indices(40):
+            r = [np.corrcoef(values[idx, j], gold[idx])[0, 1] for j in range(2)]
+            if name == "pearson_drop":
+                r0 = np.corrcoef(original[idx], gold[idx])[0, 1]
+                r = [r0 - v for v in r]
+            boot.append(np.mean(r))
+        low, high = np.percentile(boot, [2.5, 97.5])
+        assert summary.low < summary.value < summary.high
+        assert (summary.low, summary.high) == pytest.approx((low, high), abs=1e-9)

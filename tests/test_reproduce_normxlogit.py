@@ -58,7 +58,7 @@ def test_alignment_scores_match_single_explanations():
         (ModelInput(f"x{i}", t, None, Target("given", targets[i]), spans[i], targets[i], math.nan), foils[i], "p")
         for i, t in enumerate(texts)
     ]
-    scores, evidence = nx.alignment_scores(model, items, batch_size=2)
+    scores, evidence, lens = nx.alignment_scores(model, items, batch_size=2)
     layers = model.adapter.num_layers
     for i, text in enumerate(texts):
         n = len(evidence[i])
@@ -78,20 +78,84 @@ def test_alignment_scores_match_single_explanations():
 
 
 def test_alignment_plot_and_section(tmp_path):
-    layers, rows = 4, len(nx.EXP2_METHODS)
+    layers, rows, pairs = 4, len(nx.EXP2_METHODS), 6
     rng = np.random.default_rng(0)
     dot, ap = rng.random((rows, layers)), rng.random((rows, layers))
+    t, r = nx.EXP2_METHODS.index("logat_target"), nx.EXP2_METHODS.index("random")
+    dot[t], dot[r] = [0.1, 0.5, 0.6, 0.7], 0.4  # LogAt(target) below random at layer 1 only
     paradigms = {"sv_agreement": {"dot": dot, "ap": ap, "n": np.array(3)}}
-    al = nx.Alignment(3, layers, dot, ap, dot * 0, ap * 0, paradigms, {"foil word is not one known token": 1}, 1.0, "lm@x")
+    per_pair = {k: [rng.random(layers) for _ in range(pairs)] for k in nx.LENS_ROWS}
+    evidence = [np.array([i % 2 == 0, True, False]) for i in range(pairs)]
+    lens = nx.lens_summary(per_pair, evidence)
+    assert lens["evidence_first"] == pytest.approx(0.5)
+    np.testing.assert_allclose(lens["kl"], np.mean(per_pair["kl"], axis=0))
+    np.testing.assert_allclose(lens["first_norm"], np.median(per_pair["first_norm"], axis=0))
+    assert np.all(lens["correct_low"] <= lens["correct"]) and np.all(lens["correct"] <= lens["correct_high"])
+    al = nx.Alignment(3, layers, dot, ap, dot * 0, ap * 0, paradigms, {"foil word is not one known token": 1}, 1.0, "lm@x",
+                      dot - 0.05, dot + 0.05, ap - 0.05, ap + 0.05, lens)
     plot = nx.plot_alignment(al, tmp_path / "a.png")
     assert plot.stat().st_size > 0
     text = "\n".join(nx.alignment_section(al, plot))
     assert "a.png" in text and "Average precision" in text and "not BLiMP" in text
+    assert nx.below_random(al) == [0]
+    lens_text = "\n".join(nx.lens_section(al, nx.plot_lens(al, tmp_path / "l.png")))
+    assert "l.png" in lens_text and "below random's (intervals separated) at layers 1." in lens_text
     nx._save_alignment(al, tmp_path / "al.json")
     back = nx._load_alignment(tmp_path / "al.json")
     np.testing.assert_allclose(back.ap, ap)
+    np.testing.assert_allclose(back.dot_low, dot - 0.05)
+    np.testing.assert_allclose(back.lens["kl"], lens["kl"])
     assert back.skipped == al.skipped and int(back.paradigms["sv_agreement"]["n"]) == 3
     assert nx._load_alignment(tmp_path / "missing.json") is None
+
+
+def test_lens_quality_is_the_logit_lens_at_the_anchor():
+    """Target vs foil, KL(final || layer) and the target's rank, from the final norm and the LM
+    head applied to each layer's state at the anchor with the model's own modules, one by one."""
+    import torch
+
+    model = cached_model("llama", "causal_lm")
+    hf = model.hf_model
+    texts, targets, foils = ["the cat sat on the", "a dog and"], [11, 40], [12, 41]
+    enc = [model.tokenizer(t, return_tensors="pt") for t in texts]
+    with torch.no_grad():
+        states = [hf(**e, output_hidden_states=True).hidden_states for e in enc]
+    width = max(len(e["input_ids"][0]) for e in enc)
+    pad = [torch.nn.functional.pad(torch.stack([h[0] for h in s]), (0, 0, 0, width - s[0].shape[1])) for s in states]
+    hidden = tuple(torch.stack([p[layer] for p in pad]) for layer in range(len(states[0])))
+    anchor = torch.tensor([len(e["input_ids"][0]) - 1 for e in enc])
+    with torch.no_grad():
+        got = nx.lens_quality(model.adapter, hidden, anchor, torch.tensor(targets), torch.tensor(foils))
+        layers = len(hidden) - 1
+        for b in range(len(texts)):
+            final = torch.log_softmax(hf.lm_head(hidden[layers][b, anchor[b]]), -1)
+            for k in range(layers):
+                h = hidden[k + 1][b, anchor[b]]
+                logp = torch.log_softmax(hf.lm_head(h if k + 1 == layers else hf.model.norm(h)), -1)
+                assert got["correct"][b, k] == float(logp[targets[b]] > logp[foils[b]])
+                kl = float((final.exp() * (final - logp)).sum())
+                assert got["kl"][b, k] == pytest.approx(kl, abs=1e-4)
+                rank = int((logp > logp[targets[b]]).sum())
+                assert got["log_rank"][b, k] == pytest.approx(np.log10(1 + rank))
+    assert got["kl"][:, -1] == pytest.approx([0.0, 0.0], abs=1e-6)
+
+
+def test_adjacent_intervals_and_claim_verdicts():
+    from heedful.evaluate.metrics import Summary
+
+    intervals = {"a": (0.5, 0.7), "b": (0.45, 0.6), "c": (0.1, 0.3)}
+    order = ["a", "b", "c"]
+    assert nx.adjacent_overlaps(order, intervals) == ["a / b"]
+    assert nx.ordering_chain(order, intervals) == "a ≈ b > c"
+    assert nx.ordering_chain(["a", "d"], {**intervals, "d": (float("nan"), float("nan"))}) == "a >? d"
+    hi, mid, lo = Summary(0.6, 0, 9, None, 0.55, 0.65), Summary(0.5, 0, 9, None, 0.45, 0.58), Summary(0.2, 0, 9, None, 0.1, 0.3)
+    assert nx._cmp_verdict(hi, lo, True) == nx.HOLDS
+    assert nx._cmp_verdict(hi, mid, True) == nx.OVERLAP
+    assert nx._cmp_verdict(mid, hi, True) == nx.AGAINST
+    assert nx._cmp_verdict(lo, hi, True) == nx.FAILS
+    assert nx._cmp_verdict(lo, hi, False) == nx.HOLDS  # lower is better
+    assert nx._layers_verdict(24, 30, 30) == nx.HOLDS and nx._layers_verdict(3, 25, 30) == nx.OVERLAP
+    assert nx._layers_verdict(3, 5, 30) == nx.FAILS
 
 
 @pytest.mark.slow

@@ -134,18 +134,30 @@ def test_word_embedding_norm_option(family):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_regression_uses_distance_to_the_anchor(family):
-    """Paper Eq. 8: LogAt_i = |HoT(h_i) - HoT(h_anchor)| (anchor: [CLS], or the last token)."""
+    """Paper Eq. 8: distance_i = |HoT(h_i) - HoT(h_anchor)| (anchor: [CLS], or the last token),
+    computed one token at a time through the family's own head; the default ranks the tokens
+    nearest the prediction first (LogAt = -distance), ``regression_rank="far"`` the equation as
+    printed (LogAt = +distance); NormXLogit multiplies by the embedding norm (Eq. 9)."""
     model = cached_model(family, "regression")
-    explanations = model.explain(TEXTS, "normxlogit")
-    for text, e in zip(TEXTS, explanations, strict=True):
+    near = model.explain(TEXTS, "normxlogit")
+    far = model.explain(TEXTS, "normxlogit", regression_rank="far")
+    logat_near = model.explain(TEXTS, "logat")
+    logat_far = model.explain(TEXTS, "logat", regression_rank="far")
+    for k, text in enumerate(TEXTS):
         ids, logits, hs = hf_states(model, text)
         values = direct_logat(family, model, hs[-1][0], 0)
         anchor = anchor_of(family, len(ids))
         assert values[anchor] == pytest.approx(float(logits[0]), abs=1e-5)
-        assert e.target.kind == "regression" and e.target.anchor == anchor
-        norms = hs[0][0].norm(dim=-1).numpy()
-        assert_scores(e.scores, norms * np.abs(values - values[anchor]))
-        assert e.scores[anchor] == pytest.approx(0.0, abs=1e-6)
+        assert near[k].target.kind == "regression" and near[k].target.anchor == anchor
+        distance = np.array([abs(v - values[anchor]) for v in values])
+        norms = np.array([float(torch.linalg.vector_norm(h)) for h in hs[0][0]])
+        assert_scores(logat_near[k].scores, -distance)
+        assert_scores(logat_far[k].scores, distance)
+        assert_scores(near[k].scores, -norms * distance)
+        assert_scores(far[k].scores, norms * distance)
+        assert near[k].scores[anchor] == pytest.approx(0.0, abs=1e-6)
+        nearest = int(np.argmin(np.where(np.arange(len(ids)) == anchor, np.inf, distance * norms)))
+        assert int(np.argsort(-near[k].scores)[1]) == nearest  # the anchor (0) first, then the nearest
 
 
 # --------------------------------------------------------------------------- language models

@@ -435,6 +435,19 @@ def per_example_from_store(store: ResultsStore, key: RunKey, metric: str, phash:
     return concat_per_example([PerExample(values, curves, extras)])
 
 
+def _seed_means(per_seed: Sequence[PerExample]) -> PerExample:
+    """Per-example means over a stochastic method's seeds: values ``[B]``, and curves ``[B, R]``
+    when every seed has them (the Pearson metrics correlate the mean perturbed outputs with the
+    gold values, which the first seed's extras carry -- the same for every seed)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        values = np.nanmean([p.values for p in per_seed], axis=0)
+        curves = None
+        if all(p.curves is not None for p in per_seed) and len({p.curves.shape for p in per_seed}) == 1:
+            curves = np.nanmean([p.curves for p in per_seed], axis=0)
+    return PerExample(values, curves, per_seed[0].extras)
+
+
 def collect(store: ResultsStore, runs: Sequence[Run], ids: Sequence[str], names: Sequence[str], protocol: Protocol):
     """Aggregate stored metrics per method group (random seeds -> mean and std over seeds)."""
     phash = protocol.hash()
@@ -458,10 +471,7 @@ def collect(store: ResultsStore, runs: Sequence[Run], ids: Sequence[str], names:
                 curve_std[name] = np.nanstd(stack, axis=0, ddof=1)
             low = high = float("nan")
             if per_seed[0].has_interval:  # the interval of the per-example means over the seeds
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", RuntimeWarning)
-                    means = np.nanmean([per_example_from_store(store, r.key, name, phash, ids).values for r in members], axis=0)
-                pooled = aggregate(METRICS[name], PerExample(means), protocol)
+                pooled = aggregate(METRICS[name], _seed_means([per_example_from_store(store, r.key, name, phash, ids) for r in members]), protocol)
                 low, high = pooled.low, pooled.high
             summaries[name] = Summary(float(np.nanmean(values)), float(np.nanstd(values, ddof=1)), per_seed[0].n, curve, low, high)
         costs = [store.cost(r.key) for r in members]

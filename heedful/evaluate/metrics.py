@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from heedful.errors import InputError
-from heedful.evaluate.intervals import bootstrap_mean
+from heedful.evaluate.intervals import bootstrap_indices, bootstrap_mean, percentile_interval
 from heedful.evaluate.perturbation import Outputs
 from heedful.evaluate.protocol import Protocol
 
@@ -269,31 +269,65 @@ def _regression_values(m: Measurements) -> PerExample:
     return PerExample(np.where(np.isfinite(gold), 0.0, np.nan), curves, extras)
 
 
-def _pearson_curve(per: PerExample) -> tuple[np.ndarray, float, int]:
+def pearson_columns(curves: np.ndarray, gold: np.ndarray) -> np.ndarray:
+    """Pearson r of every column of ``curves`` ``[..., B, R]`` with ``gold`` ``[..., B]`` over the
+    examples where both are finite -> ``[..., R]`` (NaN with fewer than 3 such examples or no
+    spread). Leading dimensions batch bootstrap resamples."""
+    ok = np.isfinite(curves) & np.isfinite(gold)[..., None]
+    count = ok.sum(axis=-2)
+    y = np.where(ok, curves, 0.0)
+    g = np.where(ok, gold[..., None], 0.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        y_mean = y.sum(axis=-2) / count
+        g_mean = g.sum(axis=-2) / count
+        dy = np.where(ok, y - y_mean[..., None, :], 0.0)
+        dg = np.where(ok, g - g_mean[..., None, :], 0.0)
+        cov = (dy * dg).sum(axis=-2)
+        sy, sg = np.sqrt((dy**2).sum(axis=-2)), np.sqrt((dg**2).sum(axis=-2))
+        r = cov / (sy * sg)
+    spread = (sy > 1e-12 * np.maximum(1.0, np.abs(y_mean))) & (sg > 0)
+    return np.where((count >= 3) & spread, r, np.nan)
+
+
+def _pearson_inputs(per: PerExample) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     gold = np.array([e["gold"] for e in per.extras or []], dtype=float)
     original = np.array([e["original"] for e in per.extras or []], dtype=float)
     curves = per.curves if per.curves is not None else np.zeros((len(gold), 0))
-    r = np.full(curves.shape[1], np.nan)
-    for j in range(curves.shape[1]):
-        ok = np.isfinite(gold) & np.isfinite(curves[:, j])
-        if ok.sum() >= 3 and np.std(curves[ok, j]) > 0 and np.std(gold[ok]) > 0:
-            r[j] = float(np.corrcoef(curves[ok, j], gold[ok])[0, 1])
-    ok = np.isfinite(gold) & np.isfinite(original)
-    r0 = float(np.corrcoef(original[ok], gold[ok])[0, 1]) if ok.sum() >= 3 and np.std(original[ok]) > 0 else float("nan")
+    return gold, original, curves
+
+
+def _pearson_curve(per: PerExample) -> tuple[np.ndarray, float, int]:
+    gold, original, curves = _pearson_inputs(per)
+    r = pearson_columns(curves, gold)
+    r0 = float(pearson_columns(original[:, None], gold)[0]) if len(gold) else float("nan")
     return r, r0, int(np.isfinite(gold).sum())
 
 
+def _pearson_summary(per: PerExample, protocol: Protocol, drop: bool) -> Summary:
+    """Pearson r per ratio (or its drop from the unperturbed r) over examples, its mean over the
+    protocol's ratios, and a 95 % percentile bootstrap interval of that mean from resampling the
+    examples (r recomputed on every resample, :func:`~heedful.evaluate.intervals.bootstrap_indices`)."""
+    gold, original, curves = _pearson_inputs(per)
+    r, r0, n = _pearson_curve(per)
+    curve = r0 - r if drop else r
+    mask = protocol.mean_mask & np.isfinite(curve)
+    value = float(curve[mask].mean()) if mask.any() else float("nan")
+    low = high = float("nan")
+    if mask.any() and len(gold) >= 3:
+        idx = bootstrap_indices(len(gold))
+        boot = pearson_columns(curves[idx][..., mask], gold[idx])  # [n_boot, R kept]
+        if drop:
+            boot = pearson_columns(original[idx][..., None], gold[idx]) - boot
+        low, high = percentile_interval(boot.mean(axis=-1))
+    return Summary(value, float("nan"), n, curve, low, high)
+
+
 def _pearson_aggregate(per: PerExample, protocol: Protocol) -> Summary:
-    r, _, n = _pearson_curve(per)
-    mask = protocol.mean_mask & np.isfinite(r)
-    return Summary(float(r[mask].mean()) if mask.any() else float("nan"), float("nan"), n, r)
+    return _pearson_summary(per, protocol, drop=False)
 
 
 def _pearson_drop_aggregate(per: PerExample, protocol: Protocol) -> Summary:
-    r, r0, n = _pearson_curve(per)
-    drop = r0 - r
-    mask = protocol.mean_mask & np.isfinite(drop)
-    return Summary(float(drop[mask].mean()) if mask.any() else float("nan"), float("nan"), n, drop)
+    return _pearson_summary(per, protocol, drop=True)
 
 
 def _deletion(m: Measurements) -> PerExample:
