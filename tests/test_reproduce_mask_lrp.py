@@ -142,3 +142,15 @@ def test_planted_section_alone_on_a_tiny_decoder(tmp_path):
     row = next(line for line in text.splitlines() if line.startswith("| grad_x_input |"))
     value, low, high = (float(v) for v in re.findall(r"(-?\d\.\d{3}) \[(-?\d\.\d{3}), (-?\d\.\d{3})\]", row)[0])
     assert 0.0 <= low <= value <= high <= 1.0
+
+
+def test_examples_per_dataset():
+    from heedful.errors import InputError
+
+    plan = report._plan(ReportSettings(store="/tmp/unused", options={"dataset_n": "amazon:20,movies:7"}))
+    assert (plan.n_for("amazon"), plan.n_for("movies"), plan.n_for("tweets")) == (20, 7, report.DEFAULT_N)
+    default = report._plan(ReportSettings(store="/tmp/unused"))
+    assert default.n_for("amazon") == 200 and default.n_for("movies") == report.DEFAULT_N
+    assert report._plan(ReportSettings(n=9, store="/tmp/unused")).n_for("amazon") == 9  # an explicit n applies to every data set
+    with pytest.raises(InputError, match="dataset_n"):
+        report._plan(ReportSettings(store="/tmp/unused", options={"dataset_n": "amazon=20"}))

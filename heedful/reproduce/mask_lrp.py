@@ -1413,8 +1413,50 @@ def _why_section(runs: list[_DatasetRun], mask, planted: _PlantedRun | None, con
             f"variants {s['literal vs reference']['spearman']:.3f}; tokens scored 0: "
             + ", ".join(f"{label} {share:.1%}" for label, share in run.zero_share.items()) + "."
         )
-    lines.append("")
+    lines += ["", *_reading(runs, mask, conservation)]
     return lines
+
+
+def _reading(runs: list[_DatasetRun], mask, conservation: dict[str, dict[str, float]]) -> list[str]:
+    """What the numbers above say about each variant, in words chosen by the numbers."""
+    first = runs[0]
+    rho_lit = [r.sensitivity.get("literal vs chefer", {}).get("spearman", float("nan")) for r in runs]
+    rho_ref = [r.sensitivity.get("reference vs chefer", {}).get("spearman", float("nan")) for r in runs]
+    empty_ref = [r.sensitivity.get("reference: no head kept vs selected", {}).get("same_order", float("nan")) for r in runs]
+    rand_ref = [v["same_order"] for r in runs for k, v in r.sensitivity.items() if k.startswith("reference: random mask")]
+    layers = mask.shape[0]
+    empty = sum(1 for layer in range(layers) if not mask.mask[layer].any())
+    text = []
+    lit = (
+        f"**Reading.** In Eq. 10 as written the mask decides the explanation: with {int(mask.mask.sum())} heads kept and "
+        f"{empty} of {layers} blocks without any, the rollout is the product of the kept heads' maps alone, and its token "
+        f"ranking is unrelated to `chefer`'s (mean Spearman rho {', '.join(f'{v:.2f}' for v in rho_lit)})"
+    )
+    if "mask_lrp" in first.zero_share:
+        lit += f"; it scores {first.zero_share['mask_lrp']:.0%} of the {first.dataset} tokens exactly 0"
+    if any(k.startswith("mask_lrp (corrupted") for k in first.variants) and "chefer" in first.values:
+        rho_a, _ = _corruption_trend(first)
+        lit += (
+            f". Switching unselected heads back on moves it towards `chefer` (AOPC against the corruption rate: Spearman "
+            f"rho {rho_a:+.2f})"
+        )
+    text.append(lit + ".")
+    ref = (
+        f"In the authors' code the mask hardly matters: its ranking stays close to `chefer`'s (rho "
+        f"{', '.join(f'{v:.2f}' for v in rho_ref)}), a mask keeping no head ranks the tokens as the selected mask does in "
+        f"{', '.join(f'{v:.0%}' for v in empty_ref)} of the examples, and random masks in at least "
+        f"{min(rand_ref):.0%}" if rand_ref else "In the authors' code the mask hardly matters"
+    )
+    if conservation:
+        lost = conservation["the authors' code"]["input"]
+        ref += (
+            f". The cut heads' relevance is lost (the sum reaching the input is {lost:.3f} of 1), so the relevance and thus the maps of every block below "
+            "the top shrink, whichever heads are kept; in Eq. 11 each map is added to the identity and rows are "
+            "normalised, so shrunken maps leave nearly the identity, and the explanation is dominated by the upper "
+            "blocks' maps -- which are `chefer`'s own maps (doubled), as the maps of the unmasked relevance"
+        )
+    text.append(ref + ".")
+    return [" ".join(text), ""]
 
 
 def _conservation(model, dataset: str, split: str, mask, n: int = 32) -> dict[str, dict[str, float]]:
