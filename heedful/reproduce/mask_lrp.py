@@ -21,7 +21,9 @@ Report options (``heedful reproduce mask-lrp -O key=value``): ``model`` (zoo nam
 ``planted_model`` (default ``smollm2-135m``; ``none`` leaves the section out), ``planted_n``
 (documents; default :data:`PLANTED_N`), ``planted_length`` (prompt tokens; default
 :data:`PLANTED_LENGTH`), ``planted_methods`` (default: ``methods``); ``only=planted`` runs that
-section alone and writes ``<out>/mask-lrp-planted.md`` (never the full report).
+section alone and writes ``<out>/mask-lrp-planted.md`` (never the full report). ``dataset_n``
+(``NAME:N,...``: examples per data set, default ``amazon:200``), ``corruption_seeds``, ``extras``
+(data sets that get the corruption curve and the threshold sweep; default the first, ``none``).
 """
 
 from __future__ import annotations
@@ -131,6 +133,8 @@ class _Plan:
     only: str | None = None
     dataset_n: dict[str, int] = dataclasses.field(default_factory=dict)
     corruption_seeds: int = 2
+    extras: list[str] | None = None
+    """Data sets that get the corruption curve and the threshold sweep (None: the first)."""
 
     def n_for(self, dataset: str) -> int:
         """Examples of ``dataset``: its ``dataset_n`` entry, else ``n``."""
@@ -149,7 +153,8 @@ def _plan(settings: ReportSettings) -> _Plan:
 
     opts = dict(settings.options)
     known = {"model", "datasets", "split", "methods", "mask_seeds", "random_seeds", "ig_steps", "batch_size", "head_mask",
-             "planted_model", "planted_n", "planted_length", "planted_methods", "only", "dataset_n", "corruption_seeds"}
+             "planted_model", "planted_n", "planted_length", "planted_methods", "only", "dataset_n", "corruption_seeds",
+             "extras"}
     unknown = sorted(set(opts) - known)
     if unknown:
         raise InputError(f"unknown mask-lrp report option {unknown[0]!r}", hint="options: " + ", ".join(sorted(known)))
@@ -196,6 +201,7 @@ def _plan(settings: ReportSettings) -> _Plan:
         only=only,
         dataset_n=dataset_n,
         corruption_seeds=int(opts.get("corruption_seeds", 2)),
+        extras=None if "extras" not in opts else [d for d in _as_list(opts["extras"]) if d.lower() != "none"],
     )
 
 
@@ -1834,7 +1840,8 @@ def write(out_dir: Path, settings: ReportSettings) -> Path:
 
         raise InputError(f"the head mask is {mask.shape[0]} x {mask.shape[1]}, the model has {shape[0]} x {shape[1]} heads")
     protocol = dataclasses.replace(get_protocol("mask-lrp"), random_seeds=plan.random_seeds)
-    runs = [_run_dataset(plan, model, dataset, mask, protocol, first=i == 0) for i, dataset in enumerate(plan.datasets)]
+    extras = plan.datasets[:1] if plan.extras is None else plan.extras
+    runs = [_run_dataset(plan, model, dataset, mask, protocol, first=dataset in extras) for dataset in plan.datasets]
     methods = [m for m in plan.methods if m in runs[0].result.groups]
 
     files: dict[str, str] = {}
