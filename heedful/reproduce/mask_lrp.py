@@ -132,7 +132,7 @@ class _Plan:
     planted_methods: list[str] = dataclasses.field(default_factory=list)
     only: str | None = None
     dataset_n: dict[str, int] = dataclasses.field(default_factory=dict)
-    corruption_seeds: int = 2
+    corruption_seeds: int = 1
     extras: list[str] | None = None
     """Data sets that get the corruption curve and the threshold sweep (None: the first)."""
 
@@ -200,7 +200,7 @@ def _plan(settings: ReportSettings) -> _Plan:
         planted_methods=_as_list(opts["planted_methods"]) if "planted_methods" in opts else list(methods),
         only=only,
         dataset_n=dataset_n,
-        corruption_seeds=int(opts.get("corruption_seeds", 2)),
+        corruption_seeds=int(opts.get("corruption_seeds", 1)),
         extras=None if "extras" not in opts else [d for d in _as_list(opts["extras"]) if d.lower() != "none"],
     )
 
@@ -1703,11 +1703,12 @@ def _markdown(
         "(nominal 11 % … 100 %); AOPC = mean over k of p(gold | x) − p(gold | x̃_k), LOdds = mean over k of "
         "log p(gold | x̃_k) / p(gold | x); examples under 20 tokens skipped",
         f"- head mask: {int(mask.mask.sum())} of {mask.mask.size} heads kept (**mask rate {mask.rate:.1%}**), see below",
-        f"- seeds: random head masks {plan.mask_seeds} (seeds 0..{plan.mask_seeds - 1}); random token scores "
+        f"- seeds: random head masks {plan.mask_seeds} (seeds 0..{plan.mask_seeds - 1}); corrupted masks "
+        f"{plan.corruption_seeds} per rate; random token scores "
         f"{protocol.random_seeds}; integrated gradients with {plan.ig_steps} Gauss-Legendre steps",
         f"- run time: the run that completed the store for this n computed for {computed / 60:.1f} min ("
         + ", ".join(f"{r.dataset} {times.get(f'{r.dataset}|{plan.split}|{r.result.n_examples}', r.seconds) / 60:.1f} min" for r in runs)
-        + f", wall clock on a shared 2-core machine, on top of whatever smaller earlier runs had stored); writing this file took {seconds / 60:.1f} min, reusing the "
+        + f", wall clock on a shared 2-core machine under the load of other jobs, on top of whatever earlier runs had stored); writing this file took {seconds / 60:.1f} min, reusing the "
         "explanations and curves kept in the results store. What dominates: the perturbation curves (9 forward passes "
         "per example and method run) and, in the planted section, integrated gradients on 512-token prompts; the "
         "explanations of the MiniLM methods take 0.01-0.2 s per example (cost table below)",
