@@ -78,15 +78,62 @@ def test_mask_lrp_with_every_head_kept_is_chefer(tiny):
     model = tiny("bert")
     everything = np.ones((model.adapter.num_layers, model.adapter.config.num_attention_heads), int)
     chefer = model.explain(TEXTS, "chefer")
-    masked = model.explain(TEXTS, "mask_lrp", head_mask=everything, reference_scale=False)
-    for a, b in zip(chefer, masked, strict=True):
-        np.testing.assert_allclose(a.scores, b.scores, rtol=1e-5, atol=1e-7)
+    literal = model.explain(TEXTS, "mask_lrp", head_mask=everything)  # the default variant
+    reference = model.explain(TEXTS, "mask_lrp", head_mask=everything, variant="reference", reference_scale=False)
+    for a, b, c in zip(chefer, literal, reference, strict=True):
+        np.testing.assert_allclose(b.scores, a.scores, rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(c.scores, a.scores, rtol=1e-5, atol=1e-7)
     # the reference keeps the unhalved map in masked layers: a different rollout
-    reference = model.explain(TEXTS[0], "mask_lrp", head_mask=everything)
-    assert not np.allclose(reference.scores, chefer[0].scores)
-    # masking heads changes what reaches the input
-    fewer = model.explain(TEXTS[0], "mask_lrp", head_mask=_mask(model), reference_scale=False)
-    assert not np.allclose(fewer.scores, chefer[0].scores)
+    unhalved = model.explain(TEXTS[0], "mask_lrp", head_mask=everything, variant="reference")
+    assert not np.allclose(unhalved.scores, chefer[0].scores)
+    # masking heads changes what reaches the input, in either variant, and the variants differ
+    fewer = model.explain(TEXTS[0], "mask_lrp", head_mask=_mask(model)).scores
+    fewer_reference = model.explain(TEXTS[0], "mask_lrp", head_mask=_mask(model), variant="reference", reference_scale=False).scores
+    assert not np.allclose(fewer, chefer[0].scores) and not np.allclose(fewer_reference, chefer[0].scores)
+    assert not np.allclose(fewer, fewer_reference)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_literal_mask_lrp_rollout_against_a_plain_loop_over_eq_10_11(tiny, seed):
+    # Song et al. 2024 Eq. 10-11 written out: per layer the mean over the *kept* heads of
+    # (grad A * R_A)^+, plus I, rows normalised, multiplied from the first layer up; the [CLS] row
+    # with its own entry 0. R_A and grad A are the recorded per-head maps of the masked pass.
+    import torch
+
+    from heedful.lrp import CheferRules, propagate
+
+    model = tiny("bert")
+    mask = _mask(model, seed)
+    mask[0] = [0] * len(mask[0])  # a layer without kept heads as well
+    for text in TEXTS:
+        problem = model.prepare(text)
+        found = propagate(
+            model.adapter, problem.batch, problem.target, CheferRules(), maps=True, gradients=True, inputs=False,
+            head_mask=torch.tensor(mask), mask_variant="literal",
+        )
+        n = problem.batch.input_ids.shape[1]
+        joint = np.eye(n)
+        for layer, row in enumerate(mask):
+            grads, rels = found.attn_grads[layer][0].double().numpy(), found.maps[layer][0].double().numpy()
+            kept = [h for h, keep in enumerate(row) if keep]
+            cam = np.zeros((n, n))
+            for h in kept:
+                cam += np.maximum(grads[h] * rels[h], 0.0) / len(kept)
+            step = cam + np.eye(n)
+            step /= step.sum(axis=1, keepdims=True)
+            joint = step @ joint
+        expected = joint[0].copy()
+        expected[0] = 0.0
+        got = model.explain(text, "mask_lrp", head_mask=mask).scores
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-7 * np.abs(expected).max())
+
+
+def test_mask_lrp_variant_options_are_checked(tiny):
+    model = tiny("bert")
+    with pytest.raises(InputError, match="variant"):
+        model.explain(TEXTS[0], "mask_lrp", head_mask=_mask(model), variant="paper")
+    with pytest.raises(InputError, match="reference_scale"):
+        model.explain(TEXTS[0], "mask_lrp", head_mask=_mask(model), reference_scale=False)
 
 
 def test_mask_lrp_reads_a_saved_mask_and_the_default_cache(tiny, tmp_path, monkeypatch):

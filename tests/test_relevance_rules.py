@@ -141,8 +141,12 @@ def _add(rel, a, b, renormalise):
 
 
 @torch.no_grad()
-def _bert_relprop(hf, ids: torch.Tensor, label: int, renormalise: bool):
-    """Chefer et al.'s BERT relprop written out layer by layer (methods spec 1.1), one example."""
+def _bert_relprop(hf, ids: torch.Tensor, label: int, renormalise: bool, head_mask: torch.Tensor | None = None):
+    """Chefer et al.'s BERT relprop written out layer by layer (methods spec 1.1), one example.
+
+    ``head_mask`` ``[L, H]``: Mask-LRP as Song et al. 2024 write it (Sec. 4.3) -- each head's
+    context relevance times its mask entry, the relevance of ``A`` and ``V`` then rescaled by
+    ``sum R_ctx / sum (R_A + R_V)``; a layer without kept heads sends everything down the residual."""
     bert, n = hf.bert, ids.shape[1]
     h = bert.embeddings(input_ids=ids)
     heads = hf.config.num_attention_heads
@@ -169,12 +173,21 @@ def _bert_relprop(hf, ids: torch.Tensor, label: int, renormalise: bool):
     rel_h = torch.zeros_like(h)
     rel_h[:, 0] = rel
     maps = []
-    for layer, (h, q, k, v, probs, ctx, a, h1, g, o) in zip(reversed(bert.encoder.layer), reversed(saved), strict=True):
+    for index in reversed(range(len(saved))):
+        layer, (h, q, k, v, probs, ctx, a, h1, g, o) = bert.encoder.layer[index], saved[index]
         rel_o, rel_h1 = _add(rel_h, o, h1, renormalise)
         rel_h1 = rel_h1 + _lin(_lin(rel_o, g, layer.output.dense.weight), h1, layer.intermediate.dense.weight)
-        rel_a, rel_res = _add(rel_h1, a, h, renormalise)
+        if head_mask is not None and not head_mask[index].any():
+            rel_a, rel_res = torch.zeros_like(rel_h1), rel_h1
+        else:
+            rel_a, rel_res = _add(rel_h1, a, h, renormalise)
         rel_ctx = split(_lin(rel_a, ctx, layer.attention.output.dense.weight))
-        rel_probs, rel_v = _halves(rel_ctx, probs, v)
+        if head_mask is None:
+            rel_probs, rel_v = _halves(rel_ctx, probs, v)
+        else:
+            rel_probs, rel_v = _halves(rel_ctx * head_mask[index].view(1, -1, 1, 1), probs, v)
+            factor = _safe(rel_ctx.sum(), rel_probs.sum() + rel_v.sum())
+            rel_probs, rel_v = rel_probs * factor, rel_v * factor
         maps.insert(0, rel_probs)
         rel_q, rel_kt = _halves(rel_probs, q, k.transpose(-1, -2))
         sa = layer.attention.self
@@ -203,6 +216,53 @@ def test_chefer_rules_match_explicit_bert_relprop(tiny, add):
         for layer, expected in enumerate(maps):
             got = found.maps[layer][b, :, :n, :n]
             torch.testing.assert_close(got / expected.abs().max(), expected[0] / expected.abs().max(), rtol=0, atol=TOL)
+
+
+# ---------------------------------------------------------------------- Mask-LRP under a head mask
+# layer 0 keeps two heads (the kept heads' relevance is renormalised), layer 1 none (the residual
+# takes everything); and one kept head per layer
+HEAD_MASKS = [[[0, 1, 1, 0], [0, 0, 0, 0]], [[1, 0, 0, 0], [0, 0, 1, 0]]]
+MASK_CONSERVATION = 1e-5
+
+
+@pytest.mark.parametrize("mask", HEAD_MASKS)
+@pytest.mark.parametrize("family,task", CASES + [("gpt2", "classification")])
+def test_literal_mask_lrp_conserves_relevance_through_every_block(tiny, family, task, mask):
+    # Song et al. 2024 Sec. 4.3: the renormalisation "ensures the conservation rule" (Eq. 3) under the mask
+    adapter, batch, target, _ = _setup(tiny(family, task))
+    found = propagate(adapter, batch, target, CheferRules(), blocks=True, head_mask=torch.tensor(mask), mask_variant="literal")
+    sums = _block_sums(found)
+    entering, leaving = sums[:, 1:], sums[:, :-1]  # block l maps blocks[l + 1] (its output) to blocks[l] (its input)
+    assert (entering - leaving).abs().max() < MASK_CONSERVATION, sums
+    assert torch.allclose(sums, torch.ones_like(sums), rtol=0, atol=MASK_CONSERVATION)
+
+
+def test_reference_mask_lrp_loses_the_cut_heads_relevance(tiny):
+    # the authors' code cuts heads after the residual split: every block with a cut head leaks
+    adapter, batch, target, _ = _setup(tiny("bert"))
+    found = propagate(adapter, batch, target, CheferRules(), blocks=True, head_mask=torch.tensor(HEAD_MASKS[1]), mask_variant="reference")
+    sums = _block_sums(found)
+    assert ((sums[:, 1:] - sums[:, :-1]) > 0.05).all(), sums
+
+
+@pytest.mark.parametrize("mask", HEAD_MASKS)
+def test_literal_mask_lrp_matches_explicit_masked_bert_relprop(tiny, mask):
+    TOL = 2e-3  # as test_chefer_rules_match_explicit_bert_relprop
+    model = tiny("bert")
+    adapter, batch, target, _ = _setup(model)
+    head_mask = torch.tensor(mask, dtype=torch.float32)
+    found = propagate(adapter, batch, target, CheferRules(), maps=True, head_mask=head_mask, mask_variant="literal")
+    for b in range(len(batch)):
+        n = int(batch.lengths[b])
+        rel, maps = _bert_relprop(model.hf_model, batch.input_ids[b : b + 1, :n], int(target.classes[b, 0]), True, head_mask)
+        scale = rel.abs().max()
+        torch.testing.assert_close(found.inputs[b, :n] / scale, rel[0] / scale, rtol=0, atol=TOL)
+        for layer, expected in enumerate(maps):
+            got = found.maps[layer][b, :, :n, :n]
+            top = expected.abs().max().clamp(min=1e-12)
+            torch.testing.assert_close(got / top, expected[0] / top, rtol=0, atol=TOL)
+            cut = head_mask[layer] == 0
+            assert got[cut].abs().max() == 0  # cut heads have no relevance
 
 
 # ---------------------------------------------------------------------- linear-only model

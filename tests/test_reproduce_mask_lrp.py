@@ -65,10 +65,17 @@ def test_quick_report_on_tiny_model(setting, tmp_path):
     assert "Table 1 analogue" in text and "Ours (Mask-LRP)" in text and "GAE [`chefer`]" in text
     assert "0.438" in text  # the paper's SST-2 AOPC of Mask-LRP, in the reference table
     assert "1 of 8 heads kept" in text and "12.5%" in text
-    assert "random masks mean ± std" in text and "no head kept" in text
+    assert "random masks: mean ± std over seeds" in text and "no head kept" in text
+    assert "Eq. 10 as written" in text and "Ours, the authors' code" in text and "mask_lrp (reference)" in text
+    assert "## Headline ordering with 95 % bootstrap intervals" in text and "Adjacent pairs whose intervals overlap" in text
+    assert "## Mask corruption (paper Figure 4)" in text and "| 25% |" in text
     assert "precision@20 is not measured (planted section left out)" in text
+    claims = text[text.index("## Claims of the paper against this run"):]  # the report ends with the claims table
+    assert "## " not in claims[3:] and "| The selected heads beat random heads" in claims and "cannot be tested here" in claims
     pngs = sorted(p.name for p in out.glob("*.png"))
-    assert pngs == ["mask-lrp-curves-reviews.png", "mask-lrp-deletion.png", "mask-lrp-heads.png", "mask-lrp-random-masks.png"]
+    assert pngs == [
+        "mask-lrp-corruption.png", "mask-lrp-curves-reviews.png", "mask-lrp-deletion.png", "mask-lrp-heads.png", "mask-lrp-random-masks.png"
+    ]
     for name in pngs:
         assert f"({name})" in text  # every plot is linked from the report
 
@@ -135,3 +142,15 @@ def test_planted_section_alone_on_a_tiny_decoder(tmp_path):
     row = next(line for line in text.splitlines() if line.startswith("| grad_x_input |"))
     value, low, high = (float(v) for v in re.findall(r"(-?\d\.\d{3}) \[(-?\d\.\d{3}), (-?\d\.\d{3})\]", row)[0])
     assert 0.0 <= low <= value <= high <= 1.0
+
+
+def test_examples_per_dataset():
+    from heedful.errors import InputError
+
+    plan = report._plan(ReportSettings(store="/tmp/unused", options={"dataset_n": "amazon:20,movies:7"}))
+    assert (plan.n_for("amazon"), plan.n_for("movies"), plan.n_for("tweets")) == (20, 7, report.DEFAULT_N)
+    default = report._plan(ReportSettings(store="/tmp/unused"))
+    assert default.n_for("amazon") == 200 and default.n_for("movies") == report.DEFAULT_N
+    assert report._plan(ReportSettings(n=9, store="/tmp/unused")).n_for("amazon") == 9  # an explicit n applies to every data set
+    with pytest.raises(InputError, match="dataset_n"):
+        report._plan(ReportSettings(store="/tmp/unused", options={"dataset_n": "amazon=20"}))

@@ -26,6 +26,7 @@ from heedful.errors import InputError
 from heedful.lrp import rule_set
 from heedful.lrp.masks import Ablation
 from heedful.lrp.propagate import LRPForward, Prepared, RelevancePass, lrp_backward, lrp_forward
+from heedful.lrp.rules import MASK_VARIANTS, MaskVariant
 from heedful.memory import Need, require
 from heedful.options import OPEN_UNIT, UNIT
 from heedful.problem import Problem
@@ -101,9 +102,18 @@ def relevance_rollout(maps: list[torch.Tensor], start_layer: int = 0) -> torch.T
     return joint
 
 
-def _weighted_maps(grads: list[torch.Tensor], maps: dict[int, torch.Tensor]) -> list[torch.Tensor]:
-    """``Abar_l = mean_h (grad A_l * R_A_l)^+`` per layer ``[B, N, N]``."""
-    return [(g * maps[layer]).clamp(min=0).mean(dim=1) for layer, g in enumerate(grads)]
+def _weighted_maps(
+    grads: list[torch.Tensor], maps: dict[int, torch.Tensor], heads: torch.Tensor | None = None
+) -> list[torch.Tensor]:
+    """``Abar_l = mean_h (grad A_l * R_A_l)^+`` per layer ``[B, N, N]`` (``grads``, ``maps``:
+    ``[B, H, N, N]`` per layer). With ``heads`` ``[L, H]`` (0/1) the mean runs over layer ``l``'s
+    kept heads only (Song et al. 2024 Eq. 10); a layer that keeps none gives ``Abar_l = 0``."""
+    if heads is None:
+        return [(g * maps[layer]).clamp(min=0).mean(dim=1) for layer, g in enumerate(grads)]
+    weights = heads / heads.sum(dim=1, keepdim=True).clamp(min=1)  # [L, H]: 1/|K_l| on kept heads
+    return [
+        torch.einsum("bhij,h->bij", (g * maps[layer]).clamp(min=0), weights[layer].to(g)) for layer, g in enumerate(grads)
+    ]
 
 
 LRP_METHOD = {"family": "relevance", "quantities": ("logit",)}
@@ -160,23 +170,29 @@ def chefer(problem: Problem, *, start_layer: int = 0) -> torch.Tensor:
     return _rollout_scores(problem, start_layer)
 
 
-def _rollout_scores(problem: Problem, start_layer: int, **options: Any) -> torch.Tensor:
-    """Chefer's rollout of ``mean_h (grad A * R_A)^+`` per chunk, anchor rows ``[B, N]``."""
+def _rollout_scores(problem: Problem, start_layer: int, kept_heads: torch.Tensor | None = None, **options: Any) -> torch.Tensor:
+    """Chefer's rollout of ``mean_h (grad A * R_A)^+`` per chunk (the mean over ``kept_heads``
+    ``[L, H]`` only, when given), anchor rows ``[B, N]``."""
     parts = []
     for chunk, found in _passes(problem, "chefer", gradients=True, maps=True, inputs=False, **options):
         start = _start_layer(start_layer, len(found.probs))
-        joint = relevance_rollout(_weighted_maps(found.attn_grads, found.maps), start)
+        joint = relevance_rollout(_weighted_maps(found.attn_grads, found.maps, kept_heads), start)
         parts.append((chunk, _anchor_row(joint, problem.anchor[chunk.rows])))
     return _scatter(problem.batch, parts)
 
 
 @register(
-    "mask_lrp", **LRP_METHOD, cost=RELPROP_COST + " (+ head statistics once per model)", reference=lrp_reference("chefer")
+    "mask_lrp",
+    **LRP_METHOD,
+    cost=RELPROP_COST + " (+ head statistics once per model)",
+    reference=lrp_reference("chefer"),
+    version=2,
 )
 def mask_lrp(
     problem: Problem,
     *,
     head_mask: Any = None,
+    variant: MaskVariant = "literal",
     start_layer: int = 0,
     reference_scale: bool = True,
     xi_synt: Annotated[float, UNIT] = 0.1,
@@ -185,22 +201,42 @@ def mask_lrp(
     ablation_seed: int = 0,
     corruption_rate: Annotated[float, UNIT] = 0.1,
 ) -> torch.Tensor:
-    """Chefer's rollout with relevance propagated only through syntactic and positional heads.
+    """Chefer's rollout of the relevance that flows through selected syntactic and positional heads.
 
-    Mask-LRP: the head mask ``M`` ``[L, H]`` multiplies each head's output relevance before it
-    enters ``A V`` during the relevance pass only (the forward and the gradients are the model's);
-    masked heads pass nothing to ``A``, ``Q``, ``K``, ``V``; the residual keeps its relevance and
-    the renormalised addition restores conservation. Then the rollout of :func:`chefer` over all
-    layers. ``[B, N]``.
+    Mask-LRP: the head mask ``M`` ``[L, H]`` (Eq. 6-8) multiplies each head's output relevance
+    ``R^(n_b - 1)`` before it enters ``A V`` in the relevance pass only (the forward and the
+    gradients are the model's); cut heads pass nothing to ``A``, ``Q``, ``K``, ``V``. Then the
+    rollout ``C = prod_b norm_rows(Abar_b + I)`` (Eq. 11) from ``start_layer``; the anchor row of
+    ``C`` with its self-entry 0 ``[B, N]``.
+
+    ``variant="literal"`` (default; Sec. 4.3 as written): in block ``b``
+    ``R^(n_b) = G(A, V, M_b R^(n_b - 1))`` (Eq. 9: the relevance of ``A`` and ``V`` from the kept
+    heads, ``R_synt + R_pos``) is renormalised, per example, to
+    ``R^(n_b) * sum R^(n_b - 1) / sum R^(n_b)`` -- the paper's normalisation, which it states
+    "ensures the conservation rule", ``sum R_synt + sum R_pos = sum R^(n_b - 1)``. The sums run
+    over the relevance entering and leaving the masked step, so the renormalisation sits in the
+    ``A V`` backward where the mask acts: the kept heads carry on what all heads received, the
+    residual split before it is untouched, and every block conserves relevance (Eq. 3). (The
+    paper normalises ``R_synt`` and ``R_pos`` separately with Chefer's ``|sum|`` shares; when the
+    two sums share a sign, as they do for a one-hot seed, both factors equal the one used here, and
+    a head both syntactic and positional is counted once.) A block that keeps no head has nothing
+    to renormalise (``0 / 0``); its attention residual then sends all relevance to the skip path,
+    the only way left to conserve it. Eq. 10: ``Abar_b = mean_{h in K_b} (grad A_b^h * R_A_b^h)^+``
+    over the kept heads ``K_b`` only, with ``R_A`` the renormalised relevance of ``A``
+    (``Abar_b = 0`` when ``K_b`` is empty). A mask of ones is :func:`chefer` exactly.
+
+    ``variant="reference"`` (the authors' code, ExplanationGenerator.MGAE): no renormalisation --
+    the cut heads' relevance is lost, blocks do not conserve; the map used for the rollout is
+    ``R_A`` from the *unmasked* head relevance ``R^(n_b - 1)`` (``reference_scale`` True, their
+    code: without the 1/2 of the product rule; False halves it as in :func:`chefer`), averaged over
+    all heads, ``Abar_b = mean_h (grad A_b * R_A_b)^+``. A mask of ones reproduces :func:`chefer`
+    exactly with ``reference_scale=False``; with ``True`` every layer's map is doubled.
+    ``reference_scale`` applies to this variant only.
 
     ``head_mask``: a :class:`~heedful.lrp.masks.HeadMask`, a path to one saved by ``heedful
     heads``, or a ``[L, H]`` 0/1 array; default: the model's cached mask, computed the first time
     from the movie-review train split (``xi_synt``, ``xi_pos`` are Eq. 7-8's thresholds). A path or
-    nested list keeps explanations JSON-serialisable. ``reference_scale`` (default True, as the
-    reference code): in masked layers the map used for the rollout is ``R_A`` from the *unmasked*
-    head relevance without the 1/2 of the product rule; False halves it as in :func:`chefer`. So a
-    mask of ones reproduces :func:`chefer` exactly with ``reference_scale=False``; with ``True``
-    every layer's head map is doubled before the rollout.
+    nested list keeps explanations JSON-serialisable.
 
     Ablations of the paper (Table 1 "Random", Table 3, Figure 4) apply to the mask:
     ``ablation="random"`` (same number of heads, ``ablation_seed``), ``"corrupted"``
@@ -213,15 +249,22 @@ def mask_lrp(
     from heedful.lrp.heads import default_head_mask
     from heedful.lrp.masks import ablate, as_head_mask
 
+    if variant not in MASK_VARIANTS:
+        raise InputError(f"unknown Mask-LRP variant {variant!r}", hint="use one of: " + ", ".join(MASK_VARIANTS))
+    if variant == "literal" and not reference_scale:
+        raise InputError("reference_scale applies to variant='reference' only", hint="drop it, or pass variant='reference'")
     adapter = problem.adapter
     adapter.lrp_roles()  # an unmapped family fails here, before any head statistics are computed
     mask = default_head_mask(adapter, xi_synt=xi_synt, xi_pos=xi_pos) if head_mask is None else as_head_mask(head_mask)
     if ablation is not None:
         mask = ablate(mask, ablation, ablation_seed, corruption_rate)
+    heads = torch.as_tensor(mask.as_float())
     return _rollout_scores(
         problem,
         start_layer,
-        head_mask=torch.as_tensor(mask.as_float()),
+        kept_heads=heads if variant == "literal" else None,
+        head_mask=heads,
+        mask_variant=variant,
         reference_scale=reference_scale,
     )
 

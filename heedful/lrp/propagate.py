@@ -142,6 +142,7 @@ def lrp_backward(
     target: ResolvedTarget,
     *,
     head_mask: torch.Tensor | None = None,
+    mask_variant: str = "literal",
     reference_scale: bool = True,
     gradients: bool = False,
     maps: bool = False,
@@ -152,7 +153,9 @@ def lrp_backward(
     """The backward passes on a :class:`Prepared` chunk (see the module docstring).
 
     ``target`` is restricted to the chunk's rows. ``head_mask`` ``[L, H]`` (Mask-LRP) scales each
-    head's output relevance in the relevance pass. ``last_layer_only`` stops the relevance pass at
+    head's output relevance in the relevance pass, as ``mask_variant`` says (``"literal"``: the
+    kept heads' relevance renormalised, Song et al. 2024 Eq. 9-10; ``"reference"``: their code;
+    see :class:`~heedful.lrp.rules.RelevanceState`). ``last_layer_only`` stops the relevance pass at
     the last layer's attention probabilities (enough for its ``maps`` when neither ``inputs`` nor
     ``blocks`` are asked for).
     """
@@ -168,6 +171,7 @@ def lrp_backward(
                 hint="compute the mask for this model (heedful heads --model ...)",
             )
     state.head_mask = head_mask
+    state.mask_variant = mask_variant
     state.reference_scale = reference_scale
     state.keep_maps = maps
     state.maps = {}

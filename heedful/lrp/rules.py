@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import torch
 
@@ -59,24 +59,38 @@ from heedful.lrp.functions import (
     safe_divide,
 )
 
+MaskVariant = Literal["literal", "reference"]
+"""How Mask-LRP's head mask acts in the relevance pass (see :meth:`CheferRules._context`)."""
+MASK_VARIANTS: tuple[str, ...] = MaskVariant.__args__
+
 
 @dataclass
 class RelevanceState:
     """What the rules read and write while gradients and relevance flow backward (set after the
     forward): ``mode`` -- what relevance-form rules send backward, ``"gradient"`` (the true
     gradient) or ``"relevance"``; ``head_mask`` ``[L, H]`` (0/1), which multiplies the relevance of
-    each head's output in the relevance pass (Mask-LRP); ``reference_scale`` (keep the Mask-LRP
-    reference's unhalved map for masked layers); ``keep_maps`` (record the relevance of the
-    attention probabilities, ``[B, H, N, M]`` per layer, in ``maps``)."""
+    each head's output in the relevance pass (Mask-LRP); ``mask_variant`` -- ``"literal"``: the kept
+    heads' relevance is renormalised so that the attention branch passes on what all heads
+    received (Song et al. 2024 Eq. 9-10), and a block whose every head is cut sends its whole
+    relevance down the residual; ``"reference"``: no renormalisation (the Mask-LRP code);
+    ``reference_scale`` (the reference variant only: keep its unhalved map of the unmasked relevance);
+    ``keep_maps`` (record the relevance of the attention probabilities, ``[B, H, N, M]`` per layer,
+    in ``maps``)."""
 
     mode: str = GRADIENT
     head_mask: torch.Tensor | None = None
+    mask_variant: str = "literal"
     reference_scale: bool = True
     keep_maps: bool = False
     maps: dict[int, torch.Tensor] = field(default_factory=dict)
 
     def head_mask_for(self, layer: int) -> torch.Tensor | None:
         return None if self.head_mask is None else self.head_mask[layer]
+
+    def cuts_every_head(self, layer: int) -> bool:
+        """The literal variant's head mask keeps no head of ``layer``."""
+        mask = self.head_mask_for(layer)
+        return mask is not None and self.mask_variant == "literal" and not bool(mask.any())
 
     def record_map(self, layer: int, relevance: torch.Tensor) -> None:
         self.maps[layer] = relevance.detach()
@@ -209,12 +223,12 @@ class CheferRules(RuleSet):
             hooks.at(norm.output, partial(_identity_rule, state))
         for act in roles.activations():
             hooks.at(Site(act), partial(_identity_rule, state))
-        for block in roles.blocks:
+        for layer, block in enumerate(roles.blocks):
             for module in block.rotary:
                 hooks.at(Site(module), partial(_segment_start, state))
-            for site in block.residuals:
+            for k, site in enumerate(block.residuals):  # the first is the attention sub-layer's
                 residual = hooks.keep(Site(site.source, "input"))
-                hooks.at(Site(site.branch), partial(self._residual, state, residual))
+                hooks.at(Site(site.branch), partial(self._residual, state, residual, layer if k == 0 else None))
             for site in block.products:
                 gate, up = hooks.keep(Site(site.gate)), hooks.keep(Site(site.up))
                 hooks.at(Site(site.consumer, "input"), partial(_product, state, gate, up))
@@ -224,8 +238,9 @@ class CheferRules(RuleSet):
         bias = getattr(site.module, "bias", None)
         return DualRule.apply(state, partial(linear_alpha1_beta0, weight=site.weight(), bias=bias), y, x, y)
 
-    def _residual(self, state: RelevanceState, residual: Kept, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return ResidualSplit.apply(state, self.add, y, residual.value)
+    def _residual(self, state: RelevanceState, residual: Kept, layer: int | None, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        rule = self.add if layer is None else partial(_attention_split, state, layer, self.add)
+        return ResidualSplit.apply(state, rule, y, residual.value)
 
     def attention(self, state, rotary, call):
         query, key = call.query, call.key
@@ -243,13 +258,27 @@ class CheferRules(RuleSet):
 
     @staticmethod
     def _context(state: RelevanceState, layer: int, rel: torch.Tensor, probs: torch.Tensor, value: torch.Tensor):
-        """Relevance through ``A V``; Mask-LRP's head mask multiplies ``R`` first (masked heads
-        send nothing to ``A``, ``Q``, ``K``, ``V``). Records the map the rollout uses."""
+        """Relevance through ``A V`` (``rel`` ``[B, H, N, d]``, ``probs`` ``[B, H, N, M]``, ``value``
+        ``[B, H, M, d]``); records the map of ``A`` the rollout uses.
+
+        Mask-LRP's head mask ``m`` multiplies ``R`` first (cut heads send nothing to ``A``, ``Q``,
+        ``K``, ``V``). ``"literal"`` (Song et al. 2024 Sec. 4.3): ``(R_A, R_V) = G(A, V, m R)`` is
+        then rescaled per example by ``sum R / sum (R_A + R_V)``, so that the kept heads carry on
+        what all heads received (the normalisation after Eq. 9, with ``R_synt + R_pos`` the kept
+        heads' relevance); the map recorded is that renormalised ``R_A``. ``"reference"``: no
+        rescaling, and the map recorded is ``R_A`` of the *unmasked* ``R`` (unhalved with
+        ``reference_scale``), as Mask-LRP's code saves it."""
         head_mask = state.head_mask_for(layer)
         kept = rel if head_mask is None else rel * head_mask.view(1, -1, 1, 1).to(rel)
         rel_probs, rel_value = matmul_halves(kept, probs, value)
+        literal = head_mask is not None and state.mask_variant == "literal"
+        if literal:
+            dims = tuple(range(1, rel.dim()))
+            passed = rel_probs.sum(dims, keepdim=True) + rel_value.sum(dims, keepdim=True)
+            factor = safe_divide(rel.sum(dims, keepdim=True), passed)
+            rel_probs, rel_value = rel_probs * factor, rel_value * factor
         if state.keep_maps:
-            if head_mask is None:
+            if head_mask is None or literal:
                 state.record_map(layer, rel_probs)
             else:
                 full = probs * (safe_divide(rel, probs @ value) @ value.transpose(-1, -2))
@@ -287,6 +316,15 @@ class AttnLRPRules(RuleSet):
             value=ScaleGrad.apply(call.value, 0.5),
         )
         return eager_attention(scaled)
+
+
+def _attention_split(state: RelevanceState, layer: int, add, rel: torch.Tensor, a: torch.Tensor, r: torch.Tensor):
+    """The attention sub-layer's residual addition ``a + r``: ``add``'s split, except that a block
+    whose every head the literal Mask-LRP variant cuts sends all of ``R`` to the residual ``r``
+    (its attention branch could pass nothing on; Eq. 3 conservation)."""
+    if state.cuts_every_head(layer):
+        return torch.zeros_like(rel), rel
+    return add(rel, a, r)
 
 
 def _identity_rule(state: RelevanceState, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
