@@ -105,6 +105,7 @@ depend on the batch it is in.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Annotated, Literal
 
@@ -420,6 +421,9 @@ def _flat(history: torch.Tensor, window: int, tol: float) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------- linearized solver
+PROBE_BLOCK = 8
+"""Probe rows of one problem run together at most: a sentence's probes are cut into blocks of
+this many rows, so that one block of a long sentence fits the activation budget."""
 VARIANCE_FLOOR = 1e-12
 """Smallest variance the linearized solver returns, as a share of the ceiling's (``lambda = 0``
 would otherwise give zero noise and an infinite ``ln sigma``)."""
@@ -503,8 +507,8 @@ def jacobian_sq_norms(
     Hutchinson's estimator: for ``v`` with ``E[v v^T] = I`` (Rademacher, drawn from the
     problem's generator ``gens[p]``), ``E||v^T J_j||^2 = ||J_j||_F^2``; one vector-Jacobian
     product ``v^T J`` gives the row for every token at once. ``probes`` such ``v`` per problem
-    run as rows of one batched forward and one backward (chunked by the runner; ``rows`` fixes
-    problems x rows per chunk). When ``phi`` has ``M <= probes`` elements (the head's logits)
+    run as rows of batched forwards and backwards: blocks of up to :data:`PROBE_BLOCK` rows of
+    a problem, chunked over problems by the runner (``rows`` fixes blocks per chunk). When ``phi`` has ``M <= probes`` elements (the head's logits)
     the ``M`` unit vectors are used instead: the sum is then exact.
     """
     adapter, batch = problem.adapter, problem.batch
@@ -517,29 +521,37 @@ def jacobian_sq_norms(
         elements = probe.elements(example[group], k)
         exact = int(elements.max()) <= probes
         r = int(elements.max()) if exact else int(probes)
-        for idx, width in runner.plan(lengths[group], row_cells=r, need=need):
-            probs = group[idx]
-            noise = torch.zeros(probs.shape[0] * r, width, probe.dim, requires_grad=True)
+        vectors = [_probe_vectors(gens[int(p)], int(m), r, exact) for p, m in zip(group, elements, strict=True)]
+        block = min(r, PROBE_BLOCK)
+        blocks = math.ceil(r / block)
+        units = torch.arange(group.shape[0]).repeat_interleave(blocks)  # (problem, block of probes)
+        part = torch.arange(blocks).repeat(group.shape[0])
+        for idx, width in runner.plan(lengths[group][units], row_cells=block, need=need):
+            members, parts = units[idx], part[idx]
+            probs = group[members]
+            noise = torch.zeros(idx.shape[0] * block, width, probe.dim, requires_grad=True)
             with torch.enable_grad():
-                diff, _ = probe.change(example[probs].repeat_interleave(r), k, noise)
-                v = _probe_vectors([gens[p] for p in probs.tolist()], elements[idx], r, diff.shape[1], exact)
-                (g,) = torch.autograd.grad((diff * v).sum(), noise)
-            adapter.counter.backward += probs.shape[0] * r
-            sq = g.pow(2).sum(dim=-1).view(probs.shape[0], r, width).sum(dim=1)
-            out[probs, :width] = sq if exact else sq / r
+                diff, _ = probe.change(example[probs].repeat_interleave(block), k, noise)
+                v = torch.zeros(idx.shape[0], block, diff.shape[1])
+                for i, (u, b) in enumerate(zip(members.tolist(), parts.tolist(), strict=True)):
+                    rows_here = vectors[u][b * block : (b + 1) * block]
+                    v[i, : rows_here.shape[0], : rows_here.shape[1]] = rows_here
+                (g,) = torch.autograd.grad((diff * v.view(-1, diff.shape[1])).sum(), noise)
+            adapter.counter.backward += sum(min(block, r - b * block) for b in parts.tolist())
+            sq = g.pow(2).sum(dim=-1).view(idx.shape[0], block, width).sum(dim=1)
+            out[:, :width].index_add_(0, probs, sq)
+        if not exact:
+            out[group] = out[group] / r
     return out * batch.attention_mask.bool()[example]
 
 
-def _probe_vectors(gens: list[torch.Generator], elements: torch.Tensor, r: int, width: int, exact: bool) -> torch.Tensor:
-    """``r`` probe vectors per problem as rows ``[P * r, width]``: the unit vectors ``e_0 ..
-    e_{r-1}`` (``exact``), or Rademacher signs on the problem's first ``elements[p]`` (its real)
-    elements, drawn from its own generator so that they do not depend on the chunk's width."""
+def _probe_vectors(gen: torch.Generator, elements: int, r: int, exact: bool) -> torch.Tensor:
+    """``r`` probe vectors ``[r, elements]`` of one problem over its real output elements: the unit
+    vectors ``e_0 .. e_{r-1}`` (``exact``, ``r >= elements``) or Rademacher signs drawn from the
+    problem's own generator (so that they do not depend on the batch)."""
     if exact:
-        return torch.eye(r, width).repeat(len(gens), 1)
-    v = torch.zeros(len(gens), r, width)
-    for i, (g, m) in enumerate(zip(gens, elements.tolist(), strict=True)):
-        v[i, :, :m] = torch.randint(0, 2, (r, m), generator=g).float() * 2 - 1
-    return v.view(len(gens) * r, width)
+        return torch.eye(r, elements)
+    return torch.randint(0, 2, (r, elements), generator=gen).float() * 2 - 1
 
 
 # ---------------------------------------------------------------------------------- scores
