@@ -385,6 +385,11 @@ def test_linearized_solver_runs_on_layers_and_is_batch_invariant(sharp):
     single = sharp.explain(TEXTS[0], method="coperturbation", seed=0, layer=2, **fast)
     np.testing.assert_allclose(layered[0].scores[1], single.scores, rtol=1e-4)
     assert np.isfinite(layered[0].scores).all()
+    # probes cut into blocks of PROBE_BLOCK rows, one block per chunk: the same estimate
+    many = sharp.explain(TEXTS[0], method="coperturbation", seed=0, layer=2, solver="linearized", probes=20)
+    small = sharp.explain(TEXTS[0], method="coperturbation", seed=0, layer=2, solver="linearized", probes=20, internal_batch_size=1)
+    np.testing.assert_allclose(many.scores, small.scores, rtol=1e-4)
+    assert many.cost.backward_passes == small.cost.backward_passes == 20
     for bad in ({"solver": "newton"}, {"objective": "raw"}, {"probes": 0}):
         with pytest.raises(heedful.InputError):
             sharp.explain(TEXTS[0], method="coperturbation", **bad)

@@ -56,7 +56,7 @@ LIFTED = {"solver": "linearized", "scale": 1000.0}
 the Jacobian norm ``||J_j||_F`` (no ties at the ceiling)."""
 N_COMPARE = 200
 """Test sentences on which the linearized and the optimised solutions are compared."""
-N_BENCH = 100
+N_BENCH = 40
 """Test sentences of the faithfulness benchmark of every method (the first of the N_COMPARE)."""
 N_STUDY = 100
 """Test sentences of the lambda, layer and probe studies (linearized solver)."""
@@ -72,7 +72,7 @@ BUDGET = {
 }
 """The report's compute budget for the baselines (``--option budget=default`` runs every method's
 defaults instead). Co-perturbation always runs at its defaults."""
-CHECK_SENTENCES = 24
+CHECK_SENTENCES = 12
 """Sentences (the first of the comparison's) on which the optimised co-perturbation is run again
 with the next seed, to measure how much its ranking depends on the seed (``--option check=N``;
 0 skips it)."""
