@@ -72,7 +72,7 @@ BUDGET = {
 }
 """The report's compute budget for the baselines (``--option budget=default`` runs every method's
 defaults instead). Co-perturbation always runs at its defaults."""
-CHECK_SENTENCES = 12
+CHECK_SENTENCES = 8
 """Sentences (the first of the comparison's) on which the optimised co-perturbation is run again
 with the next seed, to measure how much its ranking depends on the seed (``--option check=N``;
 0 skips it)."""
@@ -296,34 +296,13 @@ def _main_model(model, name: str, run: Plan, found: Found, out_dir: Path, say, p
     import torch
 
     from heedful.evaluate.report import plot_curves
-    from heedful.evaluate.store import ResultsStore, subject
+    from heedful.evaluate.store import subject
     from heedful.interest import lambda_sweep, layer_map
     from heedful.interest.plots import plot_lambda_sweep, plot_layer_map
     from heedful.reproduce import coperturbation_studies as st
 
     about = subject(model, DATASET, "test")
-    began = time.perf_counter()
-    say(f"optimised and linearized co-perturbation on {run.n_compare} test sentences")
-    adam = _bench(model, run, ["coperturbation"], run.n_compare, {"coperturbation": run.coperturbation()}, progress)
-    lin = _bench(model, run, ["coperturbation"], run.n_compare, {"coperturbation": run.coperturbation(True)}, progress)
-    lifted = _bench(model, run, ["coperturbation"], run.n_compare, {"coperturbation": run.coperturbation(lifted=True)}, progress)
-    ids, texts = _bench_ids(model, adam)
-    with ResultsStore(run.store) as db:
-        first = db.get_explanations(adam.runs[0].key, ids)
-        second = db.get_explanations(lin.runs[0].key, ids)
-        third = db.get_explanations(lifted.runs[0].key, ids)
-        cost = {"adam": db.cost(adam.runs[0].key), "linearized": db.cost(lin.runs[0].key)}
-    pairs = [st.rank_agreement(second[i], first[i]) for i in ids]
-    pairs_lifted = [st.rank_agreement(third[i], first[i]) for i in ids]
-    found.compare = {
-        "n": len(ids), "adam": adam.groups["coperturbation"], "linearized": lin.groups["coperturbation"],
-        "lifted": lifted.groups["coperturbation"],
-        "spearman_lifted": [p[0] for p in pairs_lifted], "overlap_lifted": [p[1] for p in pairs_lifted],
-        "spearman": [p[0] for p in pairs], "overlap": [p[1] for p in pairs],
-        "constant": [st.constant(second[i]) for i in ids], "confidence": [first[i].prediction["probability"] for i in ids],
-        "tokens": [int((~np.asarray(first[i].special)).sum()) for i in ids], "cost": cost,
-    }
-    run.timings.add("solvers compared", began)
+    ids, texts = _compare_inputs(model, run)
     began = time.perf_counter()
     say("lambda in the paper's units")
     found.units = st.lambda_units(model, texts)
@@ -338,17 +317,6 @@ def _main_model(model, name: str, run: Plan, found: Found, out_dir: Path, say, p
     found.uniformity = _uniformity(found.bench, run.store, model)
     found.uniformity["coperturbation (linearized)"] = _uniformity(found.bench_linearized, run.store, model)["coperturbation"]
     run.timings.add(f"faithfulness {name}", began)
-
-    began = time.perf_counter()
-    say(f"rectifying {name}'s errors")
-    found.rect[name] = _rectification(model, name, run, run.methods, out_dir, found, progress)
-    run.timings.add(f"rectification {name}", began)
-
-    if run.check > 0:
-        began = time.perf_counter()
-        say(f"optimised co-perturbation with seeds {run.seed} and {run.seed + 1} on {run.check} sentences")
-        found.check = _seed_check(model, ids, run.coperturbation(), run.store, about, run.seed, run.check)
-        run.timings.add("seed check", began)
 
     began = time.perf_counter()
     study = texts[: run.n_study]
@@ -368,6 +336,62 @@ def _main_model(model, name: str, run: Plan, found: Found, out_dir: Path, say, p
     found.sweep = lambda_sweep(model, SENTENCE, list(WORDS), QUICK["lams"] if run.quick else None, seed=run.seed, **run.study_options)
     found.files["lambda"] = plot_lambda_sweep(found.sweep, out_dir / f"{NAME}-lambda.png")
     run.timings.add("one-sentence studies", began)
+
+    began = time.perf_counter()
+    say(f"optimised and linearized co-perturbation on {run.n_compare} test sentences")
+    _compare(model, run, found, progress)
+    run.timings.add("solvers compared", began)
+
+    began = time.perf_counter()
+    say(f"rectifying {name}'s errors")
+    found.rect[name] = _rectification(model, name, run, run.methods, out_dir, found, progress)
+    run.timings.add(f"rectification {name}", began)
+
+    if run.check > 0:
+        began = time.perf_counter()
+        say(f"optimised co-perturbation with seeds {run.seed} and {run.seed + 1} on {run.check} sentences")
+        found.check = _seed_check(model, ids, run.coperturbation(), run.store, about, run.seed, run.check)
+        run.timings.add("seed check", began)
+
+
+def _compare(model, run: Plan, found: Found, progress: bool) -> None:
+    """The optimised, linearized and lifted-ceiling linearized solutions on the first
+    ``n_compare`` test sentences: benchmarks, rank agreement per sentence, costs."""
+    from heedful.evaluate.store import ResultsStore
+    from heedful.reproduce import coperturbation_studies as st
+
+    adam = _bench(model, run, ["coperturbation"], run.n_compare, {"coperturbation": run.coperturbation()}, progress)
+    lin = _bench(model, run, ["coperturbation"], run.n_compare, {"coperturbation": run.coperturbation(True)}, progress)
+    lifted = _bench(model, run, ["coperturbation"], run.n_compare, {"coperturbation": run.coperturbation(lifted=True)}, progress)
+    ids, _ = _bench_ids(model, adam)
+    with ResultsStore(run.store) as db:
+        first = db.get_explanations(adam.runs[0].key, ids)
+        second = db.get_explanations(lin.runs[0].key, ids)
+        third = db.get_explanations(lifted.runs[0].key, ids)
+        cost = {"adam": db.cost(adam.runs[0].key), "linearized": db.cost(lin.runs[0].key)}
+    pairs = [st.rank_agreement(second[i], first[i]) for i in ids]
+    pairs_lifted = [st.rank_agreement(third[i], first[i]) for i in ids]
+    found.compare = {
+        "n": len(ids), "adam": adam.groups["coperturbation"], "linearized": lin.groups["coperturbation"],
+        "lifted": lifted.groups["coperturbation"],
+        "spearman_lifted": [p[0] for p in pairs_lifted], "overlap_lifted": [p[1] for p in pairs_lifted],
+        "spearman": [p[0] for p in pairs], "overlap": [p[1] for p in pairs],
+        "constant": [st.constant(second[i]) for i in ids], "confidence": [first[i].prediction["probability"] for i in ids],
+        "tokens": [int((~np.asarray(first[i].special)).sum()) for i in ids], "cost": cost,
+    }
+
+
+def _compare_inputs(model, run: Plan) -> tuple[list[str], list[str]]:
+    """Ids and texts of the comparison's sentences (the first ``n_compare`` the protocol keeps)."""
+    from heedful.evaluate import get_protocol
+    from heedful.evaluate.bench import BenchSpec, select_inputs
+
+    spec = BenchSpec(
+        model=model, dataset=DATASET, methods=["coperturbation"], metrics=["aopc"], protocol=get_protocol("default", random_seeds=3),
+        out=run.store, n=run.n_compare,
+    )
+    inputs, _ = select_inputs(model, spec, {})
+    return [i.id for i in inputs], [i.text for i in inputs]
 
 
 def _second_model(model, name: str, run: Plan, found: Found, out_dir: Path, say, progress: bool) -> None:
