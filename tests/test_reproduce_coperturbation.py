@@ -137,3 +137,19 @@ def test_studies_return_one_row_per_sentence(tiny):
     assert layers["concentration"].shape == (3, model.adapter.num_layers)
     probes = st.probe_stability(model, texts, 1, [4])
     assert len(probes[4]["spearman"]) == 3
+
+
+def test_stored_sizes_follow_what_the_store_holds(tmp_path: Path, tiny):
+    from heedful.evaluate.store import ResultsStore
+
+    model = tiny("bert")
+    run = cp._plan(ReportSettings(store=tmp_path, options={"n_compare": "stored", "n_rectify": "stored"}))
+    assert run.n_compare is None and run.n_rectify == "stored"
+    ids, texts = cp._compare_inputs(model, run)
+    key = cp._optimised_key(model, run)
+    fake = model.explain(texts[:3], "random", seed=0)
+    with ResultsStore(tmp_path) as db:
+        db.put_explanations(key, list(zip([ids[0], ids[1], ids[3]], fake, strict=True)))
+    assert cp._stored_prefix(model, run) == 2  # the third sentence is missing
+    n = cp._stored_rectify_n(model, run, 20)
+    assert 0 <= n <= 20

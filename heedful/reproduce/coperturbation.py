@@ -20,7 +20,10 @@ What it runs (on ``minilm-sentiment`` unless said, movie-review snippets, test s
 Explanations are kept in one results store (``settings.store``, default
 ``$HEEDFUL_HOME/reproduce/coperturbation``) shared by every part, so a second run computes only
 what is missing. Report options (``--option key=value``): ``n_compare``, ``n_bench``,
-``n_study``, ``n_rectify`` (sentences classified, for every model; default :data:`N_RECTIFY`),
+``n_study``, ``n_rectify`` (sentences classified, for every model; default :data:`N_RECTIFY`;
+``n_compare=stored`` / ``n_rectify=stored``: as many as the store already holds optimised
+explanations for -- the longest prefix, or every error -- so a run sized to the compute at hand
+grows with the store),
 ``check`` (sentences of the optimised solver's seed check; :data:`CHECK_SENTENCES`), ``methods``
 (comma-separated), ``models`` (comma-separated zoo names), ``seed``, ``budget`` (``report``: the
 reduced compute budget of :data:`BUDGET`; ``default``: every method's defaults).
@@ -195,9 +198,9 @@ class Plan:
     chosen: list[str]
     seed: int
     n_bench: int
-    n_compare: int
+    n_compare: int | None
     n_study: int
-    n_rectify: int | None
+    n_rectify: int | None | str
     check: int
     ratios: tuple[float, ...]
     method_options: dict[str, dict]
@@ -256,10 +259,13 @@ def _plan(settings: ReportSettings) -> Plan:
     def size(key: str, default: int) -> int:
         return int(opts.get(key) or (QUICK[key] if quick else default))
 
+    stored = {k for k in ("n_compare", "n_rectify") if str(opts.get(k, "")) == "stored"}
+
     return Plan(
         quick=quick, methods=methods, chosen=_option_list(opts.get("models"), MODELS), seed=int(opts.get("seed", 0)),
-        n_bench=size("n_bench", settings.n or N_BENCH), n_compare=size("n_compare", N_COMPARE), n_study=size("n_study", N_STUDY),
-        n_rectify=int(opts["n_rectify"]) if opts.get("n_rectify") else (QUICK["n_rectify"] if quick else None),
+        n_bench=size("n_bench", settings.n or N_BENCH), n_study=size("n_study", N_STUDY),
+        n_compare=None if "n_compare" in stored else size("n_compare", N_COMPARE),
+        n_rectify="stored" if "n_rectify" in stored else (int(opts["n_rectify"]) if opts.get("n_rectify") else (QUICK["n_rectify"] if quick else None)),
         check=int(opts.get("check", QUICK["check"] if quick else CHECK_SENTENCES)),
         ratios=tuple(QUICK["ratios"] if quick else _rect().SWEEP_RATIOS), method_options=method_options,
         study_options=study_options, store=_store(settings),
@@ -338,7 +344,7 @@ def _main_model(model, name: str, run: Plan, found: Found, out_dir: Path, say, p
     run.timings.add("one-sentence studies", began)
 
     began = time.perf_counter()
-    say(f"optimised and linearized co-perturbation on {run.n_compare} test sentences")
+    say(f"optimised and linearized co-perturbation on {run.n_compare or 'the stored'} test sentences")
     _compare(model, run, found, progress)
     run.timings.add("solvers compared", began)
 
@@ -359,6 +365,9 @@ def _compare(model, run: Plan, found: Found, progress: bool) -> None:
     ``n_compare`` test sentences: benchmarks, rank agreement per sentence, costs."""
     from heedful.evaluate.store import ResultsStore
     from heedful.reproduce import coperturbation_studies as st
+
+    if run.n_compare is None:
+        run.n_compare = _stored_prefix(model, run)
 
     adam = _bench(model, run, ["coperturbation"], run.n_compare, {"coperturbation": run.coperturbation()}, progress)
     lin = _bench(model, run, ["coperturbation"], run.n_compare, {"coperturbation": run.coperturbation(True)}, progress)
@@ -388,10 +397,44 @@ def _compare_inputs(model, run: Plan) -> tuple[list[str], list[str]]:
 
     spec = BenchSpec(
         model=model, dataset=DATASET, methods=["coperturbation"], metrics=["aopc"], protocol=get_protocol("default", random_seeds=3),
-        out=run.store, n=run.n_compare,
+        out=run.store, n=run.n_compare or N_COMPARE,
     )
     inputs, _ = select_inputs(model, spec, {})
     return [i.id for i in inputs], [i.text for i in inputs]
+
+
+def _optimised_key(model, run: Plan):
+    """The store key of the optimised co-perturbation's explanations (benchmark and rectification)."""
+    from heedful.evaluate.store import run_key, subject
+
+    return run_key(subject(model, DATASET, "test"), "coperturbation", {**run.coperturbation(), "seed": run.seed}, label="predicted")
+
+
+def _stored_prefix(model, run: Plan) -> int:
+    """``n_compare=stored``: the longest prefix of the comparison's sentences whose optimised
+    explanations are in the store (at least 2)."""
+    from heedful.evaluate.store import ResultsStore
+
+    ids, _ = _compare_inputs(model, run)
+    with ResultsStore(run.store) as db:
+        done = db.explanation_ids(_optimised_key(model, run))
+    n = next((k for k, i in enumerate(ids) if i not in done), len(ids))
+    return max(2, n)
+
+
+def _stored_rectify_n(model, run: Plan, limit: int) -> int:
+    """``n_rectify=stored``: the most test sentences (up to ``limit``) whose errors all have an
+    optimised explanation in the store (the first sentence that is an unexplained error is left out)."""
+    from heedful import datasets
+    from heedful.evaluate.evaluation import model_inputs
+    from heedful.evaluate.store import ResultsStore
+
+    inputs = [i for i in model_inputs(datasets.load(DATASET, "test").head(limit), model.adapter, "predicted", {}) if i.gold_class >= 0]
+    predicted = _rect().classify(model, [i.text for i in inputs])
+    with ResultsStore(run.store) as db:
+        done = db.explanation_ids(_optimised_key(model, run))
+    missing = [k for k, (i, p) in enumerate(zip(inputs, predicted, strict=True)) if p != i.gold_class and i.id not in done]
+    return missing[0] if missing else limit
 
 
 def _second_model(model, name: str, run: Plan, found: Found, out_dir: Path, say, progress: bool) -> None:
@@ -406,7 +449,10 @@ def _rectification(model, name: str, run: Plan, methods: list[str], out_dir: Pat
     """Rectification of ``model``'s errors: every method at the run's options, and co-perturbation
     once more with the linearized solver (listed as ``coperturbation (linearized)``)."""
     rect = _rect()
-    n = int(run.n_rectify or N_RECTIFY.get(name, 200))
+    if run.n_rectify == "stored":
+        n = _stored_rectify_n(model, run, N_RECTIFY.get(name, 200)) if not linearized_only else N_RECTIFY.get(name, 200)
+    else:
+        n = int(run.n_rectify or N_RECTIFY.get(name, 200))
     options = {m: dict(run.method_options.get(m, {})) for m in methods}
     if linearized_only:
         options["coperturbation"] = run.coperturbation(True)
