@@ -315,16 +315,6 @@ def _main_model(model, name: str, run: Plan, found: Found, out_dir: Path, say, p
     run.timings.add("lambda units", began)
 
     began = time.perf_counter()
-    say(f"faithfulness of {len(run.methods)} methods on {run.n_bench} sentences")
-    found.bench = _bench(model, run, run.methods, run.n_bench, run.method_options, progress)
-    found.bench_linearized = _bench(model, run, ["coperturbation"], run.n_bench, {"coperturbation": run.coperturbation(True)}, progress)
-    for metric in ("aopc", "sufficiency"):
-        found.files[f"{metric} {name}"] = plot_curves(found.bench, metric, out_dir / f"{NAME}-{metric}-{name}.png")
-    found.uniformity = _uniformity(found.bench, run.store, model)
-    found.uniformity["coperturbation (linearized)"] = _uniformity(found.bench_linearized, run.store, model)["coperturbation"]
-    run.timings.add(f"faithfulness {name}", began)
-
-    began = time.perf_counter()
     study = texts[: run.n_study]
     say(f"lambda, layer and probe studies on {len(study)} sentences (linearized)")
     found.lam_study = st.lambda_study(model, study, seed=run.seed)
@@ -342,6 +332,16 @@ def _main_model(model, name: str, run: Plan, found: Found, out_dir: Path, say, p
     found.sweep = lambda_sweep(model, SENTENCE, list(WORDS), QUICK["lams"] if run.quick else None, seed=run.seed, **run.study_options)
     found.files["lambda"] = plot_lambda_sweep(found.sweep, out_dir / f"{NAME}-lambda.png")
     run.timings.add("one-sentence studies", began)
+
+    began = time.perf_counter()
+    say(f"faithfulness of {len(run.methods)} methods on {run.n_bench} sentences")
+    found.bench = _bench(model, run, run.methods, run.n_bench, run.method_options, progress)
+    found.bench_linearized = _bench(model, run, ["coperturbation"], run.n_bench, {"coperturbation": run.coperturbation(True)}, progress)
+    for metric in ("aopc", "sufficiency"):
+        found.files[f"{metric} {name}"] = plot_curves(found.bench, metric, out_dir / f"{NAME}-{metric}-{name}.png")
+    found.uniformity = _uniformity(found.bench, run.store, model)
+    found.uniformity["coperturbation (linearized)"] = _uniformity(found.bench_linearized, run.store, model)["coperturbation"]
+    run.timings.add(f"faithfulness {name}", began)
 
     began = time.perf_counter()
     say(f"optimised and linearized co-perturbation on {run.n_compare or 'the stored'} test sentences")
