@@ -208,3 +208,188 @@ def test_zero_start_leaves_the_ranking_to_the_gradients(sharp):
     assert np.ptp(drawn.scores[content]) > 0.01
     with pytest.raises(heedful.InputError, match="init"):
         sharp.explain(TEXTS[0], method="coperturbation", init="ones", max_steps=1)
+
+
+# ------------------------------------------------------------------ objective="paper"
+def test_paper_objective_equals_a_hand_computation_of_eq_9():
+    """``objective="paper"``: ``J = mean_s ||phi(x) - phi(x + sqrt(sigma) z_s)||^2 - lambda (D/2)
+    sum_j ln sigma_j`` with ``sigma_j`` the variance (paper Eq. 9, Appendix A.2), computed here
+    with the Hugging Face model itself, token by token, for a given ``theta`` and given draws."""
+    from tiny import tiny_hf
+
+    hf, _ = tiny_hf("bert", initializer_range=0.2)
+    model = tiny_model("bert", initializer_range=0.2)  # the same seeded weights
+    problem = model.prepare(TEXTS, None, hidden_states=True)
+    batch = problem.batch
+    probe = NoiseProbe.build(problem, (HEAD,), space="word_embeddings")
+    gen = torch.Generator().manual_seed(3)
+    samples, seq, dim = 3, batch.seq_len, probe.dim
+    theta = torch.randn(2, seq, generator=gen)
+    z = torch.randn(2, samples, seq, dim, generator=gen)
+    real = batch.attention_mask.bool()
+    z = z * real[:, None, :, None]
+    scale, lam = torch.tensor([0.7, 1.3]), torch.tensor([0.6, 2.0])
+    j, dist = cp._objective(probe, torch.arange(2), torch.full((2,), HEAD), lam, theta, z, real, scale, "paper")
+
+    hf.eval()
+    for b in range(2):
+        n = int(real[b].sum())
+        ids = batch.input_ids[b : b + 1, :n]
+        with torch.no_grad():
+            clean = hf(input_ids=ids).logits[0]
+            words = hf.get_input_embeddings()(ids)[0]
+            total = 0.0
+            for s in range(samples):
+                noised = words.clone()
+                for t in range(n):
+                    variance = float(scale[b]) ** 2 / (1 + np.exp(-float(theta[b, t])))  # scale^2 sigmoid(theta)
+                    noised[t] = words[t] + np.sqrt(variance) * z[b, s, t]
+                out = hf(inputs_embeds=noised[None]).logits[0]
+                total += float(((clean - out) ** 2).sum())
+        expected_dist = total / samples
+        entropy = sum(np.log(float(scale[b]) ** 2 / (1 + np.exp(-float(theta[b, t])))) for t in range(n))
+        expected = expected_dist - float(lam[b]) * dim / 2 * entropy
+        assert np.isclose(float(dist[b]), expected_dist, rtol=1e-4), (float(dist[b]), expected_dist)
+        assert np.isclose(float(j[b]), expected, rtol=1e-4, atol=1e-3), (float(j[b]), expected)
+
+
+def test_paper_objective_scores_invert_the_variance(sharp):
+    """Interest under ``objective="paper"`` is ``1 / sigma_j`` with ``sigma_j`` the variance: the
+    square of the std-based ``rho`` of the same fit, up to normalisation."""
+    problem, batch, _ = _resolved(sharp, TEXTS[:1])
+    settings = cp.Settings(objective="paper", lam=1e-3, max_steps=5, samples=2)
+    fit, _ = cp.estimate_interest(problem, settings=settings, seed=0)
+    scores = cp.coperturbation(problem, objective="paper", lam=1e-3, max_steps=5, samples=2, normalize=False)
+    n = int(batch.lengths[0])
+    np.testing.assert_allclose(scores[0, :n].numpy(), (1 / fit.sigma[0, :n] ** 2).numpy(), rtol=1e-5)
+
+
+# ------------------------------------------------------------------ solver="linearized"
+@dataclass
+class LinearProbe:
+    """``phi(x + eps) = phi(x) + A_e vec(eps)`` with an explicit matrix ``A`` ``[B, M, N, D]``: the
+    expected distortion is then exactly quadratic in the noise variances."""
+
+    A: torch.Tensor
+    energy_value: torch.Tensor  # [B]
+    lengths: torch.Tensor  # [B]
+
+    @property
+    def dim(self) -> int:
+        return self.A.shape[-1]
+
+    @property
+    def energy(self):
+        return {HEAD: self.energy_value}
+
+    def elements(self, example, key):
+        return torch.full((example.shape[0],), self.A.shape[1])
+
+    def change(self, example, key, noise):
+        diff = torch.einsum("rmnd,rnd->rm", self.A[example][:, :, : noise.shape[1]], noise)
+        return diff, torch.ones_like(diff, dtype=torch.bool)
+
+
+def _linear_toy(sharp, outputs: int):
+    problem, batch, _ = _resolved(sharp, TEXTS)
+    gen = torch.Generator().manual_seed(1)
+    seq = batch.seq_len
+    A = torch.randn(2, outputs, seq, 6, generator=gen) * torch.rand(1, 1, seq, 1, generator=gen) * 2
+    A = A * batch.attention_mask[:, None, :, None]
+    return problem, batch, LinearProbe(A, torch.tensor([0.8, 2.5]), batch.lengths)
+
+
+def _exact_optimum(A: np.ndarray, n: int, lam: float, objective: str, ceiling: float, energy: float) -> np.ndarray:
+    """The minimiser over the variances of the exact expected objective of a linear ``phi``:
+    ``E||A eps||^2 = trace(A Sigma A^T)`` with the full covariance ``Sigma = diag(sigma_j I_D)``,
+    found by L-BFGS-B within the ceiling."""
+    from scipy.optimize import minimize
+
+    M, D = A.shape[0], A.shape[-1]
+    flat = A[:, :n].reshape(M, n * D)
+
+    def loss(log_var):
+        cov = np.diag(np.repeat(np.exp(log_var), D))
+        dist = np.trace(flat @ cov @ flat.T)
+        if objective == "paper":
+            return dist - lam * D / 2 * log_var.sum()
+        return dist / (M * energy) - lam / 2 * np.mean(0.5 * log_var)  # (lambda/2) mean_j ln std_j
+
+    start = np.full(n, np.log(ceiling) - 3)
+    found = minimize(loss, start, method="L-BFGS-B", bounds=[(None, np.log(ceiling))] * n, options={"ftol": 1e-14, "gtol": 1e-10, "maxiter": 5000})
+    return np.exp(found.x)
+
+
+@pytest.mark.parametrize("objective,lam", [("paper", 0.05), ("paper", 2.0), ("normalised", 0.6)])
+def test_linearized_solver_is_the_exact_optimum_for_a_linear_phi(sharp, objective, lam):
+    problem, batch, probe = _linear_toy(sharp, outputs=3)
+    ceiling = 1.5
+    settings = cp.Settings(solver="linearized", objective=objective, scale=ceiling, probes=16)
+    fit = cp.fit_interest(problem, torch.arange(2), torch.full((2,), HEAD), torch.full((2,), lam), settings, seed=0, probe=probe)
+    for b in range(2):
+        n = int(batch.lengths[b])
+        want = _exact_optimum(probe.A[b].double().numpy(), n, lam, objective, ceiling**2, float(probe.energy_value[b]))
+        np.testing.assert_allclose(fit.sigma[b, :n].double().numpy() ** 2, want, rtol=2e-3)
+        assert (fit.sigma[b, n:] == 0).all()
+    if objective == "paper" and lam == 2.0:
+        assert (fit.sigma**2 >= ceiling**2 * (1 - 1e-6)).any()  # the ceiling binds somewhere
+
+
+def test_hutchinson_estimate_converges_to_the_frobenius_norm(sharp):
+    problem, batch, probe = _linear_toy(sharp, outputs=2000)
+    exact = probe.A.pow(2).sum(dim=(1, 3))  # ||A_j||_F^2  [B, N]
+    example, key = torch.arange(2), torch.full((2,), HEAD)
+
+    def estimate(probes, seed):
+        gens = cp.problem_generators(batch, example, key, seed)
+        return cp.jacobian_sq_norms(problem, probe, example, key, probes, gens)
+
+    errors = {}
+    for k in (4, 64, 1600):
+        found = estimate(k, 0)
+        errors[k] = float((found - exact).abs().sum() / exact.sum())
+    assert errors[1600] < 0.05 and errors[1600] < errors[64] < errors[4]
+    mean = torch.stack([estimate(4, s) for s in range(100)]).mean(dim=0)  # unbiased
+    assert float((mean - exact).abs().sum() / exact.sum()) < 0.05
+    # M <= probes: the unit vectors, exact
+    np.testing.assert_allclose(estimate(2000, 0).numpy(), exact.numpy(), rtol=1e-4, atol=1e-6)
+
+
+def test_linearized_jacobian_norms_of_a_real_model_match_autograd(sharp):
+    """The exact (unit-vector) path on the tiny BERT: ``||J_j||_F^2`` of the logits w.r.t. each
+    word embedding, against ``torch.autograd.functional.jacobian`` of the Hugging Face model."""
+    from tiny import tiny_hf
+
+    hf, _ = tiny_hf("bert", initializer_range=0.2)
+    hf.eval()
+    problem, batch, _ = _resolved(sharp, TEXTS)
+    probe = NoiseProbe.build(problem, (HEAD,), space="word_embeddings")
+    example, key = torch.arange(2), torch.full((2,), HEAD)
+    gens = cp.problem_generators(batch, example, key, 0)
+    found = cp.jacobian_sq_norms(problem, probe, example, key, 16, gens)
+    for b in range(2):
+        n = int(batch.lengths[b])
+        ids = batch.input_ids[b : b + 1, :n]
+        words = hf.get_input_embeddings()(ids).detach()
+        jac = torch.autograd.functional.jacobian(lambda e: hf(inputs_embeds=e).logits[0], words)  # [C, 1, n, D]
+        np.testing.assert_allclose(found[b, :n].numpy(), jac.pow(2).sum(dim=(0, 1, 3)).numpy(), rtol=1e-4, atol=1e-8)
+
+
+def test_linearized_solver_runs_on_layers_and_is_batch_invariant(sharp):
+    fast = {"solver": "linearized", "probes": 8}
+    together = sharp.explain(TEXTS, method="coperturbation", seed=0, **fast)
+    alone = sharp.explain(TEXTS[1], method="coperturbation", seed=0, **fast)
+    np.testing.assert_allclose(together[1].scores, alone.scores, rtol=1e-4)
+    assert alone.cost.backward_passes == sharp.adapter.config.num_labels  # the logits' unit vectors
+    layered = sharp.explain(TEXTS, method="coperturbation", seed=0, layerwise=True, **fast)
+    single = sharp.explain(TEXTS[0], method="coperturbation", seed=0, layer=2, **fast)
+    np.testing.assert_allclose(layered[0].scores[1], single.scores, rtol=1e-4)
+    assert np.isfinite(layered[0].scores).all()
+    # probes cut into blocks of PROBE_BLOCK rows, one block per chunk: the same estimate
+    many = sharp.explain(TEXTS[0], method="coperturbation", seed=0, layer=2, solver="linearized", probes=20)
+    small = sharp.explain(TEXTS[0], method="coperturbation", seed=0, layer=2, solver="linearized", probes=20, internal_batch_size=1)
+    np.testing.assert_allclose(many.scores, small.scores, rtol=1e-4)
+    assert many.cost.backward_passes == small.cost.backward_passes == 20
+    for bad in ({"solver": "newton"}, {"objective": "raw"}, {"probes": 0}):
+        with pytest.raises(heedful.InputError):
+            sharp.explain(TEXTS[0], method="coperturbation", **bad)

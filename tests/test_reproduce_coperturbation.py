@@ -84,7 +84,7 @@ def test_seed_check_compares_the_stored_seed_with_the_next(tmp_path: Path, tiny)
     first_key = run_key(about, "coperturbation", {**options, "seed": 0})
     with ResultsStore(tmp_path) as db:
         db.put_explanations(first_key, list(zip(result.error_ids, model.explain(texts, "coperturbation", seed=0, **options), strict=True)))
-    check = cp._seed_check(model, result, options, tmp_path, about, 0, 2)
+    check = cp._seed_check(model, result.error_ids, options, tmp_path, about, 0, 2)
     second = model.explain(texts, "coperturbation", seed=1, **options)
     first = model.explain(texts, "coperturbation", seed=0, **options)
     for k in range(2):
@@ -96,3 +96,60 @@ def test_seed_check_compares_the_stored_seed_with_the_next(tmp_path: Path, tiny)
     with ResultsStore(tmp_path) as db:  # the second seed is stored for the next run
         again = run_key(about, "coperturbation", {**options, "seed": 1})
         assert set(db.get_explanations(again)) == {"7", "9"}
+
+
+def test_overlap_sentence_names_neighbours_and_their_intervals():
+    rows = [("a", 0.5, 0.4, 0.6), ("b", 0.3, 0.2, 0.35), ("c", 0.32, 0.25, 0.38)]
+    text = cp.overlap_sentence(rows)
+    assert text == "`a` > `c` (intervals apart); `c` ~ `b` (intervals overlap)."
+    assert cp.overlap_sentence(rows, higher_better=False).startswith("`b` ~ `c`")
+
+
+def test_lambda_units_convert_the_normalised_lambda_exactly(tiny):
+    """The paper-unit lambda that :func:`lambda_units` reports gives the linearized solver the same
+    noise under ``objective="paper"`` as lambda = 0.6 under the normalised objective."""
+    import torch
+
+    from heedful.attribution import coperturbation as cop
+    from heedful.reproduce import coperturbation_studies as st
+
+    model = tiny("bert")
+    texts = ["a good and moving film", "dull , flat and far too long"]
+    units = st.lambda_units(model, texts)
+    problem = model.prepare(texts, None, hidden_states=True)
+    ex, key = torch.arange(2), torch.full((2,), -1)
+    settings = cop.Settings(solver="linearized", scale=1e3)
+    norm = cop.fit_interest(problem, ex, key, torch.full((2,), 0.6), settings)
+    paper = cop.fit_interest(problem, ex, key, torch.tensor(units["lambda_paper"], dtype=torch.float32), cop.Settings(solver="linearized", objective="paper", scale=1e3))
+    torch.testing.assert_close(paper.sigma, norm.sigma, rtol=1e-4, atol=0)
+    assert units["at_ceiling_paper"].shape == (2,) and (units["at_ceiling_paper"] >= units["at_ceiling_normalised"]).all()
+
+
+def test_studies_return_one_row_per_sentence(tiny):
+    from heedful.reproduce import coperturbation_studies as st
+
+    model = tiny("bert")
+    texts = ["a good and moving film", "dull , flat and far too long", "fine"]
+    lam = st.lambda_study(model, texts, lams=(0.2, 0.6))
+    assert lam["measured"].shape == (3, 2) and np.isfinite(lam["measured"]).all()
+    assert np.all(lam["predicted"][:, 1] >= lam["predicted"][:, 0])  # more lambda, more noise
+    layers = st.layer_study(model, texts, probes=4)
+    assert layers["concentration"].shape == (3, model.adapter.num_layers)
+    probes = st.probe_stability(model, texts, 1, [4])
+    assert len(probes[4]["spearman"]) == 3
+
+
+def test_stored_sizes_follow_what_the_store_holds(tmp_path: Path, tiny):
+    from heedful.evaluate.store import ResultsStore
+
+    model = tiny("bert")
+    run = cp._plan(ReportSettings(store=tmp_path, options={"n_compare": "stored", "n_rectify": "stored"}))
+    assert run.n_compare is None and run.n_rectify == "stored"
+    ids, texts = cp._compare_inputs(model, run)
+    key = cp._optimised_key(model, run)
+    fake = model.explain(texts[:3], "random", seed=0)
+    with ResultsStore(tmp_path) as db:
+        db.put_explanations(key, list(zip([ids[0], ids[1], ids[3]], fake, strict=True)))
+    assert cp._stored_prefix(model, run) == 2  # the third sentence is missing
+    n = cp._stored_rectify_n(model, run, 20)
+    assert 0 <= n <= 20

@@ -6,25 +6,47 @@ generalising Guan et al. 2019, "Towards a Deep and Unified Understanding of Deep
 in NLP" (ICML; reference code microsoft/nlp-recipes ``utils_nlp/interpreter/Interpreter.py``).
 
 Every token ``j`` of a sentence gets its own Gaussian noise, all at once (co-perturbation):
-``x~_j = x_j + sigma_j z_j``, ``z_j ~ N(0, I_D)``, ``sigma_j = scale * sigmoid(theta_j)``.
-``theta`` minimises (paper Eq. 4 / Eq. 9)::
+``x~_j = x_j + eps_j``, ``eps_j ~ N(0, sigma_j I_D)``. The paper's objective (Eq. 4 / Eq. 9, with
+``Sigma_j = sigma_j I`` and ``rho_j = 1 / sigma_j`` from Appendix A.2, so ``sigma_j`` is a
+*variance*)::
 
-    J(theta) = E_z[ ||phi(x) - phi(x~)||^2 ]  -  lambda * (D/2) * sum_j ln sigma_j
+    J = E_z[ ||phi(x) - phi(x~)||^2 ]  -  lambda * (D/2) * sum_j ln sigma_j
 
 The first term (maximum likelihood) keeps the output unchanged, the second (maximum entropy)
 pushes every token's noise up; the tokens the model cannot afford to have noised keep a small
 ``sigma``. Interest is ``rho_j = 1 / sigma_j`` (paper Eq. 8).
 
-Normalisation (``normalise=True``, default; ours, after Guan et al.): the distortion is the mean
-squared change over the probed elements divided by the mean squared reference value (Guan et
-al.'s ``regularization=None``), and the entropy term is divided by the number of noised
-elements ``N * D`` as well, i.e. ``J = dist / E[phi^2] - (lambda / 2) * mean_j ln sigma_j``.
-This keeps Eq. 9's form while making ``lambda`` comparable across models, layers and sentence
-lengths (Eq. 9 literally sums ``M`` output elements against ``N * D / 2`` input elements, so
-``lambda`` would mean something else for every output size). ``normalise=False`` gives Eq. 9
-literally. Guan et al.'s loss ``mean(D^2)/mean(s^2) - rate * mean_j log sigmoid(theta_j)`` is
-the normalised objective with ``lambda = 2 * rate`` (``log sigma`` and ``log sigmoid`` differ
-by the constant ``log scale``).
+Objectives (``objective``):
+
+- ``"paper"``: Eq. 9 as written. ``sigma_j = scale^2 sigmoid(theta_j)`` is the variance, the
+  noise ``sqrt(sigma_j) z_j``, the distortion the raw sum of squares over ``phi``'s ``M``
+  elements, and interest ``1 / sigma_j``. ``lambda`` then trades an ``M``-element sum against
+  ``N * D / 2`` log-variances, so its meaning changes with the output size, the sentence length
+  and the scale of ``phi``.
+- ``"normalised"`` (default; ours, after Guan et al.): ``std_j = scale sigmoid(theta_j)`` and
+  ``J = dist / (M E[phi^2]) - (lambda / 2) mean_j ln std_j`` -- the distortion is the mean
+  squared change over the probed elements divided by the mean squared reference value (Guan et
+  al.'s ``regularization=None``), the entropy term Eq. 9's divided by ``N * D``, with ``ln std``
+  in place of ``ln sigma`` (half of it); interest ``1 / std_j``. It has the same minimiser as
+  the paper's objective with ``lambda_paper = lambda * M * E[phi^2] / (2 N D)`` (multiply ``J`` by
+  ``M E[phi^2]`` and use ``ln std = ln sigma / 2``): a per-sentence conversion, so one
+  normalised ``lambda`` is a different paper ``lambda`` for every sentence. Guan et al.'s loss
+  ``mean(D^2)/mean(s^2) - rate * mean_j log sigmoid(theta_j)`` is the normalised objective with
+  ``lambda = 2 * rate`` (``log std`` and ``log sigmoid`` differ by the constant ``log scale``).
+
+Solvers (``solver``):
+
+- ``"adam"`` (default): Algorithm 1 -- Adam on ``theta`` with reparameterised samples.
+- ``"linearized"`` (ours): for small noise ``E||phi(x) - phi(x~)||^2 ~ sum_j sigma_j
+  ||J_j||_F^2`` (``J_j`` the Jacobian of ``phi`` w.r.t. token ``j``'s representation; the
+  tokens' noises are independent and zero-mean, so cross terms vanish), which makes the
+  objective separable and convex in each ``sigma_j``; its minimiser is closed-form,
+  ``sigma_j = lambda D / (2 ||J_j||_F^2)`` (paper) or ``lambda M E[phi^2] / (4 N ||J_j||_F^2)``
+  (normalised), clipped to the ceiling ``scale^2``. ``||J_j||_F^2`` comes from Hutchinson's
+  estimator: ``probes`` Rademacher vector-Jacobian products, one batched backward for every
+  token at once, or the ``M`` unit vectors (exact) when ``M <= probes`` (the head's logits).
+  One forward and one backward over ``min(probes, M)`` rows per sentence instead of ``steps x
+  samples``; first order only, so it misses what large noise does (saturation, interactions).
 
 Defaults and where they come from:
 
@@ -43,7 +65,9 @@ option                 default                          source
 ``window`` / ``tol``   25 steps / 0.5 %                 ours (paper: "until converge")
 best state kept        yes (``keep="best"``)            Algorithm 1 / Guan et al.
 ``output``             all head logits at the anchor    ours (paper: "the prediction" phi(s))
-``normalise``          True                             ours, after Guan et al. (see above)
+``objective``          ``"normalised"``                 ours, after Guan et al. (see above)
+``solver``             ``"adam"``                       paper (Algorithm 1); ``"linearized"`` ours
+``probes``             16 (linearized solver)           ours (exact for outputs of <= 16 elements)
 ``score``              rho = 1/sigma, normalised        paper (Eq. 8); normalisation ours
 =====================  ===============================  ==========================================
 
@@ -81,6 +105,7 @@ depend on the batch it is in.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Annotated, Literal
 
@@ -111,10 +136,17 @@ from heedful.seeding import example_generators
 Score = Literal["rho", "log_rho"]
 Keep = Literal["best", "last"]
 Init = Literal["randn", "zeros"]
+Objective = Literal["normalised", "paper"]
+Solver = Literal["adam", "linearized"]
 SCORES: tuple[str, ...] = Score.__args__
 KEEP: tuple[str, ...] = Keep.__args__
 INITS: tuple[str, ...] = Init.__args__
-COPERTURBATION_COST = "steps x (samples forwards + 1 backward), batched over sentences (converged ones drop out)"
+OBJECTIVES: tuple[str, ...] = Objective.__args__
+SOLVERS: tuple[str, ...] = Solver.__args__
+COPERTURBATION_COST = (
+    "adam: steps x (samples forwards + 1 backward), batched over sentences (converged ones drop out); "
+    "linearized: 1 forward + 1 backward over min(probes, outputs) rows"
+)
 GUAN2019_COST = "5000 x (1 forward + 1 backward), batched over sentences"
 ACTIVATION_BUDGET = 512 * 2**20
 """Bytes one noised forward+backward chunk may take (estimated by :mod:`heedful.memory`; the
@@ -156,18 +188,22 @@ class Settings:
     scale_basis: str = "input"
     space: str = "embedding_output"
     output: str = "logits"
-    normalise: bool = True
+    objective: str = "normalised"
+    solver: str = "adam"
+    probes: int = 16
     keep: str = "best"
     init: str = "zeros"
     internal_batch_size: int | None = None
 
     def check(self) -> None:
         check_choice("space", self.space, SPACES)
+        check_choice("objective", self.objective, OBJECTIVES)
+        check_choice("solver", self.solver, SOLVERS)
         check_choice("keep", self.keep, KEEP)
         check_choice("init", self.init, INITS)
         check_choice("scale_basis", self.scale_basis, SCALE_BASES)
         check_choice("output", self.output, OUTPUTS)
-        for name in ("samples", "max_steps", "window"):
+        for name in ("samples", "max_steps", "window", "probes"):
             if int(getattr(self, name)) < 1:
                 raise InputError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.lr <= 0:
@@ -252,6 +288,8 @@ def fit_interest(
         probe = NoiseProbe.build(problem, keys, settings.space, settings.output)
     scale = noise_scale(adapter, probe, example, settings.scale_factor, settings.scale_basis, settings.scale)
     gens = problem_generators(batch, example, key, seed)
+    if settings.solver == "linearized":
+        return fit_linearized(problem, probe, example, key, lam, scale, gens, settings)
     lengths = batch.lengths[example]
     seq, dim, samples = batch.seq_len, probe.dim, int(settings.samples)
     real = batch.attention_mask.bool()[example]  # [P, N]
@@ -287,7 +325,7 @@ def fit_interest(
             with torch.enable_grad():
                 j, dist = _objective(
                     probe, example[probs], key[probs], lam[probs], th, z, real[probs, :width], scale[probs],
-                    settings.normalise,
+                    settings.objective,
                 )
                 (g_th,) = torch.autograd.grad(j.sum(), th)
             adapter.counter.backward += probs.shape[0] * samples
@@ -308,7 +346,7 @@ def fit_interest(
     if settings.keep == "last":
         best_theta = theta
         best_j, best_dist = history[steps - 1, torch.arange(n_problems)], last_dist
-    sigma = scale[:, None] * torch.sigmoid(best_theta) * real
+    sigma = torch.exp(_log_std(best_theta, scale, settings.objective)) * real
     return InterestFit(sigma, best_j, best_dist, steps, converged, history[: int(steps.max())], scale)
 
 
@@ -329,22 +367,38 @@ def _objective(
     z: torch.Tensor,
     real: torch.Tensor,
     scale: torch.Tensor,
-    normalise: bool,
+    objective: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``J`` and its distortion term per problem ``[P]`` (Eq. 4/9, reparameterised: eps = sigma z)."""
+    """``J`` and its distortion term per problem ``[P]`` (Eq. 4/9, reparameterised:
+    ``eps_j = std_j z_j``; ``theta`` ``[P, W]``, ``z`` ``[P, S, W, D]``).
+
+    ``"paper"``: ``||phi(x) - phi(x~)||^2 - lambda (D/2) sum_j ln sigma_j`` with ``sigma_j =
+    std_j^2`` the variance (Eq. 9 with ``Sigma_j = sigma_j I``, Appendix A.2). ``"normalised"``:
+    the distortion over the mean squared reference (per element) and the entropy term over
+    ``N * D``: ``dist / (M E[phi^2]) - lambda (D/2) sum_j ln std_j / (N D)``.
+    """
     n_p, samples, seq, dim = z.shape
-    log_sigma = (torch.log(scale)[:, None] + torch.nn.functional.logsigmoid(theta)) * real
-    sigma = torch.exp(log_sigma) * real
-    noise = (sigma[:, None, :, None] * z).reshape(n_p * samples, seq, dim)
+    log_std = _log_std(theta, scale, objective) * real
+    std = torch.exp(log_std) * real
+    noise = (std[:, None, :, None] * z).reshape(n_p * samples, seq, dim)
     rows_example = example.repeat_interleave(samples)
     rows_key = key.repeat_interleave(samples)
-    dist = probe.distortion(rows_example, rows_key, noise, normalise).view(n_p, samples).mean(dim=1)
-    count = real.sum(dim=1).clamp_min(1)
-    if normalise:  # lambda * (D/2) * sum_j ln sigma_j / (N * D)
-        entropy = 0.5 * log_sigma.sum(dim=1) / count
-    else:  # paper Eq. 9 literally
-        entropy = 0.5 * dim * log_sigma.sum(dim=1)
+    paper = objective == "paper"
+    dist = probe.distortion(rows_example, rows_key, noise, not paper).view(n_p, samples).mean(dim=1)
+    if paper:  # (D/2) sum_j ln sigma_j, ln sigma_j = 2 ln std_j
+        entropy = dim * log_std.sum(dim=1)
+    else:  # (D/2) sum_j ln std_j / (N * D)
+        entropy = 0.5 * log_std.sum(dim=1) / real.sum(dim=1).clamp_min(1)
     return dist - lam * entropy, dist
+
+
+def _log_std(theta: torch.Tensor, scale: torch.Tensor, objective: str) -> torch.Tensor:
+    """``ln`` of the noise std ``[P, W]`` from ``theta`` ``[P, W]`` and the ceilings ``scale``
+    ``[P]`` (a std): ``std = scale sigmoid(theta)`` for the normalised objective (Guan et al.);
+    for ``"paper"`` the variance is the bounded parameter, ``sigma = scale^2 sigmoid(theta)``,
+    ``std = sqrt(sigma)``. The optimum is the same either way; the path of the optimiser is not."""
+    ls = torch.nn.functional.logsigmoid(theta)
+    return torch.log(scale)[:, None] + (0.5 * ls if objective == "paper" else ls)
 
 
 def _adam(
@@ -366,7 +420,148 @@ def _flat(history: torch.Tensor, window: int, tol: float) -> torch.Tensor:
     return (cur - prev).abs() / denom < tol
 
 
+# ------------------------------------------------------------------------- linearized solver
+PROBE_BLOCK = 8
+"""Probe rows of one problem run together at most: a sentence's probes are cut into blocks of
+this many rows, so that one block of a long sentence fits the activation budget."""
+VARIANCE_FLOOR = 1e-12
+"""Smallest variance the linearized solver returns, as a share of the ceiling's (``lambda = 0``
+would otherwise give zero noise and an infinite ``ln sigma``)."""
+
+
+def fit_linearized(
+    problem: Problem,
+    probe: NoiseProbe,
+    example: torch.Tensor,
+    key: torch.Tensor,
+    lam: torch.Tensor,
+    scale: torch.Tensor,
+    gens: list[torch.Generator],
+    settings: Settings,
+) -> InterestFit:
+    """Closed-form optimum of the objective's small-noise expansion (ours; ``solver="linearized"``).
+
+    For small noise ``phi(x + eps) - phi(x) ~ sum_j J_j eps_j`` (``J_j`` ``[M, D]``: the Jacobian
+    of ``phi`` w.r.t. token ``j``'s representation), and with independent ``eps_j ~ N(0, sigma_j
+    I)`` (``sigma_j`` the variance) the cross terms vanish in expectation::
+
+        E||phi(x) - phi(x~)||^2  ~  sum_j sigma_j a_j,   a_j = ||J_j||_F^2
+
+    so the objective separates into convex one-dimensional problems in ``sigma_j``:
+
+    - ``"paper"``: ``sum_j sigma_j a_j - lambda (D/2) sum_j ln sigma_j`` -> ``sigma_j = lambda D / (2 a_j)``;
+    - ``"normalised"``: ``sum_j sigma_j a_j / (M E) - (lambda / (4 N)) sum_j ln sigma_j`` (``M``
+      probed elements, ``E`` their mean squared reference value, ``N`` real tokens; ``ln std =
+      ln sigma / 2``) -> ``sigma_j = lambda M E / (4 N a_j)``;
+
+    clipped to the ceiling ``scale^2`` (the constrained optimum of a convex problem in one
+    variable; a token with ``a_j = 0`` gets the ceiling) and floored at
+    :data:`VARIANCE_FLOOR` ``x scale^2``. ``a_j`` comes from :func:`jacobian_sq_norms`.
+    Returns an :class:`InterestFit` whose ``sigma`` is the std ``sqrt(sigma_j)``, ``distortion``
+    and ``objective`` the expansion's values, ``steps`` 0 and ``history`` empty.
+    """
+    batch = problem.batch
+    n_problems = example.shape[0]
+    real = batch.attention_mask.bool()[example]
+    a = jacobian_sq_norms(problem, probe, example, key, settings.probes, gens, settings.internal_batch_size)
+    tokens = real.sum(dim=1).clamp_min(1)
+    if settings.objective == "paper":
+        norm = torch.ones(n_problems)
+        numer = lam * probe.dim / 2
+    else:
+        norm = torch.zeros(n_problems)
+        for k in sorted(set(key.tolist())):  # at most L + 1 distinct keys
+            rows = (key == k).nonzero().flatten()
+            norm[rows] = probe.elements(example[rows], k).float() * probe.energy[k][example[rows]].clamp_min(1e-12)
+        numer = lam * norm / (4 * tokens)
+    ceiling = scale.pow(2)[:, None]
+    var = torch.where(a > 0, numer[:, None] / a.clamp_min(1e-30), ceiling)
+    var = torch.minimum(var, ceiling).clamp_min(VARIANCE_FLOOR * ceiling)
+    dist = (var * a * real).sum(dim=1) / norm
+    log_var = torch.log(var) * real
+    entropy = 0.5 * probe.dim * log_var.sum(dim=1) if settings.objective == "paper" else log_var.sum(dim=1) / (4 * tokens)
+    return InterestFit(
+        sigma=var.sqrt() * real,
+        objective=dist - lam * entropy,
+        distortion=dist,
+        steps=torch.zeros(n_problems, dtype=torch.long),
+        converged=torch.ones(n_problems, dtype=torch.bool),
+        history=torch.zeros(0, n_problems),
+        scale=scale,
+    )
+
+
+def jacobian_sq_norms(
+    problem: Problem,
+    probe: NoiseProbe,
+    example: torch.Tensor,
+    key: torch.Tensor,
+    probes: int,
+    gens: list[torch.Generator],
+    rows: int | None = None,
+) -> torch.Tensor:
+    """``a_j = ||J_j||_F^2`` ``[P, N]`` for every token of problem ``p``'s example at its key:
+    the squared Frobenius norm of the Jacobian of ``phi`` w.r.t. token ``j``'s noised
+    representation, at zero noise (0 on padding).
+
+    Hutchinson's estimator: for ``v`` with ``E[v v^T] = I`` (Rademacher, drawn from the
+    problem's generator ``gens[p]``), ``E||v^T J_j||^2 = ||J_j||_F^2``; one vector-Jacobian
+    product ``v^T J`` gives the row for every token at once. ``probes`` such ``v`` per problem
+    run as rows of batched forwards and backwards: blocks of up to :data:`PROBE_BLOCK` rows of
+    a problem, chunked over problems by the runner (``rows`` fixes blocks per chunk). When ``phi`` has ``M <= probes`` elements (the head's logits)
+    the ``M`` unit vectors are used instead: the sum is then exact.
+    """
+    adapter, batch = problem.adapter, problem.batch
+    lengths = batch.lengths[example]
+    out = torch.zeros(example.shape[0], batch.seq_len)
+    runner = Runner.for_problem(problem, rows=rows, overhead=GRAD_CHUNK_OVERHEAD, max_memory=ACTIVATION_BUDGET)
+    need = Need(grad="saved", hidden_states=True, eager=True)
+    for k in sorted(set(key.tolist())):  # at most L + 1 distinct keys
+        group = (key == k).nonzero().flatten()
+        elements = probe.elements(example[group], k)
+        exact = int(elements.max()) <= probes
+        r = int(elements.max()) if exact else int(probes)
+        vectors = [_probe_vectors(gens[int(p)], int(m), r, exact) for p, m in zip(group, elements, strict=True)]
+        block = min(r, PROBE_BLOCK)
+        blocks = math.ceil(r / block)
+        units = torch.arange(group.shape[0]).repeat_interleave(blocks)  # (problem, block of probes)
+        part = torch.arange(blocks).repeat(group.shape[0])
+        for idx, width in runner.plan(lengths[group][units], row_cells=block, need=need):
+            members, parts = units[idx], part[idx]
+            probs = group[members]
+            noise = torch.zeros(idx.shape[0] * block, width, probe.dim, requires_grad=True)
+            with torch.enable_grad():
+                diff, _ = probe.change(example[probs].repeat_interleave(block), k, noise)
+                v = torch.zeros(idx.shape[0], block, diff.shape[1])
+                for i, (u, b) in enumerate(zip(members.tolist(), parts.tolist(), strict=True)):
+                    rows_here = vectors[u][b * block : (b + 1) * block]
+                    v[i, : rows_here.shape[0], : rows_here.shape[1]] = rows_here
+                (g,) = torch.autograd.grad((diff * v.view(-1, diff.shape[1])).sum(), noise)
+            adapter.counter.backward += sum(min(block, r - b * block) for b in parts.tolist())
+            sq = g.pow(2).sum(dim=-1).view(idx.shape[0], block, width).sum(dim=1)
+            out[:, :width].index_add_(0, probs, sq)
+        if not exact:
+            out[group] = out[group] / r
+    return out * batch.attention_mask.bool()[example]
+
+
+def _probe_vectors(gen: torch.Generator, elements: int, r: int, exact: bool) -> torch.Tensor:
+    """``r`` probe vectors ``[r, elements]`` of one problem over its real output elements: the unit
+    vectors ``e_0 .. e_{r-1}`` (``exact``, ``r >= elements``) or Rademacher signs drawn from the
+    problem's own generator (so that they do not depend on the batch)."""
+    if exact:
+        return torch.eye(r, elements)
+    return torch.randint(0, 2, (r, elements), generator=gen).float() * 2 - 1
+
+
 # ---------------------------------------------------------------------------------- scores
+def noise_level(sigma: torch.Tensor, objective: str) -> torch.Tensor:
+    """What interest inverts (paper Eq. 8, ``rho = 1 / sigma``) from noise stds ``sigma``
+    ``[..., N]``: the variance ``sigma^2`` for ``objective="paper"`` (its ``Sigma_j = sigma_j
+    I``), the std for the normalised objective (Guan et al.'s ``sigma``)."""
+    return sigma.pow(2) if objective == "paper" else sigma
+
+
 def interest_scores(
     sigma: torch.Tensor, content: torch.Tensor, real: torch.Tensor, score: str = "rho", normalize: bool = True
 ) -> torch.Tensor:
@@ -421,7 +616,7 @@ def _scores_for(
     batch = problem.batch
     layers: list[int | None] = list(range(1, problem.adapter.num_layers + 1)) if layerwise else [layer]
     fit, (bsz, n_layers, _) = estimate_interest(problem, layers=layers, settings=settings, seed=seed)
-    sigma = fit.sigma.view(bsz, n_layers, batch.seq_len)
+    sigma = noise_level(fit.sigma, settings.objective).view(bsz, n_layers, batch.seq_len)
     content = batch.content_mask[:, None, :]
     real = batch.attention_mask.bool()[:, None, :]
     scores = interest_scores(sigma, content, real, score, normalize)
@@ -430,7 +625,7 @@ def _scores_for(
 
 # Both estimators read hidden states off the reference pass, which then serves as the clean
 # pass (no second one).
-@register("coperturbation", family="perturbation", cost=COPERTURBATION_COST, needs_hidden=True)
+@register("coperturbation", family="perturbation", cost=COPERTURBATION_COST, needs_hidden=True, version=2)
 def coperturbation(
     problem: Problem,
     *,
@@ -449,7 +644,9 @@ def coperturbation(
     layerwise: bool = False,
     score: Score = "rho",
     normalize: bool = True,
-    normalise_objective: bool = True,
+    objective: Objective = "normalised",
+    solver: Solver = "adam",
+    probes: Annotated[int, AT_LEAST_ONE] = Settings.probes,
     keep: Keep = "best",
     init: Init = Settings.init,
     seed: int | None = 0,
@@ -467,8 +664,11 @@ def coperturbation(
     ``None`` (default) is ``scale_factor x`` the std of the noised representation
     (``scale_basis="input"``, factor 3 when ``None``) or of the word-embedding matrix
     (``"word_embeddings"``, factor 10). ``score``: normalised ``"rho"`` (default) or
-    ``"log_rho"``; ``normalize=False`` for raw ``1/sigma``. ``normalise_objective=False``: paper
-    Eq. 9 literally (raw sums; lambda then needs retuning). ``keep``: report the
+    ``"log_rho"``; ``normalize=False`` for raw ``1/sigma``. ``objective="paper"``: Eq. 9 as
+    written (raw distortion, ``sigma_j`` the variance, interest ``1 / sigma_j``; ``lam`` is then in
+    the paper's units, see the module docstring for the conversion). ``solver="linearized"``:
+    the closed-form optimum of the small-noise expansion, ``||J_j||_F^2`` from ``probes``
+    Hutchinson probes (exact when the output has at most ``probes`` elements). ``keep``: report the
     lowest-objective state (``"best"``) or the final one (``"last"``). ``init``: every ``theta``
     starts at 0 (``"zeros"``) or at a seeded N(0, 1) draw (``"randn"``, Guan et al.).
 
@@ -477,8 +677,8 @@ def coperturbation(
     """
     settings = Settings(
         lam=lam, samples=samples, lr=lr, max_steps=max_steps, window=window, tol=tol, scale=scale,
-        scale_factor=scale_factor, scale_basis=scale_basis, space=space, output=output, normalise=normalise_objective,
-        keep=keep, init=init, internal_batch_size=internal_batch_size,
+        scale_factor=scale_factor, scale_basis=scale_basis, space=space, output=output, objective=objective,
+        solver=solver, probes=probes, keep=keep, init=init, internal_batch_size=internal_batch_size,
     )
     return _scores_for(problem, settings, layer, layerwise, score, normalize, seed)
 

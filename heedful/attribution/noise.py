@@ -217,23 +217,43 @@ class NoiseProbe:
         fwd = self.run(example, noise, hidden=any(k != HEAD for k in keys_here))
         out = torch.zeros(example.shape[0], dtype=torch.float32)
         width = noise.shape[1]
-        mask = self.batch.attention_mask.bool()[example, :width]
         for k in keys_here:  # at most L + 1 distinct keys
             rows = (key == k).nonzero().flatten()
             ex = example[rows]
-            if k == HEAD:
-                phi = self.head_phi(_select_rows(fwd, rows), self.target.select(ex))
-                diff = (phi - self.reference[k][ex]).pow(2)
-                value = diff.mean(dim=1) if normalise else diff.sum(dim=1)
-            else:
-                h = fwd.hidden_states[k][rows].float()
-                diff = (h - self.reference[k][ex, :width].float()).pow(2)
-                m = mask[rows]
-                value = _masked_mean_sq_diff(diff, m) if normalise else (diff * m[..., None]).sum(dim=(1, 2))
+            diff, valid = self._change(fwd, rows, ex, k, width)
+            value = diff.pow(2).sum(dim=1)
             if normalise:
-                value = value / self.energy[k][ex].clamp_min(1e-12)
+                value = value / valid.sum(dim=1).clamp_min(1) / self.energy[k][ex].clamp_min(1e-12)
             out = out.index_put((rows,), value)
         return out
+
+    def change(self, example: torch.Tensor, key: int, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``phi(x + noise) - phi(x)`` of rows ``example`` ``[R]`` all probed at layer key ``key``,
+        flattened over the probed elements -> ``[R, M]`` (differentiable in ``noise``
+        ``[R, W, D]``), and which of the ``M`` elements are real ``[R, M]`` (a layer's padded
+        positions are not; they are 0 in the change). ``M``: the head's outputs, or ``W x D_k``."""
+        fwd = self.run(example, noise, hidden=key != HEAD)
+        return self._change(fwd, torch.arange(example.shape[0]), example, key, noise.shape[1])
+
+    def _change(
+        self, fwd: Forward, rows: torch.Tensor, ex: torch.Tensor, key: int, width: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if key == HEAD:
+            phi = self.head_phi(_select_rows(fwd, rows), self.target.select(ex))
+            diff = phi - self.reference[key][ex]
+            return diff, torch.ones_like(diff, dtype=torch.bool)
+        h = fwd.hidden_states[key][rows].float()
+        m = self.batch.attention_mask.bool()[ex, :width, None].expand(h.shape)
+        diff = (h - self.reference[key][ex, :width].float()) * m
+        return diff.flatten(1), m.flatten(1)
+
+    def elements(self, example: torch.Tensor, key: int) -> torch.Tensor:
+        """Number of probed elements ``M`` of each row of ``example`` ``[R]`` at ``key`` -> ``[R]``
+        (the head's outputs; a layer's real positions x its width)."""
+        ref = self.reference[key]
+        if key == HEAD:
+            return torch.full((example.shape[0],), ref.shape[1])
+        return self.batch.lengths[example] * ref.shape[-1]
 
 
 def _select_rows(fwd: Forward, rows: torch.Tensor) -> Forward:
@@ -253,7 +273,3 @@ def _masked_mean_sq(h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     m = mask[..., None].to(h.dtype)
     return (h.float().pow(2) * m).sum(dim=(1, 2)) / (m.sum(dim=(1, 2)) * h.shape[-1]).clamp_min(1)
 
-
-def _masked_mean_sq_diff(diff: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    m = mask[..., None].to(diff.dtype)
-    return (diff * m).sum(dim=(1, 2)) / (m.sum(dim=(1, 2)) * diff.shape[-1]).clamp_min(1)
