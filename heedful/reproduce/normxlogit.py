@@ -345,7 +345,9 @@ def _eq8_lines(result: Any, metric: str, higher: bool) -> list[str]:
             f"- {NAMES[near]}: nearest first {interval_cell(s[near])} "
             f"({'ahead of' if ahead_near else 'behind'} random{', separated' if sep_near else ', intervals overlap'}); "
             f"farthest first (the printed sign) {interval_cell(s[far])} "
-            f"({'ahead of' if ahead_far else 'behind'} random{', separated' if sep_far else ', intervals overlap'})."
+            f"({'ahead of' if ahead_far else 'behind'} random{', separated' if sep_far else ', intervals overlap'}); "
+            f"nearest first is {'ahead of' if better(s[near], s[far], higher)[0] else 'behind'} the printed sign"
+            f"{' (separated)' if better(s[near], s[far], higher)[1] else ' (intervals overlap)'}."
         )
     lines += [
         "",
