@@ -379,3 +379,29 @@ def test_pearson_interval_resamples_the_examples():
         low, high = np.percentile(boot, [2.5, 97.5])
         assert summary.low < summary.value < summary.high
         assert (summary.low, summary.high) == pytest.approx((low, high), abs=1e-9)
+
+
+def test_seed_interval_is_that_of_the_mean_over_seeds():
+    """A stochastic method's interval: Pearson recomputed per resample for each seed (the same
+    resamples), averaged over the seeds, 2.5 / 97.5 percentiles; a mean metric's: the bootstrap of
+    the per-example means over the seeds."""
+    from heedful.evaluate.bench import _seed_interval
+    from heedful.evaluate.intervals import bootstrap_indices, bootstrap_mean
+
+    p = get_protocol("default", ratios=(0.5, 1.0), mean_over=None)
+    rng = np.random.default_rng(5)
+    gold = rng.normal(size=30)
+    seeds = []
+    for _ in range(2):
+        values = 10 + gold[:, None] * np.array([0.5, 0.2]) + rng.normal(size=(30, 2))
+        seeds.append((values, _measurements(p, 10 + gold, values, gold_value=gold)))
+    per = [METRICS["pearson"].compute(m) for _, m in seeds]
+    low, high = _seed_interval(METRICS["pearson"], per, p)
+    boot = [
+        np.mean([np.mean([np.corrcoef(v[idx, j], gold[idx])[0, 1] for j in range(2)]) for v, _ in seeds])
+        for idx in bootstrap_indices(30)
+    ]
+    assert (low, high) == pytest.approx(tuple(np.percentile(boot, [2.5, 97.5])), abs=1e-9)
+    aopc = [METRICS["aopc"].compute(m) for _, m in seeds]
+    expected = bootstrap_mean(np.mean([a.values for a in aopc], axis=0))[1:]
+    assert _seed_interval(METRICS["aopc"], aopc, p) == pytest.approx(expected)

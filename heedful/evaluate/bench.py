@@ -38,6 +38,7 @@ from heedful.evaluate.evaluation import (
     sources_for,
     to_records,
 )
+from heedful.evaluate.intervals import percentile_interval
 from heedful.evaluate.metrics import (
     METRICS,
     Measurements,
@@ -435,17 +436,20 @@ def per_example_from_store(store: ResultsStore, key: RunKey, metric: str, phash:
     return concat_per_example([PerExample(values, curves, extras)])
 
 
-def _seed_means(per_seed: Sequence[PerExample]) -> PerExample:
-    """Per-example means over a stochastic method's seeds: values ``[B]``, and curves ``[B, R]``
-    when every seed has them (the Pearson metrics correlate the mean perturbed outputs with the
-    gold values, which the first seed's extras carry -- the same for every seed)."""
+def _seed_interval(metric, per_seed: Sequence[PerExample], protocol: Protocol) -> tuple[float, float]:
+    """95 % interval of a stochastic method's mean over seeds: a mean metric's from the per-example
+    means over the seeds; a metric with ``resamples`` (Pearson) from the mean over the seeds of its
+    value on each bootstrap resample (the resamples line up across seeds)."""
+    if metric.resamples is not None:
+        boots = [metric.resamples(p, protocol) for p in per_seed]
+        if any(b.size == 0 for b in boots):
+            return float("nan"), float("nan")
+        return percentile_interval(np.mean(boots, axis=0))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        values = np.nanmean([p.values for p in per_seed], axis=0)
-        curves = None
-        if all(p.curves is not None for p in per_seed) and len({p.curves.shape for p in per_seed}) == 1:
-            curves = np.nanmean([p.curves for p in per_seed], axis=0)
-    return PerExample(values, curves, per_seed[0].extras)
+        means = np.nanmean([p.values for p in per_seed], axis=0)
+    pooled = aggregate(metric, PerExample(means), protocol)
+    return pooled.low, pooled.high
 
 
 def collect(store: ResultsStore, runs: Sequence[Run], ids: Sequence[str], names: Sequence[str], protocol: Protocol):
@@ -470,9 +474,8 @@ def collect(store: ResultsStore, runs: Sequence[Run], ids: Sequence[str], names:
                 curve = np.nanmean(stack, axis=0)
                 curve_std[name] = np.nanstd(stack, axis=0, ddof=1)
             low = high = float("nan")
-            if per_seed[0].has_interval:  # the interval of the per-example means over the seeds
-                pooled = aggregate(METRICS[name], _seed_means([per_example_from_store(store, r.key, name, phash, ids) for r in members]), protocol)
-                low, high = pooled.low, pooled.high
+            if per_seed[0].has_interval:
+                low, high = _seed_interval(METRICS[name], [per_example_from_store(store, r.key, name, phash, ids) for r in members], protocol)
             summaries[name] = Summary(float(np.nanmean(values)), float(np.nanstd(values, ddof=1)), per_seed[0].n, curve, low, high)
         costs = [store.cost(r.key) for r in members]
         costs = [c for c in costs if c and c["examples"]]

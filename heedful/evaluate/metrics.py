@@ -152,6 +152,10 @@ class Metric:
     curve_kind: str | None = "ratio"
     needs_probability: bool = False
     needs_value: bool = False
+    resamples: Callable[[PerExample, Protocol], np.ndarray] | None = field(default=None, repr=False)
+    """For a metric that is not a mean over examples: its value on every bootstrap resample of the
+    examples (the same resamples on every call), so a stochastic method's interval is that of the
+    mean over its seeds."""
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -303,22 +307,32 @@ def _pearson_curve(per: PerExample) -> tuple[np.ndarray, float, int]:
     return r, r0, int(np.isfinite(gold).sum())
 
 
+def _pearson_resamples(per: PerExample, protocol: Protocol, drop: bool) -> np.ndarray:
+    """The Pearson metric recomputed on every bootstrap resample of the examples
+    (:func:`~heedful.evaluate.intervals.bootstrap_indices`): r per ratio (or its drop), mean over
+    the protocol's ratios -> ``[n_boot]`` (empty when undefined). Every call resamples alike, so
+    the resamples of a stochastic method's seeds line up."""
+    gold, original, curves = _pearson_inputs(per)
+    r, r0, _ = _pearson_curve(per)
+    mask = protocol.mean_mask & np.isfinite(r0 - r if drop else r)
+    if not mask.any() or len(gold) < 3:
+        return np.zeros(0)
+    idx = bootstrap_indices(len(gold))
+    boot = pearson_columns(curves[idx][..., mask], gold[idx])  # [n_boot, R kept]
+    if drop:
+        boot = pearson_columns(original[idx][..., None], gold[idx]) - boot
+    return boot.mean(axis=-1)
+
+
 def _pearson_summary(per: PerExample, protocol: Protocol, drop: bool) -> Summary:
     """Pearson r per ratio (or its drop from the unperturbed r) over examples, its mean over the
     protocol's ratios, and a 95 % percentile bootstrap interval of that mean from resampling the
-    examples (r recomputed on every resample, :func:`~heedful.evaluate.intervals.bootstrap_indices`)."""
-    gold, original, curves = _pearson_inputs(per)
+    examples (:func:`_pearson_resamples`)."""
     r, r0, n = _pearson_curve(per)
     curve = r0 - r if drop else r
     mask = protocol.mean_mask & np.isfinite(curve)
     value = float(curve[mask].mean()) if mask.any() else float("nan")
-    low = high = float("nan")
-    if mask.any() and len(gold) >= 3:
-        idx = bootstrap_indices(len(gold))
-        boot = pearson_columns(curves[idx][..., mask], gold[idx])  # [n_boot, R kept]
-        if drop:
-            boot = pearson_columns(original[idx][..., None], gold[idx]) - boot
-        low, high = percentile_interval(boot.mean(axis=-1))
+    low, high = percentile_interval(_pearson_resamples(per, protocol, drop))
     return Summary(value, float("nan"), n, curve, low, high)
 
 
@@ -467,9 +481,11 @@ METRICS: dict[str, Metric] = {
         _m("accuracy", "faithfulness", "remove", False, "accuracy after removing the top tokens", _accuracy),
         _m("accuracy_drop", "faithfulness", "remove", True, "accuracy lost by removing the top tokens", _accuracy_drop),
         _m("pearson", "faithfulness", "remove", False, "Pearson r of perturbed regression outputs with gold values",
-           _regression_values, aggregate=_pearson_aggregate, needs_value=True),
+           _regression_values, aggregate=_pearson_aggregate, needs_value=True,
+           resamples=lambda per, protocol: _pearson_resamples(per, protocol, drop=False)),
         _m("pearson_drop", "faithfulness", "remove", True, "Pearson r lost by removing the top tokens",
-           _regression_values, aggregate=_pearson_drop_aggregate, needs_value=True),
+           _regression_values, aggregate=_pearson_drop_aggregate, needs_value=True,
+           resamples=lambda per, protocol: _pearson_resamples(per, protocol, drop=True)),
         _m("deletion", "faithfulness", "remove", False, "area under the output as top tokens are removed", _deletion),
         _m("insertion", "faithfulness", "keep", True, "area under the output as top tokens are kept", _insertion),
         _m("tau_loo", "faithfulness", "loo", True, "Kendall tau of leave-one-out drops and scores", _tau_loo, curve_kind=None),

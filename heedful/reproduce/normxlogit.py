@@ -345,7 +345,9 @@ def _eq8_lines(result: Any, metric: str, higher: bool) -> list[str]:
             f"- {NAMES[near]}: nearest first {interval_cell(s[near])} "
             f"({'ahead of' if ahead_near else 'behind'} random{', separated' if sep_near else ', intervals overlap'}); "
             f"farthest first (the printed sign) {interval_cell(s[far])} "
-            f"({'ahead of' if ahead_far else 'behind'} random{', separated' if sep_far else ', intervals overlap'})."
+            f"({'ahead of' if ahead_far else 'behind'} random{', separated' if sep_far else ', intervals overlap'}); "
+            f"nearest first is {'ahead of' if better(s[near], s[far], higher)[0] else 'behind'} the printed sign"
+            f"{' (separated)' if better(s[near], s[far], higher)[1] else ' (intervals overlap)'}."
         )
     lines += [
         "",
@@ -426,7 +428,7 @@ def case_section(case: Case, result: Any, wall: float, plots: list[Path], ig_ste
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "Brackets: 95 % percentile bootstrap interval over examples (1000 resamples; for the Pearson "
               "metrics r is recomputed on every resample; the random baseline: of the per-example means over its "
-              "seeds); ± is the standard deviation over the random seeds.", ""]
+              "seeds, for the Pearson metrics: of the mean over its seeds of r on each resample); ± is the standard deviation over the random seeds.", ""]
     for metric, label in (("accuracy", "Accuracy"), ("pearson", "Pearson r")):
         clean = result.groups["normxlogit"].summaries[metric].curve if metric in case.metrics else None
         if clean is not None and len(clean) and result.x[0] == 0 and math.isfinite(clean[0]):
@@ -1046,7 +1048,11 @@ def lens_section(al: Alignment, plot: Path) -> list[str]:
         f"the last three layers ({_layer_span(late)}) the same numbers are {100 * mean('correct', late):.0f} %, "
         f"{mean('kl', late):.1f} nats and {10 ** mean('log_rank', late) - 1:.0f}. "
         + ("Read through the final norm and unembedding, these layers' states do not yet carry the agreement "
-           "decision, so LogAt at them measures something other than evidence for the target. " if chance else "")
+           "decision, so LogAt at them measures something other than evidence for the target. " if chance else
+           "Read through the final norm and unembedding, these layers' states carry little of the agreement decision "
+           f"(within {100 * (correct - 0.5):.0f} points of chance, against {100 * (mean('correct', late) - 0.5):.0f} "
+           "at the end), so LogAt at them mostly measures something other than evidence for the target. "
+           if correct < 0.65 and kl > 5 else "")
         + f"In those layers LogAt(target)'s top score sits on the first token in {100 * top:.0f} % of pairs, while "
         f"the first token is evidence in {100 * first:.0f} % of pairs; the first token's state there has {norm:.0f}× "
         "the median norm of the other positions"
