@@ -1196,9 +1196,13 @@ def _claims(found: Found) -> list[str]:
         m = "coperturbation" if "coperturbation" in result.methods else "coperturbation (linearized)"
         r = result.best(m)
         fi, fr = _fixed_interval(result, m, r), _fixed_interval(result, "random", r) if "random" in result.methods else None
+        if fr is None:
+            verdict = "holds" if fi[0] > 0 else "does not hold"
+        else:
+            verdict = "holds" if fi[1] > fr[2] else ("does not hold" if fi[2] < fr[1] else "not resolved (overlaps random scores)")
         rows.append((
-            f"Suppressing the highest-interest tokens of misclassified sentences fixes errors (5.4.1, Tables 1/3) -- {name}",
-            "holds" if fi[0] > 0 else "does not hold",
+            f"Suppressing the highest-interest tokens of misclassified sentences fixes more errors than chance (5.4.1, Tables 1/3) -- {name}",
+            verdict,
             f"`{m}` fixes {_iv_of(*fi[:3], 3)} of {result.n_errors} errors at r = {result.ratios[r]:g}"
             + (f"; random scores {_iv_of(*fr[:3], 3)} ({'apart' if fi[1] > fr[2] else 'overlapping'})" if fr else ""),
         ))
