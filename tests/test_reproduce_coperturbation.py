@@ -25,6 +25,8 @@ def test_unknown_option_fails_before_any_work(tmp_path):
         cp.write(tmp_path, ReportSettings(options={"nonsense": 1}))
     with pytest.raises(HeedfulError, match="budget"):
         cp.write(tmp_path, ReportSettings(options={"budget": "huge"}))
+    with pytest.raises(HeedfulError, match="steering"):
+        cp.write(tmp_path, ReportSettings(options={"steering": "maybe"}))
 
 
 def test_models_missing_from_the_zoo_are_skipped_with_a_note():

@@ -15,7 +15,10 @@ What it runs (on ``minilm-sentiment`` unless said, movie-review snippets, test s
    (:func:`heedful.interest.rectify.rectify`); on ``smollm2-sentiment`` too (linearized solver);
 6. lambda and layer studies over :data:`N_STUDY` sentences (linearized) and on one sentence
    (optimised; :mod:`heedful.interest.studies`);
-7. the paper's claims, each with a verdict from the numbers above.
+7. steering generation by suppressing prompt words (Section 5.4.2, Figure 9) with
+   :func:`heedful.interest.steer` on ``smollm2-135m``
+   (:mod:`heedful.reproduce.coperturbation_steering`);
+8. the paper's claims, each with a verdict from the numbers above.
 
 Explanations are kept in one results store (``settings.store``, default
 ``$HEEDFUL_HOME/reproduce/coperturbation``) shared by every part, so a second run computes only
@@ -26,7 +29,8 @@ explanations for -- the longest prefix, or every error -- so a run sized to the 
 grows with the store),
 ``check`` (sentences of the optimised solver's seed check; :data:`CHECK_SENTENCES`), ``methods``
 (comma-separated), ``models`` (comma-separated zoo names), ``seed``, ``budget`` (``report``: the
-reduced compute budget of :data:`BUDGET`; ``default``: every method's defaults).
+reduced compute budget of :data:`BUDGET`; ``default``: every method's defaults), ``steering``
+(``on``, the default, or ``off``: leave out the steering case study).
 """
 
 from __future__ import annotations
@@ -81,6 +85,7 @@ with the next seed, to measure how much its ranking depends on the seed (``--opt
 0 skips it)."""
 PROBE_COUNTS = (4, 16)
 """Hutchinson probe counts whose seed stability is measured at the last layer."""
+STEERING_HEADING = "## 8. Steering generation by suppressing prompt words (paper Section 5.4.2, Figure 9)"
 SENTENCE = "a charming and often affecting journey"
 WORDS = ("charming", "and")
 
@@ -173,6 +178,12 @@ def write(out_dir: Path, settings: ReportSettings) -> Path:
         raise HeedfulError("no zoo model of this report is built", hint="heedful models build minilm-sentiment")
     found = Found(notes=notes)
     say = _printer(settings.progress)
+    if run.steering:
+        from heedful.reproduce.coperturbation_steering import steering_section
+
+        began = time.perf_counter()
+        found.steering = steering_section(out_dir, quick=run.quick, seed=run.seed, say=say, heading=STEERING_HEADING)
+        run.timings.add("steering", began)
     for name in models:
         began = time.perf_counter()
         say(f"loading {name}")
@@ -202,6 +213,7 @@ class Plan:
     n_study: int
     n_rectify: int | None | str
     check: int
+    steering: bool
     ratios: tuple[float, ...]
     method_options: dict[str, dict]
     study_options: dict
@@ -232,15 +244,19 @@ class Found:
     lmap: Any = None
     sweep: Any = None
     second: dict[str, Any] = field(default_factory=dict)
+    steering: Any = None
 
 
 def _plan(settings: ReportSettings) -> Plan:
     opts = dict(settings.options)
-    known = {"n_bench", "n_compare", "n_study", "n_rectify", "methods", "models", "seed", "budget", "check"}
+    known = {"n_bench", "n_compare", "n_study", "n_rectify", "methods", "models", "seed", "budget", "check", "steering"}
     unknown = sorted(set(opts) - known)
     if unknown:
         raise HeedfulError(f"the coperturbation report has no option {unknown[0]!r}", hint=f"options: {', '.join(sorted(known))}")
     quick = settings.quick
+    steering = str(opts.get("steering", "on"))
+    if steering not in ("on", "off"):
+        raise HeedfulError(f"steering={steering!r} is not 'on' or 'off'")
     budget = str(opts.get("budget", "report"))
     if budget not in ("report", "default"):
         raise HeedfulError(f"budget={budget!r} is not 'report' or 'default'")
@@ -266,7 +282,7 @@ def _plan(settings: ReportSettings) -> Plan:
         n_bench=size("n_bench", settings.n or N_BENCH), n_study=size("n_study", N_STUDY),
         n_compare=None if "n_compare" in stored else size("n_compare", N_COMPARE),
         n_rectify="stored" if "n_rectify" in stored else (int(opts["n_rectify"]) if opts.get("n_rectify") else (QUICK["n_rectify"] if quick else None)),
-        check=int(opts.get("check", QUICK["check"] if quick else CHECK_SENTENCES)),
+        check=int(opts.get("check", QUICK["check"] if quick else CHECK_SENTENCES)), steering=steering == "on",
         ratios=tuple(QUICK["ratios"] if quick else _rect().SWEEP_RATIOS), method_options=method_options,
         study_options=study_options, store=_store(settings),
     )
@@ -732,6 +748,8 @@ def _markdown(run: Plan, found: Found, longest: dict[str, float]) -> str:
     lines += _rectification_section(found)
     lines += _studies_section(found)
     lines += _size_section(found)
+    if found.steering is not None:
+        lines += found.steering.lines
     lines += _claims(found)
     lines += ["## Run time", "", "| stage | this run | longest run (computed, not read from the store) |", "|---|---|---|"]
     for stage, secs in run.timings.stages.items():
@@ -1227,7 +1245,10 @@ def _claims(found: Found) -> list[str]:
             "holds" if max(mean, lifted) >= 0.8 else "does not hold",
             f"Spearman {mean:.2f} (ceiling lifted: {lifted:.2f}) over {c['n']} sentences",
         ))
-    rows.append(("Steering generation by suppressing interest (5.4.2, Figure 9)", "not in this part of the report", "see the steering section"))
+    if found.steering is not None:
+        rows += found.steering.claims
+    else:
+        rows.append(("Steering generation by suppressing interest (5.4.2, Figure 9)", "not run", "`--option steering=off`"))
     lines = ["## Claims", "", "| claim of the paper | verdict here | number (this run) |", "|---|---|---|"]
     lines += [f"| {a} | {b} | {n} |" for a, b, n in rows]
     return lines + [""]

@@ -121,6 +121,7 @@ def steering_section(
     options: dict | None = None,
     say: Callable[[str], None] = lambda _: None,
     load: Callable[[str], object] | None = None,
+    heading: str = "## Steering generation by suppressing prompt words (paper Section 5.4.2, Figure 9)",
 ) -> SteeringSection:
     """Run every case of :data:`CASES` with :func:`~heedful.interest.steer` on :data:`MODEL`
     (co-perturbation at its defaults, or ``options``; ``quick``: a few steps and
@@ -136,7 +137,7 @@ def steering_section(
     options = dict(QUICK if quick else {}, **(options or {}))
     tokens = QUICK_TOKENS if quick else None
     lines = [
-        "## Steering generation by suppressing prompt words (paper Section 5.4.2, Figure 9)",
+        heading,
         "",
         f"`heedful steer` on `{MODEL}` (the paper: Llama3-8B-Instruct, which no package here ships) for the paper's "
         "prompt in the two wordings the paper uses, suppressing the phrase the paper suppresses. Suppression scales "
