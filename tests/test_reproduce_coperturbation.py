@@ -155,3 +155,12 @@ def test_stored_sizes_follow_what_the_store_holds(tmp_path: Path, tiny):
     assert cp._stored_prefix(model, run) == 2  # the third sentence is missing
     n = cp._stored_rectify_n(model, run, 20)
     assert 0 <= n <= 20
+
+
+def test_grid_is_a_markdown_table_with_a_corner():
+    assert cp._grid("r", ["a", "b"], [("0.1", ["1%", "2%"]), ("0.2", ["3%", "4%"])]) == [
+        "| r | a | b |",
+        "|---|---|---|",
+        "| 0.1 | 1% | 2% |",
+        "| 0.2 | 3% | 4% |",
+    ]

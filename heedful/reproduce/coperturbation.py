@@ -682,6 +682,15 @@ def _record_timings(store: Path, timings: Timings) -> dict[str, float]:
     return seen
 
 
+def _grid(corner: str, columns: list[str], rows: list[tuple[str, list[str]]]) -> list[str]:
+    """A markdown table: ``corner`` and ``columns`` as its header, one line per ``(label, cells)``."""
+    return [
+        f"| {corner} | " + " | ".join(columns) + " |",
+        "|---|" + "---|" * len(columns),
+        *(f"| {label} | " + " | ".join(cells) + " |" for label, cells in rows),
+    ]
+
+
 def _iv(values, digits: int = 2) -> str:
     """``0.81 [0.78, 0.84]`` from the values' mean and 95 % bootstrap interval."""
     from heedful.reproduce.coperturbation_studies import interval
@@ -1015,11 +1024,10 @@ def _rectification_section(found: Found) -> list[str]:
             "",
             f"Share of the errors fixed against the ratio (Figure 8; CSV `{NAME}-rectify-{name}.csv`):",
             "",
-            "| r | " + " | ".join(result.methods) + " |",
-            "|---|" + "---|" * len(result.methods),
+            *_grid("r", list(result.methods), [
+                (f"{ratio:g}", [_pct(result.error_gain(m)[k]) for m in result.methods]) for k, ratio in enumerate(result.ratios)
+            ]),
         ]
-        for k, ratio in enumerate(result.ratios):
-            lines.append(f"| {ratio:g} | " + " | ".join(_pct(result.error_gain(m)[k]) for m in result.methods) + " |")
         lines += ["", f"![rectification, {name}]({found.files[f'rectify {name}'].name})", ""]
     lines += [
         "### The paper's numbers beside ours",
@@ -1108,12 +1116,11 @@ def _studies_section(found: Found) -> list[str]:
             "",
             f"![layer x token interest]({found.files['layers'].name})",
             "",
-            "| layer | " + " | ".join(lmap.tokens) + " |",
-            "|---|" + "---|" * len(lmap.tokens),
+            *_grid("layer", list(lmap.tokens), [
+                (str(layer), [f"{v:.3f}" for v in lmap.scores[k]]) for k, layer in enumerate(lmap.layers)
+            ]),
+            "",
         ]
-        for k, layer in enumerate(lmap.layers):
-            lines.append(f"| {layer} | " + " | ".join(f"{v:.3f}" for v in lmap.scores[k]) + " |")
-        lines.append("")
     return lines
 
 

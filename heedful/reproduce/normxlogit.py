@@ -1263,6 +1263,15 @@ def _cell(result: Any, key: str, metric: str) -> str:
     return f"{NAMES[key]} {interval_cell(result.groups[key].summaries[metric], result.groups[key].seeds)}"
 
 
+def _versus(result: Any, metric: str, where: str, claim: str, a: str, b: str, prefix: str = "") -> tuple[str, str, str, str]:
+    """The claim "``a`` is ahead of ``b``" on ``metric``: (claim, where, both cells, verdict)."""
+    from heedful.evaluate.metrics import METRICS
+
+    sa, sb = result.groups[a].summaries[metric], result.groups[b].summaries[metric]
+    number = f"{_cell(result, a, metric)} vs {prefix}{_cell(result, b, metric)}"
+    return claim, where, number, _cmp_verdict(sa, sb, METRICS[metric].higher_is_better)
+
+
 def _claims_exp1(results: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     """(claim, where, our number, verdict) of Experiment 1's claims on every case that ran."""
     from heedful.evaluate.metrics import METRICS
@@ -1275,19 +1284,24 @@ def _claims_exp1(results: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         where = f"`{key}`, {metric}"
         grads = [k for k in GRADIENT_ROWS if k in s]
         best = ordering({k: s[k].value for k in grads}, higher)[0]
-        rows.append(("NormXLogit is more faithful than the gradient-based methods (abstract, §4.2, conclusion)", where,
-                     f"{_cell(result, 'normxlogit', metric)} vs best gradient row {_cell(result, best, metric)}",
-                     _cmp_verdict(s["normxlogit"], s[best], higher)))
-        rows.append(("Weighting LogAt by the embedding norm makes it more faithful (§3.4)", where,
-                     f"{_cell(result, 'normxlogit', metric)} vs {_cell(result, 'logat', metric)}",
-                     _cmp_verdict(s["normxlogit"], s["logat"], higher)))
-        rows.append(("The norm of the word embeddings identifies important tokens (§3.2; better than random)", where,
-                     f"{_cell(result, 'embedding_norm', metric)} vs {_cell(result, 'random', metric)}",
-                     _cmp_verdict(s["embedding_norm"], s["random"], higher)))
+        vs = [
+            ("NormXLogit is more faithful than the gradient-based methods (abstract, §4.2, conclusion)",
+             "normxlogit", best, "best gradient row "),
+            ("Weighting LogAt by the embedding norm makes it more faithful (§3.4)", "normxlogit", "logat", ""),
+            ("The norm of the word embeddings identifies important tokens (§3.2; better than random)",
+             "embedding_norm", "random", ""),
+        ]
         if key == "minilm-sentiment" and "decompx" in s:
-            rows.append(("On SST-2 (BERT) the architecture-specific DecompX is ahead of NormXLogit (§4.2, Table 1)", where,
-                         f"{_cell(result, 'decompx', metric)} vs {_cell(result, 'normxlogit', metric)}",
-                         _cmp_verdict(s["decompx"], s["normxlogit"], higher)))
+            vs.append(("On SST-2 (BERT) the architecture-specific DecompX is ahead of NormXLogit (§4.2, Table 1)",
+                       "decompx", "normxlogit", ""))
+        if result.task == "regression" and "decompx" in s:
+            vs.append(("Regression: NormXLogit is ahead of the architecture-specific DecompX (§1, §4.2)",
+                       "normxlogit", "decompx", ""))
+            vs.append(("Regression (BERT): the embedding norm alone is ahead of DecompX (§4.2)", "embedding_norm", "decompx", ""))
+        if result.task == "regression" and "normxlogit_far" in s:
+            vs.append(("Eq. 8 as printed (largest distance from the prediction first) ranks important tokens "
+                       "(better than random)", "normxlogit_far", "random", ""))
+        rows += [_versus(result, metric, where, *claim) for claim in vs]
         if key == DECODER_CLASSIFIER:
             curves = {k: result.groups[k].summaries[metric].curve for k in (*grads, "random", "normxlogit")}
             mask = result.spec.protocol.mean_mask
@@ -1297,19 +1311,6 @@ def _claims_exp1(results: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                          "perturbation ratio (§4.2, Figure 2)", where,
                          f"ahead at {sum(ahead)} of {len(ahead)} ratios (means over examples)",
                          HOLDS if all(ahead) else FAILS))
-        if result.task == "regression":
-            if "decompx" in s:
-                rows.append(("Regression: NormXLogit is ahead of the architecture-specific DecompX (§1, §4.2)", where,
-                             f"{_cell(result, 'normxlogit', metric)} vs {_cell(result, 'decompx', metric)}",
-                             _cmp_verdict(s["normxlogit"], s["decompx"], higher)))
-                rows.append(("Regression (BERT): the embedding norm alone is ahead of DecompX (§4.2)", where,
-                             f"{_cell(result, 'embedding_norm', metric)} vs {_cell(result, 'decompx', metric)}",
-                             _cmp_verdict(s["embedding_norm"], s["decompx"], higher)))
-            if "normxlogit_far" in s:
-                rows.append(("Eq. 8 as printed (largest distance from the prediction first) ranks important tokens "
-                             "(better than random)", where,
-                             f"{_cell(result, 'normxlogit_far', metric)} vs {_cell(result, 'random', metric)}",
-                             _cmp_verdict(s["normxlogit_far"], s["random"], higher)))
     return rows
 
 
