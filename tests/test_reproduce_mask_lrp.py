@@ -154,3 +154,10 @@ def test_examples_per_dataset():
     assert report._plan(ReportSettings(n=9, store="/tmp/unused")).n_for("amazon") == 9  # an explicit n applies to every data set
     with pytest.raises(InputError, match="dataset_n"):
         report._plan(ReportSettings(store="/tmp/unused", options={"dataset_n": "amazon=20"}))
+    with pytest.raises(InputError, match="corruption_seeds must be a positive whole number"):
+        report._plan(ReportSettings(store="/tmp/unused", options={"corruption_seeds": "two"}))
+    with pytest.raises(InputError, match="mask_seeds must be a positive whole number"):
+        report._plan(ReportSettings(store="/tmp/unused", options={"mask_seeds": 0}))
+    with pytest.raises(InputError, match="extras names 'imdb'"):
+        report._plan(ReportSettings(store="/tmp/unused", options={"extras": "imdb"}))
+    assert report._plan(ReportSettings(store="/tmp/unused", options={"extras": "none"})).extras == []

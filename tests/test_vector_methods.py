@@ -9,6 +9,8 @@ import torch
 from conftest import cached_model
 from tiny import DECODERS, ENCODERS, FAMILIES
 
+from heedful.errors import InputError
+
 TEXTS = ["a charming and often affecting journey", "the movie was dull"]
 
 
@@ -253,3 +255,10 @@ def test_layerwise_rows(family, task):
     assert np.abs(e.scores[0] - e.scores[-1]).max() > 1e-3
     logat = model.explain(text, "logat", layerwise=True)
     np.testing.assert_allclose(logat.scores * norms[None, :], e.scores, atol=1e-5, rtol=1e-5)
+
+
+def test_an_unknown_regression_rank_is_a_one_line_error():
+    model = cached_model("bert", "regression")
+    for method in ("normxlogit", "logat"):
+        with pytest.raises(InputError, match="regression_rank"):
+            model.explain(TEXTS, method, regression_rank="middle")

@@ -150,6 +150,16 @@ def _as_list(value: Any) -> list[str]:
     return [str(v) for v in value]
 
 
+def _count(opts: dict, key: str, default: int) -> int:
+    """Option ``key`` as a positive whole number (``default`` when absent); an InputError otherwise."""
+    from heedful.errors import InputError
+
+    value = str(opts.get(key, default))
+    if not value.isdigit() or int(value) < 1:
+        raise InputError(f"{key} must be a positive whole number, got {value!r}", hint=f"e.g. {key}={default}")
+    return int(value)
+
+
 def _plan(settings: ReportSettings) -> _Plan:
     from heedful.cache import heedful_home
     from heedful.errors import InputError
@@ -174,37 +184,41 @@ def _plan(settings: ReportSettings) -> _Plan:
     planted_model = str(opts.get("planted_model", PLANTED_MODEL))
     if planted_model.lower() in ("none", "") and only == "planted":
         raise InputError("only=planted needs a planted_model", hint=f"e.g. planted_model={PLANTED_MODEL}")
-    planted_n = int(opts.get("planted_n", PLANTED_QUICK_N if quick else PLANTED_N))
+    planted_n = _count(opts, "planted_n", PLANTED_QUICK_N if quick else PLANTED_N)
     dataset_n = {}
     for item in _as_list(opts.get("dataset_n", DEFAULT_DATASET_N if not quick and settings.n is None else "")):
         name, _, count = item.rpartition(":")
         if not name or not count.isdigit() or int(count) < 1:
             raise InputError(f"bad dataset_n entry {item!r}", hint="dataset_n=NAME:N[,NAME:N], e.g. dataset_n=amazon:200")
         dataset_n[name] = int(count)
-    if planted_n < 1:
-        raise InputError(f"planted_n must be positive, got {planted_n}")
+    datasets = _as_list(opts.get("datasets", DEFAULT_DATASETS))
+    extras = None if "extras" not in opts else [d for d in _as_list(opts["extras"]) if d.lower() != "none"]
+    strange = sorted(set(extras or []) - set(datasets))
+    if strange:
+        raise InputError(f"extras names {strange[0]!r}, which is not a data set of this run",
+                         hint="extras=NAME[,NAME] from datasets=" + ",".join(datasets) + ", or extras=none")
     return _Plan(
         model=str(opts.get("model", DEFAULT_MODEL)),
-        datasets=_as_list(opts.get("datasets", DEFAULT_DATASETS)),
+        datasets=datasets,
         split=str(opts.get("split", "test")),
         n=n,
         methods=methods,
-        mask_seeds=int(opts.get("mask_seeds", 2 if quick else 3)),
-        random_seeds=int(opts.get("random_seeds", 2)),
-        ig_steps=int(opts.get("ig_steps", 4 if quick else 16)),
-        batch_size=int(opts.get("batch_size", 16)),
+        mask_seeds=_count(opts, "mask_seeds", 2 if quick else 3),
+        random_seeds=_count(opts, "random_seeds", 2),
+        ig_steps=_count(opts, "ig_steps", 4 if quick else 16),
+        batch_size=_count(opts, "batch_size", 16),
         head_mask=None if opts.get("head_mask") in (None, "") else str(opts["head_mask"]),
         store=Path(settings.store) if settings.store is not None else heedful_home() / "reproduce" / NAME,
         quick=quick,
         progress=settings.progress,
         planted_model=None if planted_model.lower() in ("none", "") else planted_model,
         planted_n=planted_n,
-        planted_length=int(opts.get("planted_length", PLANTED_LENGTH)),
+        planted_length=_count(opts, "planted_length", PLANTED_LENGTH),
         planted_methods=_as_list(opts["planted_methods"]) if "planted_methods" in opts else [m for m in methods if m not in PLANTED_SKIPPED],
         only=only,
         dataset_n=dataset_n,
-        corruption_seeds=int(opts.get("corruption_seeds", 1)),
-        extras=None if "extras" not in opts else [d for d in _as_list(opts["extras"]) if d.lower() != "none"],
+        corruption_seeds=_count(opts, "corruption_seeds", 1),
+        extras=extras,
     )
 
 
