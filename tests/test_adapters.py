@@ -189,3 +189,24 @@ def test_removal_and_max_length():
     # RoBERTa: 66 position embeddings hold 64 tokens (two reserved for the padding offset)
     assert cached_model("roberta").adapter.max_length == 64
     assert cached_model("bert").adapter.max_length == 64
+
+
+@pytest.mark.parametrize(("q", "k"), [(5, 9), (7, 7), (1, 6)])
+def test_causal_attention_aligns_its_queries_to_the_last_keys(q, k):
+    from heedful.adapters.causal import causal_attention
+
+    gen = torch.Generator().manual_seed(q * 10 + k)
+    batch, heads, groups, dim = 2, 4, 2, 8
+    query = torch.randn(batch, heads, q, dim, generator=gen)
+    key = torch.randn(batch, heads // groups, k, dim, generator=gen)
+    value = torch.randn(batch, heads // groups, k, dim, generator=gen)
+    got, probs = causal_attention(torch.nn.Module().eval(), query, key, value, None, scaling=0.3)
+    assert probs is None and got.shape == (batch, q, heads, dim)
+    for b in range(batch):
+        for h in range(heads):
+            kv = h // groups
+            for i in range(q):
+                seen = k - q + i + 1  # query i sits at position k - q + i
+                weights = torch.softmax(0.3 * key[b, kv, :seen] @ query[b, h, i], dim=0)
+                expected = weights @ value[b, kv, :seen]
+                torch.testing.assert_close(got[b, i, h], expected, atol=1e-5, rtol=1e-5)

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint as checkpoint_call
 
+from heedful.adapters.causal import CAUSAL_ATTENTION
 from heedful.adapters.intercept import Interception, intercepting
 from heedful.adapters.roles import BlockRoles, HeadRoles, LRPRoles, ModelRoles, NormSite
 from heedful.batch import Batch
@@ -649,12 +650,14 @@ class ModelAdapter:
         chunked = prefill is not None and prefill < width  # chunked prefill runs near the budget
         bounded = (checkpoint or release) and torch.is_grad_enabled() or chunked
         blocks = self.checkpointed(checkpoint, release=True) if bounded else contextlib.nullcontext()
-        with self._kernel_attention(not attentions) as fused, blocks:
+        with self._kernel_attention(not attentions) as fused, blocks, contextlib.ExitStack() as causal:
             if fused and self.is_decoder and not hidden_states and right_padded(mask):
                 # causal attention never reads right padding: without the padding mask the fused
-                # kernel runs its causal path (no [B, H, N, N] mask or scores materialised); only
-                # padded positions' states change, and none are returned
+                # kernel runs its causal path (no [B, H, N, N] mask or scores materialised), aligned
+                # to the last key when the pass continues a cache; only padded positions' states
+                # change, and none are returned
                 kwargs["attention_mask"] = None
+                causal.enter_context(_attention_set(self.config, CAUSAL_ATTENTION))
             if chunked:
                 if attentions:
                     raise InputError("attention probabilities cannot be kept in a forward run in position chunks")
@@ -745,9 +748,10 @@ class ModelAdapter:
         if not self.is_decoder:
             raise InputError(f"a {self.family} model has no key/value cache", hint="reuse prefixes with decoders only")
         mask = batch.attention_mask
-        with self._kernel_attention(True) as fused:
+        causal = right_padded(mask)
+        with self._kernel_attention(True) as fused, _attention_set(self.config, CAUSAL_ATTENTION if fused and causal else None):
             out = self.backbone(
-                input_ids=batch.input_ids, attention_mask=None if fused and right_padded(mask) else mask, use_cache=True,
+                input_ids=batch.input_ids, attention_mask=None if fused and causal else mask, use_cache=True,
                 return_dict=True,
             )
         self.counter.forward += len(batch)
