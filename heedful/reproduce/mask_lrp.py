@@ -22,7 +22,7 @@ Report options (``heedful reproduce mask-lrp -O key=value``): ``model`` (zoo nam
 (documents; default :data:`PLANTED_N`), ``planted_length`` (prompt tokens; default
 :data:`PLANTED_LENGTH`), ``planted_methods`` (default: ``methods`` but :data:`PLANTED_SKIPPED`); ``only=planted`` runs that
 section alone and writes ``<out>/mask-lrp-planted.md`` (never the full report). ``dataset_n``
-(``NAME:N,...``: examples per data set, default ``amazon:200``), ``corruption_seeds``, ``extras``
+(``NAME:N,...``: examples per data set, default ``amazon:500``: every amazon test snippet of at least 20 tokens, 246), ``corruption_seeds``, ``extras``
 (data sets that get the corruption curve and the threshold sweep; default the first, ``none``).
 """
 
@@ -42,7 +42,7 @@ NAME = "mask-lrp"
 DEFAULT_N = 500
 #: Fewer examples of the long product reviews (their curves cost about four times a movie
 #: snippet's), so that the whole report computes in about an hour.
-DEFAULT_DATASET_N = "amazon:200"
+DEFAULT_DATASET_N = "amazon:500"
 QUICK_N = 16
 DEFAULT_MODEL = "minilm-sentiment"
 DEFAULT_DATASETS = ("movies", "amazon")
