@@ -196,11 +196,12 @@ def shared_reference(
     logits = fwd.logits[example, step]
     hidden = None
     if fwd.hidden_states is not None:
-        hidden = tuple(h[example, :width] * own[..., None].to(h.dtype) for h in fwd.hidden_states)
+        hidden = tuple(h[:, :width][example].mul_(own[..., None].to(h.dtype)) for h in fwd.hidden_states)
     probs = None
     if fwd.attentions is not None:
         pair = (own[:, :, None] & own[:, None, :])[:, None]
-        probs = tuple(a[example][..., :width, :width] * pair.to(a.dtype) for a in fwd.attentions)
+        # cut to the rows' width before copying rows out: each layer is copied once, masked in place
+        probs = tuple(a[..., :width, :width][example].mul_(pair.to(a.dtype)) for a in fwd.attentions)
     return Forward(logits, hidden, probs)
 
 

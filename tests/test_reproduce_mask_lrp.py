@@ -150,7 +150,7 @@ def test_examples_per_dataset():
     plan = report._plan(ReportSettings(store="/tmp/unused", options={"dataset_n": "amazon:20,movies:7"}))
     assert (plan.n_for("amazon"), plan.n_for("movies"), plan.n_for("tweets")) == (20, 7, report.DEFAULT_N)
     default = report._plan(ReportSettings(store="/tmp/unused"))
-    assert default.n_for("amazon") == 200 and default.n_for("movies") == report.DEFAULT_N
+    assert default.n_for("amazon") == 500 and default.n_for("movies") == report.DEFAULT_N
     assert report._plan(ReportSettings(n=9, store="/tmp/unused")).n_for("amazon") == 9  # an explicit n applies to every data set
     with pytest.raises(InputError, match="dataset_n"):
         report._plan(ReportSettings(store="/tmp/unused", options={"dataset_n": "amazon=20"}))

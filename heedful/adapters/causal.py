@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import torch
 from torch.nn.attention.bias import causal_lower_right
-from torch.nn.functional import scaled_dot_product_attention
 from transformers import AttentionInterface
 
 CAUSAL_ATTENTION = "heedful_causal"
@@ -45,7 +44,7 @@ def causal_attention(
     if attention_mask is not None:
         raise ValueError(f"{CAUSAL_ATTENTION!r} attention takes no mask; it is selected only for causal passes")
     q, k = query.shape[2], key.shape[2]
-    out = scaled_dot_product_attention(
+    out = torch.nn.functional.scaled_dot_product_attention(
         query,
         key,
         value,
