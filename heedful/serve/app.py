@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from heedful.errors import HeedfulError
 from heedful.model import Model
 from heedful.serve import compute
+from heedful.serve import runs as stored
 from heedful.serve.catalog import Catalog, bind_methods, method_rows
 from heedful.serve.errors import ApiError, as_api_error, timed_out, too_long
 from heedful.serve.settings import ServeSettings
@@ -290,6 +291,14 @@ def _routes(app: FastAPI, server: Server) -> None:
     @app.post("/api/generate", summary="Generate after a prompt and explain every generated token")
     async def generate(body: GenerateBody) -> dict[str, Any]:
         return await answer(server.job("generate", body))
+
+    @app.get("/api/runs", summary="The bench runs of this server's results store (--store)")
+    def runs() -> list[dict[str, Any]]:
+        return stored.list_runs(settings.store)
+
+    @app.get("/api/runs/{ident}", summary="A bench run's table (mean and 95% interval per method and metric) and curves")
+    def run(ident: str) -> dict[str, Any]:
+        return stored.get_run(settings.store, ident)
 
     @app.post("/api/jobs", status_code=202, summary="Queue a request; its progress streams from /api/jobs/{id}/events")
     async def submit(body: JobBody) -> dict[str, str]:
