@@ -1,0 +1,208 @@
+"""Independent oracles: each method against a plain-loop computation of its paper's equations.
+
+The oracles share no code with heedful's methods: every text runs alone (no padding) through
+the raw transformers model, gradients come from ``torch.autograd`` on that model's own outputs
+(``output_attentions`` / ``output_hidden_states``), and the equations are written as explicit
+Python loops over layers, heads and positions. heedful runs the same texts as one padded batch,
+so padding, anchors and target resolution are checked on the way. ``ORACLES`` names, for every
+registered method, the tests that check it independently; a test below fails when a method has
+none.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import cached_model
+
+import heedful
+
+TEXTS = ["a charming and often affecting journey", "the movie was dull"]
+TOL = 1e-5
+"""Every oracle comparison: ``max |heedful - oracle| <= TOL * max |oracle|``."""
+
+ATTENTION_CASES = [
+    ("bert", "classification"),
+    ("bert", "regression"),
+    ("bert", "masked_lm"),
+    ("roberta", "classification"),
+    ("gpt2", "classification"),
+    ("gpt2", "causal_lm"),
+    ("llama", "causal_lm"),
+    ("qwen2", "classification"),
+]
+
+
+def texts_for(model) -> list[str]:
+    if model.task != "masked_lm":
+        return TEXTS
+    mask = model.tokenizer.mask_token
+    return [f"a charming and often {mask} journey", f"the {mask} was dull"]
+
+
+def assert_matches(ours, oracle, what: str, tol: float = TOL, scale: float | None = None) -> None:
+    """``max |ours - oracle| <= tol * scale`` (default ``max |oracle|``), the scale not zero."""
+    ours, oracle = np.asarray(ours, dtype=np.float64), np.asarray(oracle, dtype=np.float64)
+    assert ours.shape == oracle.shape, f"{what}: shapes {ours.shape} vs {oracle.shape}"
+    scale = float(np.abs(oracle).max()) if scale is None else scale
+    assert scale > 1e-8, f"{what}: the oracle is all zero, the comparison would prove nothing"
+    diff = float(np.abs(ours - oracle).max())
+    assert diff <= tol * scale, f"{what}: max diff {diff:.3g} at scale {scale:.3g}\nours   {ours}\noracle {oracle}"
+
+
+class Alone:
+    """One text run alone through the raw transformers model: its ids, the position whose output
+    is explained (``anchor``), the explained class, and the explained logit as a function."""
+
+    def __init__(self, model, text: str) -> None:
+        self.hf, self.tok, self.task = model.hf_model, model.tokenizer, model.task
+        self.ids = self.tok(text, return_tensors="pt")["input_ids"]
+        self.n = self.ids.shape[1]
+        if self.task == "masked_lm":
+            self.anchor = int((self.ids[0] == self.tok.mask_token_id).nonzero()[0, 0])
+        elif model.hf_model.config.is_encoder_decoder or self.task == "causal_lm" or not self.is_encoder:
+            self.anchor = self.n - 1  # decoders read the last token
+        else:
+            self.anchor = 0  # encoders pool [CLS] / <s>
+        with torch.no_grad():
+            logits = self.logits(self.hf(input_ids=self.ids))
+        self.label = 0 if self.task == "regression" else int(logits.argmax())
+
+    @property
+    def is_encoder(self) -> bool:
+        return self.hf.config.model_type in ("bert", "distilbert", "roberta", "deberta-v2", "electra")
+
+    def logits(self, out) -> torch.Tensor:
+        """The output row explained ``[C]``: the pooled logits of a classifier, the anchor's row of an LM."""
+        if self.task in ("masked_lm", "causal_lm"):
+            return out.logits[0, self.anchor]
+        return out.logits[0]
+
+    def score(self, out) -> torch.Tensor:
+        return self.logits(out)[self.label]
+
+    def attention_gradients(self, hidden: bool = False):
+        """``(A, dF/dA, h, dF/dh)``: per layer attention probabilities ``[H, N, N]`` and their
+        gradients; with ``hidden`` the block inputs ``hidden_states[0..L-1]`` ``[N, D]`` and theirs."""
+        # the model's weights are frozen: the graph starts at the word embeddings
+        embeds = self.hf.get_input_embeddings()(self.ids).detach().requires_grad_(True)
+        with torch.enable_grad():
+            out = self.hf(inputs_embeds=embeds, output_attentions=True, output_hidden_states=hidden)
+            attentions = list(out.attentions)
+            inputs = list(out.hidden_states[: len(attentions)]) if hidden else []
+            grads = torch.autograd.grad(self.score(out), attentions + inputs)
+        a = [t[0].detach().double() for t in attentions]
+        h = [t[0].detach().double() for t in inputs]
+        g = [t[0].double() for t in grads]
+        return a, g[: len(a)], h, g[len(a) :]
+
+
+def explain(model, method: str, **options):
+    """heedful's explanations of the model's texts, in one padded batch."""
+    found = model.explain(texts_for(model), method, **options)
+    return found, [Alone(model, t) for t in texts_for(model)]
+
+
+def check_each(model, method: str, oracle, **options) -> None:
+    """heedful's scores of every text against ``oracle(Alone)``, to :data:`TOL` of the largest
+    oracle score over the texts (a positive-part method may give one text all zeros)."""
+    found, alone = explain(model, method, **options)
+    expected = [oracle(one) for one in alone]
+    scale = max(float(np.abs(e).max()) for e in expected)
+    for expl, one, exp in zip(found, alone, expected, strict=True):
+        assert len(expl.tokens) == one.n
+        if one.task != "regression":
+            assert expl.target.indices[0] == one.label, "heedful explains another class than the oracle"
+        assert_matches(expl.scores, exp, f"{method} {model.name} {expl.text!r}", scale=scale)
+
+
+# =========================================================================== attention x gradient
+
+
+def gae_oracle(one: Alone) -> np.ndarray:
+    """Chefer et al. 2021b Eq. 5-6: ``Abar = E_h[(grad A . A)^+]``, ``R <- R + Abar R`` from ``R = I``."""
+    a, g, _, _ = one.attention_gradients()
+    n = one.n
+    r = [[1.0 if i == j else 0.0 for j in range(n)] for i in range(n)]
+    for attn, grad in zip(a, g, strict=True):
+        heads = attn.shape[0]
+        bar = [[sum(max(0.0, float(grad[h, i, j] * attn[h, i, j])) for h in range(heads)) / heads for j in range(n)] for i in range(n)]
+        r = [[r[i][j] + sum(bar[i][k] * r[k][j] for k in range(n)) for j in range(n)] for i in range(n)]
+    row = list(r[one.anchor])
+    row[one.anchor] = 0.0
+    return np.array(row)
+
+
+def grad_sam_oracle(one: Alone) -> np.ndarray:
+    """Barkan et al. 2021 Eq. 2-3: ``s_j = 1/(L H n) sum_{l,h,i} A_l[h,i,j] ReLU(dF/dA_l[h,i,j])``."""
+    a, g, _, _ = one.attention_gradients()
+    n, layers, heads = one.n, len(a), a[0].shape[0]
+    out = np.zeros(n)
+    for j in range(n):
+        total = 0.0
+        for attn, grad in zip(a, g, strict=True):
+            for h in range(heads):
+                for i in range(n):
+                    total += float(attn[h, i, j]) * max(0.0, float(grad[h, i, j]))
+        out[j] = total / (layers * heads * n)
+    return out
+
+
+def attcat_oracle(one: Alone) -> np.ndarray:
+    """Qiang et al. 2022 Eq. 6-7 (their code: ``hidden_states[l]`` of the blocks, attention
+    averaged over heads and query rows): ``s_j = sum_l (sum_d dF/dh_l[j,d] h_l[j,d]) a_l[j]``."""
+    a, _, h, gh = one.attention_gradients(hidden=True)
+    n, heads = one.n, a[0].shape[0]
+    out = np.zeros(n)
+    for layer in range(len(a)):
+        for j in range(n):
+            cat = sum(float(gh[layer][j, d] * h[layer][j, d]) for d in range(h[layer].shape[1]))
+            received = sum(float(a[layer][hd, i, j]) for hd in range(heads) for i in range(n)) / (heads * n)
+            out[j] += cat * received
+    return out
+
+
+def cam_oracle(one: Alone) -> np.ndarray:
+    """Song et al. 2024's CAM baseline (generate_gradcam): ``max(0, mean_{h,i} dF/dA_L[h,i,j])``,
+    the anchor's entry 0."""
+    _, g, _, _ = one.attention_gradients()
+    last, n = g[-1], one.n
+    heads = last.shape[0]
+    out = np.array([max(0.0, sum(float(last[h, i, j]) for h in range(heads) for i in range(n)) / (heads * n)) for j in range(n)])
+    out[one.anchor] = 0.0
+    return out
+
+
+def attention_gradcam_oracle(one: Alone) -> np.ndarray:
+    """Chefer et al. 2021a's GradCAM on attention (generate_attn_gradcam): ``w_h = mean_{i,j}
+    dF/dA_L[h]``, ``G = max(0, mean_h w_h A_L[h])`` min-max normalised, the anchor row, self 0."""
+    a, g, _, _ = one.attention_gradients()
+    attn, grad, n = a[-1], g[-1], one.n
+    heads = attn.shape[0]
+    w = [sum(float(grad[h, i, j]) for i in range(n) for j in range(n)) / (n * n) for h in range(heads)]
+    cells = [[max(0.0, sum(w[h] * float(attn[h, i, j]) for h in range(heads)) / heads) for j in range(n)] for i in range(n)]
+    low, high = min(min(r) for r in cells), max(max(r) for r in cells)
+    # an all-zero map (every head weight negative) stays zero: the reference code divides 0 by 0 there
+    row = [(v - low) / (high - low) if high > low else 0.0 for v in cells[one.anchor]]
+    row[one.anchor] = 0.0
+    return np.array(row)
+
+
+ATTENTION_ORACLES = {
+    "gae": gae_oracle,
+    "grad_sam": grad_sam_oracle,
+    "attcat": attcat_oracle,
+    "cam": cam_oracle,
+    "attention_gradcam": attention_gradcam_oracle,
+}
+
+
+@pytest.mark.parametrize(("family", "task"), ATTENTION_CASES)
+@pytest.mark.parametrize("method", list(ATTENTION_ORACLES))
+def test_attention_gradient_methods_equal_their_plain_loops(method, family, task):
+    check_each(cached_model(family, task), method, ATTENTION_ORACLES[method])
