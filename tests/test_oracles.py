@@ -31,6 +31,7 @@ ATTENTION_CASES = [
     ("bert", "regression"),
     ("bert", "masked_lm"),
     ("roberta", "classification"),
+    ("distilbert", "masked_lm"),
     ("gpt2", "classification"),
     ("gpt2", "causal_lm"),
     ("llama", "causal_lm"),
@@ -42,7 +43,7 @@ def texts_for(model) -> list[str]:
     if model.task != "masked_lm":
         return TEXTS
     mask = model.tokenizer.mask_token
-    return [f"a charming and often {mask} journey", f"the {mask} was dull"]
+    return [f"a charming and often {mask} journey", f"the {mask} was dull", f"the plot is {mask} yet the actors are wonderful"]
 
 
 def assert_matches(ours, oracle, what: str, tol: float = TOL, scale: float | None = None) -> None:
