@@ -207,3 +207,95 @@ ATTENTION_ORACLES = {
 @pytest.mark.parametrize("method", list(ATTENTION_ORACLES))
 def test_attention_gradient_methods_equal_their_plain_loops(method, family, task):
     check_each(cached_model(family, task), method, ATTENTION_ORACLES[method])
+
+
+# =========================================================================== SmoothGrad
+
+
+@pytest.fixture()
+def drawn_noise(monkeypatch):
+    """Every noise tensor SmoothGrad draws ``[B, n_samples, N, E]``, in call order (the method
+    still draws it; the oracle takes the same draws)."""
+    from heedful.attribution import gradient
+
+    draws: list[torch.Tensor] = []
+    original = gradient._noise
+
+    def recording(*args, **kwargs):
+        noise = original(*args, **kwargs)
+        draws.append(noise.clone())
+        return noise
+
+    monkeypatch.setattr(gradient, "_noise", recording)
+    return draws
+
+
+def smoothgrad_oracle(one: Alone, noise: torch.Tensor, nt_type: str, multiply_by_inputs: bool) -> np.ndarray:
+    """Smilkov et al. 2017 Eq. 3 as a loop over the draws ``z_k`` ``[K, n, E]``: the gradient of
+    the explained logit at ``e + z_k``, then the mean (or the mean of squares, or the variance:
+    Captum's NoiseTunnel), times ``e`` with ``multiply_by_inputs``; per token the L2 norm of a
+    bare mean gradient, the signed sum otherwise."""
+    e = one.hf.get_input_embeddings()(one.ids)[0].detach()
+    grads = []
+    for z in noise:
+        x = (e + z.to(e.dtype))[None].requires_grad_(True)
+        with torch.enable_grad():
+            (g,) = torch.autograd.grad(one.score(one.hf(inputs_embeds=x)), x)
+        grads.append(g[0].double())
+    k, n, dim = len(grads), one.n, e.shape[1]
+    out = np.zeros(n)
+    for j in range(n):
+        values = []
+        for d in range(dim):
+            draws = [float(g[j, d]) for g in grads]
+            mean = sum(draws) / k
+            if nt_type == "smoothgrad":
+                v = mean
+            elif nt_type == "smoothgrad_sq":
+                v = sum(x * x for x in draws) / k
+            else:
+                v = sum((x - mean) ** 2 for x in draws) / k
+            values.append(v * float(e[j, d]) if multiply_by_inputs else v)
+        bare = nt_type == "smoothgrad" and not multiply_by_inputs
+        out[j] = math.sqrt(sum(v * v for v in values)) if bare else sum(values)
+    return out
+
+
+@pytest.mark.parametrize(("family", "task"), [("bert", "classification"), ("roberta", "masked_lm"), ("gpt2", "causal_lm"), ("llama", "classification")])
+@pytest.mark.parametrize(
+    ("nt_type", "multiply_by_inputs"), [("smoothgrad", False), ("smoothgrad", True), ("smoothgrad_sq", False), ("vargrad", False)]
+)
+def test_smoothgrad_equals_a_loop_over_the_same_noise(drawn_noise, family, task, nt_type, multiply_by_inputs):
+    model = cached_model(family, task)
+    options = {"n_samples": 4, "noise_level": 0.2, "seed": 3, "nt_type": nt_type, "multiply_by_inputs": multiply_by_inputs}
+    found, alone = explain(model, "smoothgrad", **options)
+    (noise,) = drawn_noise
+    assert noise.abs().max() > 0
+    expected = [smoothgrad_oracle(one, noise[b, :, : one.n], nt_type, multiply_by_inputs) for b, one in enumerate(alone)]
+    scale = max(float(np.abs(e).max()) for e in expected)
+    for expl, exp in zip(found, expected, strict=True):
+        assert_matches(expl.scores, exp, f"smoothgrad {nt_type} {model.name} {expl.text!r}", scale=scale)
+    # and the noise is no zero-noise special case: the scores differ from saliency
+    if nt_type == "smoothgrad" and not multiply_by_inputs:
+        plain = model.explain(texts_for(model)[0], "saliency").scores
+        assert np.abs(found[0].scores - plain).max() > 1e-3 * scale
+
+
+def test_smoothgrad_noise_follows_its_law(drawn_noise):
+    """Draws: N(0, sigma_b^2) with ``sigma_b = noise_level (max e_b - min e_b)`` over the real
+    tokens, none on padding, the same for a text whatever its batch, another seed other draws."""
+    model = cached_model("bert")
+    model.explain(TEXTS, "smoothgrad", n_samples=64, noise_level=0.15, seed=5)
+    model.explain(TEXTS[1], "smoothgrad", n_samples=64, noise_level=0.15, seed=5)
+    model.explain(TEXTS[1], "smoothgrad", n_samples=64, noise_level=0.15, seed=6)
+    batched, alone, other = drawn_noise
+    for b, text in enumerate(TEXTS):
+        one = Alone(model, text)
+        e = one.hf.get_input_embeddings()(one.ids)[0].detach().double()
+        sigma = 0.15 * float(e.max() - e.min())
+        real = batched[b, :, : one.n].double()
+        assert abs(float(real.std()) / sigma - 1) < 0.03 and abs(float(real.mean())) < 0.03 * sigma
+        assert not batched[b, :, one.n :].any()  # no noise on padding
+    n = Alone(model, TEXTS[1]).n
+    torch.testing.assert_close(alone[0, :, :n], batched[1, :, :n], rtol=0, atol=0)
+    assert not torch.equal(other[0, :, :n], alone[0, :, :n])
