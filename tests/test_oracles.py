@@ -62,7 +62,8 @@ class Alone:
 
     def __init__(self, model, text: str) -> None:
         self.hf, self.tok, self.task = model.hf_model, model.tokenizer, model.task
-        self.ids = self.tok(text, return_tensors="pt")["input_ids"]
+        enc = self.tok(text, return_tensors="pt", return_special_tokens_mask=True)
+        self.ids, self.special = enc["input_ids"], enc["special_tokens_mask"][0].bool().tolist()
         self.n = self.ids.shape[1]
         if self.task == "masked_lm":
             self.anchor = int((self.ids[0] == self.tok.mask_token_id).nonzero()[0, 0])
@@ -299,3 +300,97 @@ def test_smoothgrad_noise_follows_its_law(drawn_noise):
     n = Alone(model, TEXTS[1]).n
     torch.testing.assert_close(alone[0, :, :n], batched[1, :, :n], rtol=0, atol=0)
     assert not torch.equal(other[0, :, :n], alone[0, :, :n])
+
+
+# =========================================================================== RISE
+
+
+def fixed_masks(counts: list[int], n_masks: int, p_keep: float, seed: int) -> list[np.ndarray]:
+    """The test's own sampler: per example ``[n_masks, M_b]`` 0/1 keep-masks from numpy."""
+    rng = np.random.default_rng(seed)
+    return [(rng.random((n_masks, m)) < p_keep) for m in counts]
+
+
+def rise_oracle(one: Alone, keep: np.ndarray, p_keep: float, output: str) -> np.ndarray:
+    """Petsiuk et al. 2018 Eq. 6 over tokens, as a loop over the masks: ``S_j = 1/(S p)
+    sum_s f(x . m_s) m_s[j]`` with ``f`` the explained class's probability (or logit). Removed
+    tokens become [MASK] (encoders) or are deleted (decoders, which then read their last token;
+    nothing left: the one-token input BOS/pad); special tokens and a [MASK] being explained stay."""
+    ids = one.ids[0].tolist()
+    removable = [p for p in range(one.n) if not one.special[p] and not (one.task == "masked_lm" and p == one.anchor)]
+    assert keep.shape[1] == len(removable), "heedful and the oracle disagree on which tokens are removable"
+    scores = np.zeros(one.n)
+    for mask in keep:
+        dropped = {p for p, kept in zip(removable, mask, strict=True) if not kept}
+        if one.is_encoder:
+            new = [one.tok.mask_token_id if p in dropped else t for p, t in enumerate(ids)]
+            anchor = one.anchor
+        else:
+            new = [t for p, t in enumerate(ids) if p not in dropped]
+            if not new:
+                new = [one.tok.bos_token_id if one.tok.bos_token_id is not None else one.tok.pad_token_id]
+            anchor = len(new) - 1
+        with torch.no_grad():
+            out = one.hf(input_ids=torch.tensor([new]))
+        row = out.logits[0, anchor] if one.task in ("masked_lm", "causal_lm") else out.logits[0]
+        if output == "probability" and one.task != "regression":
+            row = torch.softmax(row.double(), dim=-1)
+        y = float(row[one.label])
+        for p, kept in zip(removable, mask, strict=True):
+            scores[p] += y * float(kept)
+    return scores / (len(keep) * p_keep)
+
+
+@pytest.mark.parametrize(
+    ("family", "task", "output"),
+    [
+        ("bert", "classification", "probability"),
+        ("bert", "regression", "probability"),
+        ("bert", "masked_lm", "probability"),
+        ("roberta", "classification", "logit"),
+        ("gpt2", "classification", "probability"),
+        ("gpt2", "causal_lm", "probability"),
+        ("llama", "causal_lm", "logit"),
+    ],
+)
+def test_rise_equals_a_loop_over_fixed_masks(monkeypatch, family, task, output):
+    from heedful.attribution import rise
+
+    n_masks, p_keep = 12, 0.4
+    given: list[np.ndarray] = []
+
+    def fixed(batch, features, n, p, seed):
+        given.extend(fixed_masks(features.counts.tolist(), n, p, seed=7))
+        keep = torch.zeros(len(batch), n, features.width, dtype=torch.bool)
+        for b, masks in enumerate(given):
+            keep[b, :, : masks.shape[1]] = torch.from_numpy(masks)
+        return keep
+
+    monkeypatch.setattr(rise, "draw_masks", fixed)
+    model = cached_model(family, task)
+    found, alone = explain(model, "rise", n_masks=n_masks, p_keep=p_keep, output=output)
+    expected = [rise_oracle(one, masks, p_keep, output) for one, masks in zip(alone, given, strict=True)]
+    scale = max(float(np.abs(e).max()) for e in expected)
+    for expl, exp in zip(found, expected, strict=True):
+        assert_matches(expl.scores, exp, f"rise {model.name} {expl.text!r}", scale=scale)
+
+
+def test_rise_draws_each_token_kept_with_probability_p_keep():
+    """The method's own sampler: keep rates near ``p_keep``, masks seeded per text (same in any
+    batch), another seed other masks."""
+    from heedful.attribution import rise
+    from heedful.attribution._masks import features_of
+
+    model = cached_model("bert")
+    problem = model.prepare(TEXTS)
+    features = features_of(problem.batch, problem.target)
+    keep = rise.draw_masks(problem.batch, features, 4000, 0.3, seed=1)
+    for b, m in enumerate(features.counts.tolist()):
+        assert abs(float(keep[b, :, :m].double().mean()) - 0.3) < 0.01
+        assert not keep[b, :, m:].any()
+    alone = model.prepare(TEXTS[1])
+    again = rise.draw_masks(alone.batch, features_of(alone.batch, alone.target), 4000, 0.3, seed=1)
+    m = int(features.counts[1])
+    assert torch.equal(again[0, :, :m], keep[1, :, :m])
+    other = rise.draw_masks(alone.batch, features_of(alone.batch, alone.target), 4000, 0.3, seed=2)
+    assert not torch.equal(other[0, :, :m], keep[1, :, :m])
