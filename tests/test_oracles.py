@@ -394,3 +394,63 @@ def test_rise_draws_each_token_kept_with_probability_p_keep():
     assert torch.equal(again[0, :, :m], keep[1, :, :m])
     other = rise.draw_masks(alone.batch, features_of(alone.batch, alone.target), 4000, 0.3, seed=2)
     assert not torch.equal(other[0, :, :m], keep[1, :, :m])
+
+
+# =========================================================================== LRP rollouts (BERT, float64)
+
+
+@pytest.fixture(scope="module")
+def bert64():
+    """The tiny BERT classifier / regressor in float64: the z-rule divides by products of
+    mixed-sign operands, which amplifies float32 rounding far past 1e-5 (see
+    test_relevance_rules.test_chefer_rules_match_explicit_bert_relprop)."""
+    from tiny import tiny_model
+
+    models = {}
+    for task in ("classification", "regression"):
+        model = tiny_model("bert", task, initializer_range=0.2)
+        model.hf_model.double()
+        models[task] = model
+    return models
+
+
+def relprop_maps(one: Alone, renormalise: bool) -> list[torch.Tensor]:
+    """``R_A`` ``[H, n, n]`` per layer by Chefer et al.'s BERT relprop written out layer by layer
+    (tests/test_relevance_rules.py, methods spec 1.1): renormalised additions for Chefer's rules,
+    plain z-rule additions for the original LRP of PartialLRP."""
+    from test_relevance_rules import _bert_relprop
+
+    _, maps = _bert_relprop(one.hf, one.ids, one.label, renormalise)
+    return [m[0].double() for m in maps]
+
+
+def chefer_oracle(one: Alone) -> np.ndarray:
+    """Chefer et al. 2021a Eq. 13-14: ``Abar_l = E_h[(grad A_l . R_A_l)^+]``, ``M_l = norm_rows(Abar_l
+    + I)``, ``C = M_L ... M_1``; the anchor row of ``C``, self-entry 0."""
+    _, g, _, _ = one.attention_gradients()
+    maps, n = relprop_maps(one, renormalise=True), one.n
+    joint = None
+    for grad, rel in zip(g, maps, strict=True):
+        heads = rel.shape[0]
+        m = [[sum(max(0.0, float(grad[h, i, j] * rel[h, i, j])) for h in range(heads)) / heads + (i == j) for j in range(n)] for i in range(n)]
+        m = [[v / sum(row) for v in row] for row in m]
+        joint = m if joint is None else [[sum(m[i][k] * joint[k][j] for k in range(n)) for j in range(n)] for i in range(n)]
+    row = list(joint[one.anchor])
+    row[one.anchor] = 0.0
+    return np.array(row)
+
+
+def partial_lrp_oracle(one: Alone) -> np.ndarray:
+    """Voita et al. 2019 as PartialLRP in Chefer et al. 2021a (generate_LRP_last_layer):
+    ``E_h[(R_A_L)^+]`` of the last layer under the original LRP rules, anchor row, self-entry 0."""
+    rel, n = relprop_maps(one, renormalise=False)[-1], one.n
+    heads = rel.shape[0]
+    row = [sum(max(0.0, float(rel[h, one.anchor, j])) for h in range(heads)) / heads for j in range(n)]
+    row[one.anchor] = 0.0
+    return np.array(row)
+
+
+@pytest.mark.parametrize("task", ["classification", "regression"])
+@pytest.mark.parametrize(("method", "oracle"), [("chefer", chefer_oracle), ("partial_lrp", partial_lrp_oracle)])
+def test_lrp_rollouts_equal_explicit_relprop_and_plain_loops(bert64, method, oracle, task):
+    check_each(bert64[task], method, oracle)
