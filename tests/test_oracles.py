@@ -5,8 +5,9 @@ the raw transformers model, gradients come from ``torch.autograd`` on that model
 (``output_attentions`` / ``output_hidden_states``), and the equations are written as explicit
 Python loops over layers, heads and positions. heedful runs the same texts as one padded batch,
 so padding, anchors and target resolution are checked on the way. ``ORACLES`` names, for every
-registered method, the tests that check it independently; a test below fails when a method has
-none.
+registered method, the tests that check it independently (a peer library, a plain-loop
+computation of its equations, or a property its paper proves); a test below fails when a
+method has none.
 """
 
 from __future__ import annotations
@@ -454,3 +455,114 @@ def partial_lrp_oracle(one: Alone) -> np.ndarray:
 @pytest.mark.parametrize(("method", "oracle"), [("chefer", chefer_oracle), ("partial_lrp", partial_lrp_oracle)])
 def test_lrp_rollouts_equal_explicit_relprop_and_plain_loops(bert64, method, oracle, task):
     check_each(bert64[task], method, oracle)
+
+
+# =========================================================================== random
+
+
+def test_random_scores_are_uniform_and_seeded_per_text():
+    """The random baseline's law: U[0, 1) on every real token, the same for a text in any batch."""
+    from scipy.stats import kstest
+    from tiny import CORPUS
+
+    model = cached_model("bert")
+    texts = sorted(set(CORPUS))
+    found = model.explain(texts, "random", seed=4)
+    pooled = np.concatenate([e.scores for e in found])
+    assert ((pooled >= 0) & (pooled < 1)).all() and kstest(pooled, "uniform").pvalue > 1e-3
+    assert np.array_equal(model.explain(texts[3], "random", seed=4).scores, found[3].scores)
+    assert not np.array_equal(model.explain(texts[3], "random", seed=5).scores, found[3].scores)
+
+
+# =========================================================================== every method has one
+
+ORACLES: dict[str, tuple[str, ...]] = {
+    # vector methods: the papers' equations layer by layer / a direct computation
+    "alti": ("test_decomposition_methods.py::test_alti_equals_the_papers_equations_layer_by_layer",),
+    "alti_logit": ("test_decomposition_methods.py::test_alti_logit_equals_the_reference_algorithm",),
+    "decompx": (
+        "test_decomposition_methods.py::test_decompx_equals_the_reference_algorithm_on_bert",
+        "test_decomposition_methods.py::test_decompx_scores_sum_to_every_logit_of_every_family_and_head",
+    ),
+    "embedding_norm": ("test_vector_methods.py::test_logat_and_embedding_norm",),
+    "globenc": ("test_decomposition_methods.py::test_globenc_equals_the_papers_equations_layer_by_layer",),
+    "logat": ("test_vector_methods.py::test_logat_and_embedding_norm",),
+    "normxlogit": ("test_vector_methods.py::test_normxlogit_equals_direct_head_computation",),
+    "value_zeroing": ("test_decomposition_methods.py::test_value_zeroing_equals_zeroing_one_token_at_a_time",),
+    # gradients: Captum, completeness, a loop over the same noise
+    "grad_x_input": ("test_gradient_methods.py::test_saliency_and_grad_x_input_equal_captum",),
+    "saliency": ("test_gradient_methods.py::test_saliency_and_grad_x_input_equal_captum",),
+    "integrated_gradients": (
+        "test_gradient_methods.py::test_integrated_gradients_equal_captum",
+        "test_gradient_methods.py::test_integrated_gradients_completeness",
+    ),
+    "smoothgrad": ("test_oracles.py::test_smoothgrad_equals_a_loop_over_the_same_noise",),
+    # attention
+    "raw_attention": ("test_attention_methods.py::test_raw_attention_is_the_anchor_row_of_the_last_layer",),
+    "rollout": ("test_attention_methods.py::test_rollout_equals_a_direct_loop",),
+    "gae": ("test_oracles.py::test_attention_gradient_methods_equal_their_plain_loops",),
+    "grad_sam": ("test_oracles.py::test_attention_gradient_methods_equal_their_plain_loops",),
+    "attcat": ("test_oracles.py::test_attention_gradient_methods_equal_their_plain_loops",),
+    "cam": ("test_oracles.py::test_attention_gradient_methods_equal_their_plain_loops",),
+    "attention_gradcam": ("test_oracles.py::test_attention_gradient_methods_equal_their_plain_loops",),
+    # relevance propagation: an explicit relprop, lxt, conservation
+    "chefer": ("test_oracles.py::test_lrp_rollouts_equal_explicit_relprop_and_plain_loops",),
+    "partial_lrp": ("test_oracles.py::test_lrp_rollouts_equal_explicit_relprop_and_plain_loops",),
+    "lrp": (
+        "test_relevance_rules.py::test_chefer_rules_match_explicit_bert_relprop",
+        "test_relevance_methods.py::test_lrp_conserves_the_seed_and_contrasts_sum_to_zero",
+    ),
+    "attnlrp": ("test_relevance_rules.py::test_attnlrp_matches_lxt",),
+    "mask_lrp": (
+        "test_relevance_rules.py::test_literal_mask_lrp_matches_explicit_masked_bert_relprop",
+        "test_relevance_methods.py::test_literal_mask_lrp_rollout_against_a_plain_loop_over_eq_10_11",
+        "test_relevance_rules.py::test_literal_mask_lrp_conserves_relevance_through_every_block",
+    ),
+    # perturbation
+    "coperturbation": (
+        "test_coperturbation.py::test_paper_objective_equals_a_hand_computation_of_eq_9",
+        "test_coperturbation.py::test_optimum_of_the_normalised_objective_is_found",
+    ),
+    "guan2019": ("test_coperturbation.py::test_guan2019_is_the_same_optimiser_with_reference_settings",),
+    "individual_perturbation": ("test_perturbation_tdd.py::test_individual_perturbation_noises_one_token_at_a_time",),
+    "kernel_shap": (
+        "test_perturbation_surrogate.py::test_kernel_shap_matches_captum_on_the_same_samples",
+        "test_perturbation_surrogate.py::test_kernel_shap_is_nearly_efficient_and_near_exact_shapley",
+    ),
+    "leave_one_out": ("test_gradient_methods.py::test_leave_one_out_equals_captum_feature_ablation",),
+    "lime": ("test_perturbation_surrogate.py::test_lime_matches_captum_on_the_same_samples",),
+    "rise": ("test_oracles.py::test_rise_equals_a_loop_over_fixed_masks",),
+    "tdd": ("test_perturbation_tdd.py::test_tdd_matches_the_reference_on_gpt2",),
+    # context
+    "context_cite": ("test_context.py::test_context_cite_with_every_mask_equals_an_exact_least_squares_fit",),
+    "hierarchical": ("test_context.py::test_hierarchical_refines_only_the_top_sources_with_token_leave_one_out",),
+    "source_loo": ("test_context.py::test_source_loo_with_and_without_the_cache_equals_removing_each_source_by_hand",),
+    # baseline
+    "random": ("test_oracles.py::test_random_scores_are_uniform_and_seeded_per_text",),
+}
+"""Method name -> the tests (``file::function``, in tests/) that check it independently."""
+
+
+def _default_suite_tests(path: Path) -> set[str]:
+    """The test functions of a test file that run in the default suite (not marked slow/skip)."""
+    tree = ast.parse(path.read_text())
+    found = set()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
+            marks = {ast.unparse(d) for d in node.decorator_list}
+            if not any("mark.slow" in m or "mark.skip" in m for m in marks):
+                found.add(node.name)
+    return found
+
+
+def test_every_registered_method_has_an_oracle_test():
+    registered = {info.name for info in heedful.methods()}
+    assert set(ORACLES) == registered, (
+        f"methods without an oracle: {sorted(registered - set(ORACLES))}; not registered: {sorted(set(ORACLES) - registered)}"
+    )
+    tests = Path(__file__).parent
+    for method, names in ORACLES.items():
+        assert names, f"{method} names no oracle test"
+        for name in names:
+            file, function = name.split("::")
+            assert function in _default_suite_tests(tests / file), f"{method}: {name} is not a default-suite test"
