@@ -397,30 +397,37 @@ def test_rise_draws_each_token_kept_with_probability_p_keep():
     assert not torch.equal(other[0, :, :m], keep[1, :, :m])
 
 
-# =========================================================================== LRP rollouts (BERT, float64)
+# =========================================================================== LRP rollouts (BERT, GPT-2; float64)
 
 
 @pytest.fixture(scope="module")
-def bert64():
-    """The tiny BERT classifier / regressor in float64: the z-rule divides by products of
+def float64():
+    """``float64(family, task)``: the tiny model in float64: the z-rule divides by products of
     mixed-sign operands, which amplifies float32 rounding far past 1e-5 (see
     test_relevance_rules.test_chefer_rules_match_explicit_bert_relprop)."""
     from tiny import tiny_model
 
     models = {}
-    for task in ("classification", "regression"):
-        model = tiny_model("bert", task, initializer_range=0.2)
-        model.hf_model.double()
-        models[task] = model
-    return models
+
+    def get(family: str, task: str):
+        if (family, task) not in models:
+            model = tiny_model(family, task, initializer_range=0.2)
+            model.hf_model.double()
+            models[family, task] = model
+        return models[family, task]
+
+    return get
 
 
 def relprop_maps(one: Alone, renormalise: bool) -> list[torch.Tensor]:
-    """``R_A`` ``[H, n, n]`` per layer by Chefer et al.'s BERT relprop written out layer by layer
-    (tests/test_relevance_rules.py, methods spec 1.1): renormalised additions for Chefer's rules,
-    plain z-rule additions for the original LRP of PartialLRP."""
+    """``R_A`` ``[H, n, n]`` per layer by Chefer et al.'s relprop written out layer by layer
+    (BERT: tests/test_relevance_rules.py; GPT-2: :func:`gpt2_relprop_maps`; methods spec 1.1):
+    renormalised additions for Chefer's rules, plain z-rule additions for the original LRP of
+    PartialLRP."""
     from test_relevance_rules import _bert_relprop
 
+    if one.hf.config.model_type == "gpt2":
+        return [m.double() for m in gpt2_relprop_maps(one.hf, one.ids, one.label, renormalise)]
     _, maps = _bert_relprop(one.hf, one.ids, one.label, renormalise)
     return [m[0].double() for m in maps]
 
@@ -451,10 +458,10 @@ def partial_lrp_oracle(one: Alone) -> np.ndarray:
     return np.array(row)
 
 
-@pytest.mark.parametrize("task", ["classification", "regression"])
+@pytest.mark.parametrize(("family", "task"), [("bert", "classification"), ("bert", "regression"), ("gpt2", "classification")])
 @pytest.mark.parametrize(("method", "oracle"), [("chefer", chefer_oracle), ("partial_lrp", partial_lrp_oracle)])
-def test_lrp_rollouts_equal_explicit_relprop_and_plain_loops(bert64, method, oracle, task):
-    check_each(bert64[task], method, oracle)
+def test_lrp_rollouts_equal_explicit_relprop_and_plain_loops(float64, method, oracle, family, task):
+    check_each(float64(family, task), method, oracle)
 
 
 # =========================================================================== random
@@ -566,3 +573,54 @@ def test_every_registered_method_has_an_oracle_test():
         for name in names:
             file, function = name.split("::")
             assert function in _default_suite_tests(tests / file), f"{method}: {name} is not a default-suite test"
+
+
+@torch.no_grad()
+def gpt2_relprop_maps(hf, ids: torch.Tensor, label: int, renormalise: bool) -> list[torch.Tensor]:
+    """``R_A`` ``[H, n, n]`` per layer by the rules of Chefer et al.'s relprop (methods spec 1.1)
+    written out for a GPT-2 classifier: pre-LN blocks, Conv1D linears (alpha=1, beta=0 on each of
+    Q, K, V's columns of ``c_attn``), LayerNorm / GELU / causal softmax as identity, halved z-rule
+    products, z-rule (renormalised for Chefer's rules) residual additions, the relevance starting
+    at the last token's ``score`` row."""
+    from test_relevance_rules import _add, _halves, _lin
+
+    tr, n = hf.transformer, ids.shape[1]
+    dim, heads = hf.config.n_embd, hf.config.n_head
+    d = dim // heads
+    split = lambda t: t.view(1, n, heads, d).transpose(1, 2)  # noqa: E731
+    merge = lambda t: t.transpose(1, 2).reshape(1, n, dim)  # noqa: E731
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    h = tr.wte(ids) + tr.wpe(torch.arange(n))[None]
+    saved = []
+    for blk in tr.h:
+        x = blk.ln_1(h)
+        q, k, v = (split(t) for t in blk.attn.c_attn(x).split(dim, dim=-1))
+        logits = (q @ k.transpose(-1, -2) / math.sqrt(d)).masked_fill(~causal, float("-inf"))
+        probs = torch.softmax(logits, dim=-1)
+        ctx = merge(probs @ v)
+        a = blk.attn.c_proj(ctx)
+        h1 = h + a
+        y = blk.ln_2(h1)
+        f = blk.mlp.act(blk.mlp.c_fc(y))
+        m = blk.mlp.c_proj(f)
+        saved.append((h, x, q, k, v, probs, ctx, a, h1, y, f, m))
+        h = h1 + m
+    last = tr.ln_f(h)[:, n - 1]
+    rel = torch.zeros(1, hf.config.num_labels, dtype=h.dtype)
+    rel[0, label] = 1.0
+    rel_h = torch.zeros_like(h)
+    rel_h[:, n - 1] = _lin(rel, last, hf.score.weight)
+    maps = []
+    for index in reversed(range(len(saved))):
+        blk, (h, x, q, k, v, probs, ctx, a, h1, y, f, m) = tr.h[index], saved[index]
+        rel_m, rel_h1 = _add(rel_h, m, h1, renormalise)
+        rel_h1 = rel_h1 + _lin(_lin(rel_m, f, blk.mlp.c_proj.weight.T), y, blk.mlp.c_fc.weight.T)
+        rel_a, rel_res = _add(rel_h1, a, h, renormalise)
+        rel_ctx = split(_lin(rel_a, ctx, blk.attn.c_proj.weight.T))
+        rel_probs, rel_v = _halves(rel_ctx, probs, v)
+        maps.insert(0, rel_probs[0])
+        rel_q, rel_kt = _halves(rel_probs, q, k.transpose(-1, -2))
+        w = blk.attn.c_attn.weight  # [D, 3D]: Q, K, V columns
+        parts = (rel_q, rel_kt.transpose(-1, -2), rel_v)
+        rel_h = rel_res + sum(_lin(merge(r), x, w[:, i * dim : (i + 1) * dim].T) for i, r in enumerate(parts))
+    return maps
