@@ -11,6 +11,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==2.13.0
 	$(BIN)/python -m pip install --quiet -e ".[test,serve]"
+	# lxt (AttnLRP's reference, tests/test_relevance_rules.py) without its requirements:
+	# bitsandbytes / open_clip_torch / torchvision would replace the pinned torch
+	$(BIN)/python -m pip install --quiet --no-deps lxt==2.1
 	touch $(STAMP)
 
 demo: $(STAMP)  ## set up, build the default model on first use, explain a sentence

@@ -181,23 +181,6 @@ def test_sampling_methods_are_seeded_batch_invariant_and_zero_on_specials(tiny, 
             assert e.scores[e.target.anchor] == 0
 
 
-def test_rise_equals_its_definition(tiny):
-    model = tiny("bert")
-    problem, adapter, batch, target = _setup(model, TEXTS)
-    from heedful.attribution.rise import rise
-
-    scores = rise(problem, n_masks=30, p_keep=0.4, seed=0)
-    features = features_of(batch, target)
-    gens = example_generators(batch, 0)
-    keep = torch.zeros(2, 30, features.width, dtype=torch.bool)
-    for b, m in enumerate(features.counts.tolist()):
-        keep[b, :, :m] = torch.rand((30, m), generator=gens[b]) < 0.4
-    y = score_samples(problem, features, keep)
-    for b, m in enumerate(features.counts.tolist()):
-        expected = (y[b, :, None] * keep[b, :, :m]).sum(dim=0) / (30 * 0.4)
-        assert torch.allclose(scores[b, features.positions[b, :m]], expected, atol=1e-6)
-
-
 def test_bad_options_raise_input_errors(tiny):
     import heedful
 

@@ -6,13 +6,23 @@ from typing import Annotated
 
 import torch
 
-from heedful.attribution._masks import features_of, score_samples, to_tokens
+from heedful.attribution._masks import Features, features_of, score_samples, to_tokens
 from heedful.attribution.perturbation import Output
+from heedful.batch import Batch
 from heedful.options import AT_LEAST_ONE, OPEN_UNIT, RUNTIME
 from heedful.perturb import Removal
 from heedful.problem import Problem
 from heedful.registry import register
 from heedful.seeding import example_generators
+
+
+def draw_masks(batch: Batch, features: Features, n_masks: int, p_keep: float, seed: int | None) -> torch.Tensor:
+    """RISE's keep-masks ``[B, n_masks, M]`` (bool): each of example ``b``'s ``M_b`` features kept
+    with probability ``p_keep``, from the example's own generator; ``False`` past ``M_b``."""
+    keep = torch.zeros(len(batch), n_masks, features.width, dtype=torch.bool)
+    for b, (g, m) in enumerate(zip(example_generators(batch, seed), features.counts.tolist(), strict=True)):
+        keep[b, :, :m] = torch.rand((n_masks, m), generator=g) < p_keep
+    return keep
 
 
 @register("rise", family="perturbation", cost="n_masks forwards (batched)")
@@ -41,9 +51,7 @@ def rise(
     """
     batch = problem.batch
     features = features_of(batch, problem.target)
-    keep = torch.zeros(len(batch), int(n_masks), features.width, dtype=torch.bool)
-    for b, (g, m) in enumerate(zip(example_generators(batch, seed), features.counts.tolist(), strict=True)):
-        keep[b, :, :m] = torch.rand((int(n_masks), m), generator=g) < p_keep
+    keep = draw_masks(batch, features, int(n_masks), p_keep, seed)
     y = score_samples(problem, features, keep, removal, output, internal_batch_size)
     importance = torch.einsum("bs,bsm->bm", y.double(), keep.double()) / (int(n_masks) * p_keep)
     return to_tokens(features, importance.float(), batch.seq_len)
