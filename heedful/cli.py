@@ -22,6 +22,7 @@ from heedful.commands import heads as heads_command
 from heedful.commands import interest as interest_command
 from heedful.commands import rectify as rectify_command
 from heedful.commands import reproduce as reproduce_command
+from heedful.commands import serve as serve_command
 from heedful.commands import steer as steer_command
 from heedful.commands.console import err, load_model, out, progress
 from heedful.commands.options import options
@@ -323,6 +324,7 @@ app.command("heads")(heads_command.heads)
 app.command("reproduce")(reproduce_command.reproduce)
 app.command("rectify")(rectify_command.rectify)
 app.command("steer")(steer_command.steer)
+app.command("serve")(serve_command.serve)
 
 
 def main() -> None:

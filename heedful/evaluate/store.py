@@ -518,6 +518,26 @@ class ResultsStore:
             return None
         return dict(zip(("examples", "seconds", "forward", "backward", "peak_mb"), row, strict=True))
 
+    def run_keys(self) -> list[tuple[RunKey, float]]:
+        """Every run key the store has rows of, with when it was first written (oldest first)."""
+        rows = self.db.execute(
+            "SELECT model, dataset, split, method, options, given, version, setting, model_parts, dataset_fingerprint, created"
+            " FROM runs ORDER BY created"
+        ).fetchall()
+        return [(self._key(row[:-1]), float(row[-1])) for row in rows]
+
+    def metric_counts(self, key: RunKey) -> list[tuple[str, str, int]]:
+        """``(metric, protocol_hash, examples)`` of every metric stored under ``key``."""
+        return self.db.execute(
+            "SELECT metric, protocol_hash, COUNT(*) FROM metrics WHERE run=? GROUP BY metric, protocol_hash ORDER BY metric",
+            (key.digest,),
+        ).fetchall()
+
+    def protocol(self, protocol_hash: str) -> tuple[str, dict] | None:
+        """The name and fields stored for ``protocol_hash`` (``None`` when not stored)."""
+        row = self.db.execute("SELECT name, fields FROM protocols WHERE protocol_hash=?", (protocol_hash,)).fetchone()
+        return None if row is None else (row[0], json.loads(row[1]))
+
     def put_protocol(self, protocol_hash: str, name: str, fields: dict) -> None:
         with self.db:
             self.db.execute("INSERT OR REPLACE INTO protocols VALUES (?,?,?)", (protocol_hash, name, _json(fields)))

@@ -1,0 +1,64 @@
+"""``heedful serve``: the local web page and JSON API (:mod:`heedful.serve`) on uvicorn.
+
+Registered in :mod:`heedful.cli`. FastAPI and uvicorn are the optional ``serve`` extra.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from heedful.commands.console import err, out
+from heedful.errors import HeedfulError
+
+LOOPBACK_NAMES = ["127.0.0.1", "localhost", "[::1]"]
+
+
+def serve(
+    model: Annotated[list[str] | None, typer.Option("--model", "-m", help="Model to load at start (repeat; the first is the default). Other zoo models load on request.")] = None,
+    host: Annotated[str, typer.Option("--host", help="Address to bind; anything but loopback lets other machines in.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="Port to listen on.")] = 8765,
+    store: Annotated[Path | None, typer.Option("--store", help="A `heedful bench --out` folder whose runs the page browses.")] = None,
+    device: Annotated[str | None, typer.Option("--device", help="Where the models run: cpu, cuda, cuda:1, mps.")] = None,
+    max_chars: Annotated[int, typer.Option("--max-chars", help="Longest text or prompt, in characters.")] = 2000,
+    max_methods: Annotated[int, typer.Option("--max-methods", help="Most methods per request.")] = 6,
+    max_n_steps: Annotated[int, typer.Option("--max-n-steps", help="Largest n_steps / max_steps.")] = 64,
+    max_n_samples: Annotated[int, typer.Option("--max-n-samples", help="Largest n_samples / n_masks / n_ablations / samples.")] = 512,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Most generated tokens per request.")] = 32,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds a request may take, waiting included.")] = 120.0,
+    queue_size: Annotated[int, typer.Option("--queue-size", help="Requests waiting behind the running one (more: HTTP 429).")] = 8,
+) -> None:
+    """Serve a web page to explain, compare and evaluate texts, and its JSON API (docs at
+    /docs), at http://HOST:PORT. One worker computes the requests in order, each model in
+    memory once; requests beyond the limits are refused with the CLI's messages."""
+    missing = [name for name in ("fastapi", "uvicorn") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise HeedfulError(f'heedful serve needs {" and ".join(missing)}: pip install "heedful[serve]"')
+    import uvicorn
+
+    from heedful.serve import ServeSettings, create_app
+    from heedful.serve.settings import LOOPBACK
+
+    loopback = host in LOOPBACK
+    if not loopback:
+        err.print(
+            f"[yellow]warning:[/] serving on {host}: anyone who can reach port {port} of this machine can run "
+            "the models and read the results store (there is no authentication)"
+        )
+    settings = ServeSettings(
+        **({} if not model else {"models": list(model)}),
+        store=store, max_chars=max_chars, max_methods=max_methods, max_n_steps=max_n_steps,
+        max_n_samples=max_n_samples, max_new_tokens=max_new_tokens, timeout_s=timeout, queue_size=queue_size,
+        device=device, allowed_hosts=LOOPBACK_NAMES if loopback else None,
+    )
+    app = create_app(settings)
+    server = app.state.server
+    for name in settings.models:  # before the first request, so it does not wait for them
+        with err.status(f"loading {name} …"):
+            server.worker.watch(server.catalog.get(name))
+    shown = f"[{host}]" if ":" in host else host
+    out.print(f"heedful serve: http://{shown}:{port}  (API docs: /docs; stop with Ctrl+C)")
+    uvicorn.run(app, host=host, port=port, log_level="warning")

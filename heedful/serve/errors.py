@@ -1,0 +1,44 @@
+"""Errors the API answers with: an HTTP status and heedful's one-line message and hint."""
+
+from __future__ import annotations
+
+from heedful.errors import HeedfulError, MethodError
+
+
+class ApiError(HeedfulError):
+    """A request the server refuses: ``status`` (4xx) with ``{"error": message, "hint": hint}``."""
+
+    def __init__(self, status: int, message: str, hint: str | None = None) -> None:
+        super().__init__(message, hint)
+        self.status = status
+
+    def payload(self) -> dict[str, str | None]:
+        return {"error": self.message, "hint": self.hint}
+
+
+def as_api_error(exc: HeedfulError) -> ApiError:
+    """A library error as the API's: an unknown method is 404, any other bad input 422."""
+    if isinstance(exc, ApiError):
+        return exc
+    status = 404 if isinstance(exc, MethodError) and exc.message.startswith("unknown method") else 422
+    return ApiError(status, exc.message, exc.hint)
+
+
+def too_long(what: str, length: int, limit: int, flag: str) -> ApiError:
+    return ApiError(413, f"{what} is {length} characters, above this server's limit of {limit}", f"shorten it, or start heedful serve with {flag}")
+
+
+def busy(waiting: int) -> ApiError:
+    return ApiError(
+        429,
+        f"the server is busy: {waiting} request(s) are already waiting",
+        "try again in a moment (requests are computed one at a time, in order)",
+    )
+
+
+def timed_out(seconds: float) -> ApiError:
+    return ApiError(
+        504,
+        f"the request took longer than this server's limit of {seconds:g} s",
+        "use fewer methods or smaller n_steps / n_samples, or start heedful serve with a larger --timeout",
+    )
