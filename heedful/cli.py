@@ -335,9 +335,9 @@ def main() -> None:
             app()
         except HeedfulError as exc:
             _flush_warnings(caught)
-            err.print(f"[bold red]error:[/] {exc.message}")
+            err.print(f"[bold red]error:[/] {escape(exc.message)}")  # messages are text, not markup
             if exc.hint:
-                err.print(f"[dim]hint:[/] {exc.hint}")
+                err.print(f"[dim]hint:[/] {escape(exc.hint)}")
             raise SystemExit(2) from None
         except KeyboardInterrupt:
             err.print("[yellow]interrupted[/]")
