@@ -273,6 +273,7 @@
     input.dataset.option = option.name;
     input.dataset.type = option.choices && option.choices.length ? 'choice' : option.type;
     input.dataset.default = JSON.stringify(option.default);
+    input.dataset.nullable = String(!!option.nullable || option.default === null);
     const range = [option.min !== null && option.min !== undefined ? `≥ ${option.min}` : '',
       option.max !== null && option.max !== undefined ? `≤ ${option.max}` : ''].filter(Boolean).join(', ');
     const label = el('label', { for: id, text: option.name, title: range ? `${option.type} ${range}` : option.type });
@@ -324,7 +325,7 @@
     const type = input.dataset.type;
     if (type === 'choice') return JSON.parse(input.value);
     if (type === 'bool') return input.checked;
-    if (input.value === '') return null;
+    if (input.value === '') return input.dataset.nullable === 'true' ? null : JSON.parse(input.dataset.default);
     if (type === 'int') return Number.parseInt(input.value, 10);
     if (type === 'float') return Number.parseFloat(input.value);
     return input.value;
@@ -453,10 +454,13 @@
       'Model ', el('b', { text: answer.model }),
       ' · explaining ', el('b', { text: target.label ?? 'the prediction' }),
     );
-    if (prediction.label !== undefined) {
+    if (prediction.label !== undefined && prediction.label !== null) {
       summary.append(' · predicted ', el('b', { text: prediction.label }),
-        prediction.probability !== undefined ? ` (p = ${fmt(prediction.probability, 2)})` : '');
+        prediction.probability !== undefined && prediction.probability !== null ? ` (p = ${fmt(prediction.probability, 2)})` : '');
+    } else if (prediction.value !== undefined && prediction.value !== null) {
+      summary.append(' · value ', el('b', { text: fmt(prediction.value, 3) }));
     }
+    if (answer.truncated) summary.append(' · the text was truncated to the model\'s length');
     summary.append(` · ${answer.tokens.length} tokens, ${answer.words.length} words`);
 
     const grid = $('heatmaps');
@@ -494,18 +498,21 @@
     const body = $('metrics').querySelector('tbody');
     body.replaceChildren(...answer.methods.map((m, i) => el('tr', { 'data-method': m.name }, [
       el('th', { scope: 'row' }, [el('span', { class: 'swatch', style: `background:${methodColor(i)}` }), m.name]),
-      el('td', { class: 'aopc', text: fmt(m.aopc, 4) }),
+      el('td', { class: 'aopc', text: fmt(m.aopc, 4), title: m.curve_note || undefined }),
       el('td', { class: 'sufficiency', text: fmt(m.sufficiency, 4) }),
       el('td', { text: fmt(m.seconds, 3) }),
       el('td', { text: (m.cost || {}).forward ?? '–' }),
       el('td', { text: (m.cost || {}).backward ?? '–' }),
     ])));
 
+    const notes = answer.methods.filter((m) => m.curve_note).map((m) => `${m.name}: ${m.curve_note}`);
+    $('metrics-note').textContent = notes.join(' · ');
+    $('metrics-note').hidden = !notes.length;
     const series = answer.methods.map((m, i) => m.curve && {
       name: m.name, color: methodColor(i), x: m.curve.fraction, y: m.curve.value,
     }).filter(Boolean);
     $('curve-card').hidden = !series.length;
-    if (series.length) plot($('curve-plot'), series, 'fraction of tokens deleted', `output for ${target.label ?? 'the prediction'}`);
+    if (series.length) plot($('curve-plot'), series, 'fraction of tokens deleted', `probability of ${target.label ?? 'the prediction'}`);
 
     renderAgreement(answer);
     $('results').hidden = false;
