@@ -306,7 +306,9 @@ def test_a_full_queue_answers_429(models, waiting):
             time.sleep(0.01)
         second = client.post("/api/jobs", json=body)
         assert second.status_code == 202  # waits behind the first
-        busy = error_of(client.post("/api/jobs", json=body), 429)
+        refused = client.post("/api/jobs", json=body)
+        busy = error_of(refused, 429)
+        assert refused.headers["retry-after"] == "1"
         assert busy["error"] == "the server is busy: 1 request(s) are already waiting"
         error_of(client.post("/api/explain", json=body["request"]), 429)
         waiting.set()

@@ -32,6 +32,8 @@ from heedful.serve.settings import ServeSettings
 from heedful.serve.work import Job, Worker
 from heedful.version import __version__
 
+RETRY_AFTER_S = 1
+"""Seconds a client is asked to wait after a 429 (the ``Retry-After`` header)."""
 STATIC = Path(str(resources.files("heedful.serve") / "static"))
 """The page's files, shipped with the package."""
 
@@ -219,7 +221,8 @@ def create_app(settings: ServeSettings | None = None, preloaded: Mapping[str, Mo
 def _errors(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse(exc.payload(), status_code=exc.status)
+        headers = {"Retry-After": str(RETRY_AFTER_S)} if exc.status == 429 else None
+        return JSONResponse(exc.payload(), status_code=exc.status, headers=headers)
 
     @app.exception_handler(HeedfulError)
     async def heedful_error(request: Request, exc: HeedfulError) -> JSONResponse:
