@@ -547,8 +547,9 @@
     const raw = (hi - lo) / count;
     const mag = 10 ** Math.floor(Math.log10(raw));
     const step = [1, 2, 5, 10].map((s) => s * mag).find((s) => s >= raw) || raw;
+    const decimals = Math.max(0, -Math.floor(Math.log10(step)));
     const ticks = [];
-    for (let v = Math.ceil(lo / step) * step; v <= hi + step * 1e-9; v += step) ticks.push(Number(v.toPrecision(12)));
+    for (let k = Math.ceil(lo / step - 1e-9); k * step <= hi + step * 1e-9; k += 1) ticks.push(Number((k * step).toFixed(decimals)));
     return { ticks, lo: Math.min(lo, ticks[0]), hi: Math.max(hi, ticks[ticks.length - 1]) };
   }
 
@@ -682,7 +683,8 @@
       $('run-title').textContent = `Run ${id}`;
       renderRunTable(run.table || []);
       const curves = Object.entries(run.curves || {}).map(([name, c], i) => ({ name, color: methodColor(i), x: c.fraction, y: c.value }));
-      if (curves.length) plot($('run-curves'), curves, 'fraction of tokens deleted', 'mean output');
+      $('run-curves-title').textContent = `Mean ${run.curve_metric || 'deletion'} curves over the run's examples`;
+      if (curves.length) plot($('run-curves'), curves, 'fraction of tokens', `${run.curve_metric || 'output'} (mean)`);
       else $('run-curves').replaceChildren(el('p', { class: 'note', text: 'this run stored no curves' }));
       $('run').hidden = false;
       writeHash();
