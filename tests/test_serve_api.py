@@ -419,3 +419,18 @@ def test_serve_without_fastapi_exits_2_naming_the_extra(monkeypatch, capsys):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "fastapi" else real(name, *a))
     code, _, err = run_cli(monkeypatch, capsys, "serve")
     assert code == 2 and err.strip().splitlines() == ['error: heedful serve needs fastapi: pip install "heedful[serve]"']
+
+
+@pytest.mark.slow
+def test_the_documented_example_runs():
+    """docs/serve.md's Python example, as written, on the zoo's default model."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "serve.md").read_text(encoding="utf-8")
+    (block,) = re.findall(r"```python\n(.*?)```", text, re.S)
+    done = subprocess.run([sys.executable, "-c", block], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "integrated_gradients   AOPC" in done.stdout and "422 {'error': 'no text given'" in done.stdout

@@ -113,7 +113,7 @@ def faithfulness(model: Model, expl: Explanation) -> dict[str, Any]:
     try:
         results = evaluate(model, [expl], list(CURVE_METRICS))
     except HeedfulError as exc:
-        return {"curve": None, "aopc": None, "sufficiency": None, "note": exc.message}
+        return {"curve": None, "aopc": None, "sufficiency": None, "note": f"no deletion curve for this target ({exc.message})"}
     deletion = results["deletion"]
     curve = None
     if deletion.per_example.curves is not None and deletion.x is not None:
