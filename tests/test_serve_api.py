@@ -326,6 +326,25 @@ def test_a_request_past_the_timeout_answers_504_and_stops(models, waiting):
         assert explain(client, methods=["saliency"], curve=False).status_code == 200
 
 
+def test_loading_a_model_is_not_counted_against_the_timeout(models, monkeypatch):
+    loads = []
+
+    def slow_load(name, **kw):
+        loads.append(name)
+        time.sleep(1.0)
+        return models[CLASSIFIER]
+
+    monkeypatch.setattr(heedful, "load", slow_load)
+    settings = ServeSettings(models=["later"], timeout_s=0.8)
+    with TestClient(create_app(settings), base_url="http://127.0.0.1") as client:
+        assert not {row["name"]: row for row in client.get("/api/models").json()}["later"]["loaded"]
+        ident = client.post("/api/jobs", json={"kind": "explain", "request": {"text": TEXT, "methods": ["saliency"], "curve": False}}).json()["id"]
+        found = events(client, ident)
+        assert found[0] == ("progress", {"done": 0, "total": 2, "stage": "loading later"})
+        assert found[-1][0] == "result" and found[-1][1]["model"] == "later"
+        assert explain(client, model="later", methods=["saliency"]).status_code == 200 and loads == ["later"]  # one copy
+
+
 # ---------------------------------------------------------------------------- runs
 @pytest.fixture(scope="module")
 def store(models, tmp_path_factory):
@@ -385,6 +404,8 @@ def test_page_docs_and_openapi(client):
                  "/api/runs", "/api/runs/{ident}", "/api/jobs", "/api/jobs/{ident}/events"):
         assert path in paths
     assert client.get("/docs").status_code == 200
+    answer = client.get("/api/models")
+    assert answer.headers["x-content-type-options"] == "nosniff" and answer.headers["x-frame-options"] == "DENY"
 
 
 def test_a_loopback_server_answers_only_loopback_host_names(models):

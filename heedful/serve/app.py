@@ -133,8 +133,10 @@ class Server:
                 job.progress(done, total, stage)
                 done += 1
 
-            model = worker.watch(catalog.get(name, report))
-            result = run(model, report)
+            if name not in catalog.loaded:
+                worker.watch(catalog.get(name, report))
+                job.restart_clock()
+            result = run(catalog.get(name), report)
             result["model"] = name  # as the request named it
             job.progress(total, total, "done")
             return result
@@ -212,6 +214,14 @@ def create_app(settings: ServeSettings | None = None, preloaded: Mapping[str, Mo
         app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(settings.allowed_hosts))
     _errors(app)
     _routes(app, server)
+
+    @app.middleware("http")
+    async def headers(request: Request, call_next):
+        response = await call_next(request)
+        response.headers.setdefault("X-Content-Type-Options", "nosniff")  # answers are what they say
+        response.headers.setdefault("X-Frame-Options", "DENY")  # the page is not framed elsewhere
+        return response
+
     if STATIC.is_dir():
         app.mount("/static", StaticFiles(directory=STATIC), name="static")
     return app
@@ -249,13 +259,18 @@ def validation_error(errors: Any) -> ApiError:
 
 # ---------------------------------------------------------------------------- routes
 async def answer(job: Job) -> Any:
-    """The job's result once the worker has computed it; 504 at the job's deadline."""
-    wait = max(0.0, job.deadline - time.monotonic()) + 1.0  # the worker's own 504 comes first
-    try:
-        return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(job.future)), timeout=wait)
-    except TimeoutError:
-        job.cancel()
-        raise timed_out(job.timeout_s) from None
+    """The job's result once the worker has computed it; 504 at the job's deadline (which
+    moves once, when the job's model has been loaded)."""
+    done = asyncio.wrap_future(job.future)
+    while True:
+        wait = job.deadline - time.monotonic() + 1.0  # the worker's own 504 comes first
+        if wait <= 0:
+            job.cancel()
+            raise timed_out(job.timeout_s)
+        try:
+            return await asyncio.wait_for(asyncio.shield(done), timeout=wait)
+        except TimeoutError:
+            continue
 
 
 def _routes(app: FastAPI, server: Server) -> None:

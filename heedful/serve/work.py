@@ -4,7 +4,8 @@ A request becomes a :class:`Job` in a bounded queue (full: HTTP 429). The worker
 at a time, so each model is in memory once and no two requests compete for it. A job reports
 progress events (``progress``, then ``result`` or ``error``) that ``GET /api/jobs/{id}/events``
 streams; a job past its deadline stops at its next progress report or at the next module
-forward pass of its model, and answers 504.
+forward pass of its model, and answers 504 (loading a model does not count: the clock starts
+again once the model is in memory).
 """
 
 from __future__ import annotations
@@ -58,6 +59,11 @@ class Job:
     def cancel(self) -> None:
         """Stop the job at its next check (it then answers 504)."""
         self._cancelled.set()
+
+    def restart_clock(self) -> None:
+        """Give the job its whole timeout again from now (once its model is loaded: loading,
+        and building a zoo model on first use, do not count against a request's time)."""
+        self.deadline = time.monotonic() + self.timeout_s
 
     def should_stop(self) -> bool:
         return self._cancelled.is_set() or self.future.cancelled() or time.monotonic() > self.deadline
