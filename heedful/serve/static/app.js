@@ -466,6 +466,15 @@
     const grid = $('heatmaps');
     grid.replaceChildren();
     const perMethod = answer.methods.every((m) => typeof m.html === 'string');
+    // Without per-method fields, the answer's `html` is every method's fragment in order: split it
+    // into its top-level `hf-expl` blocks (the renderer's elements, moved as they are).
+    let blocks = null;
+    if (!perMethod && typeof answer.html === 'string') {
+      const holder = document.createElement('template');
+      holder.innerHTML = answer.html;
+      const found = [...holder.content.children].filter((n) => n.classList.contains('hf-expl'));
+      if (found.length === answer.methods.length) blocks = found;
+    }
     answer.methods.forEach((m, i) => {
       const cost = m.cost || {};
       const card = el('article', { class: 'heatmap', 'data-method': m.name, 'aria-label': `${m.name} heatmap` }, [
@@ -483,10 +492,15 @@
           insertFragment(words, m.html_words);
           card.append(el('div', { class: 'units units-words', text: 'words' }), words);
         }
+      } else if (blocks) {
+        const tokens = el('div', { class: 'hm-tokens' });
+        tokens.append(blocks[i]);
+        card.append(tokens);
       }
       grid.append(card);
     });
-    if (!perMethod && typeof answer.html === 'string') {
+    $('units-box').hidden = !answer.methods.some((m) => typeof m.html_words === 'string');
+    if (!perMethod && !blocks && typeof answer.html === 'string') {
       const all = el('article', { class: 'heatmap', 'aria-label': 'heatmaps' });
       const tokens = el('div', { class: 'hm-tokens' });
       insertFragment(tokens, answer.html);
@@ -728,7 +742,7 @@
   // ------------------------------------------------------------------ wiring
   function wire() {
     $('form').addEventListener('submit', explain);
-    $('model').addEventListener('change', () => { state.last = null; modelChanged().catch((err) => showError($('error'), err)); });
+    $('model').addEventListener('change', () => { modelChanged().catch((err) => showError($('error'), err)); });
     $('text').addEventListener('input', () => { countText(); writeHash(); });
     $('target-kind').addEventListener('change', () => { targetKindChanged(); writeHash(); });
     for (const id of ['target-label', 'target-token', 'contrast-a', 'contrast-b', 'contrast-a-text', 'contrast-b-text', 'curve']) {
