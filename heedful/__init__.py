@@ -7,7 +7,14 @@
 
 from heedful.attribution import get_method, methods
 from heedful.errors import HeedfulError, InputError, MethodError, UnsupportedModelError
-from heedful.explanation import Cost, Explanation, SourceScores, TargetInfo, WordScores
+from heedful.explanation import (
+    Cost,
+    Explanation,
+    Explanations,
+    SourceScores,
+    TargetInfo,
+    WordScores,
+)
 from heedful.generation import Generation
 from heedful.generation_explanation import GenerationExplanation
 from heedful.loading import from_pretrained_objects, load
@@ -22,6 +29,7 @@ __all__ = [
     "__version__",
     "Cost",
     "Explanation",
+    "Explanations",
     "Generation",
     "GenerationExplanation",
     "HeedfulError",

@@ -273,3 +273,33 @@ class Explanation(Views):
         from heedful.render.terminal import explanation_renderable
 
         return explanation_renderable(self, words)
+
+
+class Explanations(list):
+    """A list of :class:`Explanation` (several texts, or several methods on one text) that
+    renders inline in Jupyter: ``_repr_html_`` is every explanation's own ``_repr_html_`` in
+    order, in one box (:func:`heedful.render.html.explanations_fragment`) -- the fragments
+    ``heedful serve``'s page shows side by side. Otherwise a plain ``list``.
+
+    >>> Explanations()._repr_html_()
+    '<div class="hf-many"></div>'
+    """
+
+    def _repr_html_(self) -> str:
+        from heedful.render.html import explanations_fragment
+
+        return explanations_fragment(self)
+
+    def to_html(self, path: str | None = None, words: bool = False, title: str = "heedful") -> str:
+        """A self-contained HTML page of every explanation (no network); written to ``path`` when given."""
+        from heedful.render.html import explanation_page
+
+        page = explanation_page(self, words=words, title=title)
+        if path is not None:
+            with open(path, "w", encoding="utf-8") as fh:
+                fh.write(page)
+        return page
+
+    def to_json(self, indent: int | None = None) -> str:
+        """Every explanation's ``to_dict`` in a JSON list."""
+        return json.dumps([e.to_dict() for e in self], indent=indent)

@@ -15,7 +15,7 @@ from heedful.adapters import ModelAdapter
 from heedful.attribution import get_method, span_methods
 from heedful.batch import Batch
 from heedful.errors import InputError
-from heedful.explanation import Cost, Explanation, TargetInfo
+from heedful.explanation import Cost, Explanation, Explanations, TargetInfo
 from heedful.generation import Generation, force, generate, prepare_steps
 from heedful.generation_explanation import GenerationExplanation, assemble_generation
 from heedful.memory import parse_memory
@@ -180,9 +180,9 @@ class Model:
         quantity: str | None = None,
         sources: SourceSpec | str | Sequence[tuple[int, int]] | None = None,
         **options: Any,
-    ) -> Explanation | list[Explanation]:
+    ) -> Explanation | Explanations:
         """Explain the model's output for one text (returns an :class:`Explanation`) or many
-        (returns a list, computed ``batch_size`` texts at a time), or every example of a prepared
+        (returns an :class:`~heedful.explanation.Explanations` list, computed ``batch_size`` texts at a time), or every example of a prepared
         :class:`~heedful.Problem` (returns a list).
 
         ``target``: ``None`` (predicted class / next token), a class index or label, a token
@@ -208,7 +208,7 @@ class Model:
         if isinstance(texts, Problem):
             if target is not None or quantity is not None or sources is not None:
                 raise InputError("a prepared problem has its target and sources", hint="pass them to model.prepare(...)")
-            return self._explain_problem(texts, info, bound)
+            return Explanations(self._explain_problem(texts, info, bound))
         request = Target.parse(target)
         span = self._check_span(info, request)
         quantity = info.quantity(quantity, "log_prob" if span else "logit")
@@ -218,7 +218,7 @@ class Model:
         pairs = _pairs(text_pair, len(items), single)
         if batch_size < 1:
             raise InputError(f"batch_size must be positive, got {batch_size}")
-        results: list[Explanation] = []
+        results = Explanations()
         for start in range(0, len(items), batch_size):
             stop = start + batch_size
             batch = self.adapter.encode(
@@ -487,8 +487,9 @@ class Model:
 
     def compare(
         self, text: str, methods: Sequence[str], target: Target | int | str | tuple | None = None, **options: Any
-    ) -> list[Explanation]:
-        """Explanations of one text by several methods, from one prepared problem. Each option
+    ) -> Explanations:
+        """Explanations of one text by several methods, from one prepared problem (a list that
+        renders inline in notebooks). Each option
         goes to the methods that take it; an option none of them takes is an error."""
         infos = [get_method(name, self.task) for name in methods]
         if not infos:
@@ -508,7 +509,7 @@ class Model:
                 attentions=any(i.needs_attentions for i in infos),
             )
         )
-        found = []
+        found = Explanations()
         for info, opts in zip(infos, bound, strict=True):
             found.extend(self._explain_problem(problem, info, opts, shared=shared))
         return found

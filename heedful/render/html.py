@@ -100,6 +100,13 @@ def explanation_fragment(expl: Explanation, words: bool = False) -> str:
     return f'<div class="hf-expl"><style>{CSS}</style>{_header_html(expl)}{body}</div>'
 
 
+def explanations_fragment(explanations: Sequence[Explanation], words: bool = False) -> str:
+    """HTML for several explanations (no page wrapper; a list's ``_repr_html_`` in notebooks):
+    each one's :func:`explanation_fragment` in order, inside one ``hf-many`` box. ``heedful serve``'s
+    page shows these same fragments, one per method."""
+    return f'<div class="hf-many">{"".join(explanation_fragment(e, words) for e in explanations)}</div>'
+
+
 def explanation_page(explanations: Sequence[Explanation], words: bool = False, title: str = "heedful") -> str:
     """A complete, self-contained HTML page; several methods on one text are laid out together."""
     blocks = []

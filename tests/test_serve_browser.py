@@ -1,0 +1,213 @@
+"""`heedful serve`'s page in a real browser: headless Chromium (Debian's chromium and
+chromium-driver, through Selenium) against the real server (uvicorn on a free loopback port)
+serving a tiny seeded BERT (nothing downloaded).
+
+The page is driven as a person would: type a sentence, tick two methods, click Explain. What it
+shows must be what the API answers for the same request -- the heatmap's tokens and scores, each
+method's AOPC -- and its heatmaps must be the library's own HTML, the HTML a notebook shows for the
+same explanations (one renderer). A screenshot is saved under the test's temporary folder."""
+
+from __future__ import annotations
+
+import re
+import socket
+import threading
+import time
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+MODEL = "tiny-bert"
+TEXT = "the plot is predictable yet the actors are wonderful"
+METHODS = ("grad_x_input", "leave_one_out")
+WAIT_S = 30.0
+"""Every wait in this file is bounded: a broken page or server fails the test within this."""
+
+pytestmark = pytest.mark.skipif(
+    not (CHROMIUM.exists() and CHROMEDRIVER.exists()),
+    reason="no headless Chromium: install Debian's chromium and chromium-driver (.ci/run does)",
+)
+
+SECONDS = re.compile(r"\d+\.\d{3} s\b")
+
+
+def _timeless(html: str) -> str:
+    """Renderer HTML without the wall-clock seconds its headers print (two runs of the same
+    explanation differ only there)."""
+    return SECONDS.sub("# s", html)
+
+
+def _free_port() -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    return sock
+
+
+@pytest.fixture(scope="module")
+def served(tiny):
+    """``(base URL, model)``: uvicorn serving ``create_app`` with the tiny BERT preloaded, in a
+    background thread; stopped (bounded) after the module."""
+    uvicorn = pytest.importorskip("uvicorn")
+    pytest.importorskip("fastapi")
+    from heedful.serve import ServeSettings, create_app
+
+    model = tiny("bert")
+    app = create_app(ServeSettings(models=[MODEL]), preloaded={MODEL: model})
+    sock = _free_port()
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + WAIT_S
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.05)
+    host, port = sock.getsockname()
+    yield f"http://{host}:{port}", model
+    server.should_exit = True
+    thread.join(WAIT_S)
+    sock.close()
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    """Headless Chromium through chromedriver (page loads and scripts bounded)."""
+    webdriver = pytest.importorskip("selenium.webdriver")
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--disable-extensions",
+        "--no-first-run",
+        "--window-size=1440,1500",
+        f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}",
+    ):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    driver.set_page_load_timeout(WAIT_S)
+    driver.set_script_timeout(WAIT_S)
+    yield driver
+    driver.quit()
+
+
+def _api_explain(base: str) -> dict:
+    import httpx
+
+    body = {"model": MODEL, "text": TEXT, "methods": list(METHODS), "options": {}, "target": None, "curve": True}
+    response = httpx.post(f"{base}/api/explain", json=body, timeout=WAIT_S)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def _fragments(api: dict) -> str:
+    """Every method's token-heatmap fragment in order, as the API answers them (per method when it
+    gives them, else its ``html``, which is those fragments joined)."""
+    if all("html" in m for m in api["methods"]):
+        return "".join(m["html"] for m in api["methods"])
+    return api["html"]
+
+
+def _wait(driver, condition, what: str):
+    from selenium.common.exceptions import TimeoutException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    try:
+        return WebDriverWait(driver, WAIT_S, poll_frequency=0.1).until(condition)
+    except TimeoutException:
+        error = driver.execute_script("var e = document.getElementById('error'); return e && !e.hidden ? e.textContent : '';")
+        pytest.fail(f"the page did not show {what} within {WAIT_S:.0f} s{'; it says: ' + error if error else ''}")
+
+
+def _shown_tokens(driver, method: str) -> list[tuple[str, float]]:
+    """``(token, score)`` of every scored piece of ``method``'s token heatmap, read from the
+    renderer's ``title="token: +score"``."""
+    titles = driver.execute_script(
+        "return Array.from(document.querySelectorAll(arguments[0])).map(function (s) { return s.title; });",
+        f'#heatmaps .heatmap[data-method="{method}"] .hm-tokens .hf-tok',
+    )
+    pairs = [title.rsplit(": ", 1) for title in titles]
+    return [(token, float(score)) for token, score in pairs]
+
+
+def test_page_shows_the_apis_heatmaps_and_aopc(served, browser, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    base, _ = served
+    browser.get(f"{base}/")
+    _wait(browser, lambda d: d.execute_script("return document.body.dataset.ready === 'true'"), "its form")
+    assert browser.title == "heedful"
+    assert browser.find_element(By.ID, "model").get_attribute("value") == MODEL
+
+    box = browser.find_element(By.ID, "text")
+    box.clear()
+    box.send_keys(TEXT)
+    for method in METHODS:
+        browser.find_element(By.ID, f"method-{method}").click()
+    browser.find_element(By.ID, "explain").click()
+    _wait(
+        browser,
+        lambda d: len(d.find_elements(By.CSS_SELECTOR, "#heatmaps .heatmap[data-method]")) == len(METHODS)
+        and d.find_element(By.ID, "results").is_displayed(),
+        "the results",
+    )
+
+    api = _api_explain(base)
+    by_name = {m["name"]: m for m in api["methods"]}
+    assert [m["name"] for m in api["methods"]] == list(METHODS)
+    cards = [c.get_attribute("data-method") for c in browser.find_elements(By.CSS_SELECTOR, "#heatmaps .heatmap")]
+    assert cards == list(METHODS)
+    shown_html = []
+    for method in METHODS:
+        shown = _shown_tokens(browser, method)
+        assert [token for token, _ in shown] == api["tokens"]
+        assert [score for _, score in shown] == pytest.approx(by_name[method]["scores"], rel=1e-3, abs=1e-6)
+        aopc = browser.find_element(By.CSS_SELECTOR, f'#metrics tr[data-method="{method}"] td.aopc').text
+        assert by_name[method]["aopc"] is not None
+        assert aopc == f"{by_name[method]['aopc']:.4f}"
+        # the page inserts the renderer's fragments as they are (the browser re-serialises them identically)
+        inner = browser.execute_script(
+            "return document.querySelector(arguments[0]).innerHTML;", f'#heatmaps .heatmap[data-method="{method}"] .hm-tokens'
+        )
+        shown_html.append(inner)
+    assert _timeless("".join(shown_html)) == _timeless(_fragments(api))
+    curves = browser.find_elements(By.CSS_SELECTOR, "#curve-plot svg polyline.series")
+    assert len(curves) == len(METHODS)
+
+    shot = tmp_path / "heedful-serve.png"
+    browser.execute_script("window.scrollTo(0, 0);")
+    assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
+    print(f"screenshot: {shot}")
+
+    # the form lives in the URL: the same address restores it in a fresh load
+    fragment = urlsplit(browser.current_url).fragment
+    state = parse_qs(fragment)
+    assert state["text"] == [TEXT] and state["methods"] == [",".join(METHODS)] and state["model"] == [MODEL]
+    browser.get("about:blank")
+    browser.get(f"{base}/#{fragment}")
+    _wait(browser, lambda d: d.execute_script("return document.body.dataset.ready === 'true'"), "its restored form")
+    assert browser.find_element(By.ID, "text").get_attribute("value") == TEXT
+    for method in METHODS:
+        assert browser.find_element(By.ID, f"method-{method}").is_selected()
+
+
+def test_the_page_shows_what_a_notebook_shows(served):
+    """One renderer: the fragments the page lays side by side are the notebook's ``_repr_html_``
+    of the same explanations, one by one and as a list."""
+    import heedful
+
+    base, model = served
+    api = _api_explain(base)
+    mine = heedful.Explanations(model.explain(TEXT, method) for method in METHODS)
+    assert _timeless(_fragments(api)) == _timeless("".join(e._repr_html_() for e in mine))
+    assert _timeless(f'<div class="hf-many">{_fragments(api)}</div>') == _timeless(mine._repr_html_())
+    for expl, shown in zip(mine, api["methods"], strict=True):
+        if "html_words" in shown:
+            assert _timeless(shown["html_words"]) == _timeless(heedful.render.html.explanation_fragment(expl, words=True))
