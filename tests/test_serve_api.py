@@ -455,3 +455,23 @@ def test_the_documented_example_runs():
     done = subprocess.run([sys.executable, "-c", block], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "integrated_gradients   AOPC" in done.stdout and "422 {'error': 'no text given'" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--port", "70000"], "error: port 70000 does not exist"),
+        (["--port", "-1"], "error: port -1 does not exist"),
+        (["--max-chars", "0"], "error: max_chars must be at least 1, got 0"),
+    ],
+)
+def test_bad_serve_options_exit_2_in_one_line(monkeypatch, capsys, args, message):
+    code, _, err = run_cli(monkeypatch, capsys, "serve", *args)
+    assert code == 2 and err.strip().splitlines()[0] == message
+
+
+def test_a_store_that_is_a_file_is_refused(monkeypatch, capsys, tmp_path):
+    file = tmp_path / "results.sqlite"
+    file.write_bytes(b"")
+    code, _, err = run_cli(monkeypatch, capsys, "serve", "--store", str(file))
+    assert code == 2 and f"error: the results store {file} is a file" in " ".join(err.split())  # the terminal wraps long lines

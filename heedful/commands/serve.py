@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from heedful.commands.console import err, out
-from heedful.errors import HeedfulError
+from heedful.errors import HeedfulError, InputError
 
 LOOPBACK_NAMES = ["127.0.0.1", "localhost", "[::1]"]
 
@@ -42,6 +42,8 @@ def serve(
     from heedful.serve import ServeSettings, create_app
     from heedful.serve.settings import LOOPBACK
 
+    if not 0 <= port <= 65535:
+        raise InputError(f"port {port} does not exist", hint="pass --port between 1 and 65535 (0: any free port)")
     loopback = host in LOOPBACK
     if not loopback:
         err.print(

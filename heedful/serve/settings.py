@@ -55,6 +55,8 @@ class ServeSettings:
             raise InputError(f"timeout_s must be positive, got {self.timeout_s}")
         if self.store is not None:
             self.store = Path(self.store).expanduser()
+            if self.store.exists() and not self.store.is_dir():
+                raise InputError(f"the results store {self.store} is a file", hint="pass the folder `heedful bench --out` wrote")
 
     @property
     def default_model(self) -> str:
