@@ -318,7 +318,7 @@ def models_build(
 
 # ---------------------------------------------------------------- further commands
 # One line per command module in heedful/commands (keep heavy imports inside the commands).
-app.command("bench")(bench_command.bench)
+app.add_typer(bench_command.app, name="bench")
 app.add_typer(interest_command.app, name="interest")
 app.command("heads")(heads_command.heads)
 app.command("reproduce")(reproduce_command.reproduce)

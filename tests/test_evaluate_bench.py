@@ -170,3 +170,5 @@ def test_bench_command_errors(monkeypatch, capsys, model_dir, data_csv, tmp_path
     assert code == 2 and "preset" in err
     code, _, err = run_cli(monkeypatch, capsys, *base, "--methods", "saliency", "--option", "bad")
     assert code == 2 and "target.key=value" in err
+    code, _, err = run_cli(monkeypatch, capsys, "bench", "--model", model_dir, "--out", str(tmp_path))
+    assert code == 2 and "needs --dataset, --methods" in err and "hint" in err

@@ -47,10 +47,18 @@ def _parse_options(raw: list[str] | None) -> tuple[dict[str, dict[str, Any]], di
     return methods, protocol, data
 
 
+app = typer.Typer(
+    help="Run methods x examples x metrics on a dataset (resumable); subcommands work on results stores.",
+    invoke_without_command=True,
+)
+
+
+@app.callback()
 def bench(
-    model: Annotated[str, typer.Option("--model", "-m", help="Zoo name, model directory or hub id.")],
-    dataset: Annotated[str, typer.Option("--dataset", "-d", help="movies, amazon, nyt, tweets, agreement, planted (--option dataset.length=1024), or a CSV / JSONL path.")],
-    methods: Annotated[str, typer.Option("--methods", help="Comma-separated methods, e.g. random,grad_x_input,normxlogit.")],
+    ctx: typer.Context,
+    model: Annotated[str | None, typer.Option("--model", "-m", help="Zoo name, model directory or hub id.")] = None,
+    dataset: Annotated[str | None, typer.Option("--dataset", "-d", help="movies, amazon, nyt, tweets, agreement, planted (--option dataset.length=1024), or a CSV / JSONL path.")] = None,
+    methods: Annotated[str | None, typer.Option("--methods", help="Comma-separated methods, e.g. random,grad_x_input,normxlogit.")] = None,
     metrics: Annotated[str | None, typer.Option("--metrics", help="Comma-separated metrics (default aopc,sufficiency,accuracy; with --generate aopc,sufficiency).")] = None,
     preset: Annotated[str, typer.Option("--preset", "-p", help="Protocol: normxlogit, mask-lrp, ferret or default.")] = "default",
     n: Annotated[int | None, typer.Option("--n", "-n", help="Use the first N usable examples.")] = None,
@@ -69,6 +77,11 @@ def bench(
     in OUT/results.sqlite, so an interrupted run resumes where it stopped. With --generate, the
     dataset is a file of prompts: every method explains each generated (or given) continuation
     and is measured by comprehensiveness and sufficiency of its log-probability."""
+    if ctx.invoked_subcommand is not None:
+        return
+    missing = [flag for flag, value in (("--model", model), ("--dataset", dataset), ("--methods", methods)) if value is None]
+    if missing:
+        raise HeedfulError(f"heedful bench needs {', '.join(missing)}", hint="e.g. heedful bench --model minilm-sentiment --dataset movies --methods random,grad_x_input --n 50")
     from rich.console import Console
 
     from heedful.evaluate import get_protocol, metric_names
