@@ -25,6 +25,19 @@ from heedful.sources import SourceSpec
 from heedful.targets import QUANTITIES, Target
 from heedful.version import __version__
 
+# Subpackages reached as attributes after ``import heedful`` (``heedful.datasets.load(...)``),
+# imported on first use so that ``import heedful`` stays light.
+_SUBPACKAGES = frozenset({"datasets", "evaluate", "render", "testing", "zoo"})
+
+
+def __getattr__(name: str):
+    if name in _SUBPACKAGES:
+        import importlib
+
+        return importlib.import_module(f"heedful.{name}")
+    raise AttributeError(f"module 'heedful' has no attribute {name!r}")
+
+
 __all__ = [
     "__version__",
     "Cost",

@@ -31,3 +31,14 @@ def test_design_names_modules_that_exist():
         assert (DOCS.parent / path).is_file(), path
     for name in sorted(set(re.findall(r"`(heedful(?:\.[a-z_]+)+)`", text))):
         importlib.import_module(name)
+
+
+def test_readme_attribute_paths_resolve_after_import_heedful():
+    """Every ``heedful.a.b`` the README names works after a bare ``import heedful``, as a user
+    types it (``heedful.datasets.load(...)``), in a fresh process."""
+    readme = (DOCS.parent / "README.md").read_text(encoding="utf-8")
+    paths = sorted({p.rstrip(".") for p in re.findall(r"(?<!from )\bheedful(?:\.[A-Za-z_]+)+", readme)})
+    assert "heedful.datasets.load" in paths
+    script = f"import heedful\nfor p in {paths!r}:\n    eval(p, {{'heedful': heedful}})\n"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]

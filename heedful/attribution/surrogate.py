@@ -143,8 +143,10 @@ def lime(
 
     Defaults follow the ``lime`` package's text explainer: ``sampling="lime"`` (remove
     ``U{1..M}`` tokens; the first sample is the input), cosine kernel of width 0.25, ``Ridge(alpha=1)``
-    with intercept, class probability as the output. ``n_samples`` 200 is ours (lime: 5000,
-    Captum: 50). Captum's ``Lime`` defaults differ (Bernoulli sampling -- ``sampling="bernoulli"``
+    with intercept, class probability as the output. Two departures from that explainer:
+    ``n_samples`` 200 is ours (lime: 5000, Captum: 50), and the ridge is fitted on every
+    removable token, where lime first keeps only ``num_features=10`` of them (its ``"auto"``
+    feature selection) and fits those. Captum's ``Lime`` defaults differ (Bernoulli sampling -- ``sampling="bernoulli"``
     --, kernel on the model inputs, ``Lasso(alpha=0.01)``).
 
     Source: Ribeiro et al. 2016, "Why Should I Trust You?" (Eq. 1-2; LimeTextExplainer settings)
