@@ -34,6 +34,15 @@ positions. A chunk of ``k`` rows saves ``k - 1`` passes, so it may recompute up 
 ``PASS_POSITIONS * (k - 1)`` positions beyond its rows' own."""
 
 
+REUSE_SHARE = 1 / 16
+"""Least share of its positions a copy must share with its example to continue the example's
+key/value cache. A continuing copy holds the cache of its whole width and shares a pass only
+with copies that start near it, so one that saves little (ContextCite's random ablations drop
+an early source in almost every copy) runs as a full pass instead, batched with the others
+under the token budget: its memory then stays what a full pass over the budget's positions
+takes at any length, for a few positions more computed."""
+
+
 def prefix_chunks(
     start: torch.Tensor, lengths: torch.Tensor, budget: int, fits: Callable[[int, int, int], bool] | None = None
 ) -> list[torch.Tensor]:
@@ -80,9 +89,37 @@ def removal_scores(
     ``removal`` -> ``[R]``. ``reuse``: start decoder copies from their example's key/value
     cache at their first removed position; ``rows``: a fixed number of rows per chunk."""
     perturbed = remove_from_examples(problem.adapter, problem.batch, problem.target, example, remove, removal)
+    full = Runner.for_problem(problem, rows=rows)
     if not (reuse and problem.adapter.is_decoder and problem.inputs_embeds is None):
-        return Runner.for_problem(problem, rows=rows).scores(Copies.of(perturbed, example), output)
-    return _reused(problem, example, remove, perturbed, output, rows)
+        return full.scores(Copies.of(perturbed, example), output)
+    start = _unchanged_prefix(problem, example, remove, perturbed)
+    worth = start >= REUSE_SHARE * perturbed.attention_mask.sum(dim=1)
+    values = torch.zeros(len(example))
+    if bool((~worth).any()):
+        plain = ~worth
+        values[plain] = full.scores(Copies.of(_rows(perturbed, plain), example[plain]), output)
+    if bool(worth.any()):
+        values[worth] = _reused(problem, example[worth], start[worth], _rows(perturbed, worth), output, rows)
+    return values
+
+
+def _rows(perturbed: Perturbed, which: torch.Tensor) -> Perturbed:
+    """The copies ``which`` (a boolean ``[R]``) of ``perturbed``."""
+    types = perturbed.token_type_ids
+    return Perturbed(
+        perturbed.input_ids[which], perturbed.attention_mask[which], None if types is None else types[which], perturbed.anchor[which]
+    )
+
+
+def _unchanged_prefix(problem: Problem, example: torch.Tensor, remove: torch.Tensor, perturbed: Perturbed) -> torch.Tensor:
+    """Positions ``[R]`` each copy shares with its example before it must be recomputed: up to
+    its first removed position, and never past the first position the head is read at."""
+    batch = problem.batch
+    target = problem.target.select(example).with_anchor(perturbed.anchor)
+    removed = remove.bool() & batch.attention_mask[example].bool()
+    first = torch.where(removed.any(dim=1), removed.int().argmax(dim=1), batch.lengths[example])
+    first_read = target.read_at if target.read_at.dim() == 1 else target.read_at[:, 0]
+    return torch.minimum(first, first_read).clamp(min=0)
 
 
 def _fits(adapter: ModelAdapter) -> Callable[[int, int, int], bool]:
@@ -95,16 +132,13 @@ def _fits(adapter: ModelAdapter) -> Callable[[int, int, int], bool]:
 
 
 def _reused(
-    problem: Problem, example: torch.Tensor, remove: torch.Tensor, perturbed: Perturbed, output: str, rows: int | None
+    problem: Problem, example: torch.Tensor, start: torch.Tensor, perturbed: Perturbed, output: str, rows: int | None
 ) -> torch.Tensor:
+    """The target's ``output`` for copies ``perturbed`` of examples ``example`` ``[R]``, each
+    continuing its example's key/value cache over its first ``start`` ``[R]`` positions."""
     adapter, batch = problem.adapter, problem.batch
     target = problem.target.select(example).with_anchor(perturbed.anchor)
     lengths = perturbed.attention_mask.sum(dim=1)
-    removed = remove.bool() & batch.attention_mask[example].bool()
-    first = torch.where(removed.any(dim=1), removed.int().argmax(dim=1), batch.lengths[example])
-    # the head is read at and after the first read position: it must be recomputed
-    first_read = target.read_at if target.read_at.dim() == 1 else target.read_at[:, 0]
-    start = torch.minimum(first, first_read).clamp(min=0)
     states = adapter.prefix_states(batch)
     values = torch.zeros(len(example))
     budget = TOKEN_BUDGET if rows is None else None

@@ -262,3 +262,34 @@ def test_cli_ranks_the_sources_of_the_answer_the_model_writes(monkeypatch, capsy
     assert code == 0 and data["method"] == "context_cite"
     assert len(data["target"]["indices"]) == 3, "the three written tokens are one span target"
     assert len(data["source_scores"]["scores"]) == 2
+
+
+@pytest.mark.parametrize("share", [0.0, 2.0])
+def test_copies_that_share_little_of_their_prefix_run_as_full_passes_with_the_same_scores(lm, monkeypatch, share):
+    # share 0: every copy continues the cache; share 2: none does
+    reference = lm.explain(DOC, "context_cite", target=" the", n_ablations=16, folds=0)
+    monkeypatch.setattr("heedful.reuse.REUSE_SHARE", share)
+    other = lm.explain(DOC, "context_cite", target=" the", n_ablations=16, folds=0)
+    np.testing.assert_allclose(other.scores, reference.scores, atol=1e-5)
+
+
+def test_only_copies_that_share_enough_of_their_prefix_continue_the_cache(lm):
+    from heedful.reuse import REUSE_SHARE
+
+    continued = []
+    original = lm.adapter.forward
+
+    def spied(batch, anchor, **kwargs):
+        if "prefix" in kwargs:
+            shared = kwargs["prefix"][2]
+            real = kwargs["attention_mask"].sum(dim=1)
+            continued.append(bool(shared >= REUSE_SHARE * real.min()))
+        return original(batch, anchor, **kwargs)
+
+    lm.adapter.forward = spied
+    try:
+        lm.explain(DOC, "source_loo", target=" the")
+        lm.explain(DOC, "context_cite", target=" the", n_ablations=16, folds=0)
+    finally:
+        del lm.adapter.forward
+    assert continued and all(continued)
