@@ -14,6 +14,7 @@ import csv
 import json
 import math
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -219,10 +220,11 @@ def test_parquet_without_pyarrow_is_one_line_naming_the_extra(bench, tmp_path, m
 # ---------------------------------------------------------------------------- round trip
 def test_heedful_explanations_imported_back_score_like_the_method(bench, tmp_path):
     model = bench["model"]
+    store = Path(shutil.copytree(bench["store"], tmp_path / "store"))  # the module's store stays as the bench left it
     imported = from_parquet(model, bench["parquet"].path, method="grad_x_input")
-    with ResultsStore(bench["store"]) as store:
+    with ResultsStore(bench["store"]) as opened:
         key = next(r.key for r in bench["result"].runs if r.method == "grad_x_input")
-        own = store.get_explanations(key)
+        own = opened.get_explanations(key)
     assert [e.details["example_id"] for e in imported] == [str(i) for i in range(len(ROWS))]
     for expl in imported:
         original = own[expl.details["example_id"]]
@@ -230,13 +232,13 @@ def test_heedful_explanations_imported_back_score_like_the_method(bench, tmp_pat
         assert expl.target.indices == original.target.indices and expl.details["aligned_by"] == "same tokens"
     result = run_import(ImportSpec(
         model=model, file=bench["parquet"].path, name="gxi_again", metrics=METRICS, protocol=get_protocol("default", random_seeds=2),
-        out=bench["store"], dataset=bench["data"], method="grad_x_input", batch_size=4,
+        out=store, dataset=bench["data"], method="grad_x_input", batch_size=4,
     ), progress=False)
     assert set(result.groups) == {"gxi_again", "grad_x_input", "random"}  # the stored runs, side by side
     assert result.computed["explanations"] == len(ROWS)
     for metric in METRICS:
         assert result.groups["gxi_again"].summaries[metric].value == result.groups["grad_x_input"].summaries[metric].value
-    stored = _stored_rows(bench["store"])
+    stored = _stored_rows(store)
     mine = next(r.key.digest for r in result.runs if r.method == "gxi_again")
     theirs = next(r.key.digest for r in result.runs if r.method == "grad_x_input")
     for metric in METRICS:
@@ -244,7 +246,7 @@ def test_heedful_explanations_imported_back_score_like_the_method(bench, tmp_pat
             assert _same(stored[(mine, metric, str(i))][0], stored[(theirs, metric, str(i))][0])
     again = run_import(ImportSpec(
         model=model, file=bench["parquet"].path, name="gxi_again", metrics=METRICS, protocol=get_protocol("default", random_seeds=2),
-        out=bench["store"], dataset=bench["data"], method="grad_x_input", batch_size=4,
+        out=store, dataset=bench["data"], method="grad_x_input", batch_size=4,
     ), progress=False)
     assert again.computed == {"explanations": 0, "measurements": 0, "metrics": 0}
 

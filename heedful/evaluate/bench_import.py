@@ -372,8 +372,6 @@ def run_import(spec: ImportSpec, console=None, progress: bool = True) -> BenchRe
         about = Subject(spec.model_label or model_label(model), model_fingerprint(model), dataset_label(str(path)), dataset_fingerprint(data), "all")
     if any(METRICS[n].family == "plausibility" for n in names) and not any(i.evidence_spans for i in inputs):
         raise HeedfulError("these examples have no evidence, so plausibility metrics are undefined", hint="drop the plausibility metrics")
-    ids = [i.id for i in inputs]
-    by_id = {i.id: i for i in inputs}
     digest = file_digest(path)
     key = import_key(about, spec, protocol, digest, fmt)
     imported = Run(name, name, json.loads(key.options), key)
@@ -382,13 +380,22 @@ def run_import(spec: ImportSpec, console=None, progress: bool = True) -> BenchRe
     phash = protocol.hash()
     store.put_protocol(phash, protocol.name, protocol.key_dict())
     notes = [note for note in [store.legacy_note()] if note]
-    todo = [item for item in items if item.id not in store.explanation_ids(key)]
+    stored = store.explanation_ids(key)
+    todo = [item for item in items if item.id not in stored]
     if todo:
         older = store.superseded(key, [i.id for i in todo])
         explanations = align(model, todo, name, max_length=protocol.max_length, batch_size=spec.batch_size, options=json.loads(key.options))
-        store.put_explanations(key, [(item.id, e) for item, e in zip(todo, explanations, strict=True)])
+        store.put_explanations(key, [(e.details["example_id"], e) for e in explanations])
         if older is not None:
             notes.append(older.describe(name).replace("recomputed", "imported again"))
+        left = {item.id for item in todo} - {e.details["example_id"] for e in explanations}
+        if left:  # generated steps whose tokens no text encodes to (see heedful.evaluate.imports.Record.optional)
+            notes.append(f"{name}: {len(left)} generation steps left out: their tokens are not how the model encodes their text")
+            inputs = [i for i in inputs if i.id not in left]
+            if not inputs:
+                raise HeedfulError("no imported explanation could be aligned to the model's tokens", hint="check that the file is of this model")
+    ids = [i.id for i in inputs]
+    by_id = {i.id: i for i in inputs}
     taken = {name, *(r.group for r in heedful_runs)}
     others = stored_runs(store, about, key.setting, ids, taken, name)
     runs = [imported, *heedful_runs, *others]

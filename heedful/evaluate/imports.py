@@ -100,6 +100,9 @@ class Record:
     target: int | str | None = None
     target_indices: tuple[int, ...] | None = None
     gold: dict[str, Any] = field(default_factory=dict)
+    optional: bool = False
+    """Left out, not an error, when it cannot be aligned (a generated step whose tokens are not
+    how the model's tokenizer encodes their text: no text gives them, so no metric can)."""
 
     @property
     def width(self) -> int:
@@ -382,6 +385,7 @@ def inseq_records(source: Any, tokenizer: Any, steps: str = "all") -> list[Recor
                     tokens=[t for t, _ in prefix],
                     token_ids=ids,
                     target_indices=(int(target[position][1]),),
+                    optional=j > 0,
                 )
             )
     return found
@@ -471,13 +475,22 @@ def _safetensor(encoded: str) -> np.ndarray:
 
 
 def _ndarray(value: dict[str, Any]) -> np.ndarray:
-    data = value["__ndarray__"]
-    if isinstance(data, str):  # compact: base64 of the raw bytes
-        import base64
+    """Inseq's ``{"__ndarray__": ..., "dtype", "shape"}``: nested lists, or ``b64:`` /
+    ``b64.gz:`` followed by the raw (gzipped) bytes."""
+    import base64
+    import gzip
 
-        array = np.frombuffer(base64.b64decode(data), dtype=value.get("dtype", "float64"))
-        return array.reshape(value.get("shape", array.shape)).astype(np.float64)
-    return np.asarray(data, dtype=np.float64)
+    data, dtype = value["__ndarray__"], value.get("dtype", "float64")
+    shape = tuple(value.get("shape") or ())
+    if isinstance(data, str):
+        header, _, body = data.partition(":")
+        raw = base64.standard_b64decode(body)
+        if header == "b64.gz":
+            raw = gzip.decompress(raw)
+        elif header != "b64":
+            raise InputError(f"an Inseq array has an unknown encoding {header!r}", hint="save the output with Inseq's save()")
+        return np.frombuffer(raw, dtype=dtype).reshape(shape).astype(np.float64)
+    return np.asarray(data, dtype=np.float64).reshape(shape) if shape else np.asarray(data, dtype=np.float64)
 
 
 # ---------------------------------------------------------------------------- alignment
@@ -717,11 +730,9 @@ def mapping(item: Record, side: _Side, tokenizer: Any) -> tuple[np.ndarray, str]
     if item.tokens is not None and item.tokens == side.tokens:
         return np.eye(len(side.tokens)), "same tokens"
     if item.tokens is None and item.offsets is None:
-        if item.width == len(side.tokens):
-            return np.eye(item.width), "position"
         raise _fail(
             item,
-            f"{item.width} scores but the model has {len(side.tokens)} tokens, and no tokens, offsets or ids say which is which",
+            f"{item.width} scores and nothing that says which tokens they belong to",
             "give 'tokens', 'offsets' or 'token_ids' with the scores",
         )
     return _by_spans(item, side, tokenizer)
@@ -755,7 +766,9 @@ def align(
 ) -> Explanations:
     """Heedful :class:`~heedful.Explanation` s of ``items`` on ``model``'s tokens (in order),
     recorded as method ``name`` with ``options``; ``details`` hold the example id and how it was
-    aligned. Texts are cut to ``max_length`` tokens like heedful's own explanations."""
+    aligned. Texts are cut to ``max_length`` tokens like heedful's own explanations. An item
+    that cannot be aligned is an :class:`AlignmentError` -- or, when it is ``optional``, left
+    out (compare the ids in ``details``)."""
     if batch_size < 1:
         raise InputError(f"batch_size must be positive, got {batch_size}")
     tokenizer = model.tokenizer
@@ -788,14 +801,21 @@ def align(
                     special=batch.special_mask[b, :n].bool().tolist(), segments=batch.sequence_ids[b],
                     truncated=bool(batch.truncated[b]) if batch.truncated else False,
                 )
-                weights, aligned = mapping(item, side, tokenizer)
+                try:
+                    weights, aligned = mapping(item, side, tokenizer)
+                except AlignmentError:
+                    if not item.optional:
+                        raise
+                    how.append(None)
+                    continue
                 values = np.nan_to_num(item.scores, nan=0.0) @ weights.T  # [N] or [L, N]
                 scores[b, ..., :n] = torch.from_numpy(values)
                 how.append(aligned)
             made = model.explanations(problem, scores, name, dict(options or {}), Cost(0.0, 0.0, 0.0))
             for k, expl, item, aligned in zip(members[start : start + batch_size], made, part, how, strict=True):
-                found[k] = replace(expl, details={**expl.details, "example_id": item.id, "aligned_by": aligned})
-    return Explanations([found[k] for k in range(len(items))])
+                if aligned is not None:
+                    found[k] = replace(expl, details={**expl.details, "example_id": item.id, "aligned_by": aligned})
+    return Explanations([found[k] for k in range(len(items)) if k in found])
 
 
 # ---------------------------------------------------------------------------- public readers
