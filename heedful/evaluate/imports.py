@@ -374,7 +374,7 @@ def inseq_records(source: Any, tokenizer: Any, steps: str = "all") -> list[Recor
             position = start + j
             prefix = target[:position]
             ids = [t for _, t in prefix]
-            text = seq["prompt"] if j == 0 and seq["prompt"] else tokenizer.decode(
+            text = seq["prompt"] if j == 0 and _encodes_to(tokenizer, seq["prompt"], ids) else tokenizer.decode(
                 ids, skip_special_tokens=True, clean_up_tokenization_spaces=False
             )
             found.append(
@@ -385,10 +385,19 @@ def inseq_records(source: Any, tokenizer: Any, steps: str = "all") -> list[Recor
                     tokens=[t for t, _ in prefix],
                     token_ids=ids,
                     target_indices=(int(target[position][1]),),
-                    optional=j > 0,
+                    optional=True,
                 )
             )
     return found
+
+
+def _encodes_to(tokenizer: Any, text: str | None, ids: list[int]) -> bool:
+    """Whether ``text`` is encoded as ``ids`` (special tokens aside)."""
+    if not text:
+        return False
+    specials = set(getattr(tokenizer, "all_special_ids", []))
+    own = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return own == [i for i in ids if i not in specials]
 
 
 def _inseq_sequences(source: Any) -> list[dict[str, Any]]:
@@ -879,7 +888,8 @@ def from_captum(
 
 def from_inseq(model: Model, source: Any, *, name: str = "inseq", steps: str = "all", **kw: Any) -> Explanations:
     """Explanations of ``model`` (a causal LM) from an Inseq ``FeatureAttributionOutput`` or the
-    JSON file its ``save()`` wrote (see :func:`inseq_records`).
+    JSON file its ``save()`` wrote (see :func:`inseq_records`); the steps that cannot be aligned
+    are left out (compare ``details["example_id"]``), and none aligned is an error.
 
     >>> out = inseq.load_model(hf_model, "saliency", tokenizer=tok).attribute("The cat")  # doctest: +SKIP
     >>> out.save("cat.json")                                                        # doctest: +SKIP
@@ -888,5 +898,11 @@ def from_inseq(model: Model, source: Any, *, name: str = "inseq", steps: str = "
     if model.task != "causal_lm":
         raise InputError(f"Inseq explains generation; {model.name} is a {model.task} model", hint="use a causal language model")
     found = inseq_records(source, model.tokenizer, steps)
-    return align(model, found, name, **kw)
+    explained = align(model, found, name, **kw)
+    if found and not explained:
+        raise AlignmentError(
+            f"none of the {len(found)} Inseq steps matches {model.name}'s tokens",
+            hint="import the output with the model (and tokenizer) Inseq attributed",
+        )
+    return explained
 
