@@ -351,7 +351,14 @@ def inseq_records(source: Any, tokenizer: Any, steps: str = "all") -> list[Recor
     token (``steps="first"``: the first only): the text before it -- the prompt, then the prompt
     and the tokens generated so far decoded by ``tokenizer`` -- scored by that step's
     attributions over those tokens, with the generated token's id as the target. Ids: ``"i"``
-    for sequence ``i``'s first step, ``"i.j"`` for step ``j``."""
+    for sequence ``i``'s first step, ``"i.j"`` for step ``j``.
+
+    Every step is ``optional``: one whose tokens are not how the model encodes their text
+    (generation need not produce the tokenizer's own encoding) is left out by the alignment.
+    Inseq's positions are taken as it wrote them (``attr_pos_start``: the first generated
+    position); attribute prompts of different lengths one at a time and merge the outputs
+    (``inseq.merge_attributions``), as Inseq pads a batch without an attention mask for models
+    whose pad token is their end token."""
     if steps not in ("all", "first"):
         raise InputError(f"steps must be 'all' or 'first', got {steps!r}")
     found: list[Record] = []
