@@ -17,6 +17,7 @@ import re
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -244,6 +245,13 @@ def test_heedful_explanations_imported_back_score_like_the_method(bench, tmp_pat
     for metric in METRICS:
         for i in range(len(ROWS)):
             assert _same(stored[(mine, metric, str(i))][0], stored[(theirs, metric, str(i))][0])
+    from_csv = run_import(ImportSpec(
+        model=model, file=bench["csv"].path, name="gxi_csv", metrics=METRICS, protocol=get_protocol("default", random_seeds=2),
+        out=store, dataset=bench["data"], method="grad_x_input", batch_size=4,
+    ), progress=False)
+    assert "gxi_again" in from_csv.groups  # the imported run stored before is shown beside
+    for metric in METRICS:
+        assert from_csv.groups["gxi_csv"].summaries[metric].value == result.groups["grad_x_input"].summaries[metric].value
     again = run_import(ImportSpec(
         model=model, file=bench["parquet"].path, name="gxi_again", metrics=METRICS, protocol=get_protocol("default", random_seeds=2),
         out=store, dataset=bench["data"], method="grad_x_input", batch_size=4,
@@ -265,6 +273,11 @@ def test_a_changed_file_is_imported_again_never_served_stale(bench, tmp_path):
     assert changed.computed["explanations"] == len(ROWS)
     assert len(changed.notes) == 1 and changed.notes[0].startswith(f"by_length: {len(ROWS)} explanations imported again (file_sha256 ")
     assert changed.groups["by_length"].summaries["aopc"].value != first.groups["by_length"].summaries["aopc"].value
+    moved = tmp_path / "elsewhere" / "mine.jsonl"  # the same bytes under another path: the same key
+    moved.parent.mkdir()
+    moved.write_bytes(path.read_bytes())
+    same = run_import(replace(spec, file=moved), progress=False)
+    assert same.computed == {"explanations": 0, "measurements": 0, "metrics": 0} and same.notes == []
 
 
 # ---------------------------------------------------------------------------- alignment

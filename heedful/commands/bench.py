@@ -213,14 +213,14 @@ def export_command(
 
 @app.command("import")
 def import_command(
-    file: Annotated[Path, typer.Argument(help="Explanations: JSON / JSON lines / Parquet records, a Captum .pt file, or an Inseq .json file.")],
+    file: Annotated[Path, typer.Argument(help="Explanations: JSON / JSON lines / CSV / Parquet records, a Captum .pt file, or an Inseq .json file.")],
     model: Annotated[str, typer.Option("--model", "-m", help="Zoo name, model directory or hub id the explanations are of.")],
     name: Annotated[str | None, typer.Option("--name", help="Method name to store and show them under (default: the file's stem).")] = None,
     dataset: Annotated[str | None, typer.Option("--dataset", "-d", help="The dataset the explanations are of (default: the file's own texts).")] = None,
     metrics: Annotated[str, typer.Option("--metrics", help="Comma-separated metrics.")] = "aopc,sufficiency,accuracy",
     preset: Annotated[str, typer.Option("--preset", "-p", help="Protocol: normxlogit, mask-lrp, ferret or default.")] = "default",
     methods: Annotated[str | None, typer.Option("--methods", help="heedful methods to run beside them on the same examples.")] = None,
-    format: Annotated[str, typer.Option("--format", "-f", help="auto, json (also JSON lines), parquet, captum or inseq.")] = "auto",
+    format: Annotated[str, typer.Option("--format", "-f", help="auto, json (also JSON lines), csv, parquet, captum or inseq.")] = "auto",
     from_method: Annotated[str | None, typer.Option("--from-method", help="A table of several methods (heedful bench export): import this one.")] = None,
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder of the results store, tables and plots.")] = Path("results"),
     split: Annotated[str, typer.Option("--split", help="Dataset split.")] = "test",

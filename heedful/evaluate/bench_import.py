@@ -1,7 +1,7 @@
 """``heedful bench import``: explanations computed elsewhere, scored in the results store beside
 heedful's own methods.
 
-:func:`run_import` reads a file (:func:`read_file`: JSON / JSON lines / Parquet records, a
+:func:`run_import` reads a file (:func:`read_file`: JSON / JSON lines / CSV / Parquet records, a
 Captum tensor file, an Inseq JSON file), aligns it to the model's tokens
 (:mod:`heedful.evaluate.imports`), stores the explanations under the imported method's name and
 derives every asked metric under the protocol, exactly as ``heedful bench`` does for its
@@ -58,6 +58,7 @@ from heedful.evaluate.imports import (
     align,
     captum_records,
     inseq_records,
+    read_csv,
     read_json,
     read_parquet,
 )
@@ -79,7 +80,7 @@ from heedful.targets import Target
 IMPORT_VERSION = 1
 """Version of the import (reading and alignment): it enters imported runs' keys."""
 
-FORMATS = ("auto", "json", "parquet", "captum", "inseq")
+FORMATS = ("auto", "json", "csv", "parquet", "captum", "inseq")
 
 
 @dataclass
@@ -135,9 +136,11 @@ def detect_format(path: Path) -> str:
         return "json"
     if name.endswith((".jsonl", ".ndjson")):
         return "json"
+    if name.endswith(".csv"):
+        return "csv"
     raise InputError(
         f"cannot tell the format of {path.name}",
-        hint="name it .jsonl / .json / .parquet / .pt, or pass --format json|parquet|captum|inseq",
+        hint="name it .jsonl / .json / .csv / .parquet / .pt, or pass --format json|csv|parquet|captum|inseq",
     )
 
 
@@ -171,10 +174,12 @@ def read_file(path: str | Path, tokenizer: Any, format: str = "auto", method: st
     if format not in FORMATS:
         raise InputError(f"unknown format {format!r}", hint=f"use one of: {', '.join(FORMATS)}")
     fmt = detect_format(path) if format == "auto" else format
-    if method is not None and fmt not in ("json", "parquet"):
+    if method is not None and fmt not in ("json", "csv", "parquet"):
         raise InputError(f"--from-method picks rows of a table; a {fmt} file has no methods", hint="drop --from-method")
     if fmt == "parquet":
         return read_parquet(path, method), fmt
+    if fmt == "csv":
+        return read_csv(path, method), fmt
     if fmt == "captum":
         return read_captum_file(path, tokenizer), fmt
     if fmt == "inseq":

@@ -115,7 +115,7 @@ def _missing(value: Any) -> bool:
 
 
 def _list(value: Any, what: str, where: str) -> list | None:
-    if _missing(value):
+    if _missing(value) or value == "":
         return None
     if isinstance(value, str):
         try:
@@ -250,6 +250,17 @@ def _read_text(path: Path) -> str:
     if not path.is_file():
         raise InputError(f"no such file: {path}", hint="give the path of the explanations file")
     return path.read_text(encoding="utf-8")
+
+
+def read_csv(path: str | Path, method: str | None = None) -> list[Record]:
+    """Records from a CSV table whose list fields are JSON (``heedful bench export --format csv``)."""
+    import csv
+
+    path = Path(path).expanduser()
+    _read_text(path)  # a missing file is an InputError
+    with open(path, newline="", encoding="utf-8") as fh:
+        rows = [{k: (None if v == "" else v) for k, v in row.items()} for row in csv.DictReader(fh)]
+    return records(rows, method, str(path))
 
 
 def read_parquet(path: str | Path, method: str | None = None) -> list[Record]:
