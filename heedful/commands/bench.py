@@ -183,3 +183,92 @@ def _bench_generation(model, dataset, names, method_options, metrics, generate, 
     pd.DataFrame(generation_rows(results)).to_csv(out / "generation.csv", index=False)
     Console().print(Markdown(report))
     err.print(f"wrote {out / 'generation.md'} and {out / 'generation.csv'}")
+
+
+# ---------------------------------------------------------------------------- export / import
+@app.command("export")
+def export_command(
+    store: Annotated[Path, typer.Argument(help="A results store: the --out folder of a bench run (or its results.sqlite).")],
+    format: Annotated[str, typer.Option("--format", "-f", help="parquet (list columns; needs pyarrow) or csv (lists as JSON).")] = "parquet",
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="File to write (default: STORE/bench.FORMAT); the manifest goes beside it.")] = None,
+) -> None:
+    """Export every explanation and per-example metric value of a results store as one table
+    (one row per example x method x metric; schema in docs/bench.md), with a run manifest JSON
+    (heedful version, fingerprints, options, seeds, protocols, machine) beside it."""
+    from rich.console import Console
+
+    from heedful.evaluate.export import FORMATS, export_store, open_store
+
+    if format not in FORMATS:
+        raise HeedfulError(f"--format must be one of {', '.join(FORMATS)}, got {format!r}")
+    if format == "parquet":
+        from heedful.evaluate.export import require_pyarrow
+
+        require_pyarrow()
+    with open_store(store) as opened:
+        target = out if out is not None else opened.path.parent / f"bench.{format}"
+        done = export_store(opened, target, format)
+    Console(stderr=True).print(f"wrote {done.path} ({done.rows} rows) and {done.manifest}", highlight=False, markup=False)
+
+
+@app.command("import")
+def import_command(
+    file: Annotated[Path, typer.Argument(help="Explanations: JSON / JSON lines / CSV / Parquet records, a Captum .pt file, or an Inseq .json file.")],
+    model: Annotated[str, typer.Option("--model", "-m", help="Zoo name, model directory or hub id the explanations are of.")],
+    name: Annotated[str | None, typer.Option("--name", help="Method name to store and show them under (default: the file's stem).")] = None,
+    dataset: Annotated[str | None, typer.Option("--dataset", "-d", help="The dataset the explanations are of (default: the file's own texts).")] = None,
+    metrics: Annotated[str, typer.Option("--metrics", help="Comma-separated metrics.")] = "aopc,sufficiency,accuracy",
+    preset: Annotated[str, typer.Option("--preset", "-p", help="Protocol: normxlogit, mask-lrp, ferret or default.")] = "default",
+    methods: Annotated[str | None, typer.Option("--methods", help="heedful methods to run beside them on the same examples.")] = None,
+    format: Annotated[str, typer.Option("--format", "-f", help="auto, json (also JSON lines), csv, parquet, captum or inseq.")] = "auto",
+    from_method: Annotated[str | None, typer.Option("--from-method", help="A table of several methods (heedful bench export): import this one.")] = None,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder of the results store, tables and plots.")] = Path("results"),
+    split: Annotated[str, typer.Option("--split", help="Dataset split.")] = "test",
+    n: Annotated[int | None, typer.Option("--n", "-n", help="Use the first N explained examples.")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of stochastic methods run beside them.")] = 0,
+    batch_size: Annotated[int, typer.Option("--batch-size", "-b", help="Examples per model batch.")] = 16,
+    steps: Annotated[str, typer.Option("--steps", help="Inseq files: explain every generated token (all) or the first.")] = "all",
+    option: Annotated[list[str] | None, typer.Option("--option", help="method.key=value, protocol.key=value or dataset.key=value; repeatable.")] = None,
+) -> None:
+    """Score explanations computed elsewhere (Captum, Inseq, your own code) with heedful's
+    metrics and presets: aligned to the model's tokens, stored under --name in OUT's results
+    store and shown beside heedful's methods (those given with --methods and those already
+    stored for this model and dataset)."""
+    from rich.console import Console
+
+    from heedful.evaluate import get_protocol, metric_names
+    from heedful.evaluate.bench import check_options
+    from heedful.evaluate.bench_import import ImportSpec, run_import
+    from heedful.evaluate.report import rich_table, write_report
+
+    out_console, err_console = Console(), Console(stderr=True)
+    method_options, protocol_changes, data_options = _parse_options(option)
+    if data_options and dataset is None:
+        raise HeedfulError("dataset options need --dataset", hint="add --dataset NAME, or drop the dataset.* options")
+    protocol = get_protocol(preset, **protocol_changes)
+    metric_list = metric_names(metrics)
+    names = _split_list(methods, "methods") if methods else []
+    method_options = check_options(names, method_options)
+    if not file.expanduser().is_file():
+        raise HeedfulError(f"no such file: {file}", hint="give the path of the explanations file")
+    with err_console.status(f"loading {model} …"):
+        import heedful
+
+        loaded = heedful.load(model)
+    spec = ImportSpec(
+        model=loaded, file=file, name=name or file.name.split(".")[0], metrics=metric_list, protocol=protocol, out=out,
+        dataset=dataset, split=split, format=format, method=from_method, methods=names, method_options=method_options,
+        n=n, seed=seed, batch_size=batch_size, dataset_options=data_options, steps=steps,
+    )
+    result = run_import(spec, console=err_console)
+    files = write_report(result)
+    out_console.print(rich_table(result))
+    for note in result.notes:
+        err_console.print(note, highlight=False, markup=False)
+    computed = result.computed
+    err_console.print(
+        f"[dim]stored this run: {computed['explanations']} explanations, {computed['measurements']} curve records, "
+        f"{computed['metrics']} metric values · store: {result.store_path}[/]"
+    )
+    for path in files:
+        err_console.print(f"wrote {path}")

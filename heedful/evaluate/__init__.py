@@ -12,17 +12,33 @@
   source comprehensiveness and LDS, with bootstrap intervals (:mod:`heedful.evaluate.context`);
 * :class:`ResultsStore`: the SQLite store ``heedful bench`` resumes from
   (:mod:`heedful.evaluate.store`); :func:`run_bench` runs methods x examples x metrics
-  (:mod:`heedful.evaluate.bench`).
+  (:mod:`heedful.evaluate.bench`);
+* :func:`export_store`: a results store as one Parquet / CSV table with a run manifest
+  (:mod:`heedful.evaluate.export`);
+* :func:`from_records`, :func:`from_json`, :func:`from_parquet`, :func:`from_captum`,
+  :func:`from_inseq`: explanations computed elsewhere, aligned to a model's tokens so that
+  every metric scores them (:mod:`heedful.evaluate.imports`; ``heedful bench import`` stores
+  and scores them beside heedful's methods, :mod:`heedful.evaluate.bench_import`).
 """
 
 from heedful.evaluate.evaluation import MetricResult, ModelInput, evaluate, model_inputs
+from heedful.evaluate.export import export_store
 from heedful.evaluate.generation import GenerationFaithfulness, generation_faithfulness
+from heedful.evaluate.imports import (
+    AlignmentError,
+    from_captum,
+    from_inseq,
+    from_json,
+    from_parquet,
+    from_records,
+)
 from heedful.evaluate.intervals import bootstrap_mean
 from heedful.evaluate.metrics import METRICS, Metric, PerExample, Summary, get_metric, metric_names
 from heedful.evaluate.protocol import PRESETS, Protocol, get_protocol
 from heedful.evaluate.store import ResultsStore, RunKey
 
 __all__ = [
+    "AlignmentError",
     "GenerationFaithfulness",
     "METRICS",
     "PRESETS",
@@ -36,6 +52,12 @@ __all__ = [
     "Summary",
     "bootstrap_mean",
     "evaluate",
+    "export_store",
+    "from_captum",
+    "from_inseq",
+    "from_json",
+    "from_parquet",
+    "from_records",
     "generation_faithfulness",
     "get_metric",
     "get_protocol",
