@@ -23,7 +23,7 @@ from heedful.batch import Batch
 from heedful.errors import HeedfulError, InputError
 from heedful.evaluate.protocol import Protocol
 from heedful.explanation import Explanation
-from heedful.perturb import removal_id, remove_tokens
+from heedful.perturb import Perturbed, removal_id, remove_tokens
 from heedful.problem import Problem
 from heedful.problem import prepare as prepare_problem
 from heedful.runner import Copies, Runner
@@ -344,10 +344,37 @@ def forward_removed(
         types,
     )
 
+    # a row that recurs (a rationale equal at several ratios; one text explained by several
+    # methods, or everything removed) runs once: rows with the same ids, mask, segments, anchor
+    # and explained output columns give the same outputs
+    key = [prepared.target.classes[ex].long(), perturbed.input_ids, perturbed.attention_mask, perturbed.anchor.reshape(len(ex), -1)]
+    if perturbed.token_type_ids is not None:
+        key.append(perturbed.token_type_ids)
+    first, inverse = distinct_rows(torch.cat(key, dim=1))
+    unique = Perturbed(
+        perturbed.input_ids[first],
+        perturbed.attention_mask[first],
+        None if perturbed.token_type_ids is None else perturbed.token_type_ids[first],
+        perturbed.anchor[first],
+    )
+
     def read(part, fwd):
         return output_tensors(part.target, fwd.logits, protocol.output)
 
-    return Outputs.of(prepared.runner(chunk).map(Copies.of(perturbed, ex), read))
+    found = prepared.runner(chunk).map(Copies.of(unique, ex[first]), read)
+    return Outputs.of(tuple(v[inverse] for v in found))
+
+
+def distinct_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first occurrence of each distinct row of ``rows`` ``[M, W]`` (``[U]``, in order of
+    appearance) and, for every row, which of them it equals (``[M]`` indices into ``[U]``)."""
+    _, inverse = torch.unique(rows, dim=0, return_inverse=True)
+    order = torch.full((int(inverse.max()) + 1,), rows.shape[0], dtype=torch.long)
+    order.scatter_reduce_(0, inverse, torch.arange(rows.shape[0]), "amin")
+    first, rank = torch.sort(order)
+    position = torch.empty_like(rank)
+    position[rank] = torch.arange(len(rank))
+    return first, position[inverse]
 
 
 def _forward_retokenized(prepared: Prepared, ex: torch.Tensor, remove: torch.Tensor, chunk: int | None) -> Outputs:
