@@ -13,7 +13,7 @@ anchors and special tokens come from the adapter's roles and the tokenizer's own
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -213,7 +213,7 @@ def prepare(
                 f"{len(batch.tokens[b])} here",
                 hint="evaluate with the model and max_length the explanation was computed with",
             )
-    problem = prepare_problem(adapter, batch, explained_columns(explanations))
+    problem = _prepared_once(adapter, batch, explanations)
     target = problem.target
     scores = _scores_matrix(explanations, batch.seq_len)
     rankable = rankable_positions(batch, target, protocol.specials, scores, protocol.skip_lowest)
@@ -223,6 +223,20 @@ def prepare(
     kept = (batch.lengths >= protocol.min_length).numpy()
     original = target_outputs(target, problem.reference.logits, protocol.output)
     return Prepared(problem, protocol, scores, rankable, eligible, ranks, base, kept, original)
+
+
+def _prepared_once(adapter: ModelAdapter, batch: Batch, explanations: Sequence[Explanation]) -> Problem:
+    """The problem of the explained examples, each distinct (text, pair, explained output) run
+    through the model once: explanations of one text by several methods share their original."""
+    keys = [(e.text, e.text_pair, tuple(e.target.indices)) for e in explanations]
+    index: dict[tuple, int] = {}
+    first = [index.setdefault(key, b) for b, key in enumerate(keys)]
+    if len(index) == len(keys):
+        return prepare_problem(adapter, batch, explained_columns(explanations))
+    unique = list(index.values())
+    problem = prepare_problem(adapter, batch.select(unique), explained_columns([explanations[b] for b in unique]))
+    slot = {b: u for u, b in enumerate(unique)}
+    return replace(problem.select([slot[b] for b in first]), batch=batch)
 
 
 # ---------------------------------------------------------------------------- schedules
