@@ -94,7 +94,9 @@ class PositionCounter:
 
     def __init__(self, model: heedful.Model) -> None:
         self.cells = self.real = 0
-        self.handle = model.hf_model.base_model.register_forward_pre_hook(self._hook, with_kwargs=True)
+        # the float32 model and its low-precision copies (heedful.precision)
+        models = [model.hf_model, *(model.adapter.at_precision(p).hf_model for p in LOWER)]
+        self.handles = [m.base_model.register_forward_pre_hook(self._hook, with_kwargs=True) for m in models]
 
     def _hook(self, module, args, kwargs) -> None:
         mask = kwargs.get("attention_mask")
@@ -232,7 +234,8 @@ def compare(model: heedful.Model, texts: list[str], args: argparse.Namespace, co
     joint_diff = max(
         float(np.abs(joint_values[:, j] - row["values"]).max()) for j, row in enumerate(rows)
     )
-    counter.handle.remove()
+    for handle in counter.handles:
+        handle.remove()
     return {
         "rows": rows,
         "joint": timed["joint"].median,
@@ -392,7 +395,7 @@ def precision_lines(found: dict[str, Any]) -> list[str]:
         "## Lower precision: heedful fp32 vs bf16 vs int8 vs ferret (same run, same explanations)",
         "",
         "`evaluate(..., precision=\"bf16\" | \"int8\")`: the curves' forward passes (originals included) run on "
-        "a low-precision copy of the model (bf16: linear layers' weights and products in bfloat16; int8: "
+        "a low-precision copy of the model (bf16: a bfloat16 copy, logits returned in float32; int8: "
         "dynamically quantised linear layers); everything else as at fp32. Ratios are ferret's time over "
         "heedful's.",
         "",

@@ -191,9 +191,9 @@ def render(found: dict[str, Any], info: list[str], args: argparse.Namespace, n: 
         "",
         f"Building the low-precision copies (bf16 and int8, once per model): {fmt_s(found['build'])}.",
         "",
-        "bf16: every linear layer's weights in bfloat16, its product in bfloat16 (inputs cast in, "
-        "outputs cast back to float32); embeddings, layer norms, softmax and attention in float32. "
-        "int8: `torch.ao.quantization.quantize_dynamic` of every linear layer (int8 weights, "
+        "bf16: a bfloat16 copy of the model (weights and activations; layer norms and softmax "
+        "accumulate in float32 inside their kernels), logits returned in float32. int8: "
+        "`torch.ao.quantization.quantize_dynamic` of every linear layer (int8 weights per tensor, "
         "activations quantised per batch). Leave-one-out's original output runs at the same "
         "precision as its perturbed copies.",
         "",

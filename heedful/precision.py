@@ -4,10 +4,11 @@ Perturbation methods (leave-one-out, LIME, KernelSHAP, RISE) and the faithfulnes
 run the model forward and read its outputs, so they can trade a little accuracy for speed:
 
 * ``"fp32"`` -- the model as loaded (the default; every result reported unless asked).
-* ``"bf16"`` -- a copy of the model whose linear layers hold their weights in bfloat16 and
-  multiply in bfloat16 (inputs cast on the way in, outputs cast back to the activations'
-  dtype on the way out); embeddings, layer norms, softmax and attention stay in float32. On
-  CPUs with AVX-512 BF16 (or AMX) the matrix products run at about twice the float32 rate.
+* ``"bf16"`` -- a bfloat16 copy of the model: weights and activations in bfloat16, layer norms
+  and softmax accumulating in float32 inside their kernels. On CPUs with AVX-512 BF16 (or AMX)
+  the matrix products run at about twice the float32 rate. (Casting only the linear layers'
+  weights, with float32 activations between them, was measured too: half the speed-up, for
+  a third of the deviation; see benchmarks/results/precision.md.)
 * ``"int8"`` -- a copy whose linear layers are dynamically quantised to int8
   (:func:`torch.ao.quantization.quantize_dynamic`: int8 weights per tensor, activations
   quantised per batch; CPU only).
@@ -20,8 +21,8 @@ precision and then reused). Outputs come back in float32 whatever the precision.
 >>> import torch
 >>> from heedful.precision import lowered_model
 >>> layer = torch.nn.Sequential(torch.nn.Linear(4, 2))
->>> lowered_model(layer, "bf16")(torch.ones(1, 4)).dtype
-torch.float32
+>>> lowered_model(layer, "bf16")(torch.ones(1, 4, dtype=torch.bfloat16)).dtype
+torch.bfloat16
 """
 
 from __future__ import annotations
@@ -71,34 +72,9 @@ def forward_precision(precision: str) -> Iterator[None]:
         _ACTIVE.reset(token)
 
 
-class BFloat16Linear(nn.Module):
-    """``y = x W^T + b`` with ``W``, ``b`` and the product in bfloat16; ``x`` ``[..., in]`` is
-    cast to bfloat16 and ``y`` ``[..., out]`` back to ``x``'s dtype."""
-
-    def __init__(self, linear: nn.Linear) -> None:
-        super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.weight = nn.Parameter(linear.weight.detach().to(torch.bfloat16), requires_grad=False)
-        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().to(torch.bfloat16), requires_grad=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return nn.functional.linear(x.to(torch.bfloat16), self.weight, self.bias).to(x.dtype)
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
-
-
-def _swap_linears(module: nn.Module) -> None:
-    for name, child in module.named_children():
-        if type(child) is nn.Linear:
-            setattr(module, name, BFloat16Linear(child))
-        else:
-            _swap_linears(child)
-
-
 def lowered_model(model: nn.Module, precision: str) -> nn.Module:
     """A copy of ``model`` for forward passes at ``precision`` (``model`` itself is untouched):
-    ``"bf16"`` with every ``nn.Linear`` a :class:`BFloat16Linear`, ``"int8"`` with every
+    ``"bf16"`` in bfloat16 (its inputs' embeddings must be bfloat16 too), ``"int8"`` with every
     ``nn.Linear`` dynamically quantised (CPU only); ``"fp32"`` returns ``model``."""
     check_precision(precision)
     if precision == "fp32":
@@ -108,7 +84,7 @@ def lowered_model(model: nn.Module, precision: str) -> nn.Module:
         raise InputError(f"precision int8 runs on the CPU only; the model is on {device}", hint="use precision='bf16'")
     lowered = copy.deepcopy(model).eval()
     if precision == "bf16":
-        _swap_linears(lowered)
+        lowered = lowered.to(torch.bfloat16)
     else:
         with warnings.catch_warnings():  # torch.ao's deprecation notices: the eager API is what runs here
             warnings.simplefilter("ignore")

@@ -18,7 +18,7 @@ from tiny import CORPUS, tiny_model
 from heedful.errors import InputError
 from heedful.evaluate import evaluate, get_protocol
 from heedful.evaluate.store import run_key, subject
-from heedful.precision import BFloat16Linear, active_precision, forward_precision, lowered_model
+from heedful.precision import active_precision, forward_precision, lowered_model
 from heedful.registry import registered
 
 TEXTS = list(CORPUS[:6])
@@ -119,26 +119,27 @@ def test_the_low_precision_copy_is_built_once_and_reused(model):
     assert adapter.at_precision("fp32") is adapter
     assert first.counter is adapter.counter and first.tokenizer is adapter.tokenizer
     assert first.hf_model is not adapter.hf_model
-    # the float32 model is untouched; the copy's linear layers hold bfloat16 weights
+    # the float32 model is untouched; the copy is bfloat16, the int8 copy's linears quantised
     assert all(p.dtype == torch.float32 for p in adapter.hf_model.parameters())
-    linears = [m for m in first.hf_model.modules() if isinstance(m, BFloat16Linear)]
-    assert linears and all(m.weight.dtype == torch.bfloat16 for m in linears)
-    assert not any(type(m) is torch.nn.Linear for m in first.hf_model.modules())
+    assert all(p.dtype == torch.bfloat16 for p in first.hf_model.parameters())
+    quantised = adapter.at_precision("int8").hf_model
+    assert not any(type(m) is torch.nn.Linear for m in quantised.modules())
     assert active_precision() == "fp32"  # the method's context was left
     with pytest.raises(InputError, match="lowered again"):
         first.at_precision("int8")
 
 
-def test_lowered_model_follows_the_input_dtype_and_refuses_int8_off_cpu():
+def test_lowered_model_leaves_the_model_and_refuses_int8_off_cpu():
     torch.manual_seed(0)
     layer = torch.nn.Sequential(torch.nn.Linear(8, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
     x = torch.randn(4, 8)
-    for precision in ("bf16", "int8"):
+    for precision, dtype in (("bf16", torch.bfloat16), ("int8", torch.float32)):
         with torch.no_grad():
-            out, exact = lowered_model(layer, precision)(x), layer(x)
-        assert out.dtype == torch.float32 and out.shape == (4, 2)
-        assert float((out - exact).abs().max()) < 0.05
+            out, exact = lowered_model(layer, precision)(x.to(dtype)), layer(x)
+        assert out.dtype == dtype and out.shape == (4, 2)
+        assert float((out.float() - exact).abs().max()) < 0.05
     assert lowered_model(layer, "fp32") is layer
+    assert all(p.dtype == torch.float32 for p in layer.parameters())
     with pytest.raises(InputError, match="one of"):
         lowered_model(layer, "fp8")
 

@@ -648,7 +648,10 @@ class ModelAdapter:
         """
         wanted = active_precision()
         if wanted != self.precision and self.precision == "fp32":  # inside forward_precision(...)
-            found = self.at_precision(wanted).forward(
+            lowered = self.at_precision(wanted)
+            if inputs_embeds is not None:
+                inputs_embeds = inputs_embeds.to(lowered.word_embeddings.weight.dtype)
+            found = lowered.forward(
                 batch, anchor, input_ids=input_ids, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
                 token_type_ids=token_type_ids, hidden_states=hidden_states, attentions=attentions, prefix=prefix,
                 checkpoint=checkpoint, release=release, prefill=prefill,
