@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from operator import attrgetter
 from typing import ClassVar
 
@@ -35,6 +35,7 @@ from heedful.memory import (
     parse_memory,
     release_heap,
 )
+from heedful.precision import active_precision, lowered_model
 
 
 @dataclass
@@ -131,6 +132,10 @@ class ModelAdapter:
     max_memory: int = field(default_factory=default_budget)
     """Bytes one pass may use on top of what the process holds (:mod:`heedful.memory`);
     default :func:`~heedful.memory.default_budget`, half of the memory available at load."""
+    precision: str = "fp32"
+    """The numeric precision this adapter's model runs at (:mod:`heedful.precision`)."""
+    lowered: dict = field(default_factory=dict, repr=False, compare=False)
+    """Low-precision copies of this adapter by precision, built on first use (:meth:`at_precision`)."""
 
     family: ClassVar[str] = "generic"
     is_decoder: ClassVar[bool] = False
@@ -587,6 +592,21 @@ class ModelAdapter:
             return "value"
         return self.tokenizer.convert_ids_to_tokens(int(index))
 
+    # ------------------------------------------------------------------ precision
+    def at_precision(self, precision: str) -> ModelAdapter:
+        """This adapter with its model at ``precision`` (:func:`heedful.precision.lowered_model`):
+        itself at its own precision, else a copy sharing its tokenizer and pass counter, built
+        on first use and kept (``lowered``) so that later calls reuse it."""
+        if precision == self.precision:
+            return self
+        if self.precision != "fp32":
+            raise InputError(f"a {self.precision} copy of a model is not lowered again", hint="lower the float32 adapter")
+        found = self.lowered.get(precision)
+        if found is None:
+            found = replace(self, hf_model=lowered_model(self.hf_model, precision), precision=precision, lowered={})
+            self.lowered[precision] = found
+        return found
+
     # ------------------------------------------------------------------ forward passes
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Word embeddings of ids, ``[B, N] -> [B, N, E]`` (the input the gradient methods perturb)."""
@@ -626,6 +646,22 @@ class ModelAdapter:
         in chunks of ``prefill`` with the key/value cache -- attention over ``prefill x N``
         instead of ``N x N`` per block -- with the same outputs (beyond float rounding).
         """
+        wanted = active_precision()
+        if wanted != self.precision and self.precision == "fp32":  # inside forward_precision(...)
+            lowered = self.at_precision(wanted)
+            if inputs_embeds is not None:
+                inputs_embeds = inputs_embeds.to(lowered.word_embeddings.weight.dtype)
+            found = lowered.forward(
+                batch, anchor, input_ids=input_ids, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
+                token_type_ids=token_type_ids, hidden_states=hidden_states, attentions=attentions, prefix=prefix,
+                checkpoint=checkpoint, release=release, prefill=prefill,
+            )
+            dtype = self.word_embeddings.weight.dtype
+            return Forward(
+                found.logits.to(dtype),
+                None if found.hidden_states is None else tuple(h.to(dtype) for h in found.hidden_states),
+                None if found.attentions is None else tuple(a.to(dtype) for a in found.attentions),
+            )
         mask = batch.attention_mask if attention_mask is None else attention_mask
         kwargs: dict = {"attention_mask": mask, "return_dict": True}
         if self.is_decoder:

@@ -6,8 +6,10 @@ from typing import Annotated, Literal
 
 import torch
 
+from heedful.attribution._precision import MethodPrecision, reference_logits
 from heedful.options import AT_LEAST_ONE, RUNTIME
 from heedful.perturb import Removal, removable_positions, remove_from_examples
+from heedful.precision import forward_precision
 from heedful.problem import Problem
 from heedful.registry import register
 from heedful.runner import Copies, Runner
@@ -22,6 +24,7 @@ def leave_one_out(
     *,
     removal: Removal = "auto",
     output: Output = "logit",
+    precision: MethodPrecision = "fp32",
     internal_batch_size: Annotated[int | None, AT_LEAST_ONE, RUNTIME] = None,
 ) -> torch.Tensor:
     """Output drop when each token alone is removed (replaced by [MASK], or deleted for causal LMs).
@@ -30,7 +33,8 @@ def leave_one_out(
 
     ``removal="auto"`` uses the model's removal token (``[MASK]`` for encoders; deletion for
     causal LMs); ``output`` chooses the target logit or its probability as ``f``. All ``sum_b
-    N_b`` perturbed copies run through the batched runner.
+    N_b`` perturbed copies run through the batched runner, at ``precision`` (``"bf16"`` /
+    ``"int8"``: :mod:`heedful.precision`; ``f(x)`` then runs at that precision too).
 
     Source: Li et al. 2016, Understanding Neural Networks through Representation Erasure (Eq. 2)
     """
@@ -41,8 +45,9 @@ def leave_one_out(
     remove = torch.zeros(rows, batch.seq_len, dtype=torch.bool)
     remove[torch.arange(rows), position] = True
     perturbed = remove_from_examples(problem.adapter, batch, target, example, remove, removal)
-    original = target.output(problem.reference.logits.detach(), output)
-    changed = Runner.for_problem(problem, rows=internal_batch_size).scores(Copies.of(perturbed, example), output)
+    with forward_precision(precision):
+        original = target.output(reference_logits(problem, precision), output)
+        changed = Runner.for_problem(problem, rows=internal_batch_size).scores(Copies.of(perturbed, example), output)
     scores = torch.zeros(batch.input_ids.shape, dtype=original.dtype)
     scores[example, position] = original[example] - changed
     return scores

@@ -7,10 +7,12 @@ from typing import Annotated
 import torch
 
 from heedful.attribution._masks import Features, features_of, score_samples, to_tokens
+from heedful.attribution._precision import MethodPrecision
 from heedful.attribution.perturbation import Output
 from heedful.batch import Batch
 from heedful.options import AT_LEAST_ONE, OPEN_UNIT, RUNTIME
 from heedful.perturb import Removal
+from heedful.precision import forward_precision
 from heedful.problem import Problem
 from heedful.registry import register
 from heedful.seeding import example_generators
@@ -34,6 +36,7 @@ def rise(
     removal: Removal = "auto",
     output: Output = "probability",
     seed: int | None = 0,
+    precision: MethodPrecision = "fp32",
     internal_batch_size: Annotated[int | None, AT_LEAST_ONE, RUNTIME] = None,
 ) -> torch.Tensor:
     """Mean output over random token keep-masks, weighted by whether each token was kept.
@@ -52,6 +55,7 @@ def rise(
     batch = problem.batch
     features = features_of(batch, problem.target)
     keep = draw_masks(batch, features, int(n_masks), p_keep, seed)
-    y = score_samples(problem, features, keep, removal, output, internal_batch_size)
+    with forward_precision(precision):
+        y = score_samples(problem, features, keep, removal, output, internal_batch_size)
     importance = torch.einsum("bs,bsm->bm", y.double(), keep.double()) / (int(n_masks) * p_keep)
     return to_tokens(features, importance.float(), batch.seq_len)

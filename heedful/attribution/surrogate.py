@@ -24,10 +24,12 @@ from typing import Annotated, Literal
 import torch
 
 from heedful.attribution._masks import Features, features_of, score_samples, to_tokens
+from heedful.attribution._precision import MethodPrecision
 from heedful.attribution.perturbation import Output
 from heedful.errors import InputError
 from heedful.options import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, RUNTIME, Range
 from heedful.perturb import Removal
+from heedful.precision import forward_precision
 from heedful.problem import Problem
 from heedful.registry import register
 from heedful.seeding import example_generators
@@ -135,6 +137,7 @@ def lime(
     removal: Removal = "auto",
     output: Output = "probability",
     seed: int | None = 0,
+    precision: MethodPrecision = "fp32",
     internal_batch_size: Annotated[int | None, AT_LEAST_ONE, RUNTIME] = None,
 ) -> torch.Tensor:
     """Weighted ridge fit of the output on random token removals near the input.
@@ -154,7 +157,8 @@ def lime(
     batch = problem.batch
     features = features_of(batch, problem.target)
     keep = lime_samples(features, n_samples, sampling, example_generators(batch, seed))
-    y = score_samples(problem, features, keep, removal, output, internal_batch_size)
+    with forward_precision(precision):
+        y = score_samples(problem, features, keep, removal, output, internal_batch_size)
     w = lime_kernel(keep, features.counts, kernel_width)
     coef, _ = weighted_linear_fit(keep, y, w, features.valid, alpha)
     return to_tokens(features, coef.float(), batch.seq_len)
@@ -168,6 +172,7 @@ def kernel_shap(
     removal: Removal = "auto",
     output: Output = "probability",
     seed: int | None = 0,
+    precision: MethodPrecision = "fp32",
     internal_batch_size: Annotated[int | None, AT_LEAST_ONE, RUNTIME] = None,
 ) -> torch.Tensor:
     """Shapley-kernel-weighted linear fit of the output on random token coalitions (approximate Shapley values).
@@ -185,7 +190,8 @@ def kernel_shap(
     batch = problem.batch
     features = features_of(batch, problem.target)
     keep = shap_samples(features, n_samples, example_generators(batch, seed))
-    y = score_samples(problem, features, keep, removal, output, internal_batch_size)
+    with forward_precision(precision):
+        y = score_samples(problem, features, keep, removal, output, internal_batch_size)
     full = keep.sum(dim=2)
     extreme = (full == 0) | (full == features.counts[:, None])
     w = torch.where(extreme, torch.full_like(y, SHAP_INFINITE_WEIGHT), torch.ones_like(y))

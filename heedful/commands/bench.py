@@ -13,6 +13,7 @@ import typer
 from heedful.commands.options import key_value
 from heedful.errors import HeedfulError
 from heedful.memory import parse_memory
+from heedful.precision import check_precision
 
 
 def _split_list(raw: str, what: str) -> list[str]:
@@ -72,6 +73,7 @@ def bench(
     lm_word: Annotated[str, typer.Option("--lm-word", help="Language-model data: explain the 'target' or the 'foil' word.")] = "target",
     generate: Annotated[int | None, typer.Option("--generate", "-g", help="Prompts data (JSONL with 'prompt', optional 'continuation'): explain N generated tokens per prompt.")] = None,
     max_memory: Annotated[str | None, typer.Option("--max-memory", help="Memory one pass may use, e.g. 4GB or 512MiB (default: half of the free memory).")] = None,
+    precision: Annotated[str, typer.Option("--precision", help="fp32, bf16 or int8: forward passes of the curves and of forward-only methods (leave_one_out, lime, kernel_shap, rise) at this precision; keyed in the store when not fp32.")] = "fp32",
 ) -> None:
     """Run METHODS x examples x METRICS under a paper's protocol; results are stored per example
     in OUT/results.sqlite, so an interrupted run resumes where it stopped. With --generate, the
@@ -98,6 +100,8 @@ def bench(
     budget = None if max_memory is None else parse_memory(max_memory)
     method_options, protocol_changes, data_options = _parse_options(option)
     if generate is not None:
+        if precision != "fp32":
+            raise HeedfulError("--precision applies to benches of a dataset, not to --generate", hint="drop --precision")
         if data_options:
             raise HeedfulError("--generate reads a prompts file, which takes no dataset options", hint="drop the dataset.* options")
         _bench_generation(model, dataset, _split_list(methods, "methods"), method_options, metrics or "aopc,sufficiency", generate, n, out, budget)
@@ -105,9 +109,13 @@ def bench(
     metrics = metrics or "aopc,sufficiency,accuracy"
     if random_seeds is not None:
         protocol_changes["random_seeds"] = random_seeds
+    if check_precision(precision) != "fp32":
+        protocol_changes.setdefault("precision", precision)
     protocol = get_protocol(preset, **protocol_changes)
     names, metric_list = _split_list(methods, "methods"), metric_names(metrics)
     method_options = check_options(names, method_options)  # bad options fail before the model loads
+    if precision != "fp32":
+        _forward_only_precision(names, method_options, precision)
     if data_options:
         from heedful.datasets.loading import check_options as check_dataset_options
 
@@ -143,6 +151,17 @@ def bench(
     )
     for path in files:
         err_console.print(f"wrote {path}")
+
+
+def _forward_only_precision(names: list[str], method_options: dict[str, dict[str, Any]], precision: str) -> None:
+    """``--precision``: every method of ``names`` that takes a ``precision`` option runs at
+    ``precision`` unless ``--option METHOD.precision=...`` says otherwise."""
+    from heedful.attribution import get_method
+
+    for name in names:
+        info = get_method(name, None)
+        if info.takes("precision"):
+            method_options.setdefault(info.name, {}).setdefault("precision", precision)
 
 
 GENERATION_METRICS = {"aopc", "comprehensiveness", "sufficiency"}

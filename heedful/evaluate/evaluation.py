@@ -35,6 +35,7 @@ from heedful.evaluate.metrics import (
 )
 from heedful.evaluate.protocol import Protocol, get_protocol
 from heedful.explanation import Explanation
+from heedful.precision import forward_precision
 from heedful.targets import Target
 
 
@@ -190,7 +191,20 @@ def measure(
 ) -> Measurements:
     """Raw perturbation measurements of ``explanations`` (one batch) for the given ``sources``
     (``shared``: source-ablation outputs other runs measured, see
-    :class:`~heedful.evaluate.context.SharedAblations`)."""
+    :class:`~heedful.evaluate.context.SharedAblations`). Every pass runs at the protocol's
+    ``precision``."""
+    with forward_precision(protocol.precision):
+        return _measure(adapter, explanations, protocol, sources, chunk, shared)
+
+
+def _measure(
+    adapter: ModelAdapter,
+    explanations: Sequence[Explanation],
+    protocol: Protocol,
+    sources: Sequence[str],
+    chunk: int | None,
+    shared: ctx.SharedAblations | None,
+) -> Measurements:
     m = Measurements(protocol=protocol, n=len(explanations))
     if "ablations" in sources:
         m.ablations = ctx.measure_ablations(adapter, explanations, protocol, shared, chunk)
@@ -337,6 +351,7 @@ def evaluate(
     batch_size: int = 32,
     chunk: int | None = None,
     shared: ctx.SharedAblations | None = None,
+    precision: str | None = None,
 ) -> dict[str, MetricResult]:
     """Faithfulness and plausibility of ``explanations`` of ``model`` (a :class:`heedful.Model`).
 
@@ -346,9 +361,14 @@ def evaluate(
     perturbed copies of a batch run together in chunks of about ``TOKEN_BUDGET`` tokens.
     Context metrics read the explanations' sources and ``inputs``' answer sources; ``shared``
     lets several calls (one per method) share the random source ablations they measure.
+    ``precision`` (``"fp32"``, ``"bf16"``, ``"int8"``; default: the protocol's) sets the
+    protocol's ``precision``: the forward passes of the curves run at it
+    (:mod:`heedful.precision`).
     """
     adapter: ModelAdapter = getattr(model, "adapter", model)
     protocol = get_protocol(protocol)
+    if precision is not None and precision != protocol.precision:
+        protocol = protocol.with_(precision=precision)
     names = metric_names(metrics)
     for name in names:
         check_metric(METRICS[name], adapter.task)

@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from heedful.errors import InputError
+from heedful.precision import PRECISIONS
 
 REMOVALS = ("auto", "mask", "pad", "unk", "delete")
 SPECIALS = ("exclude", "leading", "include")
@@ -55,7 +56,7 @@ NORMALIZATIONS = ("softmax", "l1", "none")
 
 TENTHS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
-LATER_FIELDS = {"precision_k": 20, "source_ks": (1, 3, 5), "lds_ablations": 32, "lds_keep": 0.5}
+LATER_FIELDS = {"precision_k": 20, "source_ks": (1, 3, 5), "lds_ablations": 32, "lds_keep": 0.5, "precision": "fp32"}
 """Fields added after results stores were first written, with their defaults: a protocol's
 :meth:`Protocol.hash` leaves them out while they hold these values, so older stores keep their
 keys (a changed value enters the hash as any other field)."""
@@ -111,6 +112,10 @@ class Protocol:
         before they existed keep their keys.
     Baseline
         ``random_seeds``: how many seeds the random baseline is run with (mean +- std).
+    Speed
+        ``precision``: the numeric precision of the perturbed and original forward passes --
+        ``"fp32"`` (the model as loaded), ``"bf16"`` or ``"int8"`` (:mod:`heedful.precision`:
+        faster, outputs slightly off). It enters :meth:`hash` only when not ``"fp32"``.
     """
 
     name: str = "custom"
@@ -142,6 +147,7 @@ class Protocol:
     lds_ablations: int = 32
     lds_keep: float = 0.5
     random_seeds: int = 5
+    precision: str = "fp32"
     citation: str = ""
 
     def __post_init__(self) -> None:
@@ -156,6 +162,7 @@ class Protocol:
             "token_types": TOKEN_TYPES,
             "plausibility_specials": SPECIALS,
             "dot_normalization": NORMALIZATIONS,
+            "precision": PRECISIONS,
         }
         for key, allowed in choices.items():
             value = getattr(self, key)
