@@ -13,7 +13,9 @@ A method declares each option once, as a keyword parameter with a type hint and 
 :func:`option_specs` turns that into :class:`OptionSpec` s; :meth:`OptionSpec.check` validates
 and coerces one value. ``Literal[...]`` gives the choices, ``Annotated[..., Range(...)]`` the
 allowed interval, ``Annotated[..., RUNTIME]`` marks an option that changes how the work is split
-(chunk sizes) but not the result, so it stays out of results-store keys.
+(chunk sizes) but not the result, so it stays out of results-store keys. ``Annotated[...,
+KEYED_WHEN_SET]`` marks an option added to a method after results were stored: it enters the
+key only when it differs from its default, so the keys of runs at the defaults stay what they were.
 """
 
 from __future__ import annotations
@@ -60,12 +62,18 @@ class Runtime:
     """Marks an option that decides how work is chunked, not what is computed."""
 
 
+@dataclass(frozen=True)
+class KeyedWhenSet:
+    """Marks an option that enters results-store keys only when it is not at its default."""
+
+
 AT_LEAST_ONE = Range(1)
 POSITIVE = Range(0, low_open=True)
 NON_NEGATIVE = Range(0)
 OPEN_UNIT = Range(0, 1, low_open=True, high_open=True)
 UNIT = Range(0, 1)
 RUNTIME = Runtime()
+KEYED_WHEN_SET = KeyedWhenSet()
 
 
 @dataclass(frozen=True)
@@ -80,6 +88,7 @@ class OptionSpec:
     choices: tuple[Any, ...] | None = None
     range: Range | None = None
     runtime: bool = False
+    keyed_when_set: bool = False
 
     def describe(self) -> str:
         """What the option accepts, for messages and tables (``int >= 1``, ``'pad' | 'mask'``)."""
@@ -144,7 +153,7 @@ def _coerce(value: Any, kinds: tuple[type, ...]) -> Any:
 
 
 def _spec(name: str, hint: Any, default: Any) -> OptionSpec:
-    range_, runtime = None, False
+    range_, runtime, when_set = None, False, False
     if typing.get_origin(hint) is typing.Annotated:
         hint, *extras = typing.get_args(hint)
         for extra in extras:
@@ -152,6 +161,8 @@ def _spec(name: str, hint: Any, default: Any) -> OptionSpec:
                 range_ = extra
             elif isinstance(extra, Runtime):
                 runtime = True
+            elif isinstance(extra, KeyedWhenSet):
+                when_set = True
     members = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
     kinds: list[type] = []
     choices: list[Any] | None = None
@@ -159,7 +170,7 @@ def _spec(name: str, hint: Any, default: Any) -> OptionSpec:
         if typing.get_origin(member) is typing.Literal:
             choices = (choices or []) + list(typing.get_args(member))
         elif member is Any:
-            return OptionSpec(name, default, (), None, range_, runtime)
+            return OptionSpec(name, default, (), None, range_, runtime, when_set)
         elif member is None or member is _NONE:
             kinds.append(_NONE)
         elif isinstance(member, type):
@@ -171,7 +182,7 @@ def _spec(name: str, hint: Any, default: Any) -> OptionSpec:
         if _NONE in kinds:
             choices.append(None)
         kinds = []
-    return OptionSpec(name, default, tuple(kinds), None if choices is None else tuple(choices), range_, runtime)
+    return OptionSpec(name, default, tuple(kinds), None if choices is None else tuple(choices), range_, runtime, when_set)
 
 
 def option_specs(fn: Callable, positional: int = 1) -> tuple[OptionSpec, ...]:

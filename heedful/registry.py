@@ -122,9 +122,11 @@ class MethodInfo:
         return bind_options(self.name, self.options, options or {})
 
     def key_options(self, bound: Mapping[str, Any]) -> dict[str, Any]:
-        """The options that decide the result (runtime options such as chunk sizes left out)."""
+        """The options that decide the result (runtime options such as chunk sizes left out, and
+        options marked ``KEYED_WHEN_SET`` left out while at their defaults)."""
         runtime = {spec.name for spec in self.options if spec.runtime}
-        return {k: v for k, v in bound.items() if k not in runtime}
+        unset = {spec.name for spec in self.options if spec.keyed_when_set and spec.name in bound and bound[spec.name] == spec.default}
+        return {k: v for k, v in bound.items() if k not in runtime and k not in unset}
 
     # ------------------------------------------------------------------ calling
     def __call__(self, problem: Any, **options: Any) -> Any:
