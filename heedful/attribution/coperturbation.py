@@ -446,13 +446,14 @@ def linearized_theta(a: torch.Tensor, real: torch.Tensor, objective: str) -> tor
     quantity ``b_j`` (the std over the ceiling for the normalised objective, the variance over
     the ceiling's square for ``"paper"``; see :func:`_log_std`) is ``a_j^(-1/2)`` resp.
     ``a_j^(-1)`` scaled so that its geometric mean over the real tokens is the cold start's
-    ``sigmoid(0) = 1/2``; ``theta_j = logit(b_j)`` clipped to ``+-``:data:`INIT_CLIP` (a token
+    ``sigmoid(0) = 1/2`` (tokens with ``a_j = 0`` left out of the mean); ``theta_j = logit(b_j)`` clipped to ``+-``:data:`INIT_CLIP` (a token
     with ``a_j = 0`` gets the upper clip). Padding gets 0.
     """
     power = 1.0 if objective == "paper" else 0.5
     log_b = -power * torch.log(a.clamp_min(1e-30))
-    count = real.sum(dim=1, keepdim=True).clamp_min(1)
-    centre = (log_b * real).sum(dim=1, keepdim=True) / count
+    counted = real & (a > 0)  # a token with no gradient has no finite first-order optimum
+    count = counted.sum(dim=1, keepdim=True).clamp_min(1)
+    centre = (log_b * counted).sum(dim=1, keepdim=True) / count
     log_b = log_b - centre + math.log(0.5)
     lo, hi = math.log(torch.sigmoid(torch.tensor(-INIT_CLIP)).item()), math.log(torch.sigmoid(torch.tensor(INIT_CLIP)).item())
     log_b = log_b.clamp(lo, hi)
