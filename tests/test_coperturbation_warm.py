@@ -139,7 +139,7 @@ class QuadraticProbe:
 
 @pytest.mark.parametrize(
     "options",
-    [{"keep": "average"}, {"schedule": "cosine", "keep": "last"}, {"antithetic": True, "keep": "last"}, {"crn": True, "keep": "last", "samples": 64}],
+    [{"keep": "average"}, {"schedule": "cosine", "keep": "last", "max_steps": 800}, {"antithetic": True, "keep": "last"}, {"crn": True, "keep": "last", "samples": 64}],
 )
 def test_every_setting_finds_the_optimum(sharp, options):
     problem = sharp.prepare(TEXTS, None)

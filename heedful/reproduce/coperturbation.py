@@ -352,9 +352,11 @@ def _stability(model, run: Plan, say):
     """Measure what is missing of the stability section (resumable) and summarise it."""
     from heedful.reproduce import coperturbation_stability as cs
 
-    folder = run.store / "stability"
+    # a smoke run optimises for fewer steps, into a folder of its own
+    folder = run.store / ("stability-quick" if run.quick else "stability")
+    overrides = dict(QUICK["options"]["coperturbation"]) if run.quick else None
     say(f"cost and seed stability on {run.n_seed} dev sentences, warm start on {run.n_warm}")
-    cs.measure(model, folder, run.n_seed, run.n_warm, run.until, say, run.share)
+    cs.measure(model, folder, run.n_seed, run.n_warm, run.until, say, run.share, overrides)
     return cs.summarise(folder, run.n_seed, run.n_warm)
 
 

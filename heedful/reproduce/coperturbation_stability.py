@@ -131,9 +131,10 @@ def _padded(rows: Sequence[np.ndarray], width: int) -> np.ndarray:
     return out
 
 
-def run_unit(model, inputs, name: str, seed: int) -> dict[str, np.ndarray]:
+def run_unit(model, inputs, name: str, seed: int, overrides: dict[str, Any] | None = None) -> dict[str, np.ndarray]:
     """One unit: run ``name`` (a :data:`TRAJECTORIES` key, ``"linearized"`` or ``"random"``) with
-    ``seed`` on ``inputs`` as one batch; scores, per-sentence metrics, history and costs."""
+    ``seed`` on ``inputs`` as one batch; scores, per-sentence metrics, history and costs.
+    ``overrides``: settings applied to every optimised run (a smoke run's fewer steps)."""
     texts = [i.text for i in inputs]
     counter = model.adapter.counter
     problem = model.prepare(texts, None, hidden_states=True)
@@ -146,7 +147,8 @@ def run_unit(model, inputs, name: str, seed: int) -> dict[str, np.ndarray]:
         expl = model.explain(problem, "random", seed=seed)
         states = {"best": torch.tensor(_padded([e.scores for e in expl], batch.seq_len)).nan_to_num(0.0)}
     else:
-        settings = cp.Settings(solver="linearized") if name == "linearized" else cp.Settings(**TRAJECTORIES[name])
+        chosen = {"solver": "linearized"} if name == "linearized" else {**TRAJECTORIES[name], **(overrides or {})}
+        settings = cp.Settings(**chosen)
         fit, _ = cp.estimate_interest(problem, settings=settings, seed=seed)
         states = fit.states or {"best": fit.sigma}
         states = {k: cp.interest_scores(cp.noise_level(v, settings.objective), content, real) for k, v in states.items()}
@@ -199,10 +201,12 @@ def measure(
     until: dt.datetime | None = None,
     say: Callable[[str], None] = print,
     share: tuple[int, int] = (0, 1),
+    overrides: dict[str, Any] | None = None,
 ) -> None:
     """Run every missing unit of :func:`plan` (each saved when done); none is started after
     ``until``. ``share=(i, k)``: only every ``k``-th unit from the ``i``-th (``k`` processes
-    measuring side by side into the same folder)."""
+    measuring side by side into the same folder). ``overrides``: see :func:`run_unit` (give each
+    its own ``folder``)."""
     folder.mkdir(parents=True, exist_ok=True)
     inputs = dev_inputs(model, max(n_seed, n_warm))
     (folder / "ids.json").write_text(json.dumps([i.id for i in inputs]), encoding="utf-8")
@@ -217,7 +221,7 @@ def measure(
             say(f"stopping at {until:%H:%M} UTC; the remaining units are left for the next run")
             return
         began = time.perf_counter()
-        found = run_unit(model, inputs[lo:hi], name, seed)
+        found = run_unit(model, inputs[lo:hi], name, seed, overrides)
         tmp = path.with_suffix(".tmp.npz")
         np.savez(tmp, **found)
         tmp.replace(path)
