@@ -334,7 +334,7 @@ def _share(value: Any) -> tuple[int, int]:
 
 
 def _until(value: Any):
-    """``until=HH:MM`` (UTC, today; tomorrow when that time has passed) as an aware datetime."""
+    """``until=HH:MM`` (UTC, today) as an aware datetime."""
     import datetime as dt
 
     if value in (None, ""):
@@ -345,7 +345,7 @@ def _until(value: Any):
         at = now.replace(hour=hours, minute=minutes, second=0, microsecond=0)
     except ValueError as exc:
         raise HeedfulError(f"until={value!r} is not a time HH:MM", hint="e.g. until=17:45 (UTC)") from exc
-    return at if at > now else at + dt.timedelta(days=1)
+    return at  # a time already past today: no unit is started, the report summarises what is stored
 
 
 def _stability(model, run: Plan, say):
