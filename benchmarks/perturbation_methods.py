@@ -15,7 +15,13 @@ this script
    recommended use) with ``perturbations_per_eval`` = 1 (its default) and = ``n_samples`` (every
    sample of an example in one forward: its fastest setting); removed tokens become ``[MASK]``
    on both sides; both explain the class probability of the predicted class.
-3. writes a markdown table with machine information to ``--out`` and prints it.
+3. times co-perturbation to a given objective value, cold start (theta = 0, the defaults) against
+   the warm start (``init="linearized"``), one sentence at a time as ``heedful explain`` runs it,
+   on "a charming and often affecting journey" and the first ``--warm-n`` sentences: the value
+   is the cold start's final level (mean ``J`` over its last 10 steps), the time the moment a
+   run's trailing 10-step mean of ``J`` reaches it (the warm start's closed form included), CPU
+   and wall seconds, same seed and noise draws on both sides;
+4. writes a markdown table with machine information to ``--out`` and prints it.
 
 Timing: ``torch.set_num_threads`` fixed for both sides; each measurement has a short warm-up,
 then ``--repeats`` timed runs (median reported), sides interleaved. heedful's time is the whole
@@ -26,6 +32,7 @@ over and the comparison measures the contention, not the code.
 
     python benchmarks/perturbation_methods.py [--model minilm-sentiment] [--n 32] [--steps 20]
         [--samples 4] [--surrogate-samples 200] [--surrogate-n N] [--repeats 1] [--threads 2]
+        [--warm-n 8] [--parts coperturbation,surrogates,warmstart]
         [--out benchmarks/results/perturbation_methods.md] [--tiny]
 """
 
@@ -117,6 +124,78 @@ def position_cost(model: heedful.Model, texts: list[str], samples: int, repeats:
             best = min(best, time.process_time() - began)
         rows_out.append((rows * n, best / (rows * n) * 1e6))
     return rows_out
+
+
+# ---------------------------------------------------------------------------------- part 3
+ACCEPTANCE_SENTENCE = "a charming and often affecting journey"
+
+
+def warmstart_part(model: heedful.Model, texts: list[str], args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Per sentence (one at a time, default options, seed 0): the cold start's final objective
+    level and the CPU / wall seconds and steps each start needs to reach it."""
+    from heedful.attribution import coperturbation as cp
+    from heedful.reproduce.coperturbation_stability import final_level, steps_to_level
+
+    rows = []
+    for text in [ACCEPTANCE_SENTENCE, *texts[: args.warm_n]]:
+        problem = model.prepare([text], hidden_states=True)
+        found: dict[str, Any] = {"text": text, "tokens": int(problem.batch.lengths[0])}
+        fits = {}
+        for side, init in (("cold", "zeros"), ("warm", "linearized")):
+            fits[side], _ = cp.estimate_interest(problem, settings=cp.Settings(init=init), seed=0)
+        level = final_level(fits["cold"].history[:, 0].numpy())
+        found["level"] = level
+        for side, fit in fits.items():
+            steps = steps_to_level(fit.history[:, 0].numpy(), level)
+            at = int(steps) - 1 if np.isfinite(steps) else None
+            found[side] = {
+                "steps": steps,
+                "cpu": float(fit.elapsed_cpu[at]) if at is not None else float("nan"),
+                "wall": float(fit.elapsed[at]) if at is not None else float("nan"),
+                "run_cpu": float(fit.elapsed_cpu[-1]),
+                "run_steps": int(fit.steps[0]),
+                "init_cpu": fit.init_cpu,
+                "start": float(fit.history[0, 0]),
+            }
+        rows.append(found)
+    return rows
+
+
+def warmstart_lines(rows: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
+    lines = [
+        f"## Co-perturbation to a given objective value: cold vs warm start ({len(rows)} sentences)",
+        "",
+        "Defaults (100 steps at most, 8 samples, seed 0), one sentence at a time. Value: the cold start's final "
+        "level (mean J over its last 10 steps); a run is there when its trailing 10-step mean of J is. "
+        "Times from the start of the fit, the warm start's closed form included.",
+        "",
+        "| sentence | tokens | J at step 1 cold / warm | steps cold / warm | CPU s cold / warm | wall s cold / warm | whole run CPU s cold / warm |",
+        "|---|---:|---|---|---|---|---|",
+    ]
+    for r in rows:
+        c, w = r["cold"], r["warm"]
+        lines.append(
+            f"| {r['text'][:40]} | {r['tokens']} | {c['start']:.4f} / {w['start']:.4f} | {c['steps']:.0f} / {w['steps']:.0f} | "
+            f"{c['cpu']:.2f} / {w['cpu']:.2f} | {c['wall']:.2f} / {w['wall']:.2f} | {c['run_cpu']:.2f} / {w['run_cpu']:.2f} |"
+        )
+    finite = [r for r in rows if np.isfinite(r["warm"]["cpu"])]
+    cold_cpu = sum(r["cold"]["cpu"] for r in finite)
+    warm_cpu = sum(r["warm"]["cpu"] for r in finite)
+    faster = sum(r["warm"]["cpu"] < r["cold"]["cpu"] for r in finite)
+    lines += [
+        "",
+        f"The warm start reached the level on {len(finite)} of {len(rows)} sentences; there it took "
+        f"{warm_cpu:.2f} CPU s against the cold start's {cold_cpu:.2f} ({cold_cpu / max(warm_cpu, 1e-9):.2f}x), "
+        f"and was faster on {faster} of them.",
+        "",
+    ]
+    first = rows[0]
+    verdict = [
+        f"- warm start faster than the cold start to the same objective value on \"{first['text']}\": "
+        f"**{'holds' if first['warm']['cpu'] < first['cold']['cpu'] else 'missed'}** "
+        f"({first['warm']['cpu']:.2f} vs {first['cold']['cpu']:.2f} CPU s)"
+    ]
+    return lines, verdict
 
 
 # ---------------------------------------------------------------------------------- part 2
@@ -280,6 +359,7 @@ def render(
     surr: list[dict[str, Any]],
     info: list[str],
     args: argparse.Namespace,
+    warm: list[dict[str, Any]] | None = None,
 ) -> str:
     lines = ["# heedful perturbation methods: speed", ""]
     verdicts = []
@@ -354,6 +434,10 @@ def render(
             "runs every sample of one sentence at a time.",
             "",
         ]
+    if warm:
+        more, verdict = warmstart_lines(warm)
+        lines += more
+        verdicts += verdict
     lines += ["## Targets", "", *verdicts, "", "## Machine", "", *info, ""]
     return "\n".join(lines)
 
@@ -376,10 +460,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--repeats", type=int, default=1, help="timed runs per measurement (median)"
     )
     parser.add_argument("--threads", type=int, default=2, help="torch threads, both sides")
+    parser.add_argument("--warm-n", type=int, default=8, help="sentences of the cold vs warm start part (besides the acceptance sentence)")
     parser.add_argument(
         "--parts",
         default="coperturbation,surrogates",
-        help="comma-separated: coperturbation, surrogates",
+        help="comma-separated: coperturbation, surrogates, warmstart",
     )
     parser.add_argument("--out", type=Path, default=HERE / "results" / "perturbation_methods.md")
     parser.add_argument(
@@ -409,7 +494,13 @@ def main(argv: list[str] | None = None) -> int:
             console.print(
                 f"  {r['method']}: heedful {fmt_s(r['heedful'])}, Captum {fmt_s(r['captum_1'])} / {fmt_s(r['captum_all'])}"
             )
-    text = render(cop, surr, machine_info(model, args, texts, (load_before, os.getloadavg()[0])), args)
+    warm = None
+    if "warmstart" in parts:
+        console.print("[dim]timing co-perturbation to a given objective value, cold vs warm start ...[/dim]")
+        warm = warmstart_part(model, texts, args)
+        for r in warm:
+            console.print(f"  {r['text'][:40]}: CPU s cold {r['cold']['cpu']:.2f}, warm {r['warm']['cpu']:.2f}")
+    text = render(cop, surr, machine_info(model, args, texts, (load_before, os.getloadavg()[0])), args, warm)
     return finish(text, args, console)
 
 

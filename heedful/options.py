@@ -13,10 +13,9 @@ A method declares each option once, as a keyword parameter with a type hint and 
 :func:`option_specs` turns that into :class:`OptionSpec` s; :meth:`OptionSpec.check` validates
 and coerces one value. ``Literal[...]`` gives the choices, ``Annotated[..., Range(...)]`` the
 allowed interval, ``Annotated[..., RUNTIME]`` marks an option that changes how the work is split
-(chunk sizes) but not the result, so it stays out of results-store keys, and
-``Annotated[..., KEYED_OFF_DEFAULT]`` an option added after results were stored (``precision``):
-it enters a results-store key only when it differs from its default, so stored results of the
-default keep their keys.
+(chunk sizes) but not the result, so it stays out of results-store keys. ``Annotated[...,
+KEYED_WHEN_SET]`` marks an option added to a method after results were stored: it enters the
+key only when it differs from its default, so the keys of runs at the defaults stay what they were.
 """
 
 from __future__ import annotations
@@ -64,7 +63,7 @@ class Runtime:
 
 
 @dataclass(frozen=True)
-class KeyedOffDefault:
+class KeyedWhenSet:
     """Marks an option that enters results-store keys only when it is not at its default."""
 
 
@@ -74,15 +73,14 @@ NON_NEGATIVE = Range(0)
 OPEN_UNIT = Range(0, 1, low_open=True, high_open=True)
 UNIT = Range(0, 1)
 RUNTIME = Runtime()
-KEYED_OFF_DEFAULT = KeyedOffDefault()
+KEYED_WHEN_SET = KeyedWhenSet()
 
 
 @dataclass(frozen=True)
 class OptionSpec:
     """One option of a method. ``kinds``: the accepted value types (``None`` in it when the
     option may be ``None``; empty: any value); ``choices``: the allowed values of a ``Literal``;
-    ``range``: allowed interval of a number; ``runtime``: excluded from results-store keys;
-    ``off_default``: in results-store keys only when not at its default."""
+    ``range``: allowed interval of a number; ``runtime``: excluded from results-store keys."""
 
     name: str
     default: Any
@@ -90,7 +88,7 @@ class OptionSpec:
     choices: tuple[Any, ...] | None = None
     range: Range | None = None
     runtime: bool = False
-    off_default: bool = False
+    keyed_when_set: bool = False
 
     def describe(self) -> str:
         """What the option accepts, for messages and tables (``int >= 1``, ``'pad' | 'mask'``)."""
@@ -155,7 +153,7 @@ def _coerce(value: Any, kinds: tuple[type, ...]) -> Any:
 
 
 def _spec(name: str, hint: Any, default: Any) -> OptionSpec:
-    range_, runtime, off_default = None, False, False
+    range_, runtime, when_set = None, False, False
     if typing.get_origin(hint) is typing.Annotated:
         hint, *extras = typing.get_args(hint)
         for extra in extras:
@@ -163,8 +161,8 @@ def _spec(name: str, hint: Any, default: Any) -> OptionSpec:
                 range_ = extra
             elif isinstance(extra, Runtime):
                 runtime = True
-            elif isinstance(extra, KeyedOffDefault):
-                off_default = True
+            elif isinstance(extra, KeyedWhenSet):
+                when_set = True
     members = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
     kinds: list[type] = []
     choices: list[Any] | None = None
@@ -172,7 +170,7 @@ def _spec(name: str, hint: Any, default: Any) -> OptionSpec:
         if typing.get_origin(member) is typing.Literal:
             choices = (choices or []) + list(typing.get_args(member))
         elif member is Any:
-            return OptionSpec(name, default, (), None, range_, runtime, off_default)
+            return OptionSpec(name, default, (), None, range_, runtime, when_set)
         elif member is None or member is _NONE:
             kinds.append(_NONE)
         elif isinstance(member, type):
@@ -184,7 +182,7 @@ def _spec(name: str, hint: Any, default: Any) -> OptionSpec:
         if _NONE in kinds:
             choices.append(None)
         kinds = []
-    return OptionSpec(name, default, tuple(kinds), None if choices is None else tuple(choices), range_, runtime, off_default)
+    return OptionSpec(name, default, tuple(kinds), None if choices is None else tuple(choices), range_, runtime, when_set)
 
 
 def option_specs(fn: Callable, positional: int = 1) -> tuple[OptionSpec, ...]:

@@ -119,21 +119,14 @@ class MethodInfo:
         >>> heedful.get_method("integrated_gradients").bind({"n_steps": 20})["n_steps"]
         20
         """
-        given = options or {}
-        if "precision" in given and not self.takes("precision"):
-            raise InputError(
-                f"{self.name} has no precision option (precision={given['precision']!r}): lower precision serves forward-only methods",
-                hint="drop precision (only forward-only methods take it: "
-                + ", ".join(sorted(n for n, i in _REGISTRY.items() if i.takes("precision")))
-                + ")",
-            )
-        return bind_options(self.name, self.options, given)
+        return bind_options(self.name, self.options, options or {})
 
     def key_options(self, bound: Mapping[str, Any]) -> dict[str, Any]:
         """The options that decide the result (runtime options such as chunk sizes left out, and
-        options marked ``KEYED_OFF_DEFAULT`` while at their default)."""
-        left = {spec.name for spec in self.options if spec.runtime or (spec.off_default and bound.get(spec.name) == spec.default)}
-        return {k: v for k, v in bound.items() if k not in left}
+        options marked ``KEYED_WHEN_SET`` left out while at their defaults)."""
+        runtime = {spec.name for spec in self.options if spec.runtime}
+        unset = {spec.name for spec in self.options if spec.keyed_when_set and spec.name in bound and bound[spec.name] == spec.default}
+        return {k: v for k, v in bound.items() if k not in runtime and k not in unset}
 
     # ------------------------------------------------------------------ calling
     def __call__(self, problem: Any, **options: Any) -> Any:

@@ -79,7 +79,7 @@ def test_the_precision_option_is_declared_on_exactly_the_forward_only_methods():
     assert taking == sorted(FORWARD_ONLY)
     for name in taking:
         spec = registered()[name].option("precision")
-        assert spec.default == "fp32" and spec.choices == ("fp32", "bf16", "int8") and spec.off_default
+        assert spec.default == "fp32" and spec.choices == ("fp32", "bf16", "int8") and spec.keyed_when_set
 
 
 def test_keys_unchanged_at_fp32_and_changed_otherwise(model, tmp_path):

@@ -27,6 +27,12 @@ def test_unknown_option_fails_before_any_work(tmp_path):
         cp.write(tmp_path, ReportSettings(options={"budget": "huge"}))
     with pytest.raises(HeedfulError, match="steering"):
         cp.write(tmp_path, ReportSettings(options={"steering": "maybe"}))
+    with pytest.raises(HeedfulError):
+        cp.write(tmp_path, ReportSettings(options={"only": "everything"}))
+    with pytest.raises(HeedfulError):
+        cp.write(tmp_path, ReportSettings(options={"share": "2/2"}))
+    with pytest.raises(HeedfulError):
+        cp.write(tmp_path, ReportSettings(options={"until": "noon"}))
 
 
 def test_models_missing_from_the_zoo_are_skipped_with_a_note():

@@ -6,11 +6,11 @@ from typing import Annotated
 
 import torch
 
-from heedful.options import KEYED_OFF_DEFAULT
+from heedful.options import KEYED_WHEN_SET
 from heedful.precision import Precision
 from heedful.problem import Problem, reference_pass
 
-MethodPrecision = Annotated[Precision, KEYED_OFF_DEFAULT]
+MethodPrecision = Annotated[Precision, KEYED_WHEN_SET]
 """``precision``: ``"fp32"`` (default), ``"bf16"`` or ``"int8"`` forward passes; keyed in the
 results store only when not ``"fp32"``."""
 

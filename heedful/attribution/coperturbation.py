@@ -57,19 +57,33 @@ option                 default                          source
 ``lr``                 0.05 (Adam)                      ours (Guan et al.: 0.01; the paper names
                                                         no optimiser)
 ``space``              embedding module output          Guan et al. (``hidden_states[0]``)
-``init`` (``theta``)   0 for every token (``"zeros"``)  ours (Guan et al.: N(0, 1), ``"randn"``)
+``init`` (``theta``)   0 for every token (``"zeros"``)  ours (Guan et al.: N(0, 1), ``"randn"``;
+                                                        ``"linearized"``: the first-order optimum)
 ``scale``              3 x std of the noised input      ours (Guan et al.: 10 x std of the word-
                                                         embedding matrix; see ``noise_scale``)
 ``samples``            8 per step, one batched forward  ours (paper silent; Guan et al. use 1)
 ``max_steps``          100                              ours (Guan et al.: 5000 fixed iterations)
 ``window`` / ``tol``   25 steps / 0.5 %                 ours (paper: "until converge")
-best state kept        yes (``keep="best"``)            Algorithm 1 / Guan et al.
+best state kept        yes (``keep="best"``)            Algorithm 1 / Guan et al. (``"average"``:
+                                                        mean theta of the last ``window`` steps)
+``antithetic``         no                               ours (pairs ``z, -z`` of noise draws)
+``crn``                no                               ours (the same draws at every step)
+``schedule``           ``"constant"``                   ours (``"cosine"``: annealed to 0)
 ``output``             all head logits at the anchor    ours (paper: "the prediction" phi(s))
 ``objective``          ``"normalised"``                 ours, after Guan et al. (see above)
 ``solver``             ``"adam"``                       paper (Algorithm 1); ``"linearized"`` ours
 ``probes``             16 (linearized solver)           ours (exact for outputs of <= 16 elements)
 ``score``              rho = 1/sigma, normalised        paper (Eq. 8); normalisation ours
 =====================  ===============================  ==========================================
+
+Warm start (``init="linearized"``): the linearized solver's ``||J_j||_F^2`` (one extra
+backward pass over the output's unit vectors or probes) gives the first-order optimum's shape;
+its level (a small-noise extrapolation) is dropped and the bounded noise is set to the cold
+start's geometric mean, ``theta`` clipped to ``+-4`` (:func:`linearized_theta`); then Adam runs as
+usual, with the same noise draws as the cold start. Seed agreement, cost and faithfulness of
+these options, and whether the warm start saves time, are measured on a dev split of the train
+sentences by ``heedful reproduce coperturbation --option only=stability``
+(``docs/results/coperturbation-stability.md``).
 
 ``init``, ``lr``, ``samples`` and ``max_steps`` were chosen on ``minilm-sentiment`` (8 movie
 test sentences, 6-43 tokens; mean Spearman correlation of the content tokens' scores). The
@@ -106,7 +120,8 @@ depend on the batch it is in.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+import time
+from dataclasses import dataclass, field, replace
 from typing import Annotated, Literal
 
 import torch
@@ -127,22 +142,28 @@ from heedful.attribution.noise import (
 from heedful.batch import Batch
 from heedful.errors import InputError
 from heedful.memory import Need
-from heedful.options import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, RUNTIME
+from heedful.options import AT_LEAST_ONE, KEYED_WHEN_SET, NON_NEGATIVE, POSITIVE, RUNTIME
 from heedful.problem import Problem
 from heedful.registry import register
 from heedful.runner import Runner
 from heedful.seeding import example_generators
 
 Score = Literal["rho", "log_rho"]
-Keep = Literal["best", "last"]
-Init = Literal["randn", "zeros"]
+Keep = Literal["best", "last", "average"]
+Init = Literal["randn", "zeros", "linearized"]
 Objective = Literal["normalised", "paper"]
 Solver = Literal["adam", "linearized"]
+Schedule = Literal["constant", "cosine"]
 SCORES: tuple[str, ...] = Score.__args__
 KEEP: tuple[str, ...] = Keep.__args__
 INITS: tuple[str, ...] = Init.__args__
 OBJECTIVES: tuple[str, ...] = Objective.__args__
 SOLVERS: tuple[str, ...] = Solver.__args__
+SCHEDULES: tuple[str, ...] = Schedule.__args__
+INIT_CLIP = 4.0
+"""``init="linearized"``: the largest ``|theta|`` of the warm start (``sigmoid(4) = 0.982``, so
+the closed-form noise keeps its shape over a factor ``e^4`` either side of the cold start's
+level and is clipped beyond)."""
 COPERTURBATION_COST = (
     "adam: steps x (samples forwards + 1 backward), batched over sentences (converged ones drop out); "
     "linearized: 1 forward + 1 backward over min(probes, outputs) rows"
@@ -173,8 +194,14 @@ class Settings:
     ``scale_factor x`` the std of the noised representation (``scale_basis="input"``) or of the
     word-embedding matrix (``"word_embeddings"``, Guan et al.); see
     :func:`~heedful.attribution.noise.noise_scale`. ``keep``: the state with the lowest ``J`` seen
-    (``"best"``, Algorithm 1 / Guan et al.) or the final one (``"last"``; ``J`` is a noisy
-    estimate, so the lowest one seen favours a lucky draw).
+    (``"best"``, Algorithm 1 / Guan et al.), the final one (``"last"``; ``J`` is a noisy
+    estimate, so the lowest one seen favours a lucky draw) or the mean ``theta`` of the last
+    ``window`` iterates (``"average"``, Polyak-Ruppert averaging). ``init``: ``theta`` starts at
+    0, at a seeded N(0, 1) draw, or at the first-order optimum (``"linearized"``, see
+    :func:`linearized_theta`). ``antithetic``: the ``samples`` draws of a step come in pairs
+    ``z, -z``. ``crn``: common random numbers -- every step reuses the first step's draws.
+    ``schedule``: Adam's learning rate constant or cosine-annealed from ``lr`` to 0 over
+    ``max_steps``.
     """
 
     lam: float = 0.6
@@ -193,6 +220,9 @@ class Settings:
     probes: int = 16
     keep: str = "best"
     init: str = "zeros"
+    antithetic: bool = False
+    crn: bool = False
+    schedule: str = "constant"
     internal_batch_size: int | None = None
 
     def check(self) -> None:
@@ -201,6 +231,7 @@ class Settings:
         check_choice("solver", self.solver, SOLVERS)
         check_choice("keep", self.keep, KEEP)
         check_choice("init", self.init, INITS)
+        check_choice("schedule", self.schedule, SCHEDULES)
         check_choice("scale_basis", self.scale_basis, SCALE_BASES)
         check_choice("output", self.output, OUTPUTS)
         for name in ("samples", "max_steps", "window", "probes"):
@@ -233,7 +264,11 @@ class InterestFit:
     last with ``keep="last"``), 0 on padding. ``objective``/``distortion`` ``[P]``: ``J`` and its
     distortion term at that state (estimates from that step's samples). ``steps`` ``[P]``: steps run; ``converged`` ``[P]``;
     ``history`` ``[T, P]``: ``J`` per step (NaN once a problem stopped); ``scale`` ``[P]``: noise
-    ceilings.
+    ceilings. ``elapsed`` ``[T]``: wall seconds from the start of the fit to the end of step
+    ``t`` (for the whole batch; the warm start's closed form included); ``init_seconds``: the part
+    of it spent on the warm start; ``elapsed_cpu`` / ``init_cpu``: the same in CPU seconds of
+    the process (less sensitive to other work on the machine). ``states``: ``sigma`` under every ``keep`` rule (``"best"``,
+    ``"last"``, ``"average"``) of the same run -- one optimisation, three estimates.
     """
 
     sigma: torch.Tensor
@@ -243,6 +278,11 @@ class InterestFit:
     converged: torch.Tensor
     history: torch.Tensor
     scale: torch.Tensor
+    elapsed: torch.Tensor = field(default_factory=lambda: torch.zeros(0))
+    init_seconds: float = 0.0
+    states: dict[str, torch.Tensor] = field(default_factory=dict)
+    elapsed_cpu: torch.Tensor = field(default_factory=lambda: torch.zeros(0))
+    init_cpu: float = 0.0
 
 
 def problem_generators(batch: Batch, example: torch.Tensor, key: torch.Tensor, seed: int | None) -> list[torch.Generator]:
@@ -294,10 +334,18 @@ def fit_interest(
     seq, dim, samples = batch.seq_len, probe.dim, int(settings.samples)
     real = batch.attention_mask.bool()[example]  # [P, N]
 
+    began, began_cpu = time.perf_counter(), time.process_time()
     theta = torch.zeros(n_problems, seq)
     if settings.init == "randn":
         for p, (g, n) in enumerate(zip(gens, lengths.tolist(), strict=True)):
             theta[p, :n] = torch.randn(n, generator=g)
+    elif settings.init == "linearized":
+        # the probes draw from generators of their own, so the noise draws match the cold start's
+        probe_gens = [torch.Generator().manual_seed((g.initial_seed() + 7_368_787) % (2**63 - 1)) for g in gens]
+        a = jacobian_sq_norms(problem, probe, example, key, settings.probes, probe_gens, settings.internal_batch_size)
+        theta = linearized_theta(a, real, settings.objective)
+    init_seconds = time.perf_counter() - began
+    init_cpu = time.process_time() - began_cpu
     adam_m, adam_v = torch.zeros_like(theta), torch.zeros_like(theta)
     best_theta = theta.clone()
     best_j = torch.full((n_problems,), float("inf"))
@@ -307,6 +355,9 @@ def fit_interest(
     converged = torch.zeros(n_problems, dtype=torch.bool)
     active = torch.ones(n_problems, dtype=torch.bool)
     history = torch.full((settings.max_steps, n_problems), float("nan"))
+    elapsed = torch.zeros(settings.max_steps, 2, dtype=torch.float64)
+    recent = torch.zeros(settings.window, n_problems, seq)  # ring of the last iterates (keep="average")
+    common = [None] * n_problems if settings.crn else None  # each problem's draws, reused every step
     runner = Runner.for_problem(
         problem, rows=settings.internal_batch_size or None, overhead=GRAD_CHUNK_OVERHEAD, max_memory=ACTIVATION_BUDGET
     )
@@ -320,7 +371,7 @@ def fit_interest(
         dist_now = torch.zeros(act.shape[0])
         for idx, width in runner.plan(lengths[act], row_cells=samples, need=need):
             probs = act[idx]
-            z = _draw_noise([gens[p] for p in probs.tolist()], lengths[probs], samples, width, dim)
+            z = _step_noise(gens, probs, lengths, samples, width, dim, settings.antithetic, common)
             th = theta[probs, :width].clone().requires_grad_(True)
             with torch.enable_grad():
                 j, dist = _objective(
@@ -335,27 +386,109 @@ def fit_interest(
         better = j_now < best_j[act]  # the state that produced J (before the step) is kept
         keep = act[better]
         best_j[keep], best_dist[keep], best_theta[keep] = j_now[better], dist_now[better], theta[keep]
-        theta[act], adam_m[act], adam_v[act] = _adam(theta[act], grad, adam_m[act], adam_v[act], t, settings.lr)
+        recent[(t - 1) % settings.window, act] = theta[act]
+        lr = learning_rate(settings.lr, t, settings.max_steps, settings.schedule)
+        theta[act], adam_m[act], adam_v[act] = _adam(theta[act], grad, adam_m[act], adam_v[act], t, lr)
         steps[act] = t
+        elapsed[t - 1, 0], elapsed[t - 1, 1] = time.perf_counter() - began, time.process_time() - began_cpu
         if settings.tol > 0 and t % settings.window == 0 and t >= 2 * settings.window:
             done = _flat(history[t - 2 * settings.window : t, act], settings.window, settings.tol)
             converged[act[done]] = True
             active[act[done]] = False
         if not active.any():
             break
+    mean_theta, mean_j = _averaged(recent, history, steps, settings.window)
+    states = {"best": best_theta, "last": theta, "average": mean_theta}
     if settings.keep == "last":
-        best_theta = theta
         best_j, best_dist = history[steps - 1, torch.arange(n_problems)], last_dist
-    sigma = torch.exp(_log_std(best_theta, scale, settings.objective)) * real
-    return InterestFit(sigma, best_j, best_dist, steps, converged, history[: int(steps.max())], scale)
+    elif settings.keep == "average":
+        best_j, best_dist = mean_j, last_dist  # the averaged state's distortion is not measured; the last stands in
+    sigmas = {rule: torch.exp(_log_std(th, scale, settings.objective)) * real for rule, th in states.items()}
+    t_run = int(steps.max())
+    return InterestFit(
+        sigmas[settings.keep], best_j, best_dist, steps, converged, history[:t_run], scale, elapsed[:t_run, 0],
+        init_seconds, sigmas, elapsed[:t_run, 1], init_cpu,
+    )
 
 
-def _draw_noise(gens: list[torch.Generator], lengths: torch.Tensor, samples: int, seq: int, dim: int) -> torch.Tensor:
-    """Standard normal noise ``[P, S, W, D]`` from each problem's own generator (0 on padding)."""
-    z = torch.zeros(len(gens), samples, seq, dim)
-    for i, (g, n) in enumerate(zip(gens, lengths.tolist(), strict=True)):
-        z[i, :, :n] = torch.randn((samples, n, dim), generator=g)
-    return z
+def _averaged(
+    recent: torch.Tensor, history: torch.Tensor, steps: torch.Tensor, window: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``keep="average"``: per problem, the mean ``theta`` ``[P, N]`` of its last ``min(window,
+    steps)`` iterates (the states that produced those steps' ``J``; ``recent`` ``[window, P, N]``
+    is a ring indexed by ``(t - 1) % window``) and the mean ``J`` ``[P]`` over those steps."""
+    n_problems = steps.shape[0]
+    theta = torch.zeros(recent.shape[1:])
+    j = torch.zeros(n_problems)
+    for p, t in enumerate(steps.tolist()):
+        k = min(window, t)
+        slots = [(s - 1) % window for s in range(t - k + 1, t + 1)]
+        theta[p] = recent[slots, p].mean(dim=0)
+        j[p] = history[t - k : t, p].mean()
+    return theta, j
+
+
+def learning_rate(lr: float, t: int, max_steps: int, schedule: str) -> float:
+    """Adam's step size at step ``t`` (1-based): ``lr`` (``"constant"``) or cosine annealing
+    (Loshchilov & Hutter 2017, no restarts) from ``lr`` at step 1 to 0 after ``max_steps``:
+    ``lr (1 + cos(pi (t - 1) / max_steps)) / 2``."""
+    if schedule == "cosine":
+        return lr * 0.5 * (1.0 + math.cos(math.pi * (t - 1) / max_steps))
+    return lr
+
+
+def linearized_theta(a: torch.Tensor, real: torch.Tensor, objective: str) -> torch.Tensor:
+    """Warm start ``theta`` ``[P, N]`` from the squared Jacobian norms ``a`` ``[P, N]``
+    (:func:`jacobian_sq_norms`) for ``init="linearized"``.
+
+    The first-order optimum (:func:`fit_linearized`) is ``sigma_j = c / a_j`` (a variance); its
+    overall level ``c`` is a small-noise extrapolation, so only its shape is kept: the bounded
+    quantity ``b_j`` (the std over the ceiling for the normalised objective, the variance over
+    the ceiling's square for ``"paper"``; see :func:`_log_std`) is ``a_j^(-1/2)`` resp.
+    ``a_j^(-1)`` scaled so that its geometric mean over the real tokens is the cold start's
+    ``sigmoid(0) = 1/2`` (tokens with ``a_j = 0`` left out of the mean); ``theta_j = logit(b_j)`` clipped to ``+-``:data:`INIT_CLIP` (a token
+    with ``a_j = 0`` gets the upper clip). Padding gets 0.
+    """
+    power = 1.0 if objective == "paper" else 0.5
+    log_b = -power * torch.log(a.clamp_min(1e-30))
+    counted = real & (a > 0)  # a token with no gradient has no finite first-order optimum
+    count = counted.sum(dim=1, keepdim=True).clamp_min(1)
+    centre = (log_b * counted).sum(dim=1, keepdim=True) / count
+    log_b = log_b - centre + math.log(0.5)
+    lo, hi = math.log(torch.sigmoid(torch.tensor(-INIT_CLIP)).item()), math.log(torch.sigmoid(torch.tensor(INIT_CLIP)).item())
+    log_b = log_b.clamp(lo, hi)
+    theta = log_b - torch.log1p(-torch.exp(log_b))  # logit(b)
+    theta = torch.where(a > 0, theta, torch.full_like(theta, INIT_CLIP))
+    return (theta.clamp(-INIT_CLIP, INIT_CLIP) * real).float()
+
+
+def _step_noise(
+    gens: list[torch.Generator],
+    probs: torch.Tensor,
+    lengths: torch.Tensor,
+    samples: int,
+    width: int,
+    dim: int,
+    antithetic: bool,
+    common: list | None,
+) -> torch.Tensor:
+    """This step's standard normal draws ``[P, S, W, D]`` for problems ``probs``: fresh ones from
+    each problem's generator, in antithetic pairs ``z, -z`` (``ceil(S / 2)`` drawn, the first
+    ``S`` kept) when ``antithetic``; with ``common`` (common random numbers) the problem's first
+    draws are kept there and reused at every step."""
+    drawn = math.ceil(samples / 2) if antithetic else samples
+    out = torch.zeros(probs.shape[0], samples, width, dim)
+    for i, p in enumerate(probs.tolist()):
+        n = int(lengths[p])
+        z = common[p] if common is not None else None
+        if z is None:
+            z = torch.randn((drawn, n, dim), generator=gens[p])
+            if antithetic:
+                z = torch.cat([z, -z])[:samples]
+            if common is not None:
+                common[p] = z
+        out[i, :, :n] = z
+    return out
 
 
 def _objective(
@@ -649,6 +782,9 @@ def coperturbation(
     probes: Annotated[int, AT_LEAST_ONE] = Settings.probes,
     keep: Keep = "best",
     init: Init = Settings.init,
+    antithetic: Annotated[bool, KEYED_WHEN_SET] = Settings.antithetic,
+    crn: Annotated[bool, KEYED_WHEN_SET] = Settings.crn,
+    schedule: Annotated[Schedule, KEYED_WHEN_SET] = "constant",
     seed: int | None = 0,
     internal_batch_size: Annotated[int | None, AT_LEAST_ONE, RUNTIME] = None,
 ) -> torch.Tensor:
@@ -669,8 +805,13 @@ def coperturbation(
     the paper's units, see the module docstring for the conversion). ``solver="linearized"``:
     the closed-form optimum of the small-noise expansion, ``||J_j||_F^2`` from ``probes``
     Hutchinson probes (exact when the output has at most ``probes`` elements). ``keep``: report the
-    lowest-objective state (``"best"``) or the final one (``"last"``). ``init``: every ``theta``
-    starts at 0 (``"zeros"``) or at a seeded N(0, 1) draw (``"randn"``, Guan et al.).
+    lowest-objective state (``"best"``), the final one (``"last"``) or the mean ``theta`` of the
+    last ``window`` iterates (``"average"``). ``init``: every ``theta`` starts at 0 (``"zeros"``),
+    at a seeded N(0, 1) draw (``"randn"``, Guan et al.) or at the first-order optimum's shape
+    (``"linearized"``: the linearized solver's noise, rescaled to the cold start's level, then
+    optimised; one extra backward pass). ``antithetic``: noise draws in pairs ``z, -z``.
+    ``crn``: the same draws at every step (common random numbers). ``schedule``: ``"constant"``
+    learning rate or ``"cosine"`` annealing to 0 over ``max_steps``.
 
     Source: Do Pre-Trained Language Models Truly Focus on the Content They Are Expected to?
     (co-perturbation, Eq. 2-4/9, Algorithm 1), generalising Guan et al. 2019 (ICML)
@@ -678,7 +819,8 @@ def coperturbation(
     settings = Settings(
         lam=lam, samples=samples, lr=lr, max_steps=max_steps, window=window, tol=tol, scale=scale,
         scale_factor=scale_factor, scale_basis=scale_basis, space=space, output=output, objective=objective,
-        solver=solver, probes=probes, keep=keep, init=init, internal_batch_size=internal_batch_size,
+        solver=solver, probes=probes, keep=keep, init=init, antithetic=antithetic, crn=crn, schedule=schedule,
+        internal_batch_size=internal_batch_size,
     )
     return _scores_for(problem, settings, layer, layerwise, score, normalize, seed)
 

@@ -30,7 +30,13 @@ grows with the store),
 ``check`` (sentences of the optimised solver's seed check; :data:`CHECK_SENTENCES`), ``methods``
 (comma-separated), ``models`` (comma-separated zoo names), ``seed``, ``budget`` (``report``: the
 reduced compute budget of :data:`BUDGET`; ``default``: every method's defaults), ``steering``
-(``on``, the default, or ``off``: leave out the steering case study).
+(``on``, the default, or ``off``: leave out the steering case study); for the section on cost,
+stability and the first-order limit (:mod:`heedful.reproduce.coperturbation_stability`, on a
+dev split of the *train* sentences): ``n_seed`` (sentences of the seed-agreement grid, default
+:data:`N_SEED`), ``n_warm`` (sentences of the warm-start comparison, default :data:`N_WARM`),
+``until=HH:MM`` (UTC: start no unit of that section after this time; the report says what was
+reached), ``share=i/k`` (measure only every ``k``-th unit from the ``i``-th: ``k`` processes side
+by side on one store) and ``only=stability`` (that section alone, written to ``coperturbation-stability.md``).
 """
 
 from __future__ import annotations
@@ -86,6 +92,11 @@ with the next seed, to measure how much its ranking depends on the seed (``--opt
 PROBE_COUNTS = (4, 16)
 """Hutchinson probe counts whose seed stability is measured at the last layer."""
 STEERING_HEADING = "## 8. Steering generation by suppressing prompt words (paper Section 5.4.2, Figure 9)"
+N_SEED = 100
+"""Dev sentences on which every setting's seed agreement is measured."""
+N_WARM = 200
+"""Dev sentences on which the warm start is compared with the cold start."""
+STABILITY_MODEL = "minilm-sentiment"
 SENTENCE = "a charming and often affecting journey"
 WORDS = ("charming", "and")
 
@@ -106,6 +117,8 @@ QUICK = {
     },
     "study": {"max_steps": 20, "window": 5},
     "lams": [0.2, 0.6, 1.0],
+    "n_seed": 10,
+    "n_warm": 20,
 }
 
 PAPER_SST2 = [
@@ -168,6 +181,8 @@ def write(out_dir: Path, settings: ReportSettings) -> Path:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     run = _plan(settings)
+    if run.only == "stability":
+        return _stability_alone(out_dir, run)
     for m in run.methods:
         heedful.get_method(m)
     models, notes = _available(run.chosen)
@@ -191,6 +206,10 @@ def write(out_dir: Path, settings: ReportSettings) -> Path:
         run.timings.add(f"load {name}", began)
         if name == models[0]:
             _main_model(model, name, run, found, out_dir, say, settings.progress)
+            if name == STABILITY_MODEL:
+                began = time.perf_counter()
+                found.stability = _stability(model, run, say)
+                run.timings.add("cost, stability and the first-order limit", began)
         else:
             _second_model(model, name, run, found, out_dir, say, settings.progress)
         del model
@@ -218,6 +237,11 @@ class Plan:
     method_options: dict[str, dict]
     study_options: dict
     store: Path
+    n_seed: int = N_SEED
+    n_warm: int = N_WARM
+    until: Any = None
+    only: str | None = None
+    share: tuple[int, int] = (0, 1)
     timings: Timings = field(default_factory=Timings)
 
     def coperturbation(self, linearized: bool = False, lifted: bool = False) -> dict:
@@ -245,11 +269,15 @@ class Found:
     sweep: Any = None
     second: dict[str, Any] = field(default_factory=dict)
     steering: Any = None
+    stability: Any = None
 
 
 def _plan(settings: ReportSettings) -> Plan:
     opts = dict(settings.options)
-    known = {"n_bench", "n_compare", "n_study", "n_rectify", "methods", "models", "seed", "budget", "check", "steering"}
+    known = {
+        "n_bench", "n_compare", "n_study", "n_rectify", "methods", "models", "seed", "budget", "check", "steering",
+        "n_seed", "n_warm", "until", "only", "share",
+    }
     unknown = sorted(set(opts) - known)
     if unknown:
         raise HeedfulError(f"the coperturbation report has no option {unknown[0]!r}", hint=f"options: {', '.join(sorted(known))}")
@@ -276,6 +304,9 @@ def _plan(settings: ReportSettings) -> Plan:
         return int(opts.get(key) or (QUICK[key] if quick else default))
 
     stored = {k for k in ("n_compare", "n_rectify") if str(opts.get(k, "")) == "stored"}
+    only = None if opts.get("only") in (None, "") else str(opts["only"])
+    if only not in (None, "stability"):
+        raise HeedfulError(f"unknown coperturbation section {only!r}", hint="only=stability runs the section on cost, stability and the first-order limit alone")
 
     return Plan(
         quick=quick, methods=methods, chosen=_option_list(opts.get("models"), MODELS), seed=int(opts.get("seed", 0)),
@@ -284,8 +315,77 @@ def _plan(settings: ReportSettings) -> Plan:
         n_rectify="stored" if "n_rectify" in stored else (int(opts["n_rectify"]) if opts.get("n_rectify") else (QUICK["n_rectify"] if quick else None)),
         check=int(opts.get("check", QUICK["check"] if quick else CHECK_SENTENCES)), steering=steering == "on",
         ratios=tuple(QUICK["ratios"] if quick else _rect().SWEEP_RATIOS), method_options=method_options,
-        study_options=study_options, store=_store(settings),
+        study_options=study_options, store=_store(settings), n_seed=size("n_seed", N_SEED), n_warm=size("n_warm", N_WARM),
+        until=_until(opts.get("until")), only=only, share=_share(opts.get("share")),
     )
+
+
+def _share(value: Any) -> tuple[int, int]:
+    """``share=i/k`` as ``(i, k)`` with ``0 <= i < k``."""
+    if value in (None, ""):
+        return (0, 1)
+    try:
+        mine, of = (int(x) for x in str(value).split("/"))
+    except ValueError as exc:
+        raise HeedfulError(f"share={value!r} is not i/k", hint="e.g. share=0/2 and share=1/2 for two processes") from exc
+    if not 0 <= mine < of:
+        raise HeedfulError(f"share={value!r}: i must be in 0..k-1", hint="e.g. share=0/2 and share=1/2")
+    return (mine, of)
+
+
+def _until(value: Any):
+    """``until=HH:MM`` (UTC, today) as an aware datetime."""
+    import datetime as dt
+
+    if value in (None, ""):
+        return None
+    try:
+        hours, minutes = (int(x) for x in str(value).split(":"))
+        now = dt.datetime.now(dt.UTC)
+        at = now.replace(hour=hours, minute=minutes, second=0, microsecond=0)
+    except ValueError as exc:
+        raise HeedfulError(f"until={value!r} is not a time HH:MM", hint="e.g. until=17:45 (UTC)") from exc
+    return at  # a time already past today: no unit is started, the report summarises what is stored
+
+
+def _stability(model, run: Plan, say):
+    """Measure what is missing of the stability section (resumable) and summarise it."""
+    from heedful.reproduce import coperturbation_stability as cs
+
+    # a smoke run optimises for fewer steps, into a folder of its own
+    folder = run.store / ("stability-quick" if run.quick else "stability")
+    overrides = dict(QUICK["options"]["coperturbation"]) if run.quick else None
+    say(f"cost and seed stability on {run.n_seed} dev sentences, warm start on {run.n_warm}")
+    cs.measure(model, folder, run.n_seed, run.n_warm, run.until, say, run.share, overrides)
+    return cs.summarise(folder, run.n_seed, run.n_warm)
+
+
+def _stability_alone(out_dir: Path, run: Plan) -> Path:
+    """``only=stability``: that section alone, in ``out_dir/coperturbation-stability.md``."""
+    import heedful
+    from heedful.reproduce import coperturbation_stability as cs
+
+    models, _ = _available([STABILITY_MODEL])
+    if not models:
+        raise HeedfulError(f"{STABILITY_MODEL} is not built", hint=f"heedful models build {STABILITY_MODEL}")
+    say = _printer(True)
+    began = time.perf_counter()
+    found = _stability(heedful.load(STABILITY_MODEL), run, say)
+    lines = [
+        "# Co-perturbation: cost, stability and the first-order limit",
+        "",
+        f"Regenerate with `heedful reproduce coperturbation --option only=stability --option n_seed={run.n_seed} "
+        f"--option n_warm={run.n_warm} --out {out_dir}` (runs are kept in the results store `{run.store}`, so a "
+        "second run computes only what is missing; the full report `heedful reproduce coperturbation` includes this "
+        "section).",
+        "",
+        *cs.section(found, run.n_seed, run.n_warm),
+        f"This run took {time.perf_counter() - began:.0f} s (wall).",
+        "",
+    ]
+    path = out_dir / f"{NAME}-stability.md"
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path
 
 
 def _rect():
@@ -753,6 +853,10 @@ def _markdown(run: Plan, found: Found, longest: dict[str, float]) -> str:
     lines += _objective_section(found)
     lines += _solver_section(found)
     lines += _seed_section(found)
+    if found.stability is not None:
+        from heedful.reproduce.coperturbation_stability import section
+
+        lines += section(found.stability, run.n_seed, run.n_warm, heading="##")
     lines += _faithfulness_section(found)
     lines += _rectification_section(found)
     lines += _studies_section(found)
