@@ -55,7 +55,7 @@ def test_differences_round_trip_within_float16_rounding_of_the_change(tmp_path: 
             change = (want - base.state_dict()[key]).abs()
             assert float((got - want).abs().max()) <= float(change.max()) * 2**-10 + 1e-12, key
     diff = shipped.compare(fresh.state_dict(), trained.state_dict())
-    assert 0 < diff["max_relative_difference"] < 1e-5 and diff["tensor"] in trained.state_dict()
+    assert 0 < diff["max_relative_difference"] <= 2**-10 and diff["tensor"] in trained.state_dict()  # the head's rounding
 
 
 def test_apply_refuses_files_that_do_not_fit(tmp_path: Path):

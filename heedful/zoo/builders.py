@@ -55,7 +55,7 @@ DECODER_CLASSIFIER_CONFIG = TopLayersConfig(top_layers=8, epochs=2, learning_rat
 #: (written by ``python -m heedful.zoo.ship minilm-sentiment`` from a --from-scratch build).
 MINILM_SENTIMENT_WEIGHTS = shipped.ShippedWeights(
     "minilm-sentiment.safetensors",
-    sha256="0000000000000000000000000000000000000000000000000000000000000000",
+    sha256="1cec79859cd57b137928b53753ba9de9157b9ef7dfada80425763a823ce9478d",
 )
 CAPITAL_PROMPT = "The capital of France is"
 CAPITAL_ANSWER = " Paris"
