@@ -10,8 +10,7 @@ CORE   := $(VENV)/.heedful-core
 # heedful and torch alone: all `make demo` needs (the extras below are for tests, serving, benchmarks).
 $(CORE): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e .
+	$(BIN)/python -m pip install --quiet torch==2.13.0 -e .
 	touch $(CORE)
 
 $(STAMP): $(CORE)
