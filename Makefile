@@ -3,20 +3,25 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.heedful-installed
+CORE   := $(VENV)/.heedful-core
 
 .PHONY: demo test test-all lint bench bench-decomposition bench-ferret bench-generation clean-venv
 
-$(STAMP): pyproject.toml
+# heedful and torch alone: all `make demo` needs (the extras below are for tests, serving, benchmarks).
+$(CORE): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet torch==2.13.0 -e .
+	touch $(CORE)
+
+$(STAMP): $(CORE)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet torch==2.13.0
 	$(BIN)/python -m pip install --quiet -e ".[test,serve]"
 	# lxt (AttnLRP's reference, tests/test_relevance_rules.py) without its requirements:
 	# bitsandbytes / open_clip_torch / torchvision would replace the pinned torch
 	$(BIN)/python -m pip install --quiet --no-deps lxt==2.1
 	touch $(STAMP)
 
-demo: $(STAMP)  ## set up, build the default model on first use, explain a sentence
+demo: $(CORE)  ## set up heedful alone, assemble the default model on first use (seconds), explain a sentence
 	$(BIN)/heedful explain "a charming and often affecting journey" --method normxlogit --method integrated_gradients --method leave_one_out
 
 test: $(STAMP)  ## set up and run the default test suite

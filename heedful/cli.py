@@ -308,11 +308,15 @@ def models_list(ctx: typer.Context) -> None:
 def models_build(
     name: Annotated[str, typer.Argument(help="Zoo model to build.")],
     force: Annotated[bool, typer.Option("--force", help="Rebuild even if built.")] = False,
+    from_scratch: Annotated[
+        bool,
+        typer.Option("--from-scratch", help="Train a model that is otherwise assembled from weights shipped with heedful (minutes, same seed)."),
+    ] = False,
 ) -> None:
     """Build (train or convert) a zoo model into the cache."""
     from heedful import zoo
 
-    path = zoo.build(name, force=force, progress=True)
+    path = zoo.build(name, force=force, progress=True, from_scratch=from_scratch)
     out.print(f"built {name} -> {path}")
 
 

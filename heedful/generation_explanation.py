@@ -9,13 +9,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 import torch
 
 from heedful.batch import Batch
 from heedful.explanation import Cost, Views
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from heedful.generation import Generation
 
 
@@ -145,6 +146,8 @@ class GenerationExplanation(Views):
                         "score": float(self.scores[t, j]),
                     }
                 )
+        import pandas as pd  # on use: pandas (and pyarrow) take a noticeable share of start-up
+
         return pd.DataFrame(rows)
 
     def to_dict(self) -> dict[str, Any]:

@@ -17,7 +17,6 @@ from typing import Annotated, Literal
 
 import numpy as np
 import torch
-from scipy.stats import spearmanr
 
 from heedful.errors import InputError
 from heedful.options import AT_LEAST_ONE, NON_NEGATIVE, OPEN_UNIT, RUNTIME, Range
@@ -125,6 +124,8 @@ def fit_surrogate(masks: np.ndarray, outputs: np.ndarray, alpha: float, folds: i
         quality["r2"] = float(1 - residual / total) if total > 0 else float("nan")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # a constant output has no rank correlation: nan
+            from scipy.stats import spearmanr  # on use: scipy.stats is slow to import
+
             quality["lds"] = float(spearmanr(held_out, outputs).statistic)
     return weights, intercept, quality
 

@@ -13,6 +13,7 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import json  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -29,7 +30,7 @@ from transformers import (  # noqa: E402
 
 from heedful.datasets.vader import SPLIT_SEED, TEST_SIZES, load_split  # noqa: E402
 from heedful.errors import HeedfulError  # noqa: E402
-from heedful.zoo import sources  # noqa: E402
+from heedful.zoo import shipped, sources  # noqa: E402
 from heedful.zoo.train import (  # noqa: E402
     TopLayersConfig,
     TrainConfig,
@@ -50,6 +51,12 @@ REGRESSION_CONFIG = TrainConfig()
 # (0.83 held-out with 1,500 texts), so the top blocks have what they need to pool the sentence.
 # Tuning the top 6 blocks gave 84.2% held out; 8 were tried after seeing that score.
 DECODER_CLASSIFIER_CONFIG = TopLayersConfig(top_layers=8, epochs=2, learning_rate=1e-4, max_length=64)
+#: minilm-sentiment's fine-tuned weights as float16 differences from the MiniLM package's
+#: (written by ``python -m heedful.zoo.ship minilm-sentiment`` from a --from-scratch build).
+MINILM_SENTIMENT_WEIGHTS = shipped.ShippedWeights(
+    "minilm-sentiment.safetensors",
+    sha256="1cec79859cd57b137928b53753ba9de9157b9ef7dfada80425763a823ce9478d",
+)
 CAPITAL_PROMPT = "The capital of France is"
 CAPITAL_ANSWER = " Paris"
 
@@ -135,20 +142,128 @@ def _save_and_score_classifier(
     }
 
 
-def build_minilm_sentiment(out_dir: Path, progress: bool = True) -> dict:
-    """MiniLM-L6 + 2-way head fine-tuned on the movies train split; accuracy on movies test."""
-    cfg = CLASSIFIER_CONFIG
-    train, test = load_split("movies", "train"), load_split("movies", "test")
-    model, tokenizer = _minilm_for_sequence_classification(
-        cfg.seed,
+def _minilm_sentiment_start(seed: int) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """minilm-sentiment before training: the MiniLM encoder with a seeded 2-way head."""
+    return _minilm_for_sequence_classification(
+        seed,
         num_labels=2,
         id2label=SENTIMENT_LABELS,
         label2id={v: k for k, v in SENTIMENT_LABELS.items()},
     )
+
+
+def _new_keys(model: PreTrainedModel) -> set[str]:
+    """Keys of ``model``'s state that the MiniLM checkpoint lacks (the head it adds)."""
+    base = sources.minilm_encoder_dir() / "model.safetensors"
+    from safetensors import safe_open
+
+    with safe_open(str(base), framework="pt") as handle:
+        have = {f"{model.base_model_prefix}.{key}" for key in handle.keys()}  # noqa: SIM118
+    return {key for key in model.state_dict() if key not in have}
+
+
+def build_minilm_sentiment(out_dir: Path, progress: bool = True, *, from_scratch: bool = False) -> dict:
+    """MiniLM-L6 + 2-way head fine-tuned on the movies train split; accuracy on movies test.
+
+    By default the model is assembled in seconds from the MiniLM package and the fine-tuned
+    weights shipped with heedful (:data:`MINILM_SENTIMENT_WEIGHTS`, sha256-checked);
+    ``from_scratch=True`` trains it (minutes) and records how far the result is from the
+    shipped weights.
+    """
+    if not from_scratch:
+        return _assemble_minilm_sentiment(out_dir)
+    cfg = CLASSIFIER_CONFIG
+    train, test = load_split("movies", "train"), load_split("movies", "test")
+    model, tokenizer = _minilm_sentiment_start(cfg.seed)
     summary = fine_tune(
         model, tokenizer, train["text"].tolist(), train["label"].to_numpy(), cfg, progress
     )
-    return _save_and_score_classifier(model, tokenizer, out_dir, cfg, summary, train, test, progress)
+    metadata = _save_and_score_classifier(model, tokenizer, out_dir, cfg, summary, train, test, progress)
+    return {**metadata, "weights": {"source": "trained", "versus_shipped": _versus_shipped(model)}}
+
+
+def _shipped_minilm_sentiment() -> tuple[PreTrainedModel, PreTrainedTokenizerBase, dict, dict]:
+    """The MiniLM package's model with the shipped weights applied (checked against the pinned
+    sha256 first), its tokenizer, the file's build record and what was applied."""
+    path = shipped.verify(MINILM_SENTIMENT_WEIGHTS)
+    record = shipped.read_record(path)
+    model, tokenizer = _minilm_sentiment_start(CLASSIFIER_CONFIG.seed)
+    applied = shipped.apply(model, path, _new_keys(model))
+    return model.eval(), tokenizer, record, applied
+
+
+def _versus_shipped(model: PreTrainedModel) -> dict:
+    """How far a trained minilm-sentiment is from the shipped weights (see :func:`shipped.compare`)."""
+    try:
+        reference, _, _, _ = _shipped_minilm_sentiment()
+    except HeedfulError as exc:
+        return {"error": exc.message}
+    return shipped.compare(model.state_dict(), reference.state_dict())
+
+
+def _assemble_minilm_sentiment(out_dir: Path) -> dict:
+    """minilm-sentiment from the MiniLM package + the shipped weights, saved and sanity-checked;
+    the held-out score is the one measured on these weights when they were written."""
+    model, tokenizer, record, applied = _shipped_minilm_sentiment()
+    _save(model, tokenizer, out_dir)
+    model, tokenizer = _reload_classifier(out_dir)
+    label, probability = _check_sanity(predict(model, tokenizer, [SANITY_TEXT], progress=False))
+    return {
+        **{key: record[key] for key in ("seed", "training", "data", "held_out")},
+        "sanity": {"text": SANITY_TEXT, "label": label, "probability": probability},
+        "weights": {
+            "source": "shipped",
+            "file": f"heedful/zoo/deltas/{MINILM_SENTIMENT_WEIGHTS.file}",
+            "sha256": MINILM_SENTIMENT_WEIGHTS.sha256,
+            "base": sources.MINILM.requirement,
+            "tensors": applied,
+            "trained": record["trained"],
+        },
+    }
+
+
+def ship_minilm_sentiment(trained_dir: Path, progress: bool = True, out: Path | None = None) -> dict:
+    """Write :data:`MINILM_SENTIMENT_WEIGHTS` from the minilm-sentiment built (trained) at
+    ``trained_dir``: float16 differences from the MiniLM package, then the model assembled
+    from them is scored on the 1,000 held-out texts and that score goes into the file's record.
+    Returns the record (with the file's sha256, to pin in this module); ``out`` writes elsewhere."""
+    trained = json.loads((trained_dir / "heedful.json").read_text(encoding="utf-8"))
+    if trained.get("weights", {}).get("source") == "shipped":
+        raise HeedfulError(f"{trained_dir} was assembled from shipped weights", hint="ship a --from-scratch build")
+    model, tokenizer = _reload_classifier(trained_dir)
+    start, _ = _minilm_sentiment_start(CLASSIFIER_CONFIG.seed)
+    tensors = shipped.differences(model.state_dict(), start.state_dict(), _new_keys(start))
+    path = out or MINILM_SENTIMENT_WEIGHTS.path
+    shipped.write(path, tensors, {"trained": {}})
+    applied = shipped.apply(start, path, _new_keys(start))
+    test = load_split("movies", "test")
+    logits = predict(
+        start.eval(), tokenizer, test["text"].tolist(), CLASSIFIER_CONFIG.max_length,
+        CLASSIFIER_CONFIG.eval_batch_size, progress, "held-out test (shipped weights)",
+    )
+    record = {
+        "entry": "minilm-sentiment",
+        "seed": trained["seed"],
+        "training": trained["training"],
+        "data": trained["data"],
+        "held_out": {
+            "split": "movies/test",
+            "examples": len(test),
+            "accuracy": accuracy(logits, test["label"].to_numpy()),
+            "measured_on": "the shipped weights (MiniLM package + float16 differences)",
+        },
+        "trained": {
+            "held_out_accuracy": trained["held_out"]["accuracy"],
+            "built_at": trained["built_at"],
+            "heedful_version": trained["heedful_version"],
+            "versions": trained["versions"],
+            "build_seconds": trained["build_seconds"],
+        },
+        "tensors": applied,
+        "versus_trained": shipped.compare(start.state_dict(), model.state_dict()),
+    }
+    sha256 = shipped.write(path, tensors, record)
+    return {**record, "file": str(path), "bytes": path.stat().st_size, "sha256": sha256}
 
 
 def _fold_output_scale(model: PreTrainedModel, scale: float) -> None:

