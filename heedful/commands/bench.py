@@ -82,6 +82,7 @@ def bench(
     missing = [flag for flag, value in (("--model", model), ("--dataset", dataset), ("--methods", methods)) if value is None]
     if missing:
         raise HeedfulError(f"heedful bench needs {', '.join(missing)}", hint="e.g. heedful bench --model minilm-sentiment --dataset movies --methods random,grad_x_input --n 50")
+    _check_run_options(n, batch_size, out)
     from rich.console import Console
 
     from heedful.evaluate import get_protocol, metric_names
@@ -183,3 +184,14 @@ def _bench_generation(model, dataset, names, method_options, metrics, generate, 
     pd.DataFrame(generation_rows(results)).to_csv(out / "generation.csv", index=False)
     Console().print(Markdown(report))
     err.print(f"wrote {out / 'generation.md'} and {out / 'generation.csv'}")
+
+
+def _check_run_options(n: int | None, batch_size: int, out: Path) -> None:
+    """Before any work: a positive --n and --batch-size, and an --out folder that can be written."""
+    from heedful.commands.console import check_writable
+
+    if n is not None and n < 1:
+        raise HeedfulError(f"--n must be at least 1, got {n}", hint="drop --n to use the whole split")
+    if batch_size < 1:
+        raise HeedfulError(f"--batch-size must be at least 1, got {batch_size}", hint="e.g. --batch-size 16")
+    check_writable(out, "--out", folder=True)

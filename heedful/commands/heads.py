@@ -5,6 +5,7 @@ Registered in :mod:`heedful.cli`. Heavy imports happen inside the command.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated
 
@@ -49,8 +50,18 @@ def heads(
     from heedful.lrp.heads import PARSER, cached_arcs, head_statistics, load_parser, plot_head_map
     from heedful.lrp.masks import RELATIONS, cache_path
 
+    from heedful.commands.console import check_writable
+
     if not 0 <= xi_pos <= 1:
-        raise InputError(f"--xi-pos must be in [0, 1], got {xi_pos}")
+        raise InputError(f"--xi-pos must be in [0, 1], got {xi_pos}", hint="e.g. --xi-pos 0.8")
+    if not math.isfinite(xi_synt):
+        raise InputError(f"--xi-synt must be a finite number, got {xi_synt}", hint="e.g. --xi-synt 0.1")
+    for flag, value in (("--n", n), ("--batch-size", batch_size)):
+        if value is not None and value < 1:
+            raise InputError(f"{flag} must be at least 1, got {value}", hint=f"drop {flag} for the default")
+    for flag, path in (("--out", out), ("--plot", plot)):
+        if path is not None:
+            check_writable(path, flag)  # before the parse and the passes
     loaded = load_model(model)
     loaded.adapter.num_layers  # noqa: B018  (fail early on a model without blocks)
     nlp = _LazyParser(load_parser)
