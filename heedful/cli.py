@@ -11,8 +11,8 @@ from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
-from rich.text import Text
 from rich.table import Table
+from rich.text import Text
 
 # Busy-waiting OpenMP threads cost far more than they save when the cores are shared
 # (measured: 232 s vs 31 s for one coperturbation explanation on 2 loaded cores).
@@ -25,7 +25,15 @@ from heedful.commands import rectify as rectify_command
 from heedful.commands import reproduce as reproduce_command
 from heedful.commands import serve as serve_command
 from heedful.commands import steer as steer_command
-from heedful.commands.console import check_writable, err, load_model, out, print_error, progress, read_text_file
+from heedful.commands.console import (
+    check_writable,
+    err,
+    load_model,
+    out,
+    print_error,
+    progress,
+    read_text_file,
+)
 from heedful.commands.options import options
 from heedful.errors import HeedfulError
 from heedful.memory import parse_memory
@@ -331,7 +339,10 @@ app.command("serve")(serve_command.serve)
 def main() -> None:
     """Entry point: user errors -- heedful's own, the command line's usage errors and files
     the system refuses -- print as one ``error:`` line and a ``hint:`` line, exit code 2."""
-    import click
+    try:
+        from typer._click import exceptions as click  # typer vendors its own click
+    except ImportError:  # pragma: no cover  (older typer: click itself)
+        from click import exceptions as click
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -339,7 +350,7 @@ def main() -> None:
             code = app(standalone_mode=False)
         except HeedfulError as exc:
             _fail(caught, exc.message, exc.hint)
-        except click.exceptions.NoArgsIsHelpError as exc:
+        except click.NoArgsIsHelpError as exc:
             exc.show()
             raise SystemExit(exc.exit_code) from None
         except click.UsageError as exc:
@@ -350,7 +361,7 @@ def main() -> None:
         except OSError as exc:  # a file or folder the system refuses, met during the work
             where = f" {exc.filename}" if exc.filename else ""
             _fail(caught, f"{exc.strerror or exc}{where}", "check the path and its permissions")
-        except (KeyboardInterrupt, click.exceptions.Abort):
+        except (KeyboardInterrupt, typer.Abort):
             err.print("[yellow]interrupted[/]")
             raise SystemExit(130) from None
         finally:

@@ -64,6 +64,7 @@ def check_writable(path: Path, what: str, folder: bool = False) -> None:
     or read-only, or the path itself of the wrong kind (a directory where a file goes, a file
     where a folder goes). ``folder``: the path is a folder that is created if missing."""
     import os
+    import tempfile
 
     from heedful.errors import HeedfulError
 
@@ -86,8 +87,12 @@ def check_writable(path: Path, what: str, folder: bool = False) -> None:
             )
         if path.exists() and not os.access(path, os.W_OK):
             raise HeedfulError(f"{what} {path} is not writable", hint="pick another path or change its permissions")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise HeedfulError(f"{what} {path}: {existing} is not writable", hint="pick a folder you can write to")
+    try:  # a real write: permission bits say nothing for root, nor for read-only mounts
+        handle, probe = tempfile.mkstemp(dir=existing, prefix=".heedful-write-check-")
+        os.close(handle)
+        os.unlink(probe)
+    except OSError as exc:
+        raise HeedfulError(f"{what} {path}: cannot write in {existing} ({exc.strerror})", hint="pick a folder you can write to") from None
 
 
 def print_error(message: str, hint: str | None = None) -> None:

@@ -43,14 +43,12 @@ def heads(
     from rich.console import Console
     from rich.table import Table
 
-    from heedful.commands.console import load_model, progress
+    from heedful.commands.console import check_writable, load_model, progress
     from heedful.datasets import load as load_dataset
     from heedful.errors import InputError
     from heedful.fingerprint import model_fingerprint
     from heedful.lrp.heads import PARSER, cached_arcs, head_statistics, load_parser, plot_head_map
     from heedful.lrp.masks import RELATIONS, cache_path
-
-    from heedful.commands.console import check_writable
 
     if not 0 <= xi_pos <= 1:
         raise InputError(f"--xi-pos must be in [0, 1], got {xi_pos}", hint="e.g. --xi-pos 0.8")
