@@ -349,7 +349,7 @@ def main() -> None:
         try:
             code = app(standalone_mode=False)
         except HeedfulError as exc:
-            _fail(caught, exc.message, exc.hint)
+            _fail(caught, exc.message, exc.hint or f"see `{_command_path()} --help`")
         except click.NoArgsIsHelpError as exc:
             exc.show()
             raise SystemExit(exc.exit_code) from None
@@ -368,6 +368,18 @@ def main() -> None:
             _flush_warnings(caught)
     if isinstance(code, int) and code:
         raise SystemExit(code)
+
+
+def _command_path() -> str:
+    """``heedful`` and the (sub)command named on the command line, for a help hint."""
+    words, group = ["heedful"], typer.main.get_command(app)
+    for arg in sys.argv[1:3]:
+        found = getattr(group, "commands", {}).get(arg)
+        if found is None:
+            break
+        words.append(arg)
+        group = found
+    return " ".join(words)
 
 
 def _fail(caught: list, message: str, hint: str | None) -> None:
