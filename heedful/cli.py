@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import sys
 import warnings
 from pathlib import Path
@@ -358,6 +359,8 @@ def main() -> None:
             _fail(caught, exc.format_message(), f"see `{command} --help`")
         except click.ClickException as exc:
             _fail(caught, exc.format_message(), None)
+        except sqlite3.OperationalError as exc:  # a results store locked or made read-only during the run
+            _fail(caught, f"results store: {exc}", "what was computed before is kept in the store; rerun to resume")
         except OSError as exc:  # a file or folder the system refuses, met during the work
             where = f" {exc.filename}" if exc.filename else ""
             _fail(caught, f"{exc.strerror or exc}{where}", "check the path and its permissions")

@@ -313,10 +313,10 @@ def no_load(monkeypatch):
     def refuse(*a, **k):
         raise LoadedAfterChecks
 
-    monkeypatch.setattr(heedful, "load", refuse)
-    import heedful.loading
+    from heedful import loading
 
-    monkeypatch.setattr(heedful.loading, "load", refuse)
+    monkeypatch.setattr(heedful, "load", refuse)
+    monkeypatch.setattr(loading, "load", refuse)
 
 
 def cli_checks(surface: str, *args: str) -> bool:
