@@ -101,9 +101,11 @@ def explain(
     writes with --generate N (the context methods: source_loo, context_cite -- the default --
     and hierarchical; any other method's scores pooled per source)."""
     import heedful
+    from heedful.loading import check_device
     from heedful.render.html import explanation_page
     from heedful.render.terminal import print_explanations
 
+    check_device(device)
     if html is not None:
         check_writable(html, "--html")  # before any work, so that none is lost
     if seed is not None and seed < 0:

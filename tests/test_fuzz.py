@@ -445,7 +445,7 @@ def test_cli_other_commands(no_load, tmp_path_factory, command, value):
     args = (*command, value, *extra) if command[0] != "reproduce" else (*command, value, "--store", str(out / "store"), *extra)
     stopped = cli_checks("cli other commands", *args)
     numeric = value.strip().lower()
-    if command[-1] in ("--lam", "--ratio", "--n", "--seed", "--max-steps") and numeric in ("nan", "-1", "inf") | ({"0"} if command[-1] in ("--n", "--ratio", "--max-steps") else set()):
+    if command[-1] in ("--lam", "--ratio", "--n", "--seed", "--max-steps") and numeric in {"nan", "-1", "inf"} | ({"0"} if command[-1] in ("--n", "--ratio", "--max-steps") else set()):
         assert stopped, args
 
 

@@ -451,6 +451,8 @@ class ModelAdapter:
         for i, pair in enumerate(pairs):
             if pair is not None and (not isinstance(pair, str) or _lone_surrogate(pair) is not None):
                 raise InputError(f"text pair {i} is not a valid Unicode string", hint="give each text pair as a str")
+        if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1):
+            raise InputError(f"max_length must be a positive integer, got {max_length!r}", hint=f"e.g. max_length={self.max_length}, or leave it unset")
         limit = min(max_length or self.max_length, self.max_length)
         has_pairs = any(p is not None for p in pairs)
         if has_pairs and any(p is None for p in pairs):
