@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import sys
 import warnings
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 # Busy-waiting OpenMP threads cost far more than they save when the cores are shared
 # (measured: 232 s vs 31 s for one coperturbation explanation on 2 loaded cores).
@@ -24,7 +26,15 @@ from heedful.commands import rectify as rectify_command
 from heedful.commands import reproduce as reproduce_command
 from heedful.commands import serve as serve_command
 from heedful.commands import steer as steer_command
-from heedful.commands.console import err, load_model, out, progress
+from heedful.commands.console import (
+    check_writable,
+    err,
+    load_model,
+    out,
+    print_error,
+    progress,
+    read_text_file,
+)
 from heedful.commands.options import options
 from heedful.errors import HeedfulError
 from heedful.memory import parse_memory
@@ -43,9 +53,7 @@ app.add_typer(models_app, name="models")
 def _read_texts(texts: list[str], file: str | None) -> list[str]:
     found = list(texts)
     if file is not None:
-        stream = sys.stdin if file == "-" else open(file, encoding="utf-8")  # noqa: SIM115
-        with stream:
-            found.extend(line.rstrip("\n") for line in stream if line.strip())
+        found.extend(line.rstrip("\r") for line in read_text_file(file).split("\n") if line.strip())
     if not found:
         raise HeedfulError("no text given", hint='pass TEXT arguments or --file PATH (use "-" for stdin)')
     return found
@@ -55,9 +63,7 @@ def _read_document(texts: list[str], file: str | None) -> list[str]:
     """The documents to cut into sources: each TEXT argument, and the whole of ``file``."""
     found = list(texts)
     if file is not None:
-        stream = sys.stdin if file == "-" else open(file, encoding="utf-8")  # noqa: SIM115
-        with stream:
-            document = stream.read()
+        document = read_text_file(file)
         if document.strip():
             found.append(document.rstrip("\n"))
     if not found:
@@ -95,9 +101,15 @@ def explain(
     writes with --generate N (the context methods: source_loo, context_cite -- the default --
     and hierarchical; any other method's scores pooled per source)."""
     import heedful
+    from heedful.loading import check_device
     from heedful.render.html import explanation_page
     from heedful.render.terminal import print_explanations
 
+    check_device(device)
+    if html is not None:
+        check_writable(html, "--html")  # before any work, so that none is lost
+    if seed is not None and seed < 0:
+        raise HeedfulError(f"--seed must be 0 or more, got {seed}", hint="e.g. --seed 0")
     budget = None if max_memory is None else parse_memory(max_memory)
     items = _read_document(texts or [], file) if sources is not None else _read_texts(texts or [], file)
     if query is not None and sources is None:
@@ -163,7 +175,7 @@ def explain(
     ordered = _by_text(results, len(items), len(infos))
     if html is not None:
         html.write_text(explanation_page(ordered, words=words), encoding="utf-8")
-        err.print(f"wrote {html}")
+        err.print(f"wrote {html}", markup=False, highlight=False)
     if as_json:
         payload = [_json_view(e, words) for e in ordered]
         out.print_json(json.dumps(payload[0] if len(payload) == 1 else payload))
@@ -204,7 +216,7 @@ def _explain_generation(loaded, items, infos, runs, generate, continuation, quan
     ordered = _by_text(found, len(items), len(infos))
     if html is not None:
         html.write_text(generation_page(ordered), encoding="utf-8")
-        err.print(f"wrote {html}")
+        err.print(f"wrote {html}", markup=False, highlight=False)
     if as_json:
         payload = [g.to_dict() for g in ordered]
         out.print_json(json.dumps(payload[0] if len(payload) == 1 else payload))
@@ -332,28 +344,63 @@ app.command("serve")(serve_command.serve)
 
 
 def main() -> None:
-    """Entry point: user errors print as one message with a hint, exit code 2."""
+    """Entry point: user errors -- heedful's own, the command line's usage errors and files
+    the system refuses -- print as one ``error:`` line and a ``hint:`` line, exit code 2."""
+    try:
+        from typer._click import exceptions as click  # typer vendors its own click
+    except ImportError:  # pragma: no cover  (older typer: click itself)
+        from click import exceptions as click
+
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            app()
+            code = app(standalone_mode=False)
         except HeedfulError as exc:
-            _flush_warnings(caught)
-            err.print(f"[bold red]error:[/] {escape(exc.message)}")  # messages are text, not markup
-            if exc.hint:
-                err.print(f"[dim]hint:[/] {escape(exc.hint)}")
-            raise SystemExit(2) from None
-        except KeyboardInterrupt:
+            _fail(caught, exc.message, exc.hint or f"see `{_command_path()} --help`")
+        except click.NoArgsIsHelpError as exc:
+            exc.show()
+            raise SystemExit(exc.exit_code) from None
+        except click.UsageError as exc:
+            command = exc.ctx.command_path if exc.ctx is not None else "heedful"
+            _fail(caught, exc.format_message(), f"see `{command} --help`")
+        except click.ClickException as exc:
+            _fail(caught, exc.format_message(), None)
+        except sqlite3.OperationalError as exc:  # a results store locked or made read-only during the run
+            _fail(caught, f"results store: {exc}", "what was computed before is kept in the store; rerun to resume")
+        except OSError as exc:  # a file or folder the system refuses, met during the work
+            where = f" {exc.filename}" if exc.filename else ""
+            _fail(caught, f"{exc.strerror or exc}{where}", "check the path and its permissions")
+        except (KeyboardInterrupt, typer.Abort):
             err.print("[yellow]interrupted[/]")
             raise SystemExit(130) from None
         finally:
             _flush_warnings(caught)
+    if isinstance(code, int) and code:
+        raise SystemExit(code)
+
+
+def _command_path() -> str:
+    """``heedful`` and the (sub)command named on the command line, for a help hint."""
+    words, group = ["heedful"], typer.main.get_command(app)
+    for arg in sys.argv[1:3]:
+        found = getattr(group, "commands", {}).get(arg)
+        if found is None:
+            break
+        words.append(arg)
+        group = found
+    return " ".join(words)
+
+
+def _fail(caught: list, message: str, hint: str | None) -> None:
+    _flush_warnings(caught)
+    print_error(message, hint)
+    raise SystemExit(2) from None
 
 
 def _flush_warnings(caught: list) -> None:
     for w in caught:
         if "truncated" in str(w.message) or f"{Path('heedful')}" in str(w.filename):
-            err.print(f"[yellow]warning:[/] {w.message}")
+            err.print(Text.assemble(("warning: ", "yellow"), str(w.message)), highlight=False)
     caught.clear()
 
 

@@ -11,7 +11,7 @@ from transformers import AutoConfig, AutoTokenizer
 
 from heedful.adapters import FAMILIES, adapter_for
 from heedful.adapters.heads import TASKS, head_of_class, head_of_task
-from heedful.errors import HeedfulError, UnsupportedModelError
+from heedful.errors import HeedfulError, InputError, UnsupportedModelError
 from heedful.memory import parse_memory
 from heedful.model import Model
 from heedful.quiet import quiet_transformers
@@ -35,6 +35,35 @@ def _auto_class(config, task: str | None) -> type:
     )
 
 
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "tokenizer.model", "spiece.model")
+"""A model directory has a tokenizer if it holds one of these."""
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def check_device(device: str | torch.device) -> torch.device:
+    """``device`` as a :class:`torch.device`, or an :class:`InputError` if it is not one or is
+    not available here (no CUDA, no such GPU, no MPS)."""
+    hint = "use cpu, cuda, cuda:N or mps"
+    try:
+        found = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise InputError(f"unknown device {device!r}", hint=hint) from None
+    if found.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if found.index is not None and found.index >= count or not count:
+            raise InputError(f"device {device!r} is not available ({count} CUDA device(s) here)", hint="use --device cpu")
+    elif found.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise InputError(f"device {device!r} is not available here", hint="use --device cpu")
+    elif found.type != "cpu":
+        raise InputError(f"heedful does not run on {device!r}", hint=hint)
+    return found
+
+
 def load(
     name_or_path: str | os.PathLike,
     task: str | None = None,
@@ -48,7 +77,8 @@ def load(
     """Load a model to explain.
 
     ``name_or_path``: a zoo name (``heedful models`` lists them; built on first use), a local
-    Hugging Face directory, or a hub id (where a hub is reachable). ``task`` is inferred from
+    Hugging Face directory, or a hub id already in the local Hugging Face cache (nothing is
+    downloaded from a hub). ``task`` is inferred from
     the model class (classification, regression, masked_lm, causal_lm) unless given.
     Attention is loaded in eager mode so that attention probabilities exist.
     ``max_memory``: what one pass may use on top of what the process holds (``"4GB"``,
@@ -65,6 +95,7 @@ def load(
     from heedful import zoo
 
     budget = None if max_memory is None else parse_memory(max_memory)  # a bad size fails before loading
+    check_device(device)
     name = str(name_or_path)
     info: dict = {}
     if name in zoo.ENTRIES:
@@ -80,28 +111,48 @@ def load(
                 hint="give a zoo name (see `heedful models`), a Hugging Face model directory, or a hub id",
             )
     source = str(path) if local else name
-    try:
-        config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code, local_files_only=local)
+    hint = "zoo names: " + ", ".join(zoo.zoo_names()) + "; or a local Hugging Face directory"
+    try:  # never from a hub: a hub id loads only from the local Hugging Face cache
+        config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code, local_files_only=True)
     except OSError as exc:
+        if local:
+            raise HeedfulError(f"{name} has no readable config.json ({_first_line(exc)})", hint=hint) from None
         raise HeedfulError(
-            f"could not load a model from {name!r}: {exc}",
-            hint="zoo names: " + ", ".join(zoo.zoo_names()) + "; or a local Hugging Face directory",
-        ) from exc
+            f"{name!r} is neither a zoo model nor a model directory, and is not in the local Hugging Face cache",
+            hint=hint + " (heedful downloads nothing from a hub: fetch it first, e.g. `hf download " + name + "`)",
+        ) from None
+    except ValueError as exc:  # no or an unknown model_type
+        raise UnsupportedModelError(f"cannot read the model in {name}: {_first_line(exc)}", hint="supported families: " + ", ".join(sorted(FAMILIES))) from None
     if config.model_type not in FAMILIES:
         raise UnsupportedModelError(
             f"architecture {config.model_type!r} is not supported",
             hint="supported families: " + ", ".join(sorted(FAMILIES)),
         )
     auto = _auto_class(config, task)
+    if local and not any((path / f).is_file() for f in _TOKENIZER_FILES):
+        raise HeedfulError(f"{name} has no tokenizer", hint="save the tokenizer next to the model: tokenizer.save_pretrained(folder)")
     with quiet_transformers():
-        hf_model = auto.from_pretrained(
-            source,
-            attn_implementation="eager",
-            dtype=dtype,
-            trust_remote_code=trust_remote_code,
-            local_files_only=local,
-        ).to(device)
-        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code, local_files_only=local)
+        try:
+            hf_model = auto.from_pretrained(
+                source,
+                attn_implementation="eager",
+                dtype=dtype,
+                trust_remote_code=trust_remote_code,
+                local_files_only=True,
+            )
+        except Exception as exc:  # noqa: BLE001  (missing, truncated or mismatched weights: transformers raises many kinds)
+            raise HeedfulError(
+                f"cannot load the weights of {name}: {_first_line(exc)}",
+                hint="save the model again (model.save_pretrained(folder)) or rebuild it (`heedful models build NAME --force`)",
+            ) from None
+        hf_model = hf_model.to(device)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code, local_files_only=True)
+        except Exception as exc:  # noqa: BLE001  (corrupt tokenizer files)
+            raise HeedfulError(
+                f"cannot load the tokenizer of {name}: {_first_line(exc)}",
+                hint="save the tokenizer again: tokenizer.save_pretrained(folder)",
+            ) from None
     if not getattr(tokenizer, "is_fast", False):
         raise UnsupportedModelError(
             f"{type(tokenizer).__name__} is a slow tokenizer; heedful needs character offsets",

@@ -97,3 +97,20 @@ def run_cli(monkeypatch, capsys, *args: str, stdin: str | None = "") -> tuple[in
         code = int(exc.code or 0)
     captured = capsys.readouterr()
     return code, captured.out, captured.err
+
+
+# ---------------------------------------------------------------- fuzz counts
+FUZZ_INPUTS: dict[str, int] = {}
+"""Inputs the fuzz suite (tests/test_fuzz.py) tried, per surface; written at the end of the
+session to ``<basetemp>/fuzz-inputs.json`` and summed up in one line."""
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    if not FUZZ_INPUTS:
+        return
+    import json
+
+    path = config._tmp_path_factory.getbasetemp() / "fuzz-inputs.json"
+    path.write_text(json.dumps(dict(sorted(FUZZ_INPUTS.items())), indent=1), encoding="utf-8")
+    parts = ", ".join(f"{k} {v}" for k, v in sorted(FUZZ_INPUTS.items()))
+    terminalreporter.write_line(f"fuzz inputs tried: {sum(FUZZ_INPUTS.values())} ({parts}) -> {path}")

@@ -439,7 +439,9 @@ def test_serve_without_fastapi_exits_2_naming_the_extra(monkeypatch, capsys):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "fastapi" else real(name, *a))
     code, _, err = run_cli(monkeypatch, capsys, "serve")
-    assert code == 2 and err.strip().splitlines() == ['error: heedful serve needs fastapi: pip install "heedful[serve]"']
+    lines = err.strip().splitlines()
+    assert code == 2 and lines[0] == 'error: heedful serve needs fastapi: pip install "heedful[serve]"'
+    assert len(lines) == 2 and lines[1].startswith("hint: ")  # every error carries a hint
 
 
 @pytest.mark.slow

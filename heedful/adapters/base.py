@@ -447,6 +447,17 @@ class ModelAdapter:
                     f"text {i} is empty" if len(texts) > 1 else "the text is empty",
                     hint="give a text with at least one word",
                 )
+            bad = _lone_surrogate(text)
+            if bad is not None:
+                raise InputError(
+                    f"{'text ' + str(i) if len(texts) > 1 else 'the text'} holds an unpaired surrogate (U+{ord(text[bad]):04X}) at character {bad}",
+                    hint="the text is not valid Unicode: decode it from its bytes again (e.g. errors='replace')",
+                )
+        for i, pair in enumerate(pairs):
+            if pair is not None and (not isinstance(pair, str) or _lone_surrogate(pair) is not None):
+                raise InputError(f"text pair {i} is not a valid Unicode string", hint="give each text pair as a str")
+        if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1):
+            raise InputError(f"max_length must be a positive integer, got {max_length!r}", hint=f"e.g. max_length={self.max_length}, or leave it unset")
         limit = min(max_length or self.max_length, self.max_length)
         has_pairs = any(p is not None for p in pairs)
         if has_pairs and any(p is None for p in pairs):
@@ -839,3 +850,12 @@ class ModelAdapter:
         self.counter.backward += output.shape[0]
         (g,) = torch.autograd.grad(output.sum(), inputs)
         return g
+
+
+def _lone_surrogate(text: str) -> int | None:
+    """Where ``text`` holds a surrogate code point (which UTF-8 cannot encode), or None."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return exc.start
+    return None

@@ -235,16 +235,31 @@ class Settings:
         check_choice("scale_basis", self.scale_basis, SCALE_BASES)
         check_choice("output", self.output, OUTPUTS)
         for name in ("samples", "max_steps", "window", "probes"):
-            if int(getattr(self, name)) < 1:
-                raise InputError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.lr <= 0:
-            raise InputError(f"lr must be positive, got {self.lr}")
+            _check_number(name, getattr(self, name), 1, integer=True)
+        if self.internal_batch_size is not None:
+            _check_number("internal_batch_size", self.internal_batch_size, 1, integer=True)
+        _check_number("lr", self.lr, 0, strict=True)
+        _check_number("tol", self.tol, None)
         for name in ("scale", "scale_factor"):
             value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise InputError(f"{name} must be positive, got {value}", hint="leave it unset for the default")
-        if self.lam < 0:
-            raise InputError(f"lam must be non-negative, got {self.lam}")
+            if value is not None:
+                _check_number(name, value, 0, strict=True)
+        _check_number("lam", self.lam, 0)
+
+
+def _check_number(name: str, value: object, low: float | None, strict: bool = False, integer: bool = False) -> None:
+    """An :class:`InputError` unless ``value`` is a finite number (an integer if ``integer``)
+    above ``low`` (or at it, unless ``strict``)."""
+    import math
+
+    kind = "an integer" if integer else "a finite number"
+    bound = "" if low is None else f" {'>' if strict else '>='} {low:g}"
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (not integer or float(value).is_integer())
+    ok = ok and (low is None or (value > low if strict else value >= low))
+    if not ok:
+        default = Settings.__dataclass_fields__[name].default
+        raise InputError(f"{name} must be {kind}{bound}, got {value!r}", hint="leave it unset for the default" if default is None else f"e.g. {name}={default}")
 
 
 GUAN2019 = Settings(

@@ -84,6 +84,7 @@ def bench(
     missing = [flag for flag, value in (("--model", model), ("--dataset", dataset), ("--methods", methods)) if value is None]
     if missing:
         raise HeedfulError(f"heedful bench needs {', '.join(missing)}", hint="e.g. heedful bench --model minilm-sentiment --dataset movies --methods random,grad_x_input --n 50")
+    _check_run_options(n, batch_size, out)
     from rich.console import Console
 
     from heedful.evaluate import get_protocol, metric_names
@@ -270,6 +271,7 @@ def import_command(
     method_options = check_options(names, method_options)
     if not file.expanduser().is_file():
         raise HeedfulError(f"no such file: {file}", hint="give the path of the explanations file")
+    _check_run_options(n, batch_size, out)
     with err_console.status(f"loading {model} …"):
         import heedful
 
@@ -291,3 +293,14 @@ def import_command(
     )
     for path in files:
         err_console.print(f"wrote {path}")
+
+
+def _check_run_options(n: int | None, batch_size: int, out: Path) -> None:
+    """Before any work: a positive --n and --batch-size, and an --out folder that can be written."""
+    from heedful.commands.console import check_writable
+
+    if n is not None and n < 1:
+        raise HeedfulError(f"--n must be at least 1, got {n}", hint="drop --n to use the whole split")
+    if batch_size < 1:
+        raise HeedfulError(f"--batch-size must be at least 1, got {batch_size}", hint="e.g. --batch-size 16")
+    check_writable(out, "--out", folder=True)

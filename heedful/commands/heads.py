@@ -5,6 +5,7 @@ Registered in :mod:`heedful.cli`. Heavy imports happen inside the command.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated
 
@@ -42,7 +43,7 @@ def heads(
     from rich.console import Console
     from rich.table import Table
 
-    from heedful.commands.console import load_model, progress
+    from heedful.commands.console import check_writable, load_model, progress
     from heedful.datasets import load as load_dataset
     from heedful.errors import InputError
     from heedful.fingerprint import model_fingerprint
@@ -50,7 +51,15 @@ def heads(
     from heedful.lrp.masks import RELATIONS, cache_path
 
     if not 0 <= xi_pos <= 1:
-        raise InputError(f"--xi-pos must be in [0, 1], got {xi_pos}")
+        raise InputError(f"--xi-pos must be in [0, 1], got {xi_pos}", hint="e.g. --xi-pos 0.8")
+    if not math.isfinite(xi_synt):
+        raise InputError(f"--xi-synt must be a finite number, got {xi_synt}", hint="e.g. --xi-synt 0.1")
+    for flag, value in (("--n", n), ("--batch-size", batch_size)):
+        if value is not None and value < 1:
+            raise InputError(f"{flag} must be at least 1, got {value}", hint=f"drop {flag} for the default")
+    for flag, path in (("--out", out), ("--plot", plot)):
+        if path is not None:
+            check_writable(path, flag)  # before the parse and the passes
     loaded = load_model(model)
     loaded.adapter.num_layers  # noqa: B018  (fail early on a model without blocks)
     nlp = _LazyParser(load_parser)

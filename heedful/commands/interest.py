@@ -5,6 +5,7 @@ Registered in :mod:`heedful.cli` as a command group. Heavy imports happen inside
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -17,13 +18,30 @@ app = typer.Typer(help="Co-perturbation interest studies: layer x token map, lam
 
 
 def settings_options(raw: list[str] | None, **given: Any) -> dict[str, Any]:
-    """Optimiser settings: the named options set, then ``key=value`` items."""
-    return options(raw, "--option window=25", **given)
+    """Optimiser settings: the named options set, then ``key=value`` items, checked (unknown
+    names, wrong types, NaN or out of range are one-line errors) before any model loads."""
+    from heedful.interest.studies import settings_from
+
+    found = options(raw, "--option window=25", **given)
+    settings_from(found).check()
+    return found
+
+
+def check_run(seed: int, out: Path | None = None) -> None:
+    """Before any work: a seed torch accepts and an output file that can be written."""
+    from heedful.commands.console import check_writable
+
+    if seed < 0:
+        raise HeedfulError(f"--seed must be 0 or more, got {seed}", hint="e.g. --seed 0")
+    if out is not None:
+        check_writable(out, "--out")
 
 
 def _numbers(raw: str, what: str, cast=float) -> list:
     try:
         values = [cast(x) for x in raw.split(",") if x.strip()]
+        if not all(math.isfinite(v) for v in values):
+            raise ValueError
     except ValueError:
         raise HeedfulError(f"could not read {what} {raw!r}", hint=f"give comma-separated {what}, e.g. 1,2,3") from None
     if not values:
@@ -60,6 +78,7 @@ def layers_command(
 
     wanted = _numbers(layers, "layers", int) if layers else None
     settings = settings_options(option, lam=lam, max_steps=max_steps, samples=samples)
+    check_run(seed, out)
     loaded = load_model(model)
     with err.status("estimating interest at every layer …"):
         result = layer_map(loaded, text, target=target, layers=wanted, seed=seed, **settings)
@@ -100,9 +119,13 @@ def lambda_sweep_command(
     from heedful.commands.console import out as console
     from heedful.interest import lambda_sweep
     from heedful.interest.plots import plot_lambda_sweep
+    from heedful.interest.studies import settings_from
 
     values = _numbers(lams, "lambdas")
     settings = settings_options(option, max_steps=max_steps, samples=samples)
+    for value in values:
+        settings_from({**settings, "lam": value}).check()
+    check_run(seed, out)
     loaded = load_model(model)
     with err.status(f"estimating interest for {len(values)} lambdas …"):
         result = lambda_sweep(loaded, text, words, values, target=target, layer=layer, word_token=word_token, seed=seed, **settings)

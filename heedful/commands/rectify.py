@@ -88,6 +88,7 @@ def rectify(
         heedful.get_method(name)  # unknown names fail before the model loads
     options = method_options(option, names)
     wanted = (_ratios(ratios) if ratios else list(rect.SWEEP_RATIOS)) if sweep else [ratio]
+    _check_run(wanted, n, batch_size, seed, max_length, out if sweep or out != Path("results") else None, store)
     with err_console.status(f"loading {model} …"):
         loaded = heedful.load(model)
     bar = progress_bar(err_console)
@@ -118,6 +119,22 @@ def rectify(
         err_console.print(f"wrote {rect.write_csv(result, out / f'{stem}.csv')}")
         if sweep:
             err_console.print(f"wrote {rect.plot_sweep(result, out / f'{stem}.png')}")
+
+
+def _check_run(ratios, n, batch_size, seed, max_length, out: Path | None, store: Path | None) -> None:
+    """Before the model loads: counts and ratios in range, output folders that can be written."""
+    from heedful.commands.console import check_writable
+
+    if any(not 0.0 < r <= 1.0 for r in ratios):
+        raise HeedfulError(f"ratios must lie in (0, 1], got {', '.join(f'{r:g}' for r in ratios)}", hint="e.g. --ratio 0.2")
+    for flag, value in (("--n", n), ("--batch-size", batch_size), ("--max-length", max_length)):
+        if value is not None and value < 1:
+            raise HeedfulError(f"{flag} must be at least 1, got {value}", hint=f"drop {flag} for the default")
+    if seed < 0:
+        raise HeedfulError(f"--seed must be 0 or more, got {seed}", hint="e.g. --seed 0")
+    for flag, folder in (("--out", out), ("--store", store)):
+        if folder is not None:
+            check_writable(folder, flag, folder=True)
 
 
 def _slug(text: str) -> str:

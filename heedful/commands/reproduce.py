@@ -33,9 +33,16 @@ def reproduce(
     if name not in REPORTS:
         raise HeedfulError(f"unknown report {name!r}", hint=f"known reports: {', '.join(REPORTS)}")
     options = key_values(option, "--option ig_steps=20")
+    if n is not None and n < 1:
+        raise HeedfulError(f"--n must be at least 1, got {n}", hint="drop --n for the report's own count")
+    from heedful.commands.console import check_writable
+
+    for flag, folder in (("--out", out), ("--store", store)):
+        if folder is not None:
+            check_writable(folder, flag, folder=True)  # before hours of work
     settings = ReportSettings(n=n, quick=quick, store=store, options=options)
     if out is None:
         # a smoke run, or one section alone, never writes beside the committed reports
         out = default_out_dir() / "quick" if quick or options.get("only") else default_out_dir()
     path = report_writer(name)(out, settings)
-    Console().print(f"wrote {path}")
+    Console().print(f"wrote {path}", markup=False, highlight=False)

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from heedful.commands.interest import OptionOpt, settings_options
+from heedful.commands.interest import OptionOpt, check_run, settings_options
 
 
 def steer(
@@ -42,6 +42,7 @@ def steer(
     from heedful.interest.steering_view import steering_page, steering_renderable
 
     settings = settings_options(option)
+    check_run(seed, html)
     loaded = load_model(model)
     with err.status("estimating interest, generating with and without suppression …"):
         result = run_steer(

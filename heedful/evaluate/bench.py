@@ -237,8 +237,10 @@ def run_bench(
         raise InputError(f"the bench needs a loaded model, got {type(spec.model).__name__}", hint="pass heedful.load(name)")
     spec.protocol = get_protocol(spec.protocol)
     names = metric_names(spec.metrics)
-    if spec.batch_size < 1:
-        raise InputError(f"batch size must be positive, got {spec.batch_size}")
+    if isinstance(spec.batch_size, bool) or not isinstance(spec.batch_size, int) or spec.batch_size < 1:
+        raise InputError(f"batch size must be a positive integer, got {spec.batch_size!r}", hint="e.g. batch_size=16")
+    if spec.n is not None and (isinstance(spec.n, bool) or not isinstance(spec.n, int) or spec.n < 1):
+        raise InputError(f"n (the number of examples) must be a positive integer, got {spec.n!r}", hint="e.g. n=50, or None for the whole split")
     model = spec.model
     task = model.task
     for name in names:

@@ -370,6 +370,12 @@ def evaluate(
     if precision is not None and precision != protocol.precision:
         protocol = protocol.with_(precision=precision)
     names = metric_names(metrics)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise InputError(f"batch_size must be a positive integer, got {batch_size!r}", hint="e.g. batch_size=32")
+    if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
+        raise InputError(f"chunk must be a positive integer or None, got {chunk!r}", hint="leave chunk=None for the default")
+    if inputs is not None and len(inputs) != len(explanations):
+        raise InputError(f"{len(explanations)} explanations but {len(inputs)} inputs", hint="pass one input per explanation, in the same order")
     for name in names:
         check_metric(METRICS[name], adapter.task)
     sources = sources_for(names)

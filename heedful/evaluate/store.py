@@ -283,20 +283,32 @@ class ResultsStore:
     set()
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, timeout: float = 60.0) -> None:
+        """``timeout``: seconds to wait for another process's write lock before a one-line
+        :class:`~heedful.HeedfulError` (as are a corrupt file and another program's database)."""
         path = Path(path)
-        if path.suffix not in (".sqlite", ".db"):
-            path.mkdir(parents=True, exist_ok=True)
-            path = path / FILE_NAME
-        else:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        self.path = path
         try:
-            self.db = sqlite3.connect(path, timeout=60)
+            if path.suffix not in (".sqlite", ".db"):
+                path.mkdir(parents=True, exist_ok=True)
+                path = path / FILE_NAME
+            else:
+                path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise HeedfulError(
+                f"cannot create the results store folder {path}: {exc.strerror or exc}", hint="give a folder you can write to"
+            ) from None
+        self.path = path
+        if path.is_dir():
+            raise HeedfulError(f"the results store {path} is a directory", hint="give the folder that holds it, or a new folder")
+        try:
+            self.db = sqlite3.connect(path, timeout=timeout)
+            _check_database(self.db, path)
             self.db.execute("PRAGMA journal_mode=WAL")
             self._open_schema()
+        except sqlite3.OperationalError as exc:
+            raise _store_error(path, exc) from None
         except sqlite3.DatabaseError as exc:
-            raise HeedfulError(f"cannot open the results store {path}: {exc}", hint="use a new --out folder") from exc
+            raise HeedfulError(f"cannot open the results store {path}: {exc}", hint="use a new --out folder") from None
         self.legacy = self._legacy_counts()
         self.written = {"explanations": 0, "measurements": 0, "metrics": 0}
         self._registered: set[tuple[str, str, str]] = set()
@@ -541,3 +553,29 @@ class ResultsStore:
     def put_protocol(self, protocol_hash: str, name: str, fields: dict) -> None:
         with self.db:
             self.db.execute("INSERT OR REPLACE INTO protocols VALUES (?,?,?)", (protocol_hash, name, _json(fields)))
+
+
+def _check_database(db: sqlite3.Connection, path: Path) -> None:
+    """Refuse a damaged file (SQLite's quick check) and a database of another program (tables,
+    but no heedful schema record), before anything is written to it."""
+    problems = [row[0] for row in db.execute("PRAGMA quick_check(1)")]
+    if problems != ["ok"]:
+        raise HeedfulError(f"the results store {path} is damaged ({problems[0]})", hint="move it aside and rerun: the run starts a new store")
+    tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    ours = "info" in tables and db.execute("SELECT 1 FROM info WHERE key='schema'").fetchone() is not None
+    if tables and not ours:
+        raise HeedfulError(
+            f"{path} is an SQLite database of another program, not a heedful results store",
+            hint="give a new --out / --store folder",
+        )
+
+
+def _store_error(path: Path, exc: sqlite3.OperationalError) -> HeedfulError:
+    """A one-line error for SQLite's operational failures: a lock held by another run, a
+    read-only or vanished file."""
+    text = str(exc)
+    if "locked" in text or "busy" in text:
+        return HeedfulError(f"the results store {path} is locked by another process", hint="wait for the other run to finish, or use another --out / --store folder")
+    if "readonly" in text or "read-only" in text or "unable to open" in text:
+        return HeedfulError(f"cannot write the results store {path} ({text})", hint="give a folder you can write to")
+    return HeedfulError(f"cannot use the results store {path}: {text}", hint="use a new --out / --store folder")

@@ -237,6 +237,8 @@ def rectify(
         raise InputError(f"erasure ratios must lie in (0, 1], got {ratios}")
     if batch_size < 1:
         raise InputError(f"batch size must be positive, got {batch_size}")
+    if n is not None and n < 1:
+        raise InputError(f"n must be at least 1, got {n}", hint="n=None uses the whole split")
     infos = [get_method(name, loaded.task) for name in methods]  # fail before any work
     if not infos:
         raise InputError("no method given")
