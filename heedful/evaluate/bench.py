@@ -220,13 +220,16 @@ def select_inputs(model, spec: BenchSpec, skipped: dict[str, int]) -> tuple[list
 @dataclass
 class Task:
     """Task ``index``: run ``runs[run]`` on the chunk ``ids``; ``explain`` / ``evaluate``: the
-    chunk's ids lacking an explanation / some metric value in the store."""
+    chunk's ids lacking an explanation / some metric value in the store; ``have``: metric -> the
+    chunk's ids whose value is stored; ``measured``: whether raw curves of some are stored."""
 
     index: int
     run: int
     ids: list[str]
     explain: list[str]
     evaluate: list[str]
+    have: dict[str, set[str]] = field(default_factory=dict)
+    measured: bool = False
 
 
 @dataclass
@@ -266,12 +269,12 @@ class Plan:
             missing = [i for i in old if i not in texts]
             if missing:
                 raise HeedfulError(f"explanations of {missing[:3]} are missing from {store.path}", hint="run again")
-        sources = sources_for(self.settings.metrics)
-        measurements = {s: store.get_measurements(run.key, s, phash, task.evaluate) for s in sources} if task.evaluate else {}
-        have = {name: store.metric_ids(run.key, name, phash) & set(task.ids) for name in self.settings.metrics}
+        measurements = {}
+        if task.measured and task.evaluate:
+            measurements = {s: store.get_measurements(run.key, s, phash, task.evaluate) for s in sources_for(self.settings.metrics)}
         return Part(
             task.index, run.key, run.method, run.options, [by_id[i] for i in task.ids], list(task.explain),
-            list(task.evaluate), texts, measurements, have,
+            list(task.evaluate), texts, measurements, task.have,
         )
 
 
@@ -330,6 +333,7 @@ def plan_bench(spec: BenchSpec, store: ResultsStore) -> Plan:
     for r, run in enumerate(runs):
         explained = store.explanation_ids(run.key)
         have = {name: store.metric_ids(run.key, name, phash) for name in names}
+        measured = set().union(*(store.measurement_ids(run.key, s, phash) for s in sources_for(names)))
         todo = [i for i in ids if i not in explained]
         older = store.superseded(run.key, todo, current) if todo else None
         if older is not None:
@@ -338,7 +342,8 @@ def plan_bench(spec: BenchSpec, store: ResultsStore) -> Plan:
             explain = [i for i in chunk if i not in explained]
             evaluate = [i for i in chunk if any(i not in have[name] for name in names)]
             if explain or evaluate:
-                tasks.append(Task(len(tasks) + stored, r, chunk, explain, evaluate))
+                held = {name: have[name].intersection(chunk) for name in names}
+                tasks.append(Task(len(tasks) + stored, r, chunk, explain, evaluate, held, not measured.isdisjoint(evaluate)))
             else:
                 stored += 1
     return Plan(spec, settings, inputs, data, about, skipped, runs, tasks, stored, notes)

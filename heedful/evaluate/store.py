@@ -436,9 +436,12 @@ class ResultsStore:
         """``(example_id, *columns)`` rows of ``table`` under ``key`` (and ``where``: column ->
         value), only those of ``ids`` when given."""
         clause = "".join(f" AND {column}=?" for column in where)
+        params: tuple = (key.digest, *where.values())
+        if ids is not None and len(ids) <= 500:  # a few rows of a large run: look them up
+            clause += f" AND example_id IN ({','.join('?' * len(ids))})"
+            params += tuple(ids)
         rows = self.db.execute(
-            f"SELECT example_id{', ' + columns if columns else ''} FROM {table} WHERE run=?{clause}",
-            (key.digest, *where.values()),
+            f"SELECT example_id{', ' + columns if columns else ''} FROM {table} WHERE run=?{clause}", params
         )
         wanted = None if ids is None else set(ids)
         return [row for row in rows if wanted is None or row[0] in wanted]
