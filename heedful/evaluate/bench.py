@@ -11,6 +11,12 @@ stored with the results. Stored results are keyed by :func:`heedful.evaluate.sto
 (complete options, method version, model and dataset fingerprints), so a changed default, a new
 method version, other weights or edited data are computed afresh, and ``BenchResult.notes`` says
 why. :mod:`heedful.evaluate.report` turns the stored results into tables and plots.
+
+The work is planned as tasks -- a run on a chunk of examples (:func:`plan_bench`) -- computed by
+:func:`heedful.evaluate.tasks.compute_part` and stored one transaction each, by an engine: the
+:class:`LocalEngine` (this process, the default) or
+:class:`heedful.evaluate.ray_engine.RayEngine` (Ray worker actors; the driver alone writes).
+Both compute the same tasks the same way, so their stores are equal.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -256,10 +263,14 @@ class Plan:
         """Tasks of the whole bench, stored ones included."""
         return len(self.tasks) + self.stored
 
+    @cached_property
+    def by_id(self) -> dict[str, ModelInput]:
+        return {i.id: i for i in self.inputs}
+
     def part(self, task: Task, store: ResultsStore) -> Part:
         """``task`` with what the store holds for it (read just before it is computed)."""
         run = self.runs[task.run]
-        by_id = {i.id: i for i in self.inputs}
+        by_id = self.by_id
         explained = set(task.explain)
         old = [i for i in task.evaluate if i not in explained]
         phash = self.settings.protocol_hash
