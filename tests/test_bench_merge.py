@@ -47,7 +47,7 @@ def _spec(model, data_csv, out, methods, n=None) -> BenchSpec:
 def _rows(path: Path) -> dict[str, set[tuple]]:
     with sqlite3.connect(path) as db:
         return {
-            "explanations": set(db.execute("SELECT run, example_id, explanation FROM explanations")),
+            "explanations": set(db.execute("SELECT run, example_id, json_remove(explanation, '$.cost.seconds') FROM explanations")),
             "measurements": set(db.execute("SELECT run, example_id, source, protocol_hash, data FROM measurements")),
             "metrics": set(db.execute("SELECT run, example_id, metric, protocol_hash, value, curve, extra FROM metrics")),
             "protocols": set(db.execute("SELECT * FROM protocols")),

@@ -74,10 +74,10 @@ def _engine(model_dir, **kw):
 
 
 def _rows(store: Path) -> dict[str, list[tuple]]:
-    """Every stored result row, without write times."""
+    """Every stored result row, without write times (nor an explanation's wall seconds)."""
     with sqlite3.connect(store) as db:
         return {
-            "explanations": db.execute("SELECT run, example_id, explanation FROM explanations ORDER BY 1, 2").fetchall(),
+            "explanations": db.execute("SELECT run, example_id, json_remove(explanation, '$.cost.seconds') FROM explanations ORDER BY 1, 2").fetchall(),
             "measurements": db.execute("SELECT run, example_id, source, data FROM measurements ORDER BY 1, 2, 3").fetchall(),
             "metrics": db.execute("SELECT run, example_id, metric, value, curve, extra FROM metrics ORDER BY 1, 2, 3").fetchall(),
         }

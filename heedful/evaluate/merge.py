@@ -4,7 +4,7 @@ A results store has a single writer (the bench driver). When one driver cannot w
 its workers compute (docs/scale.md), split the bench -- e.g. one ``--out`` folder per machine or
 per method -- and merge the stores at the end. Rows are keyed by everything that decides them
 (:mod:`heedful.evaluate.store`), so shards of one bench hold either different keys or the same
-key with the same row: a row present in two stores must be identical (write times aside), else
+key with the same row: a row present in two stores must be identical (write times and an explanation's wall seconds aside), else
 the merge stops with a one-line error and writes nothing of that store. Each store is merged in
 one transaction. A run's cost record adds up the work of the stores that brought new explanations
 of it (shards that overlap count their common examples twice, so seconds per example stay a
@@ -22,11 +22,12 @@ from heedful.errors import HeedfulError
 from heedful.evaluate.store import FILE_NAME, SCHEMA_VERSION, ResultsStore
 
 TABLES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    # table: (key columns, value columns compared)
-    "explanations": (("run", "example_id"), ("explanation",)),
-    "measurements": (("run", "source", "protocol_hash", "example_id"), ("data",)),
-    "metrics": (("run", "metric", "protocol_hash", "example_id"), ("value", "curve", "extra")),
-    "protocols": (("protocol_hash",), ("fields",)),
+    # table: (key columns, values compared: SQL of a row ``{r}``); an explanation's wall seconds
+    # vary from one computation of it to the next
+    "explanations": (("run", "example_id"), ("json_remove({r}.explanation, '$.cost.seconds')",)),
+    "measurements": (("run", "source", "protocol_hash", "example_id"), ("{r}.data",)),
+    "metrics": (("run", "metric", "protocol_hash", "example_id"), ("{r}.value", "{r}.curve", "{r}.extra")),
+    "protocols": (("protocol_hash",), ("{r}.fields",)),
 }
 """The tables whose rows must agree across stores, by key."""
 
@@ -105,7 +106,7 @@ def _merge_one(db: sqlite3.Connection, source: Path, report: MergeReport) -> Non
     """Rows of the attached store ``src`` into ``main`` (inside the caller's transaction)."""
     for table, (keys, values) in TABLES.items():
         on = " AND ".join(f"a.{k} = b.{k}" for k in keys)
-        differs = " OR ".join(f"a.{v} IS NOT b.{v}" for v in values)
+        differs = " OR ".join(f"{v.format(r='a')} IS NOT {v.format(r='b')}" for v in values)
         clash = db.execute(f"SELECT {', '.join('a.' + k for k in keys)} FROM src.{table} a JOIN main.{table} b ON {on} WHERE {differs} LIMIT 1").fetchone()
         if clash is not None:
             where = ", ".join(f"{k} {v}" for k, v in zip(keys, clash, strict=True))
