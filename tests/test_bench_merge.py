@@ -85,7 +85,7 @@ def test_shards_merge_into_the_whole_bench(shards, data_csv, tmp_path):
     assert sorted(c[0] for c in costs.values()) == [6, 10, 10]
     assert report.added == {"explanations": 3 * 6, "measurements": 2 * 3 * 6, "metrics": 2 * 3 * 6}
     assert report.present == {"explanations": 2 * 4, "measurements": 2 * 2 * 4, "metrics": 2 * 2 * 4}
-    assert "merged 3 stores into" in report.line() and "(32 rows already present)" in report.line()
+    assert "merged 3 stores into" in report.line() and "(40 rows already present)" in report.line()
     again = run_bench(_spec(model, data_csv, tmp_path / "merged", ["grad_x_input", "random"]), progress=False)
     assert again.computed == {"explanations": 0, "measurements": 0, "metrics": 0}
     for group in ("grad_x_input", "random"):

@@ -143,7 +143,7 @@ def bench(
         err_console.print(note, highlight=False, markup=False)
     if result.engine is not None and engine == "ray":
         for line in result.engine.lines():
-            err_console.print(line, highlight=False, markup=False)
+            err_console.print(line, highlight=False, markup=False, soft_wrap=True)
     computed = result.computed
     err_console.print(
         f"[dim]computed this run: {computed['explanations']} explanations, {computed['measurements']} curve records, "
@@ -164,7 +164,7 @@ def merge(
 
     from heedful.evaluate.merge import merge_stores
 
-    Console(stderr=True).print(merge_stores(out, stores).line(), highlight=False, markup=False)
+    Console(stderr=True).print(merge_stores(out, stores).line(), highlight=False, markup=False, soft_wrap=True)
 
 
 def _check_engine(engine: str, address: str | None, workers: int | None, generate: int | None) -> None:
