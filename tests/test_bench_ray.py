@@ -144,7 +144,7 @@ def test_killed_driver_resumes_with_the_same_command(cluster, model, model_dir, 
     driver = subprocess.Popen([sys.executable, "-m", "heedful.cli", *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     store = tmp_path / "results.sqlite"
     stored = 0
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 600  # a bound for a broken run only
     while time.monotonic() < deadline and driver.poll() is None:
         if store.exists():
             with sqlite3.connect(store, timeout=30) as db:
