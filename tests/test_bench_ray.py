@@ -53,7 +53,10 @@ def cluster():
     """A local Ray cluster of 2 CPUs for the module; yields its address (for other drivers)."""
     ray = pytest.importorskip("ray")
     env = {"OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR", runtime_env={"env_vars": env})
+    ray.init(
+        num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR", runtime_env={"env_vars": env},
+        _system_config={"worker_register_timeout_seconds": 600},  # worker start-up on a loaded machine
+    )
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()
 
