@@ -137,8 +137,11 @@ class RayEngine:
             actors = [remote.remote(self.loader, self.threads) for _ in range(count)]
             try:
                 pids = self._get(ray, [a.pid.remote() for a in actors])
-            except ray.exceptions.RayActorError as exc:
-                raise HeedfulError(f"the Ray workers could not load the model: {_first_line(exc)}", hint="check that the model loads with --engine local") from exc
+            except ray.exceptions.RayError as exc:  # died while loading, or could not be started
+                raise HeedfulError(
+                    f"the Ray workers could not start and load the model: {_first_line(exc)}",
+                    hint="check that the model loads with --engine local, and the workers' Python environment",
+                ) from exc
             if self.on_start is not None:
                 self.on_start(pids)
             labels = [f"worker {w} (pid {pid})" for w, pid in enumerate(pids)]
