@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from heedful.model import Model
 
 INSTALL_HINT = "pip install 'heedful[ray]'"
+RESTART_WAIT = 600.0
+"""Seconds a task waits for its dead worker to be restarted before the run stops."""
 
 
 def import_ray():
@@ -157,21 +159,29 @@ class RayEngine:
                 for w in range(count):
                     if queue:
                         submit(w, queue.popleft())
+            waiting: dict[int, float] = {}  # task -> when it first failed, while its worker restarts
             while pending:
                 done, _ = ray.wait(list(pending), num_returns=1)
                 task, w, part = pending.pop(done[0])
                 try:
                     result = self._get(ray, done[0])
                 except ray.exceptions.RayActorError as exc:  # the worker died: Ray restarts it
-                    tries[task.index] += 1
-                    report.retries += 1
-                    if tries[task.index] > self.max_retries:
+                    if task.index not in waiting:  # one retry per failure, however long the restart
+                        waiting[task.index] = time.monotonic()
+                        report.retries += 1
+                    restarting = isinstance(exc, ray.exceptions.ActorUnavailableError)
+                    if not restarting:
+                        tries[task.index] += 1
+                    if tries[task.index] > self.max_retries or time.monotonic() - waiting[task.index] > RESTART_WAIT:
                         raise HeedfulError(
-                            f"task {task.index} ({part.method}) failed {tries[task.index]} times: its worker died ({_first_line(exc)})",
+                            f"task {task.index} ({part.method}) failed: its worker died ({_first_line(exc)})",
                             hint="run the same command again to resume; check the workers' memory",
                         ) from exc
+                    if restarting:
+                        time.sleep(0.2)  # the actor is being restarted: send the task again shortly
                     submit(w, task)
                     continue
+                waiting.pop(task.index, None)
                 report.write(store, part, result, plan.settings)
                 if result.pid != pids[w]:
                     report.restarts += 1
