@@ -194,7 +194,7 @@ def test_command_prints_the_local_engines_table(cluster, model_dir, data_csv, tm
     finally:
         torch.set_num_threads(threads)
     assert code == 0, err
-    timing = re.compile(r"second|peak|MB")  # wall time and memory per example differ from run to run
+    timing = re.compile(r"second|s / example|peak|MB")  # wall time and memory per example differ from run to run
     assert [line for line in ray_table.splitlines() if not timing.search(line)] == [line for line in table.splitlines() if not timing.search(line)]
     assert "ray engine: 6 tasks computed" in err and "explanations/s" in err
 
