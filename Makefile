@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.heedful-installed
 CORE   := $(VENV)/.heedful-core
 
-.PHONY: demo test test-all lint bench bench-decomposition bench-ferret bench-generation clean-venv
+.PHONY: demo test test-all lint bench bench-decomposition bench-ferret bench-generation bench-scale clean-venv
 
 # heedful and torch alone: all `make demo` needs (the extras below are for tests, serving, benchmarks).
 $(CORE): pyproject.toml
@@ -48,6 +48,10 @@ bench-ferret: $(STAMP)  ## AOPC under the ferret protocol, heedful vs ferret on 
 bench-generation: $(STAMP)  ## generation attribution, heedful vs Inseq and Captum on the same generations
 	$(BIN)/python -m pip install --quiet -e ".[bench]"
 	OMP_WAIT_POLICY=PASSIVE $(BIN)/python benchmarks/generation.py
+
+bench-scale: $(STAMP)  ## heedful bench: local engine vs Ray with 1 and 2 workers, and the projection for N machines
+	$(BIN)/python -m pip install --quiet -e ".[ray]"
+	OMP_WAIT_POLICY=PASSIVE $(BIN)/python benchmarks/scale.py
 
 clean-venv:
 	rm -rf $(VENV)

@@ -119,7 +119,15 @@ class MethodInfo:
         >>> heedful.get_method("integrated_gradients").bind({"n_steps": 20})["n_steps"]
         20
         """
-        return bind_options(self.name, self.options, options or {})
+        given = options or {}
+        if "precision" in given and not self.takes("precision"):
+            raise InputError(
+                f"{self.name} has no precision option (precision={given['precision']!r}): lower precision serves forward-only methods",
+                hint="drop precision (only forward-only methods take it: "
+                + ", ".join(sorted(n for n, i in _REGISTRY.items() if i.takes("precision")))
+                + ")",
+            )
+        return bind_options(self.name, self.options, given)
 
     def key_options(self, bound: Mapping[str, Any]) -> dict[str, Any]:
         """The options that decide the result (runtime options such as chunk sizes left out, and

@@ -119,10 +119,10 @@ def test_interrupted_run_resumes_where_it_stopped(tiny, data_csv, tmp_path):
     spec = _spec(model, data_csv, tmp_path, methods=["saliency"], batch_size=1)
     with pytest.raises(KeyboardInterrupt):
         run_bench(spec, progress=False, on_batch=stop)
-    # explanations were stored in batches of 4 then 1; one evaluation batch (1 example) finished
-    assert seen == [("explain", 4), ("explain", 1), ("evaluate", 1)]
+    # the first task (4 examples: four batches of 1) was explained, evaluated and stored whole
+    assert seen == [("explain", 4), ("evaluate", 4)]
     resumed = run_bench(_spec(model, data_csv, tmp_path, methods=["saliency"], batch_size=1), progress=False)
-    assert resumed.computed == {"explanations": 0, "measurements": 2 * 4, "metrics": 3 * 4}
+    assert resumed.computed == {"explanations": 1, "measurements": 2 * 1, "metrics": 3 * 1}
 
 
 def test_gold_label_protocol_explains_gold_class(tiny, data_csv, tmp_path):

@@ -74,6 +74,9 @@ def bench(
     generate: Annotated[int | None, typer.Option("--generate", "-g", help="Prompts data (JSONL with 'prompt', optional 'continuation'): explain N generated tokens per prompt.")] = None,
     max_memory: Annotated[str | None, typer.Option("--max-memory", help="Memory one pass may use, e.g. 4GB or 512MiB (default: half of the free memory).")] = None,
     precision: Annotated[str, typer.Option("--precision", help="fp32, bf16 or int8: forward passes of the curves and of forward-only methods (leave_one_out, lime, kernel_shap, rise) at this precision; keyed in the store when not fp32.")] = "fp32",
+    engine: Annotated[str, typer.Option("--engine", help="local (this process) or ray (worker actors on a Ray cluster; pip install 'heedful[ray]').")] = "local",
+    address: Annotated[str | None, typer.Option("--address", help="With --engine ray: auto or ray://host:10001 to join a cluster (default: start a local one).")] = None,
+    workers: Annotated[int | None, typer.Option("--workers", help="With --engine ray: worker actors, one CPU each (default: the cluster's CPUs).")] = None,
 ) -> None:
     """Run METHODS x examples x METRICS under a paper's protocol; results are stored per example
     in OUT/results.sqlite, so an interrupted run resumes where it stopped. With --generate, the
@@ -85,6 +88,7 @@ def bench(
     if missing:
         raise HeedfulError(f"heedful bench needs {', '.join(missing)}", hint="e.g. heedful bench --model minilm-sentiment --dataset movies --methods random,grad_x_input --n 50")
     _check_run_options(n, batch_size, out)
+    _check_engine(engine, address, workers, generate)
     from rich.console import Console
 
     from heedful.evaluate import get_protocol, metric_names
@@ -140,11 +144,15 @@ def bench(
         dataset_options=data_options,
         lm_word=lm_word,
     )
-    result = run_bench(spec, console=err_console)
+    runner = _engine(engine, address, workers, threads, model, budget)
+    result = run_bench(spec, console=err_console, engine=runner)
     files = write_report(result)
     out_console.print(rich_table(result))
     for note in result.notes:
         err_console.print(note, highlight=False, markup=False)
+    if result.engine is not None and engine == "ray":
+        for line in result.engine.lines():
+            err_console.print(line, highlight=False, markup=False, soft_wrap=True)
     computed = result.computed
     err_console.print(
         f"[dim]computed this run: {computed['explanations']} explanations, {computed['measurements']} curve records, "
@@ -163,6 +171,50 @@ def _forward_only_precision(names: list[str], method_options: dict[str, dict[str
         info = get_method(name, None)
         if info.takes("precision"):
             method_options.setdefault(info.name, {}).setdefault("precision", precision)
+
+
+@app.command("merge")
+def merge(
+    out: Annotated[Path, typer.Argument(help="Folder (or .sqlite file) of the merged store; created when missing.")],
+    stores: Annotated[list[Path], typer.Argument(help="Results stores to merge: --out folders of heedful bench, or .sqlite files.")],
+) -> None:
+    """Merge results stores of one bench computed in shards (one --out per machine or method)
+    into OUT. A row in two stores must be identical, else nothing of that store is merged."""
+    from rich.console import Console
+
+    from heedful.evaluate.merge import merge_stores
+
+    Console(stderr=True).print(merge_stores(out, stores).line(), highlight=False, markup=False, soft_wrap=True)
+
+
+def _check_engine(engine: str, address: str | None, workers: int | None, generate: int | None) -> None:
+    """Engine options checked before any work: a known engine, Ray installed for ``ray``."""
+    if engine not in ("local", "ray"):
+        raise HeedfulError(f"unknown engine {engine!r}", hint="use --engine local or --engine ray")
+    if engine == "local" and (address is not None or workers is not None):
+        raise HeedfulError("--address and --workers need --engine ray", hint="add --engine ray, or drop them")
+    if engine == "ray":
+        if generate is not None:
+            raise HeedfulError("--generate runs with the local engine only", hint="drop --engine ray")
+        if workers is not None and workers < 1:
+            raise HeedfulError(f"--workers must be at least 1, got {workers}")
+        from heedful.evaluate.ray_engine import import_ray
+
+        import_ray()
+
+
+def _engine(engine: str, address: str | None, workers: int | None, threads: int | None, model: str, budget: int | None):
+    """``None`` (the local engine) or a Ray engine whose workers each load ``model`` once."""
+    if engine == "local":
+        return None
+    import functools
+
+    from heedful.evaluate.ray_engine import RayEngine
+    from heedful.loading import load
+
+    where = Path(model).expanduser()  # a folder: by its absolute path (workers start elsewhere)
+    loader = functools.partial(load, str(where.resolve()) if where.exists() else model, max_memory=budget, progress=False)
+    return RayEngine(loader, workers, address, threads=threads or 1)
 
 
 GENERATION_METRICS = {"aopc", "comprehensiveness", "sufficiency"}

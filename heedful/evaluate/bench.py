@@ -11,15 +11,22 @@ stored with the results. Stored results are keyed by :func:`heedful.evaluate.sto
 (complete options, method version, model and dataset fingerprints), so a changed default, a new
 method version, other weights or edited data are computed afresh, and ``BenchResult.notes`` says
 why. :mod:`heedful.evaluate.report` turns the stored results into tables and plots.
+
+The work is planned as tasks -- a run on a chunk of examples (:func:`plan_bench`) -- computed by
+:func:`heedful.evaluate.tasks.compute_part` and stored one transaction each, by an engine: the
+:class:`LocalEngine` (this process, the default) or
+:class:`heedful.evaluate.ray_engine.RayEngine` (Ray worker actors; the driver alone writes).
+Both compute the same tasks the same way, so their stores are equal.
 """
 
 from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -29,19 +36,14 @@ from heedful.errors import HeedfulError, InputError
 from heedful.evaluate.context import SharedAblations
 from heedful.evaluate.evaluation import (
     ModelInput,
-    attach_references,
     check_metric,
     concat_per_example,
-    from_records,
-    measure,
     model_inputs,
     sources_for,
-    to_records,
 )
 from heedful.evaluate.intervals import percentile_interval
 from heedful.evaluate.metrics import (
     METRICS,
-    Measurements,
     PerExample,
     Summary,
     aggregate,
@@ -49,8 +51,7 @@ from heedful.evaluate.metrics import (
 )
 from heedful.evaluate.protocol import Protocol, get_protocol
 from heedful.evaluate.store import ResultsStore, RunKey, Subject, run_key, subject
-from heedful.explanation import Explanation
-from heedful.memory import peak_rss_mb, reset_peak_rss
+from heedful.evaluate.tasks import Part, PartResult, Settings, compute_part, write_part
 from heedful.model import Model
 
 
@@ -61,7 +62,9 @@ class BenchSpec:
     examples the protocol keeps; ``seed``: seed of stochastic methods (the random baseline runs
     with seeds ``seed .. seed + protocol.random_seeds - 1``); ``method_options``: per-method
     options (``{"integrated_gradients": {"n_steps": 20}}``); ``model_label``: how the model is
-    named in the store and the report (default: its folder path or the name it was loaded by)."""
+    named in the store and the report (default: its folder path or the name it was loaded by);
+    ``chunk``: examples per task, the unit an engine computes and the store commits (default four
+    model batches)."""
 
     model: Model
     dataset: str
@@ -77,6 +80,7 @@ class BenchSpec:
     dataset_options: dict[str, Any] = field(default_factory=dict)
     model_label: str | None = None
     lm_word: str = "target"
+    chunk: int | None = None
 
 
 @dataclass
@@ -122,6 +126,7 @@ class BenchResult:
     evidence_source: str | None
     notes: list[str] = field(default_factory=list)
     files: list[Path] = field(default_factory=list)
+    engine: EngineReport | None = None
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -218,19 +223,74 @@ def select_inputs(model, spec: BenchSpec, skipped: dict[str, int]) -> tuple[list
     return inputs, data
 
 
-def _target_key(target) -> str:
-    return "predicted" if target is None else repr(target)
+# ---------------------------------------------------------------------------- the plan
+@dataclass
+class Task:
+    """Task ``index``: run ``runs[run]`` on the chunk ``ids``; ``explain`` / ``evaluate``: the
+    chunk's ids lacking an explanation / some metric value in the store; ``have``: metric -> the
+    chunk's ids whose value is stored; ``measured``: whether raw curves of some are stored."""
+
+    index: int
+    run: int
+    ids: list[str]
+    explain: list[str]
+    evaluate: list[str]
+    have: dict[str, set[str]] = field(default_factory=dict)
+    measured: bool = False
 
 
-# ---------------------------------------------------------------------------- the runner
-def run_bench(
-    spec: BenchSpec,
-    console=None,
-    progress: bool = True,
-    on_batch: Callable[[str, int], None] | None = None,
-) -> BenchResult:
-    """Run (or resume) a benchmark; see the module docstring. ``on_batch(stage, n)`` is called
-    after each stored batch (``stage`` is ``"explain"`` or ``"evaluate"``)."""
+@dataclass
+class Plan:
+    """What a bench has to do, as read from the store by :func:`plan_bench`: the selected
+    ``inputs``, the ``runs``, and the ``tasks`` -- (run, chunk of examples) pairs with something
+    missing; ``stored``: tasks of the bench the store already holds whole. Every engine computes
+    the same tasks with :func:`heedful.evaluate.tasks.compute_part`, so results do not depend on
+    the engine."""
+
+    spec: BenchSpec
+    settings: Settings
+    inputs: list[ModelInput]
+    data: Any
+    about: Subject
+    skipped: dict[str, int]
+    runs: list[Run]
+    tasks: list[Task]
+    stored: int
+    notes: list[str]
+
+    @property
+    def total(self) -> int:
+        """Tasks of the whole bench, stored ones included."""
+        return len(self.tasks) + self.stored
+
+    @cached_property
+    def by_id(self) -> dict[str, ModelInput]:
+        return {i.id: i for i in self.inputs}
+
+    def part(self, task: Task, store: ResultsStore) -> Part:
+        """``task`` with what the store holds for it (read just before it is computed)."""
+        run = self.runs[task.run]
+        by_id = self.by_id
+        explained = set(task.explain)
+        old = [i for i in task.evaluate if i not in explained]
+        phash = self.settings.protocol_hash
+        texts = {}
+        if old:
+            texts = store.explanation_texts(run.key, old)
+            missing = [i for i in old if i not in texts]
+            if missing:
+                raise HeedfulError(f"explanations of {missing[:3]} are missing from {store.path}", hint="run again")
+        measurements = {}
+        if task.measured and task.evaluate:
+            measurements = {s: store.get_measurements(run.key, s, phash, task.evaluate) for s in sources_for(self.settings.metrics)}
+        return Part(
+            task.index, run.key, run.method, run.options, [by_id[i] for i in task.ids], list(task.explain),
+            list(task.evaluate), texts, measurements, task.have,
+        )
+
+
+def _check_spec(spec: BenchSpec) -> list[str]:
+    """The spec's metric names, after checking everything that needs no data (before any work)."""
     from heedful.attribution import get_method
 
     if not isinstance(spec.model, Model):
@@ -241,21 +301,31 @@ def run_bench(
         raise InputError(f"batch size must be a positive integer, got {spec.batch_size!r}", hint="e.g. batch_size=16")
     if spec.n is not None and (isinstance(spec.n, bool) or not isinstance(spec.n, int) or spec.n < 1):
         raise InputError(f"n (the number of examples) must be a positive integer, got {spec.n!r}", hint="e.g. n=50, or None for the whole split")
-    model = spec.model
-    task = model.task
+    if spec.chunk is not None and (isinstance(spec.chunk, bool) or not isinstance(spec.chunk, int) or spec.chunk < 1):
+        raise InputError(f"examples per task must be a positive integer, got {spec.chunk!r}", hint="e.g. chunk=64, or None for four model batches")
     for name in names:
-        check_metric(METRICS[name], task)
+        check_metric(METRICS[name], spec.model.task)
     for method in spec.methods:
-        get_method(method, task)  # unknown or unsupported methods fail before any work
+        get_method(method, spec.model.task)  # unknown or unsupported methods fail before any work
     check_options(spec.methods, spec.method_options)
+    return names
+
+
+def plan_bench(spec: BenchSpec, store: ResultsStore) -> Plan:
+    """Check ``spec``, select its examples and list its tasks: every run (method; the random
+    baseline once per seed) on every chunk of ``spec.chunk`` examples (default four model
+    batches), skipping chunks whose explanations and metric values ``store`` holds. Chunks are cut
+    from the selected examples in order, so every engine and every resumed run batches an
+    example with the same neighbours."""
+    names = _check_spec(spec)
     skipped: dict[str, int] = {}
-    inputs, data = select_inputs(model, spec, skipped)
+    inputs, data = select_inputs(spec.model, spec, skipped)
     if any(METRICS[n].family == "plausibility" for n in names) and not any(i.evidence_spans for i in inputs):
         raise HeedfulError(
             f"{spec.dataset} has no evidence, so plausibility metrics are undefined",
             hint="drop the plausibility metrics or use data with evidence",
         )
-    _check_spans(model, spec.methods, inputs)
+    _check_spans(spec.model, spec.methods, inputs)
     if any(METRICS[n].family == "context" for n in names) and not any(i.sources for i in inputs):
         raise HeedfulError(
             f"{spec.dataset} has no sources, so context metrics are undefined",
@@ -263,37 +333,162 @@ def run_bench(
         )
     about = spec_subject(spec, data)
     runs = make_runs(spec, about)
-    store = ResultsStore(spec.out)
-    phash = spec.protocol.hash()
+    settings = Settings(spec.protocol, tuple(names), spec.batch_size)
+    phash = settings.protocol_hash
     store.put_protocol(phash, spec.protocol.name, spec.protocol.key_dict())
-    ids = [i.id for i in inputs]
-    by_id = {i.id: i for i in inputs}
     notes = [note for note in [store.legacy_note()] if note]
+    tasks, stored = list_tasks(store, runs, [i.id for i in inputs], settings, spec.chunk, notes)
+    return Plan(spec, settings, inputs, data, about, skipped, runs, tasks, stored, notes)
+
+
+def list_tasks(
+    store: ResultsStore, runs: Sequence[Run], ids: Sequence[str], settings: Settings, chunk: int | None, notes: list[str] | None = None,
+) -> tuple[list[Task], int]:
+    """The tasks of ``runs`` on ``ids`` cut into chunks of ``chunk`` examples (default four model
+    batches) that miss an explanation or a metric value in ``store``, and how many chunks the
+    store holds whole. ``notes``: gets, per run, why stored explanations of its examples under an
+    older key were not used."""
+    names, phash = settings.metrics, settings.protocol_hash
     current = {run.key.digest for run in runs}
-    shared = SharedAblations()  # the methods share the random source ablations of an example
-    bar = _progress(console) if progress else None
-    with bar if bar is not None else nullcontext():
-        for run in runs:
-            note = _explain_missing(model, store, run, inputs, spec, bar, on_batch, current)
-            if note:
-                notes.append(note)
-        for run in runs:
-            _evaluate_missing(model, store, run, ids, by_id, names, spec, phash, bar, on_batch, shared)
-    groups, x = collect(store, runs, ids, names, spec.protocol)
-    store.close()
+    size = chunk or settings.batch_size * 4
+    chunks = [list(ids[start : start + size]) for start in range(0, len(ids), size)]
+    tasks: list[Task] = []
+    stored = 0
+    for r, run in enumerate(runs):
+        explained = store.explanation_ids(run.key)
+        have = {name: store.metric_ids(run.key, name, phash) for name in names}
+        measured = set().union(*(store.measurement_ids(run.key, s, phash) for s in sources_for(names)))
+        todo = [i for i in ids if i not in explained]
+        older = store.superseded(run.key, todo, current) if todo and notes is not None else None
+        if older is not None:
+            notes.append(older.describe(_label(run)))
+        for part in chunks:
+            explain = [i for i in part if i not in explained]
+            evaluate = [i for i in part if any(i not in have[name] for name in names)]
+            if explain or evaluate:
+                held = {name: have[name].intersection(part) for name in names}
+                tasks.append(Task(len(tasks) + stored, r, part, explain, evaluate, held, not measured.isdisjoint(evaluate)))
+            else:
+                stored += 1
+    return tasks, stored
+
+
+# ---------------------------------------------------------------------------- the runner
+@dataclass
+class EngineReport:
+    """What an engine did: ``tasks`` computed, ``stored`` (found in the store), ``retries`` (tasks
+    sent again after their worker died), ``restarts`` (worker processes replaced), ``rows``
+    written, wall ``seconds``, ``write_seconds`` the driver spent writing the store, and per
+    worker: tasks, explanations, examples evaluated, busy seconds (``workers``: label -> counts)."""
+
+    engine: str
+    tasks: int = 0
+    stored: int = 0
+    retries: int = 0
+    restarts: int = 0
+    rows: int = 0
+    seconds: float = 0.0
+    write_seconds: float = 0.0
+    workers: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def write(self, store: ResultsStore, part: Part, result: PartResult, settings: Settings) -> None:
+        """Store ``result`` (one transaction), timing the write."""
+        began = time.perf_counter()
+        write_part(store, part, result, settings)
+        self.write_seconds += time.perf_counter() - began
+
+    def add(self, worker: str, result: PartResult) -> None:
+        """Count ``result``, computed by ``worker``."""
+        self.tasks += 1
+        self.rows += result.rows
+        counts = self.workers.setdefault(worker, {"tasks": 0, "explanations": 0, "evaluated": 0, "seconds": 0.0})
+        counts["tasks"] += 1
+        counts["explanations"] += len(result.explanations)
+        counts["evaluated"] += max((len(r) for r in result.metrics.values()), default=0)
+        counts["seconds"] += result.seconds
+
+    def lines(self) -> list[str]:
+        """The summary: tasks, retries, then throughput per worker."""
+        head = (
+            f"{self.engine} engine: {self.tasks} tasks computed, {self.stored} already stored, {self.retries} retried"
+            f" ({self.restarts} worker restarts), {self.rows} rows written in {self.seconds:.1f} s"
+            f" ({self.write_seconds:.2f} s writing the store)"
+        )
+        out = [head]
+        for name, c in self.workers.items():
+            rate = c["explanations"] / c["seconds"] if c["seconds"] else 0.0
+            out.append(
+                f"  {name}: {c['tasks']:.0f} tasks, {c['explanations']:.0f} explanations, {c['evaluated']:.0f} examples evaluated,"
+                f" {c['seconds']:.1f} s busy, {rate:.2f} explanations/s"
+            )
+        return out
+
+
+class LocalEngine:
+    """The default engine: the plan's tasks one after another in this process, on ``spec.model``."""
+
+    name = "local"
+
+    def run(self, plan: Plan, store: ResultsStore, advance: Callable[[Part, PartResult], None]) -> EngineReport:
+        report = EngineReport(self.name, stored=plan.stored)
+        began = time.perf_counter()
+        shared = SharedAblations()  # the methods share the random source ablations of an example
+        for task in plan.tasks:
+            part = plan.part(task, store)
+            result = compute_part(plan.spec.model, part, plan.settings, shared)
+            report.write(store, part, result, plan.settings)
+            report.add(f"pid {result.pid}", result)
+            report.seconds = time.perf_counter() - began
+            advance(part, result)
+        return report
+
+
+def run_bench(
+    spec: BenchSpec,
+    console=None,
+    progress: bool = True,
+    on_batch: Callable[[str, int], None] | None = None,
+    engine=None,
+) -> BenchResult:
+    """Run (or resume) a benchmark; see the module docstring. ``on_batch(stage, n)`` is called
+    after each stored task (``stage`` is ``"explain"`` or ``"evaluate"``, ``n`` the examples it
+    explained / evaluated). ``engine``: :class:`LocalEngine` (default) or a
+    :class:`heedful.evaluate.ray_engine.RayEngine`; ``BenchResult.engine`` reports what it did."""
+    store = ResultsStore(spec.out)
+    try:
+        plan = plan_bench(spec, store)
+        bar = _progress(console) if progress else None
+        with bar if bar is not None else nullcontext():
+            task_id = bar.add_task("bench tasks (method x chunk)", total=plan.total, completed=plan.stored) if bar else None
+
+            def advance(part: Part, result: PartResult) -> None:
+                if bar is not None:
+                    bar.advance(task_id, 1)
+                if on_batch is not None:
+                    if result.explanations:
+                        on_batch("explain", len(result.explanations))
+                    if part.evaluate:
+                        on_batch("evaluate", len(part.evaluate))
+
+            report = (engine or LocalEngine()).run(plan, store, advance)
+        ids = [i.id for i in plan.inputs]
+        groups, x = collect(store, plan.runs, ids, list(plan.settings.metrics), spec.protocol)
+    finally:
+        store.close()
     return BenchResult(
         spec=spec,
-        model_name=about.model,
-        task=task,
-        n_examples=len(inputs),
-        skipped=skipped,
-        runs=runs,
+        model_name=plan.about.model,
+        task=spec.model.task,
+        n_examples=len(plan.inputs),
+        skipped=plan.skipped,
+        runs=plan.runs,
         groups=groups,
         x=x,
         computed=dict(store.written),
         store_path=store.path,
-        evidence_source=getattr(data, "evidence_source", None),
-        notes=notes,
+        evidence_source=getattr(plan.data, "evidence_source", None),
+        notes=plan.notes,
+        engine=report,
     )
 
 
@@ -326,98 +521,21 @@ def _label(run: Run) -> str:
     return run.method if run.seed is None or run.group != "random" else f"{run.method} (seed {run.seed})"
 
 
-def _explain_missing(
-    model, store: ResultsStore, run: Run, inputs: list[ModelInput], spec: BenchSpec, bar, on_batch, current: Collection[str] = ()
-) -> str | None:
-    """Explain and store the inputs ``run`` has no stored explanation of; returns why stored
-    explanations of them under another key were not used (``None`` when there were none).
-    ``current``: the digests of this bench's runs (other seeds are not older versions)."""
+def _explain_missing(model, store: ResultsStore, run: Run, inputs: list[ModelInput], spec: BenchSpec, bar=None, on_batch=None) -> None:
+    """Explain and store (no evaluation) the ``inputs`` ``run`` has no stored explanation of, a
+    task of ``spec.chunk`` examples at a time (one transaction each)."""
     done = store.explanation_ids(run.key)
     todo = [i for i in inputs if i.id not in done]
-    task_id = bar.add_task(f"explain  {_label(run)}", total=len(inputs), completed=len(inputs) - len(todo)) if bar else None
-    if not todo:
-        return None
-    older = store.superseded(run.key, [i.id for i in todo], current)
-    step = spec.batch_size * 4  # store every few model batches
-    reset_peak_rss()  # once per run: the store keeps the maximum over its parts
-    for start in range(0, len(todo), step):
-        part = todo[start : start + step]
-        groups: dict[tuple, list[int]] = {}
-        for k, item in enumerate(part):  # one call per target and sources (context data: per example)
-            groups.setdefault((_target_key(item.target), item.sources), []).append(k)
-        found: dict[int, Explanation] = {}
-        began = time.perf_counter()
-        for members in groups.values():
-            items = [part[k] for k in members]
-            pairs = [i.text_pair for i in items]
-            explained = model.explain(
-                [i.text for i in items],
-                run.method,
-                items[0].target,
-                text_pair=pairs if any(p is not None for p in pairs) else None,
-                batch_size=spec.batch_size,
-                max_length=spec.protocol.max_length,
-                sources=None if items[0].sources is None else list(items[0].sources),
-                **run.options,
-            )
-            found.update(zip(members, explained, strict=True))
-        wall = time.perf_counter() - began
-        store.record_explained(run.key, [(i.id, found[k]) for k, i in enumerate(part)], wall, peak_rss_mb())
-        if bar is not None:
-            bar.advance(task_id, len(part))
+    settings = Settings(spec.protocol, (), spec.batch_size)
+    size = spec.chunk or spec.batch_size * 4
+    for start in range(0, len(todo), size):
+        chunk = todo[start : start + size]
+        ids = [i.id for i in chunk]
+        part = Part(start // size, run.key, run.method, run.options, chunk, ids, [])
+        result = compute_part(model, part, settings)
+        write_part(store, part, result, settings)
         if on_batch is not None:
-            on_batch("explain", len(part))
-    return None if older is None else older.describe(_label(run))
-
-
-def _evaluate_missing(
-    model, store: ResultsStore, run: Run, ids: list[str], by_id: dict[str, ModelInput], names: list[str],
-    spec: BenchSpec, phash: str, bar, on_batch, shared: SharedAblations | None = None,
-) -> None:
-    have = {name: store.metric_ids(run.key, name, phash) for name in names}
-    todo = [i for i in ids if any(i not in have[name] for name in names)]
-    task_id = bar.add_task(f"evaluate {_label(run)}", total=len(ids), completed=len(ids) - len(todo)) if bar else None
-    if not todo:
-        return
-    sources = sources_for(names)
-    stored = {s: store.measurement_ids(run.key, s, phash) for s in sources}
-    adapter = model.adapter
-    for start in range(0, len(todo), spec.batch_size):
-        part = todo[start : start + spec.batch_size]
-        expl_map = store.get_explanations(run.key, part)
-        missing_expl = [i for i in part if i not in expl_map]
-        if missing_expl:
-            raise HeedfulError(f"explanations of {missing_expl[:3]} are missing from {store.path}", hint="run again")
-        explanations = [expl_map[i] for i in part]
-        to_measure = [s for s in sources if any(i not in stored[s] for i in part)]
-        records: dict[str, list[dict]] = {}
-        if to_measure:
-            fresh = measure(adapter, explanations, spec.protocol, to_measure, shared=shared)
-            for s in to_measure:
-                records[s] = to_records(fresh, s)
-                new = [(i, r) for i, r in zip(part, records[s], strict=True) if i not in stored[s]]
-                store.put_measurements(run.key, s, phash, new)
-                stored[s].update(i for i, _ in new)
-        for s in sources:
-            if s not in records:
-                got = store.get_measurements(run.key, s, phash, part)
-                records[s] = [got[i] for i in part]
-        m = from_records(spec.protocol, records, len(part)) if records else Measurements(spec.protocol, len(part), x=spec.protocol.curve_ratios)
-        attach_references(m, explanations, [by_id[i] for i in part], adapter.task)
-        for name in names:
-            per = METRICS[name].compute(m)
-            rows = []
-            for b, ident in enumerate(part):
-                if ident in have[name]:
-                    continue
-                curve = None if per.curves is None else per.curves[b].tolist()
-                extra = None if per.extras is None else per.extras[b]
-                rows.append((ident, float(per.values[b]), curve, extra))
-            store.put_metrics(run.key, name, phash, rows)
-        if bar is not None:
-            bar.advance(task_id, len(part))
-        if on_batch is not None:
-            on_batch("evaluate", len(part))
+            on_batch("explain", len(chunk))
 
 
 # ---------------------------------------------------------------------------- collecting

@@ -40,17 +40,17 @@ from heedful.errors import HeedfulError, InputError
 from heedful.evaluate.bench import (
     BenchResult,
     BenchSpec,
+    LocalEngine,
+    Plan,
     Run,
-    _evaluate_missing,
-    _explain_missing,
     _progress,
     check_options,
     collect,
+    list_tasks,
     make_runs,
     select_inputs,
     spec_subject,
 )
-from heedful.evaluate.context import SharedAblations
 from heedful.evaluate.evaluation import ModelInput, check_metric, gold_class_index
 from heedful.evaluate.export import IMPORTED_OPTION
 from heedful.evaluate.imports import (
@@ -72,6 +72,7 @@ from heedful.evaluate.store import (
     model_label,
     run_key,
 )
+from heedful.evaluate.tasks import Settings
 from heedful.fingerprint import DIGITS, dataset_fingerprint, model_fingerprint
 from heedful.model import Model
 from heedful.options import canonical_json
@@ -400,20 +401,16 @@ def run_import(spec: ImportSpec, console=None, progress: bool = True) -> BenchRe
             if not inputs:
                 raise HeedfulError("no imported explanation could be aligned to the model's tokens", hint="check that the file is of this model")
     ids = [i.id for i in inputs]
-    by_id = {i.id: i for i in inputs}
     taken = {name, *(r.group for r in heedful_runs)}
     others = stored_runs(store, about, key.setting, ids, taken, name)
     runs = [imported, *heedful_runs, *others]
-    shared = SharedAblations()
-    current = {r.key.digest for r in runs}
+    settings = Settings(protocol, tuple(names), bench.batch_size)
+    tasks, done = list_tasks(store, runs, ids, settings, bench.chunk, notes)
+    plan = Plan(replace(bench, protocol=protocol), settings, inputs, data, about, skipped, runs, tasks, done, notes)
     bar = _progress(console) if progress else None
     with bar if bar is not None else nullcontext():
-        for run in heedful_runs:
-            note = _explain_missing(model, store, run, inputs, bench, bar, None, current)
-            if note:
-                notes.append(note)
-        for run in runs:
-            _evaluate_missing(model, store, run, ids, by_id, names, replace(bench, protocol=protocol), phash, bar, None, shared)
+        task_id = bar.add_task("explain and evaluate (method x chunk)", total=plan.total, completed=done) if bar else None
+        LocalEngine().run(plan, store, lambda part, result: bar.advance(task_id, 1) if bar is not None else None)
     groups, x = collect(store, runs, ids, names, protocol)
     store.close()
     shown = replace(bench, protocol=protocol, methods=list(groups), dataset=about.dataset if spec.dataset is None else spec.dataset)

@@ -35,8 +35,9 @@ Tables
 
 A store of schema 1 (heedful before method versions and fingerprints) opens without error: its
 tables are kept, renamed ``schema1_*``, and never read (:attr:`ResultsStore.legacy` counts their
-rows). Every write commits at once (WAL journal), so a run killed at any point loses at most the
-batch in flight, and the next run computes only what is missing.
+rows). Every write commits at once (WAL journal), and :meth:`ResultsStore.transaction` groups
+the writes of one bench task into one commit, so a run killed at any point loses at most the task
+in flight, never part of one, and the next run computes only what is missing.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ import json
 import math
 import sqlite3
 import time
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -312,6 +314,7 @@ class ResultsStore:
         self.legacy = self._legacy_counts()
         self.written = {"explanations": 0, "measurements": 0, "metrics": 0}
         self._registered: set[tuple[str, str, str]] = set()
+        self._in_transaction = False
 
     def _open_schema(self) -> None:
         """Create schema 2; a schema-1 store's tables are renamed ``schema1_*`` first (one
@@ -354,6 +357,32 @@ class ResultsStore:
     def close(self) -> None:
         self.db.close()
 
+    @contextmanager
+    def transaction(self) -> Iterator[ResultsStore]:
+        """Every write inside is one SQLite transaction: committed together at the end, or none
+        of them when an exception (or a killed process) stops it. Nested uses join the outer one.
+
+        >>> with store.transaction():                                     # doctest: +SKIP
+        ...     store.put_explanations(key, rows); store.put_metrics(key, "aopc", phash, values)
+        """
+        if self._in_transaction:
+            yield self
+            return
+        registered, written = set(self._registered), dict(self.written)
+        self._in_transaction = True
+        try:
+            with self.db:
+                yield self
+        except BaseException:
+            self._registered, self.written = registered, written
+            raise
+        finally:
+            self._in_transaction = False
+
+    def _writing(self):
+        """The context of one write: its own commit, or the open :meth:`transaction`'s."""
+        return nullcontext() if self._in_transaction else self.db
+
     def __enter__(self) -> ResultsStore:
         return self
 
@@ -367,7 +396,7 @@ class ResultsStore:
         if ident in self._registered:
             return
         fp = key.model_fingerprint
-        with self.db:
+        with self._writing():
             self.db.execute(
                 "INSERT OR IGNORE INTO runs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (
@@ -419,9 +448,12 @@ class ResultsStore:
         """``(example_id, *columns)`` rows of ``table`` under ``key`` (and ``where``: column ->
         value), only those of ``ids`` when given."""
         clause = "".join(f" AND {column}=?" for column in where)
+        params: tuple = (key.digest, *where.values())
+        if ids is not None and len(ids) <= 500:  # a few rows of a large run: look them up
+            clause += f" AND example_id IN ({','.join('?' * len(ids))})"
+            params += tuple(ids)
         rows = self.db.execute(
-            f"SELECT example_id{', ' + columns if columns else ''} FROM {table} WHERE run=?{clause}",
-            (key.digest, *where.values()),
+            f"SELECT example_id{', ' + columns if columns else ''} FROM {table} WHERE run=?{clause}", params
         )
         wanted = None if ids is None else set(ids)
         return [row for row in rows if wanted is None or row[0] in wanted]
@@ -432,7 +464,7 @@ class ResultsStore:
         self._register(key)
         if rows:
             marks = ",".join("?" * len(rows[0]))
-            with self.db:
+            with self._writing():
                 self.db.executemany(f"INSERT OR REPLACE INTO {table} VALUES ({marks})", rows)
         self.written[table] += len(rows)
 
@@ -441,8 +473,16 @@ class ResultsStore:
         return {row[0] for row in self._select("explanations", "", key)}
 
     def put_explanations(self, key: RunKey, items: Iterable[tuple[str, Explanation]]) -> None:
+        self.put_explanation_texts(key, [(ident, expl.to_json()) for ident, expl in items])
+
+    def put_explanation_texts(self, key: RunKey, items: Iterable[tuple[str, str]]) -> None:
+        """Store ``(example_id, Explanation.to_json())`` rows (made elsewhere, e.g. by a worker)."""
         now = time.time()
-        self._insert("explanations", key, [(key.digest, ident, expl.to_json(), now) for ident, expl in items])
+        self._insert("explanations", key, [(key.digest, ident, text, now) for ident, text in items])
+
+    def explanation_texts(self, key: RunKey, ids: Sequence[str] | None = None) -> dict[str, str]:
+        """``example_id -> Explanation.to_json()`` as stored (for sending to another process)."""
+        return dict(self._select("explanations", "explanation", key, ids))
 
     def get_explanations(self, key: RunKey, ids: Sequence[str] | None = None) -> dict[str, Explanation]:
         rows = self._select("explanations", "explanation", key, ids)
@@ -514,7 +554,7 @@ class ResultsStore:
         """Add to ``key``'s cost record (interrupted runs of one key add up; another key -- a
         recomputation -- starts its own record)."""
         self._register(key)
-        with self.db:
+        with self._writing():
             self.db.execute(
                 "INSERT INTO costs VALUES (?,?,?,?,?,?) ON CONFLICT (run) DO UPDATE SET"
                 " examples = examples + excluded.examples, seconds = seconds + excluded.seconds,"
@@ -551,7 +591,7 @@ class ResultsStore:
         return None if row is None else (row[0], json.loads(row[1]))
 
     def put_protocol(self, protocol_hash: str, name: str, fields: dict) -> None:
-        with self.db:
+        with self._writing():
             self.db.execute("INSERT OR REPLACE INTO protocols VALUES (?,?,?)", (protocol_hash, name, _json(fields)))
 
 
