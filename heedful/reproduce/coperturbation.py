@@ -117,8 +117,8 @@ QUICK = {
     },
     "study": {"max_steps": 20, "window": 5},
     "lams": [0.2, 0.6, 1.0],
-    "n_seed": 10,
-    "n_warm": 20,
+    "n_seed": 2,
+    "n_warm": 2,
 }
 
 PAPER_SST2 = [
