@@ -311,12 +311,13 @@ def _check_spec(spec: BenchSpec) -> list[str]:
     return names
 
 
-def plan_bench(spec: BenchSpec, store: ResultsStore) -> Plan:
+def plan_bench(spec: BenchSpec, open_store: Callable[[], ResultsStore]) -> tuple[Plan, ResultsStore]:
     """Check ``spec``, select its examples and list its tasks: every run (method; the random
     baseline once per seed) on every chunk of ``spec.chunk`` examples (default four model
     batches), skipping chunks whose explanations and metric values ``store`` holds. Chunks are cut
     from the selected examples in order, so every engine and every resumed run batches an
-    example with the same neighbours."""
+    example with the same neighbours. The store is opened (``open_store``) only once every check
+    that needs no store has passed, so a refused bench leaves no store behind."""
     names = _check_spec(spec)
     skipped: dict[str, int] = {}
     inputs, data = select_inputs(spec.model, spec, skipped)
@@ -335,10 +336,11 @@ def plan_bench(spec: BenchSpec, store: ResultsStore) -> Plan:
     runs = make_runs(spec, about)
     settings = Settings(spec.protocol, tuple(names), spec.batch_size)
     phash = settings.protocol_hash
+    store = open_store()
     store.put_protocol(phash, spec.protocol.name, spec.protocol.key_dict())
     notes = [note for note in [store.legacy_note()] if note]
     tasks, stored = list_tasks(store, runs, [i.id for i in inputs], settings, spec.chunk, notes)
-    return Plan(spec, settings, inputs, data, about, skipped, runs, tasks, stored, notes)
+    return Plan(spec, settings, inputs, data, about, skipped, runs, tasks, stored, notes), store
 
 
 def list_tasks(
@@ -454,9 +456,14 @@ def run_bench(
     after each stored task (``stage`` is ``"explain"`` or ``"evaluate"``, ``n`` the examples it
     explained / evaluated). ``engine``: :class:`LocalEngine` (default) or a
     :class:`heedful.evaluate.ray_engine.RayEngine`; ``BenchResult.engine`` reports what it did."""
-    store = ResultsStore(spec.out)
+    opened: list[ResultsStore] = []
+
+    def open_store() -> ResultsStore:
+        opened.append(ResultsStore(spec.out))
+        return opened[0]
+
     try:
-        plan = plan_bench(spec, store)
+        plan, store = plan_bench(spec, open_store)
         bar = _progress(console) if progress else None
         with bar if bar is not None else nullcontext():
             task_id = bar.add_task("bench tasks (method x chunk)", total=plan.total, completed=plan.stored) if bar else None
@@ -474,7 +481,8 @@ def run_bench(
         ids = [i.id for i in plan.inputs]
         groups, x = collect(store, plan.runs, ids, list(plan.settings.metrics), spec.protocol)
     finally:
-        store.close()
+        for each in opened:
+            each.close()
     return BenchResult(
         spec=spec,
         model_name=plan.about.model,
