@@ -93,7 +93,7 @@ def bench(
 
     from heedful.evaluate import get_protocol, metric_names
     from heedful.evaluate.bench import BenchSpec, check_options, run_bench
-    from heedful.evaluate.report import rich_table, write_report
+    from heedful.evaluate.report import write_report
 
     out_console, err_console = Console(), Console(stderr=True)
     if threads is not None:
@@ -147,15 +147,21 @@ def bench(
     runner = _engine(engine, address, workers, threads, model, budget)
     result = run_bench(spec, console=err_console, engine=runner)
     files = write_report(result)
+    extra = result.engine.lines() if result.engine is not None and engine == "ray" else []
+    _print_result(result, files, out_console, err_console, "computed", extra)
+
+
+def _print_result(result, files, out_console, err_console, verb: str, extra: list[str] = ()) -> None:
+    """A bench's table on stdout; its notes, ``extra`` lines, what this run ``verb`` (computed /
+    stored) and the files written on stderr."""
+    from heedful.evaluate.report import rich_table
+
     out_console.print(rich_table(result))
-    for note in result.notes:
-        err_console.print(note, highlight=False, markup=False)
-    if result.engine is not None and engine == "ray":
-        for line in result.engine.lines():
-            err_console.print(line, highlight=False, markup=False, soft_wrap=True)
+    for line in [*result.notes, *extra]:
+        err_console.print(line, highlight=False, markup=False, soft_wrap=True)
     computed = result.computed
     err_console.print(
-        f"[dim]computed this run: {computed['explanations']} explanations, {computed['measurements']} curve records, "
+        f"[dim]{verb} this run: {computed['explanations']} explanations, {computed['measurements']} curve records, "
         f"{computed['metrics']} metric values · store: {result.store_path}[/]"
     )
     for path in files:
@@ -311,7 +317,7 @@ def import_command(
     from heedful.evaluate import get_protocol, metric_names
     from heedful.evaluate.bench import check_options
     from heedful.evaluate.bench_import import ImportSpec, run_import
-    from heedful.evaluate.report import rich_table, write_report
+    from heedful.evaluate.report import write_report
 
     out_console, err_console = Console(), Console(stderr=True)
     method_options, protocol_changes, data_options = _parse_options(option)
@@ -335,16 +341,7 @@ def import_command(
     )
     result = run_import(spec, console=err_console)
     files = write_report(result)
-    out_console.print(rich_table(result))
-    for note in result.notes:
-        err_console.print(note, highlight=False, markup=False)
-    computed = result.computed
-    err_console.print(
-        f"[dim]stored this run: {computed['explanations']} explanations, {computed['measurements']} curve records, "
-        f"{computed['metrics']} metric values · store: {result.store_path}[/]"
-    )
-    for path in files:
-        err_console.print(f"wrote {path}")
+    _print_result(result, files, out_console, err_console, "stored")
 
 
 def _check_run_options(n: int | None, batch_size: int, out: Path) -> None:

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from heedful.attribution import coperturbation as cp
-from heedful.evaluate.intervals import bootstrap_mean
+from heedful.reproduce.coperturbation_studies import interval
 
 DEV_SEED = 20261123
 """Seed of the permutation of the movies train split whose first sentences form the dev split."""
@@ -264,17 +264,6 @@ def _spearman(a: np.ndarray, b: np.ndarray) -> float:
     if a.size < 2 or np.ptp(a) == 0 or np.ptp(b) == 0:
         return math.nan
     return float(spearmanr(a, b).statistic)
-
-
-def interval(values: Sequence[float]) -> tuple[float, float, float, int]:
-    """Mean, 95 % bootstrap interval and count of the finite ``values``."""
-    arr = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=float)
-    if arr.size == 0:
-        return (math.nan, math.nan, math.nan, 0)
-    if arr.size == 1:
-        return (float(arr[0]), math.nan, math.nan, 1)
-    mean, low, high = bootstrap_mean(arr)
-    return (mean, low, high, int(arr.size))
 
 
 def steps_to_level(history: np.ndarray, level: float, window: int = LEVEL_WINDOW) -> float:
