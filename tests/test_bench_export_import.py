@@ -206,6 +206,8 @@ def test_export_cli_writes_the_table_and_the_manifest(bench, tmp_path, monkeypat
     assert len(pd.read_csv(out)) == bench["csv"].rows and (tmp_path / "rows.manifest.json").is_file()
     code, _, err = run_cli(monkeypatch, capsys, "bench", "export", str(tmp_path / "nothing"), "--format", "csv")
     assert code == 2 and "no results store" in err and "Traceback" not in err
+    code, _, err = run_cli(monkeypatch, capsys, "bench", "export", str(bench["store"]), "--format", "xml")
+    assert code == 2 and "--format must be one of" in err and "Traceback" not in err
 
 
 def test_parquet_without_pyarrow_is_one_line_naming_the_extra(bench, tmp_path, monkeypatch, capsys):

@@ -205,6 +205,8 @@ def test_engine_errors_are_one_line(model_dir, data_csv, tmp_path, monkeypatch, 
     assert code == 2 and "unknown engine 'spark'" in err and "Traceback" not in err
     code, _, err = run_cli(monkeypatch, capsys, *common, "--workers", "2")
     assert code == 2 and "--address and --workers need --engine ray" in err
+    code, _, err = run_cli(monkeypatch, capsys, *common, "--engine", "ray", "--workers", "0")
+    assert code == 2 and "--workers must be at least 1" in err and "Traceback" not in err
     monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed
     code, _, err = run_cli(monkeypatch, capsys, *common, "--engine", "ray")
     assert code == 2 and "pip install 'heedful[ray]'" in err and "Traceback" not in err
