@@ -18,9 +18,12 @@ import torch
 TOKEN_BUDGET = 16384
 """Default number of (sequence x position) cells per forward chunk."""
 
-CHUNK_OVERHEAD = 256
+CHUNK_OVERHEAD = 64
 """What one more forward chunk costs, in cells, when :func:`length_chunks` decides where to cut
-(per-pass overhead and the lower efficiency of small matrix products)."""
+(per-pass overhead and the lower efficiency of small matrix products). On MiniLM (one thread,
+float32 and bfloat16) one forward of 1 x 25 tokens took as long as 37-49 cells of a saturated
+batch, and 4 x 25 tokens as long as 115-125 cells (benchmarks/ferret_aopc.py's positions and
+times agree): padding a row to save a pass pays only where it is shorter than that."""
 
 
 def length_chunks(

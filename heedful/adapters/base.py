@@ -20,6 +20,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint as checkpoint_call
 
+from heedful.adapters.anchored import anchored_last_block, hooked
 from heedful.adapters.causal import CAUSAL_ATTENTION
 from heedful.adapters.intercept import Interception, intercepting
 from heedful.adapters.roles import BlockRoles, HeadRoles, LRPRoles, ModelRoles, NormSite
@@ -149,6 +150,9 @@ class ModelAdapter:
     """Relevance propagation's rules have been checked against this family's blocks."""
     kernel_attention: ClassVar[bool] = True
     """Passes without attention probabilities may run fused attention (``sdpa``)."""
+    anchored_blocks: ClassVar[bool] = False
+    """The blocks are post-LN encoder blocks that :mod:`heedful.adapters.anchored` computes at
+    the anchor positions only (forward-only passes of a classifier or regressor)."""
 
     def __post_init__(self) -> None:
         self.max_memory = parse_memory(self.max_memory)
@@ -711,6 +715,8 @@ class ModelAdapter:
                 last, hidden = self._prefilled(kwargs, prefill)
                 probs = None
             else:
+                if not (hidden_states or attentions or prefix is not None) and anchor.dim() == 1:
+                    causal.enter_context(self._anchored(mask, anchor))
                 out = self.backbone(**kwargs)
                 last, hidden, probs = out.last_hidden_state, out.hidden_states, out.attentions
         self.counter.forward += last.shape[0]
@@ -762,6 +768,24 @@ class ModelAdapter:
             del out, part
             release_heap()  # the cache grows by concatenation: give the freed copies back
         return last, hidden
+
+    def _anchored(self, mask: torch.Tensor, anchor: torch.Tensor) -> contextlib.AbstractContextManager:
+        """The last block computed at ``anchor`` ``[B]`` only (:mod:`heedful.adapters.anchored`)
+        when nothing can tell: a no-gradient pass of a classifier or regressor whose family has
+        :attr:`anchored_blocks`, absolute positions, no open interception and no hook on the last
+        block; otherwise nothing changes."""
+        block = self.blocks[-1] if self.anchored_blocks else None
+        if (
+            block is None
+            or torch.is_grad_enabled()
+            or self.task not in ("classification", "regression")
+            or getattr(self.config, "position_embedding_type", "absolute") != "absolute"
+            or self.hf_model.training
+            or intercepting(self.hf_model)
+            or hooked(block)
+        ):
+            return contextlib.nullcontext()
+        return anchored_last_block(block, self.block_roles(block), mask, anchor.to(mask.device), self.config.num_attention_heads)
 
     @contextlib.contextmanager
     def _kernel_attention(self, wanted: bool) -> Iterator[bool]:

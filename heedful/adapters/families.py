@@ -92,6 +92,7 @@ class _EncoderAdapter(ModelAdapter):
     """Encoders: blocks below ``encoder.layer``, an embedding LayerNorm before the first block."""
 
     blocks_at = "encoder.layer"
+    anchored_blocks = True
 
     def embedding_norm_sites(self) -> list[NormSite]:
         return [_layer_norm(self.backbone.embeddings.LayerNorm)]
@@ -157,6 +158,7 @@ class BertAdapter(_EncoderAdapter):
 
 class DistilBertAdapter(_EncoderAdapter):
     family = "distilbert"
+    anchored_blocks = False  # its own block layout (``block_roles`` below)
     blocks_at = "transformer.layer"
     token_types = False
 
@@ -238,6 +240,7 @@ class DebertaV2Adapter(_EncoderAdapter):
     """DeBERTa v2 and v3."""
 
     family = "deberta-v2"
+    anchored_blocks = False  # disentangled (relative-position) attention
 
     def classification_head(self, h: torch.Tensor) -> torch.Tensor:
         m = self.hf_model

@@ -29,12 +29,6 @@ from heedful.problem import prepare as prepare_problem
 from heedful.runner import Copies, Runner
 from heedful.targets import Columns, ResolvedTarget
 
-CURVE_CHUNK_OVERHEAD = 64
-"""What one more forward chunk of perturbed rows costs, in cells (the runner's default is
-:data:`~heedful.runner.CHUNK_OVERHEAD`): the curves' rows are short and many, and cutting them
-into more chunks of one length each ran their AOPC evaluation 10-25 % faster than the default
-on MiniLM at fp32 and bf16 (benchmarks/ferret_aopc.py, 160 explanations)."""
-
 
 @dataclass
 class Outputs:
@@ -135,7 +129,7 @@ class Prepared:
         return self.problem.target
 
     def runner(self, chunk: int | None = None) -> Runner:
-        return Runner.for_problem(self.problem, rows=chunk, overhead=CURVE_CHUNK_OVERHEAD)
+        return Runner.for_problem(self.problem, rows=chunk)
 
 
 def _scores_matrix(explanations: Sequence[Explanation], width: int) -> torch.Tensor:
