@@ -529,21 +529,20 @@ def _label(run: Run) -> str:
     return run.method if run.seed is None or run.group != "random" else f"{run.method} (seed {run.seed})"
 
 
-def _explain_missing(model, store: ResultsStore, run: Run, inputs: list[ModelInput], spec: BenchSpec, bar=None, on_batch=None) -> None:
-    """Explain and store (no evaluation) the ``inputs`` ``run`` has no stored explanation of, a
-    task of ``spec.chunk`` examples at a time (one transaction each)."""
-    done = store.explanation_ids(run.key)
-    todo = [i for i in inputs if i.id not in done]
+def _explain_missing(model, store: ResultsStore, run: Run, inputs: list[ModelInput], spec: BenchSpec, on_batch=None) -> None:
+    """Explain and store (no evaluation) the ``inputs`` ``run`` has no stored explanation of:
+    the bench's own tasks (:func:`list_tasks`, chunks of ``spec.chunk`` examples cut from all of
+    ``inputs``, so an example is batched with the same neighbours as in a bench), one
+    transaction each."""
     settings = Settings(spec.protocol, (), spec.batch_size)
-    size = spec.chunk or spec.batch_size * 4
-    for start in range(0, len(todo), size):
-        chunk = todo[start : start + size]
-        ids = [i.id for i in chunk]
-        part = Part(start // size, run.key, run.method, run.options, chunk, ids, [])
+    by_id = {i.id: i for i in inputs}
+    tasks, _ = list_tasks(store, [run], list(by_id), settings, spec.chunk)
+    for task in tasks:
+        part = Part(task.index, run.key, run.method, run.options, [by_id[i] for i in task.ids], list(task.explain), [])
         result = compute_part(model, part, settings)
         write_part(store, part, result, settings)
         if on_batch is not None:
-            on_batch("explain", len(chunk))
+            on_batch("explain", len(task.explain))
 
 
 # ---------------------------------------------------------------------------- collecting

@@ -456,7 +456,7 @@ def _explain_only(plan: _Plan, model, dataset: str, options, protocol):
     inputs, data = bench.select_inputs(model, spec, {})
     run = bench.make_runs(spec, bench.spec_subject(spec, data))[0]
     with ResultsStore(plan.store) as store:
-        bench._explain_missing(model, store, run, inputs, spec, None, None)
+        bench._explain_missing(model, store, run, inputs, spec)
     return run.key
 
 
