@@ -172,3 +172,28 @@ def test_bench_command_errors(monkeypatch, capsys, model_dir, data_csv, tmp_path
     assert code == 2 and "target.key=value" in err
     code, _, err = run_cli(monkeypatch, capsys, "bench", "--model", model_dir, "--out", str(tmp_path))
     assert code == 2 and "needs --dataset, --methods" in err and "hint" in err
+
+
+def test_explaining_without_evaluating_stores_the_bench_tasks_explanations(tiny, data_csv, tmp_path):
+    """Explanations stored without evaluation (the Mask-LRP report's sensitivity table) are the
+    bench's: the same chunks, so a later bench evaluates them without explaining again."""
+    from heedful.evaluate import bench
+
+    model = tiny("bert")
+    spec = _spec(model, data_csv, tmp_path, methods=["saliency"], metrics=["aopc"], batch_size=1, chunk=2)
+    inputs, data = bench.select_inputs(model, spec, {})
+    run = bench.make_runs(spec, bench.spec_subject(spec, data))[0]
+    seen = []
+    with ResultsStore(tmp_path) as store:
+        with store.transaction():
+            store.put_explanations(run.key, [(inputs[2].id, model.explain(inputs[2].text, "saliency"))])
+        bench._explain_missing(model, store, run, inputs, spec, on_batch=lambda stage, n: seen.append(n))
+        assert store.explanation_ids(run.key) == {i.id for i in inputs}
+    assert seen == [2, 1, 1]  # chunks {0, 1}, {2, 3} (2 stored), {4}
+    counter = Counting(model)
+    try:
+        result = run_bench(spec, progress=False)
+    finally:
+        counter.restore()
+    assert result.computed["explanations"] == 0 and counter.calls == 0
+    assert result.computed["metrics"] == len(inputs)
