@@ -166,9 +166,13 @@ TINY = {
 
 
 def _doc_blocks(section: str) -> list[str]:
+    """The python blocks of docs/bench.md's ``section``: ``export`` (up to "## Import"),
+    ``import`` (up to "## Lower precision") or ``precision`` (the rest)."""
     text = (DOCS / "bench.md").read_text(encoding="utf-8")
-    export, _, imports = text.partition("## Import")
-    return re.findall(r"```python\n(.*?)```", export if section == "export" else imports, re.S)
+    export, _, rest = text.partition("## Import")
+    imports, _, precision = rest.partition("## Lower precision")
+    part = {"export": export, "import": imports, "precision": precision}[section]
+    return re.findall(r"```python\n(.*?)```", part, re.S)
 
 
 def test_docs_load_the_export_in_pandas_and_duckdb(bench, tmp_path):
@@ -197,6 +201,18 @@ def test_docs_import_examples_run_on_tiny_models(tmp_path):
     assert done.returncode == 0, done.stderr[-4000:]
     assert "lexicon" in done.stdout and "grad_x_input" in done.stdout
     assert (tmp_path / "ig.pt").is_file() and (tmp_path / "inseq.json").is_file()
+
+
+def test_docs_precision_example_runs_on_a_tiny_model(tmp_path):
+    """docs/bench.md's lower-precision block runs as written (on the tests' tiny BERT)."""
+    blocks = _doc_blocks("precision")
+    assert len(blocks) == 1
+    script = blocks[0].replace('heedful.load("minilm-sentiment")', 'heedful.testing.conformance_model("bert")')
+    assert script != blocks[0]
+    done = subprocess.run([sys.executable, "-c", "import heedful.testing\n" + script], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    aopc, top = done.stdout.split()[:2]
+    assert 0.0 <= float(aopc) <= 1.0 and top.startswith("bf16")
 
 
 def test_export_cli_writes_the_table_and_the_manifest(bench, tmp_path, monkeypatch, capsys):
