@@ -701,22 +701,21 @@ class ModelAdapter:
         chunked = prefill is not None and prefill < width  # chunked prefill runs near the budget
         bounded = (checkpoint or release) and torch.is_grad_enabled() or chunked
         blocks = self.checkpointed(checkpoint, release=True) if bounded else contextlib.nullcontext()
-        with self._kernel_attention(not attentions) as fused, blocks, contextlib.ExitStack() as causal:
+        with self._kernel_attention(not attentions) as fused, blocks, contextlib.ExitStack() as settings:
             if fused and self.is_decoder and not hidden_states and right_padded(mask):
                 # causal attention never reads right padding: without the padding mask the fused
                 # kernel runs its causal path (no [B, H, N, N] mask or scores materialised), aligned
                 # to the last key when the pass continues a cache; only padded positions' states
                 # change, and none are returned
                 kwargs["attention_mask"] = None
-                causal.enter_context(_attention_set(self.config, CAUSAL_ATTENTION))
+                settings.enter_context(_attention_set(self.config, CAUSAL_ATTENTION))
             if chunked:
                 if attentions:
                     raise InputError("attention probabilities cannot be kept in a forward run in position chunks")
                 last, hidden = self._prefilled(kwargs, prefill)
                 probs = None
             else:
-                if not (hidden_states or attentions or prefix is not None) and anchor.dim() == 1:
-                    causal.enter_context(self._anchored(mask, anchor))
+                settings.enter_context(self._anchored(mask, anchor, read_inside=hidden_states or attentions or prefix is not None))
                 out = self.backbone(**kwargs)
                 last, hidden, probs = out.last_hidden_state, out.hidden_states, out.attentions
         self.counter.forward += last.shape[0]
@@ -769,14 +768,17 @@ class ModelAdapter:
             release_heap()  # the cache grows by concatenation: give the freed copies back
         return last, hidden
 
-    def _anchored(self, mask: torch.Tensor, anchor: torch.Tensor) -> contextlib.AbstractContextManager:
+    def _anchored(self, mask: torch.Tensor, anchor: torch.Tensor, read_inside: bool) -> contextlib.AbstractContextManager:
         """The last block computed at ``anchor`` ``[B]`` only (:mod:`heedful.adapters.anchored`)
         when nothing can tell: a no-gradient pass of a classifier or regressor whose family has
-        :attr:`anchored_blocks`, absolute positions, no open interception and no hook on the last
-        block; otherwise nothing changes."""
+        :attr:`anchored_blocks`, one anchor per row, absolute positions, nothing ``read_inside``
+        the model (hidden states, attention probabilities, a continued cache), no open
+        interception and no hook on the last block; otherwise nothing changes."""
         block = self.blocks[-1] if self.anchored_blocks else None
         if (
             block is None
+            or read_inside
+            or anchor.dim() != 1
             or torch.is_grad_enabled()
             or self.task not in ("classification", "regression")
             or getattr(self.config, "position_embedding_type", "absolute") != "absolute"
