@@ -250,6 +250,11 @@ def test_stability_study_resumes_and_reports(sharp, tmp_path, monkeypatch):
     assert found.warm["n"] == 4 and found.first_order["n"] == 2
     defaults = next(r for r in found.settings if r["setting"] == cs.DEFAULTS)
     assert defaults["relative_rows"] == pytest.approx(1.0) and len(defaults["spearman"]) == 2
+    # whether AOPC is lower is decided on every sentence seed 0 is stored for (the warm comparison's 4)
+    warm = next(r for r in found.settings if r["setting"].trajectory == "warm")
+    assert len(defaults["aopc_seed0"]) == 4 and len(warm["aopc_seed0"]) == 4
+    assert cs._paired(warm["aopc_seed0"], defaults["aopc_seed0"])[3] == 4
+    assert len(found.warm["agreement"]["warm_linearized"]) == 4
     # the cold start reaches its own final level by construction
     assert all(np.isfinite(found.warm["cold_steps"]))
     text = "\n".join(cs.section(found, 2, 4))
