@@ -824,7 +824,9 @@ def coperturbation(
     last ``window`` iterates (``"average"``). ``init``: every ``theta`` starts at 0 (``"zeros"``),
     at a seeded N(0, 1) draw (``"randn"``, Guan et al.) or at the first-order optimum's shape
     (``"linearized"``: the linearized solver's noise, rescaled to the cold start's level, then
-    optimised; one extra backward pass). ``antithetic``: noise draws in pairs ``z, -z``.
+    optimised; one extra backward pass -- with ``keep="average"`` its seeds agree more, because
+    they share that deterministic start, at some cost in faithfulness: measured in
+    ``docs/results/coperturbation-stability.md``). ``antithetic``: noise draws in pairs ``z, -z``.
     ``crn``: the same draws at every step (common random numbers). ``schedule``: ``"constant"``
     learning rate or ``"cosine"`` annealing to 0 over ``max_steps``.
 
