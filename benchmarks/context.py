@@ -214,9 +214,9 @@ def report(rows: dict[int, dict], args: argparse.Namespace, load_before: float) 
             seconds, positions = first["seconds"], first["positions"]
             rhos, tops, hit1, hit3 = [], [], [], []
             if not projected:
-                for doc, found, reference in zip(docs, result["docs"], exact, strict=False):
-                    if complete:
-                        rho, same = _agreement(found["scores"], reference)
+                for i, (doc, found) in enumerate(zip(docs, result["docs"], strict=False)):
+                    if complete and i < len(exact):  # planted accuracy needs no reference
+                        rho, same = _agreement(found["scores"], exact[i])
                         rhos.append(rho)
                         tops.append(same)
                     order = np.argsort(-np.asarray(found["scores"]), kind="stable")

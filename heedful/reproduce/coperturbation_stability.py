@@ -347,7 +347,7 @@ def summarise(folder: Path, n_seed: int, n_warm: int) -> Stability:
         settings.append(row)
         sizes[s.label] = n
     warm = _warm_summary(runs, n_warm)
-    first = _first_order_summary(runs, n_seed)
+    first = _first_order_summary(runs, max(n_seed, n_warm))  # the cheap runs and the cold start cover the warm comparison too
     return Stability(sizes, settings, warm, first, choose(settings))
 
 
@@ -401,11 +401,13 @@ def _warm_summary(runs: dict, n_warm: int) -> dict[str, Any] | None:
     return found
 
 
-def _first_order_summary(runs: dict, n_seed: int) -> dict[str, Any] | None:
+def _first_order_summary(runs: dict, limit: int) -> dict[str, Any] | None:
+    """The linearized solver against the cold start (seed 0) and random scores, on the first
+    ``limit`` sentences at most (as many as all three are stored for)."""
     cold, lin = runs.get(("cold", 0)), runs.get(("linearized", 0))
     if cold is None or lin is None:
         return None
-    n = min(len(cold["tokens"]), len(lin["tokens"]), n_seed)
+    n = min(len(cold["tokens"]), len(lin["tokens"]), limit)
     rhos = [_spearman(_content_scores(lin, "best", i), _content_scores(cold, "best", i)) for i in range(n)]
     found = {
         "n": n, "spearman": rhos, "cost": {"linearized": _cost_per_sentence(lin), "optimised": _cost_per_sentence(cold)},
