@@ -98,6 +98,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("antithetic, cosine, keep=average, warm start", "antithetic-cosine-warm", "average"),
     Setting("common random numbers", "crn", "best"),
     Setting("16 samples", "samples16", "best"),
+    Setting("16 samples, keep=average", "samples16", "average"),
 )
 DEFAULTS = SETTINGS[0]
 PRIORITY = (("cold", "antithetic-cosine-warm", "warm"), ("antithetic-cosine", "crn", "samples16"))
