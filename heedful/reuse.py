@@ -7,7 +7,9 @@ Efficiently Approximating Leave-One-Out Context Attribution", Sec. 3.1): removin
 costs only the tokens after it. The example's cache comes from one pass
 (:meth:`~heedful.adapters.ModelAdapter.prefix_states`); rows are sorted by where they start
 differing and cut into chunks that share the shortest prefix of their rows (each row recomputes
-its own few extra positions after it), under the runner's token budget. A causal model's
+its own few extra positions after it), under the runner's token budget and the memory budget
+left beside the examples' cache (a copy whose continuing pass would not fit it even alone runs
+as a full pass, which keeps no cache). A causal model's
 states before position ``p`` do not depend on later tokens and right padding changes no real
 position, so the scores equal those of full passes (:meth:`heedful.runner.Runner.scores`)
 beyond float rounding. Encoders, which have no cache, and ``reuse=False`` take the full
@@ -93,13 +95,18 @@ def removal_scores(
     if not (reuse and problem.adapter.is_decoder and problem.inputs_embeds is None):
         return full.scores(Copies.of(perturbed, example), output)
     start = _unchanged_prefix(problem, example, remove, perturbed)
-    worth = start >= REUSE_SHARE * perturbed.attention_mask.sum(dim=1)
+    lengths = perturbed.attention_mask.sum(dim=1)
+    fits = _fits(problem.adapter, _held(problem))
+    # a copy whose continuing pass would not fit the budget even alone runs as a full pass,
+    # which the runner bounds (the full pass keeps no cache)
+    alone = torch.tensor([fits(1, int(n), int(n - p)) for n, p in zip(lengths.tolist(), start.tolist(), strict=True)], dtype=torch.bool)
+    worth = (start >= REUSE_SHARE * lengths) & alone
     values = torch.zeros(len(example))
     if bool((~worth).any()):
         plain = ~worth
         values[plain] = full.scores(Copies.of(_rows(perturbed, plain), example[plain]), output)
     if bool(worth.any()):
-        values[worth] = _reused(problem, example[worth], start[worth], _rows(perturbed, worth), output, rows)
+        values[worth] = _reused(problem, example[worth], start[worth], _rows(perturbed, worth), output, rows, fits)
     return values
 
 
@@ -122,27 +129,42 @@ def _unchanged_prefix(problem: Problem, example: torch.Tensor, remove: torch.Ten
     return torch.minimum(first, first_read).clamp(min=0)
 
 
-def _fits(adapter: ModelAdapter) -> Callable[[int, int, int], bool]:
-    """Whether ``rows`` rows continuing a cached prefix fit the adapter's memory budget: the
-    estimator's pass over ``width`` positions whose last ``computed`` run against the cache
-    (:class:`heedful.memory.Need` with ``queries``, as a prefill chunk: the cache of the whole
-    width held twice while each layer concatenates, and the queries' attention)."""
-    shape, budget = adapter.shape, adapter.max_memory
+def _held(problem: Problem) -> int:
+    """Bytes of the examples' key/value cache (:meth:`~heedful.adapters.ModelAdapter.prefix_states`),
+    held beside every continuing pass."""
+    batch = problem.batch
+    return len(batch) * problem.adapter.shape.cache_bytes(batch.seq_len)
+
+
+def _fits(adapter: ModelAdapter, held: int = 0) -> Callable[[int, int, int], bool]:
+    """Whether ``rows`` rows continuing a cached prefix fit the adapter's memory budget beside
+    ``held`` bytes (the examples' cache): the estimator's pass over ``width`` positions whose
+    last ``computed`` run against the cache (:class:`heedful.memory.Need` with ``queries``, as a
+    prefill chunk: the cache of the whole width held twice while each layer concatenates, and
+    the queries' attention)."""
+    shape, budget = adapter.shape, adapter.max_memory - held
     return lambda rows, width, computed: estimate(shape, rows, width, Need(queries=computed)) <= budget
 
 
 def _reused(
-    problem: Problem, example: torch.Tensor, start: torch.Tensor, perturbed: Perturbed, output: str, rows: int | None
+    problem: Problem,
+    example: torch.Tensor,
+    start: torch.Tensor,
+    perturbed: Perturbed,
+    output: str,
+    rows: int | None,
+    fits: Callable[[int, int, int], bool],
 ) -> torch.Tensor:
     """The target's ``output`` for copies ``perturbed`` of examples ``example`` ``[R]``, each
-    continuing its example's key/value cache over its first ``start`` ``[R]`` positions."""
+    continuing its example's key/value cache over its first ``start`` ``[R]`` positions, in
+    chunks that ``fits`` the memory budget (:func:`_fits`)."""
     adapter, batch = problem.adapter, problem.batch
     target = problem.target.select(example).with_anchor(perturbed.anchor)
     lengths = perturbed.attention_mask.sum(dim=1)
     states = adapter.prefix_states(batch)
     values = torch.zeros(len(example))
     budget = TOKEN_BUDGET if rows is None else None
-    chunks = prefix_chunks(start, lengths, budget or 1 << 62, _fits(adapter))
+    chunks = prefix_chunks(start, lengths, budget or 1 << 62, fits)
     if rows is not None:
         chunks = [part for c in chunks for part in c.split(rows)]
     for members in chunks:

@@ -293,3 +293,53 @@ def test_only_copies_that_share_enough_of_their_prefix_continue_the_cache(lm):
     finally:
         del lm.adapter.forward
     assert continued and all(continued)
+
+
+def _spy_prefix_passes(lm, seen: list):
+    """Replace ``lm.adapter.forward`` by one that records ``(rows, width, computed)`` of every
+    pass continuing a cached prefix (undo with ``del lm.adapter.forward``)."""
+    original = lm.adapter.forward
+
+    def spied(batch, anchor, **kwargs):
+        if "prefix" in kwargs:
+            mask = kwargs["attention_mask"]
+            seen.append((mask.shape[0], mask.shape[1], mask.shape[1] - kwargs["prefix"][2]))
+        return original(batch, anchor, **kwargs)
+
+    lm.adapter.forward = spied
+
+
+def test_continuing_passes_stay_within_the_budget_beside_the_cache(lm, monkeypatch):
+    from heedful.memory import Need, estimate
+
+    reference = lm.explain(DOC, "source_loo", target=" the", kv_cache=False)
+    shape = lm.adapter.shape
+    n = lm.prepare([DOC], " the").batch.seq_len
+    held = shape.cache_bytes(n)
+    # room beside the cache for one row computing half the document against it: late sources continue, early ones cannot
+    budget = held + estimate(shape, 1, n, Need(queries=n // 2))
+    monkeypatch.setattr(lm.adapter, "max_memory", budget)
+    seen: list = []
+    _spy_prefix_passes(lm, seen)
+    try:
+        cached = lm.explain(DOC, "source_loo", target=" the")
+    finally:
+        del lm.adapter.forward
+    np.testing.assert_allclose(cached.scores, reference.scores, atol=1e-5)
+    assert seen, "some copies continue the cache"
+    assert sum(rows for rows, _, _ in seen) < len(cached.sources), "the early sources' copies run as full passes"
+    for rows, width, computed in seen:
+        assert estimate(shape, rows, width, Need(queries=computed)) + held <= budget
+
+
+def test_no_copy_continues_the_cache_where_none_fits_beside_it(lm, monkeypatch):
+    reference = lm.explain(DOC, "source_loo", target=" the", kv_cache=False)
+    monkeypatch.setattr("heedful.reuse._held", lambda problem: problem.adapter.max_memory)
+    seen: list = []
+    _spy_prefix_passes(lm, seen)
+    try:
+        cached = lm.explain(DOC, "source_loo", target=" the")
+    finally:
+        del lm.adapter.forward
+    assert seen == []
+    np.testing.assert_allclose(cached.scores, reference.scores, atol=1e-5)
