@@ -295,9 +295,10 @@ def test_only_copies_that_share_enough_of_their_prefix_continue_the_cache(lm):
     assert continued and all(continued)
 
 
-def _spy_prefix_passes(lm, seen: list):
-    """Replace ``lm.adapter.forward`` by one that records ``(rows, width, computed)`` of every
-    pass continuing a cached prefix (undo with ``del lm.adapter.forward``)."""
+def _cached_loo_and_prefix_passes(lm):
+    """``source_loo`` of :data:`DOC` with the cache, and ``(rows, width, computed)`` of every
+    pass of it that continued a cached prefix."""
+    seen = []
     original = lm.adapter.forward
 
     def spied(batch, anchor, **kwargs):
@@ -307,6 +308,10 @@ def _spy_prefix_passes(lm, seen: list):
         return original(batch, anchor, **kwargs)
 
     lm.adapter.forward = spied
+    try:
+        return lm.explain(DOC, "source_loo", target=" the"), seen
+    finally:
+        del lm.adapter.forward
 
 
 def test_continuing_passes_stay_within_the_budget_beside_the_cache(lm, monkeypatch):
@@ -319,12 +324,7 @@ def test_continuing_passes_stay_within_the_budget_beside_the_cache(lm, monkeypat
     # room beside the cache for one row computing half the document against it: late sources continue, early ones cannot
     budget = held + estimate(shape, 1, n, Need(queries=n // 2))
     monkeypatch.setattr(lm.adapter, "max_memory", budget)
-    seen: list = []
-    _spy_prefix_passes(lm, seen)
-    try:
-        cached = lm.explain(DOC, "source_loo", target=" the")
-    finally:
-        del lm.adapter.forward
+    cached, seen = _cached_loo_and_prefix_passes(lm)
     np.testing.assert_allclose(cached.scores, reference.scores, atol=1e-5)
     assert seen, "some copies continue the cache"
     assert sum(rows for rows, _, _ in seen) < len(cached.sources), "the early sources' copies run as full passes"
@@ -335,11 +335,6 @@ def test_continuing_passes_stay_within_the_budget_beside_the_cache(lm, monkeypat
 def test_no_copy_continues_the_cache_where_none_fits_beside_it(lm, monkeypatch):
     reference = lm.explain(DOC, "source_loo", target=" the", kv_cache=False)
     monkeypatch.setattr("heedful.reuse._held", lambda problem: problem.adapter.max_memory)
-    seen: list = []
-    _spy_prefix_passes(lm, seen)
-    try:
-        cached = lm.explain(DOC, "source_loo", target=" the")
-    finally:
-        del lm.adapter.forward
+    cached, seen = _cached_loo_and_prefix_passes(lm)
     assert seen == []
     np.testing.assert_allclose(cached.scores, reference.scores, atol=1e-5)
