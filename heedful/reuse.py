@@ -136,7 +136,7 @@ def _held(problem: Problem) -> int:
     return len(batch) * problem.adapter.shape.cache_bytes(batch.seq_len)
 
 
-def _fits(adapter: ModelAdapter, held: int = 0) -> Callable[[int, int, int], bool]:
+def _fits(adapter: ModelAdapter, held: int) -> Callable[[int, int, int], bool]:
     """Whether ``rows`` rows continuing a cached prefix fit the adapter's memory budget beside
     ``held`` bytes (the examples' cache): the estimator's pass over ``width`` positions whose
     last ``computed`` run against the cache (:class:`heedful.memory.Need` with ``queries``, as a
