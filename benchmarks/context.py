@@ -29,12 +29,25 @@ long documents of 512 to 4,096 tokens, in one run.
 
 ``--only`` runs the named configurations alone (``;``-separated labels); the ratios then name
 only the pairs it ran.
+
+Agreement needs exact LOO on every document, about half an hour each at 4,096 tokens, so the
+source scores of every document but the first are kept in a store (``--store``, default
+``$HEEDFUL_HOME/benchmarks/context``), keyed by the model's fingerprint, the method, its version
+and bound options, and the document's text, sources and target: a later run reads them instead
+of computing them again. The first document of each length is the timed one and is computed by
+the run that writes the report, every time. ``--share i/k`` grows the store alone: document by
+document (2 onwards, those whose position after the first is ``i`` modulo ``k``: ``k``
+processes side by side, one thread each), it computes every configuration the store lacks, each
+in a fresh process, then prints the agreement over what the store holds and writes no results
+file.
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import hashlib
+import json
 import multiprocessing as mp
 import os
 import sys
@@ -45,7 +58,7 @@ from pathlib import Path
 import numpy as np
 from _shared import command_line, cpu_name, finish, fmt_s, library_versions  # noqa: E402  (benchmarks/ is the script's folder)
 from rich.console import Console
-from scipy.stats import spearmanr
+from scipy.stats import binomtest, spearmanr
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -61,24 +74,58 @@ LONG = ("exact LOO, no cache", "exact LOO, cache", "context_cite 64")
 """What runs beyond ``--full-until`` (``--all-long``: every configuration)."""
 
 
-def documents(model_name: str, length: int, n: int, seed: int) -> list[dict]:
-    """``n`` planted documents of about ``length`` tokens: text, source spans, the planted
-    source's index and the target token."""
+def documents(model_name: str, length: int, n: int, seed: int) -> tuple[list[dict], str]:
+    """``n`` planted documents of about ``length`` tokens (text, source spans, the planted
+    source's index and the target token) and the model's fingerprint."""
     import heedful
     from heedful import datasets
+    from heedful.fingerprint import model_fingerprint
 
     lm = heedful.load(model_name)
     data = datasets.load("planted", "test", n=n, length=length, tokenizer=lm.tokenizer, seed=seed)
-    return [
+    docs = [
         {"text": ex.text, "spans": [tuple(s) for s in ex.meta["sources"]], "planted": ex.meta["answer_source"], "target": ex.target}
         for ex in data
     ]
+    return docs, model_fingerprint(lm).digest
 
 
-def run_config(model_name: str, method: str, options: dict, docs: list[dict], threads: int, max_memory: str, subset: int | None) -> dict:
+def unit_key(fingerprint: str, method: str, options: dict, doc: dict) -> str:
+    """The store key of ``method`` with ``options`` on ``doc`` over all its sources: the model's
+    fingerprint, the method's name, version and bound options (defaults included), and the
+    document's text, source spans and target -- what the scores are computed from."""
+    from heedful.attribution import get_method
+    from heedful.options import canonical_json
+
+    info = get_method(method)
+    what = {
+        "model": fingerprint, "method": info.name, "version": info.version, "options": info.key_options(info.bind(dict(options))),
+        "text": doc["text"], "spans": [list(s) for s in doc["spans"]], "target": doc["target"],
+    }
+    return hashlib.sha256(canonical_json(what).encode()).hexdigest()[:32]
+
+
+def stored(store: Path, key: str) -> dict | None:
+    path = store / f"{key}.json"
+    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+
+
+def keep(store: Path, key: str, found: dict) -> None:
+    """Write one document's result (atomically: a process stopped mid-write leaves no half file)."""
+    store.mkdir(parents=True, exist_ok=True)
+    part = store / f"{key}.{os.getpid()}.part"
+    part.write_text(json.dumps(found), encoding="utf-8")
+    part.replace(store / f"{key}.json")
+
+
+def run_config(
+    model_name: str, method: str, options: dict, docs: list[dict], threads: int, max_memory: str, subset: int | None,
+    store: Path | None = None, keys: list[str | None] | None = None,
+) -> dict:
     """One configuration on ``docs`` in this (fresh) process: seconds, positions computed, peak
     resident memory above the loaded model, source scores (and the planted answer's
-    probability)."""
+    probability). A document with a key in ``keys`` is written to ``store`` as soon as it is
+    done."""
     import torch
 
     import heedful
@@ -97,7 +144,7 @@ def run_config(model_name: str, method: str, options: dict, docs: list[dict], th
     lm.adapter.backbone.register_forward_pre_hook(count, with_kwargs=True)
     lm.explain(docs[0]["text"][:200], "saliency")  # warm-up
     found = []
-    for doc in docs:
+    for i, doc in enumerate(docs):
         sizes = [None] if subset is None or 2 * subset >= len(doc["spans"]) else [subset, 2 * subset]
         runs = []
         for size in sizes:
@@ -118,9 +165,11 @@ def run_config(model_name: str, method: str, options: dict, docs: list[dict], th
                 "all_sources": len(doc["spans"]),
                 "tokens": len(e.tokens),
                 "probability": e.prediction.get("probability"),
-                "answered": e.prediction.get("index") == e.target.indices[0],
+                "answered": bool(e.prediction.get("index") == e.target.indices[0]),
             }
         )
+        if store is not None and keys and keys[i] is not None and sizes == [None]:
+            keep(store, keys[i], found[-1])
     return {"docs": found}
 
 
@@ -159,7 +208,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--only", default="", help="';'-separated configuration labels to run (default: all)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "context.md")
+    parser.add_argument("--store", type=Path, default=None, help="where documents after the first are kept (default $HEEDFUL_HOME/benchmarks/context)")
+    parser.add_argument("--share", default=None, help="i/k: grow the store alone with every k-th unit from the i-th; no results file")
     args = parser.parse_args(argv)
+    if args.store is None:
+        from heedful.cache import heedful_home
+
+        args.store = heedful_home() / "benchmarks" / "context"
+    share = _parse_share(parser, args.share)
     only = [label.strip() for label in args.only.split(";") if label.strip()]
     unknown = [label for label in only if label not in CONFIGS]
     if unknown:
@@ -167,26 +223,67 @@ def main(argv: list[str] | None = None) -> int:
     console = Console()
     load_before = os.getloadavg()[0]
     lengths = [int(x) for x in args.lengths.split(",")]
+    if share is not None:
+        return grow_store(args, lengths, only, share, console)
     rows: dict[int, dict] = {}
     for length in lengths:
         n = args.docs if length <= args.full_until else args.long_docs
-        docs = documents(args.model, length, n, args.seed)
+        docs, fingerprint = documents(args.model, length, n, args.seed)
         console.print(f"[bold]{length} tokens[/bold]: {n} document(s), {np.mean([len(d['spans']) for d in docs]):.0f} sources on average")
         results = {}
-        for label, (method, options) in CONFIGS.items():
-            if length > args.full_until and not args.all_long and label not in LONG:
-                continue
-            if only and label not in only:
-                continue
-            uncached = label == "exact LOO, no cache"
-            subset = args.subset if method == "source_loo" and length > args.full_until else None
-            use = docs[:1] if uncached else docs
+        for label, method, options, subset in configurations(args, length, only):
+            use = docs[:1] if label == "exact LOO, no cache" else docs
+            # documents after the first, over all their sources, come from the store when it holds them
+            keys = [None] + [unit_key(fingerprint, method, options, d) if subset is None else None for d in use[1:]]
+            have = {i: stored(args.store, k) for i, k in enumerate(keys) if k is not None}
+            todo = [i for i in range(len(use)) if have.get(i) is None]
             began = time.perf_counter()
-            results[label] = measure((args.model, method, options, use, args.threads, args.max_memory, subset))
-            console.print(f"  {label}: {fmt_s(time.perf_counter() - began)} (process included)")
+            computed = measure((args.model, method, options, [use[i] for i in todo], args.threads, args.max_memory, subset, args.store, [keys[i] for i in todo]))
+            done = dict(zip(todo, computed["docs"], strict=True))
+            results[label] = {"docs": [done.get(i) or have.get(i) for i in range(len(use))], "from_store": len(use) - len(todo)}
+            console.print(f"  {label}: {len(todo)} computed, {len(use) - len(todo)} from the store, {fmt_s(time.perf_counter() - began)} (process included)")
         rows[length] = {"docs": docs, "results": results}
     text = report(rows, args, load_before)
     return finish(text, args, console)
+
+
+def configurations(args: argparse.Namespace, length: int, only: list[str]) -> list[tuple[str, str, dict, int | None]]:
+    """The configurations run at ``length``: label, method, options and the sources exact LOO
+    times (``None``: all of them)."""
+    chosen = []
+    for label, (method, options) in CONFIGS.items():
+        if (length > args.full_until and not args.all_long and label not in LONG) or (only and label not in only):
+            continue
+        chosen.append((label, method, options, args.subset if method == "source_loo" and length > args.full_until else None))
+    return chosen
+
+
+def grow_store(args: argparse.Namespace, lengths: list[int], only: list[str], share: tuple[int, int], console: Console) -> int:
+    """``--share i/k``: document by document, every configuration over all sources that the
+    store lacks, each in a fresh process; then the agreement over what the store holds."""
+    rows: dict[int, dict] = {}
+    for length in lengths:
+        n = args.docs if length <= args.full_until else args.long_docs
+        docs, fingerprint = documents(args.model, length, n, args.seed)
+        stored_configs = [c for c in configurations(args, length, only) if c[0] != "exact LOO, no cache"]
+        chosen = [(label, method, options) for label, method, options, _ in stored_configs]
+        if any(subset is not None for *_, subset in stored_configs):
+            console.print(f"[yellow]{length} tokens: exact LOO is timed on a subset of sources beyond --full-until; pass --full-until {length} to store it[/yellow]")
+            continue
+        found: dict[str, list] = {label: [None] * n for label, *_ in chosen}
+        for i in range(1, n):
+            for label, method, options in chosen:
+                key = unit_key(fingerprint, method, options, docs[i])
+                found[label][i] = stored(args.store, key)
+                if found[label][i] is None and (i - 1) % share[1] == share[0]:
+                    began = time.perf_counter()
+                    found[label][i] = measure((args.model, method, options, [docs[i]], args.threads, args.max_memory, None, args.store, [key]))["docs"][0]
+                    console.print(f"  {length} tokens, document {i + 1}, {label}: {fmt_s(time.perf_counter() - began)} (process included)")
+        rows[length] = {"docs": docs, "results": {label: {"docs": d} for label, d in found.items()}}
+    for line in agreement_lines(rows):
+        console.print(line)
+    console.print(f"[dim]share {share[0]}/{share[1]}: the store {args.store} grew; no results file written[/dim]")
+    return 0
 
 
 def report(rows: dict[int, dict], args: argparse.Namespace, load_before: float) -> str:
@@ -205,23 +302,11 @@ def report(rows: dict[int, dict], args: argparse.Namespace, load_before: float) 
     summary = []
     for length, row in rows.items():
         docs, results = row["docs"], row["results"]
-        reference = results.get(REFERENCE)
-        exact = [d["scores"] for d in reference["docs"]] if reference else []
-        complete = bool(reference) and reference["docs"][0]["timed_sources"] == reference["docs"][0]["all_sources"]
         for label, result in results.items():
             first = result["docs"][0]
             projected = first["timed_sources"] != first["all_sources"]
             seconds, positions = first["seconds"], first["positions"]
-            rhos, tops, hit1, hit3 = [], [], [], []
-            if not projected:
-                for i, (doc, found) in enumerate(zip(docs, result["docs"], strict=False)):
-                    if complete and i < len(exact):  # planted accuracy needs no reference
-                        rho, same = _agreement(found["scores"], exact[i])
-                        rhos.append(rho)
-                        tops.append(same)
-                    order = np.argsort(-np.asarray(found["scores"]), kind="stable")
-                    hit1.append(order[0] == doc["planted"])
-                    hit3.append(doc["planted"] in order[:3])
+            rhos, tops, hit1, hit3 = ([], [], [], []) if projected else accuracy(docs, result, results.get(REFERENCE))
             mark = " (projected)" if projected else ""
             lines.append(
                 f"| {first['tokens']} | {first['all_sources']} | {label} | {fmt_s(seconds)}{mark} | {positions / 1e3:,.0f} k{mark} | "
@@ -245,7 +330,13 @@ def report(rows: dict[int, dict], args: argparse.Namespace, load_before: float) 
             cached, uncached = results[REFERENCE]["docs"][0]["scores"], results["exact LOO, no cache"]["docs"][0]["scores"]
             if len(cached) == len(uncached):
                 summary.append(f"  - cached vs uncached LOO scores, largest difference {np.abs(np.subtract(cached, uncached)).max():.2e}")
-    lines += ["", "## Ratios", "", *summary, "", "## Memory", ""]
+    from_store = sum(r.get("from_store", 0) for row in rows.values() for r in row["results"].values())
+    lines += [
+        "", "## Ratios", "", *summary, "",
+        "## Agreement and planted accuracy with 95 % Wilson intervals", "",
+        f"Documents after the first read from the store ({from_store} configuration-document results; see the script's docstring) or computed in this run.",
+        "", *agreement_lines(rows), "", "## Memory", "",
+    ]
     forward_only = ["exact LOO, cache", "context_cite 64"]
     for label in forward_only:
         peaks = {length: rows[length]["results"][label]["docs"][0]["peak_mb"] for length in rows if label in rows[length]["results"]}
@@ -273,13 +364,66 @@ def report(rows: dict[int, dict], args: argparse.Namespace, load_before: float) 
     return "\n".join(lines) + "\n"
 
 
+def accuracy(docs: list[dict], result: dict, reference: dict | None) -> tuple[list[float], list[bool], list[bool], list[bool]]:
+    """Over the documents ``result`` holds: Spearman with exact LOO and whether the top source is
+    the same (documents the reference holds over all sources), whether the planted source is the
+    top (top-3) source (every document: planted accuracy needs no reference)."""
+    exact = reference["docs"] if reference else []
+    rhos, tops, hit1, hit3 = [], [], [], []
+    for i, (doc, found) in enumerate(zip(docs, result["docs"], strict=False)):
+        if found is None or found["timed_sources"] != found["all_sources"]:
+            continue
+        truth = exact[i] if i < len(exact) else None
+        if truth is not None and truth["timed_sources"] == truth["all_sources"]:
+            rho, same = _agreement(found["scores"], truth["scores"])
+            rhos.append(rho)
+            tops.append(same)
+        order = np.argsort(-np.asarray(found["scores"]), kind="stable")
+        hit1.append(bool(order[0] == doc["planted"]))
+        hit3.append(doc["planted"] in order[:3])
+    return rhos, tops, hit1, hit3
+
+
+def agreement_lines(rows: dict[int, dict]) -> list[str]:
+    """Per length and configuration: agreement with exact LOO and planted accuracy over every
+    document at hand, shares with their 95 % Wilson intervals."""
+    lines = []
+    for length, row in rows.items():
+        for label, result in row["results"].items():
+            rhos, tops, hit1, hit3 = accuracy(row["docs"], result, row["results"].get(REFERENCE))
+            lines.append(
+                f"- {length} tokens, {label}: top-1 = exact LOO {_share(tops, interval=True)}; planted top-1 {_share(hit1, interval=True)}, "
+                f"top-3 {_share(hit3, interval=True)}; Spearman vs exact LOO {_mean(rhos)}"
+            )
+    return lines
+
+
+def _parse_share(parser: argparse.ArgumentParser, value: str | None) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    try:
+        mine, of = (int(x) for x in value.split("/"))
+    except ValueError:
+        parser.error(f"--share {value!r} is not i/k; e.g. --share 0/2 and --share 1/2 for two processes")
+    if not 0 <= mine < of:
+        parser.error(f"--share {value}: i must be in 0..k-1; e.g. --share 0/2 and --share 1/2")
+    return mine, of
+
+
 def _mean(values: list[float]) -> str:
     finite = [v for v in values if np.isfinite(v)]
     return f"{np.mean(finite):.3f}" if finite else "--"
 
 
-def _share(values: list[bool]) -> str:
-    return f"{np.mean(values):.2f} ({sum(values)}/{len(values)})" if values else "--"
+def _share(values: list[bool], interval: bool = False) -> str:
+    """``0.80 (4/5)``; with ``interval``, its 95 % Wilson score interval too."""
+    if not values:
+        return "--"
+    text = f"{np.mean(values):.2f} ({sum(values)}/{len(values)})"
+    if interval:
+        ci = binomtest(int(sum(values)), len(values)).proportion_ci(method="wilson")
+        text += f" [{ci.low:.2f}, {ci.high:.2f}]"
+    return text
 
 
 if __name__ == "__main__":

@@ -33,6 +33,22 @@ def test_unknown_option_fails_before_any_work(tmp_path):
         cp.write(tmp_path, ReportSettings(options={"share": "2/2"}))
     with pytest.raises(HeedfulError):
         cp.write(tmp_path, ReportSettings(options={"until": "noon"}))
+    with pytest.raises(HeedfulError, match="workers=0"):
+        cp.write(tmp_path, ReportSettings(options={"workers": "0"}))
+    with pytest.raises(HeedfulError, match="not a number"):
+        cp.write(tmp_path, ReportSettings(options={"workers": "two"}))
+
+
+def test_workers_run_the_benchmarks_on_ray_workers_that_load_the_model_by_name(tmp_path, tiny):
+    from heedful.evaluate.ray_engine import RayEngine
+
+    model = tiny("bert")
+    assert cp._plan(ReportSettings(store=tmp_path)).workers is None
+    assert cp._engine(model, None) is None
+    run = cp._plan(ReportSettings(store=tmp_path, options={"workers": "2"}))
+    engine = cp._engine(model, run.workers)
+    assert isinstance(engine, RayEngine) and engine.workers == 2 and engine.threads == 1
+    assert engine.loader.args == (model.name,) and engine.loader.keywords == {"progress": False}
 
 
 def test_models_missing_from_the_zoo_are_skipped_with_a_note():

@@ -36,7 +36,9 @@ dev split of the *train* sentences): ``n_seed`` (sentences of the seed-agreement
 :data:`N_SEED`), ``n_warm`` (sentences of the warm-start comparison, default :data:`N_WARM`),
 ``until=HH:MM`` (UTC: start no unit of that section after this time; the report says what was
 reached), ``share=i/k`` (measure only every ``k``-th unit from the ``i``-th: ``k`` processes side
-by side on one store) and ``only=stability`` (that section alone, written to ``coperturbation-stability.md``).
+by side on one store) and ``only=stability`` (that section alone, written to ``coperturbation-stability.md``);
+``workers=N``: the faithfulness and comparison benchmarks run on ``N`` local Ray workers (one
+torch thread each; :class:`heedful.evaluate.ray_engine.RayEngine`) instead of this process.
 """
 
 from __future__ import annotations
@@ -69,8 +71,9 @@ LIFTED = {"solver": "linearized", "scale": 1000.0}
 the Jacobian norm ``||J_j||_F`` (no ties at the ceiling)."""
 N_COMPARE = 200
 """Test sentences on which the linearized and the optimised solutions are compared."""
-N_BENCH = 40
-"""Test sentences of the faithfulness benchmark of every method (the first of the N_COMPARE)."""
+N_BENCH = 500
+"""Test sentences of the faithfulness benchmark of every method (the comparison's N_COMPARE are
+their first)."""
 N_STUDY = 100
 """Test sentences of the lambda, layer and probe studies (linearized solver)."""
 N_RECTIFY = {"minilm-sentiment": 500, "smollm2-sentiment": 200}
@@ -242,6 +245,7 @@ class Plan:
     until: Any = None
     only: str | None = None
     share: tuple[int, int] = (0, 1)
+    workers: int | None = None
     timings: Timings = field(default_factory=Timings)
 
     def coperturbation(self, linearized: bool = False, lifted: bool = False) -> dict:
@@ -276,7 +280,7 @@ def _plan(settings: ReportSettings) -> Plan:
     opts = dict(settings.options)
     known = {
         "n_bench", "n_compare", "n_study", "n_rectify", "methods", "models", "seed", "budget", "check", "steering",
-        "n_seed", "n_warm", "until", "only", "share",
+        "n_seed", "n_warm", "until", "only", "share", "workers",
     }
     unknown = sorted(set(opts) - known)
     if unknown:
@@ -316,8 +320,21 @@ def _plan(settings: ReportSettings) -> Plan:
         check=int(opts.get("check", QUICK["check"] if quick else CHECK_SENTENCES)), steering=steering == "on",
         ratios=tuple(QUICK["ratios"] if quick else _rect().SWEEP_RATIOS), method_options=method_options,
         study_options=study_options, store=_store(settings), n_seed=size("n_seed", N_SEED), n_warm=size("n_warm", N_WARM),
-        until=_until(opts.get("until")), only=only, share=_share(opts.get("share")),
+        until=_until(opts.get("until")), only=only, share=_share(opts.get("share")), workers=_workers(opts.get("workers")),
     )
+
+
+def _workers(value: Any) -> int | None:
+    """``workers=N`` (``N >= 1``) or ``None``: the benchmarks run in this process."""
+    if value in (None, ""):
+        return None
+    try:
+        workers = int(value)
+    except ValueError as exc:
+        raise HeedfulError(f"workers={value!r} is not a number", hint="e.g. workers=2 (one per CPU core)") from exc
+    if workers < 1:
+        raise HeedfulError(f"workers={workers}: at least 1 is needed", hint="e.g. workers=2 (one per CPU core)")
+    return workers
 
 
 def _share(value: Any) -> tuple[int, int]:
@@ -402,7 +419,19 @@ def _bench(model, run: Plan, methods: list[str], n: int, options: dict, progress
         model=model, dataset=DATASET, methods=methods, metrics=["aopc", "sufficiency"],
         protocol=get_protocol("default", random_seeds=3), out=run.store, n=n, seed=run.seed, method_options=options,
     )
-    return run_bench(spec, progress=progress)
+    return run_bench(spec, progress=progress, engine=_engine(model, run.workers))
+
+
+def _engine(model, workers: int | None):
+    """``None`` (this process) or Ray workers that each load ``model`` by its name once."""
+    if workers is None:
+        return None
+    import functools
+
+    from heedful.evaluate.ray_engine import RayEngine
+    from heedful.loading import load
+
+    return RayEngine(functools.partial(load, model.name, progress=False), workers)
 
 
 def _bench_ids(model, bench) -> tuple[list[str], list[str]]:
