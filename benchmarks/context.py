@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="", help="';'-separated configuration labels to run (default: all)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "context.md")
     parser.add_argument("--store", type=Path, default=None, help="where documents after the first are kept (default $HEEDFUL_HOME/benchmarks/context)")
-    parser.add_argument("--share", default=None, help="i/k: grow the store alone with every k-th unit from the i-th; no results file")
+    parser.add_argument("--share", default=None, help="i/k: grow the store alone with every k-th document after the first, from the i-th; no results file")
     args = parser.parse_args(argv)
     if args.store is None:
         from heedful.cache import heedful_home

@@ -4,6 +4,7 @@ the transformers model directly on the edited token ids."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 
@@ -273,45 +274,32 @@ def test_copies_that_share_little_of_their_prefix_run_as_full_passes_with_the_sa
     np.testing.assert_allclose(other.scores, reference.scores, atol=1e-5)
 
 
-def test_only_copies_that_share_enough_of_their_prefix_continue_the_cache(lm):
-    from heedful.reuse import REUSE_SHARE
-
-    continued = []
-    original = lm.adapter.forward
-
-    def spied(batch, anchor, **kwargs):
-        if "prefix" in kwargs:
-            shared = kwargs["prefix"][2]
-            real = kwargs["attention_mask"].sum(dim=1)
-            continued.append(bool(shared >= REUSE_SHARE * real.min()))
-        return original(batch, anchor, **kwargs)
-
-    lm.adapter.forward = spied
-    try:
-        lm.explain(DOC, "source_loo", target=" the")
-        lm.explain(DOC, "context_cite", target=" the", n_ablations=16, folds=0)
-    finally:
-        del lm.adapter.forward
-    assert continued and all(continued)
-
-
-def _cached_loo_and_prefix_passes(lm):
-    """``source_loo`` of :data:`DOC` with the cache, and ``(rows, width, computed)`` of every
-    pass of it that continued a cached prefix."""
+@contextlib.contextmanager
+def _continued_passes(lm):
+    """Collects ``(attention_mask, shared prefix length)`` of every pass that continues a cached
+    prefix while the block runs."""
     seen = []
     original = lm.adapter.forward
 
     def spied(batch, anchor, **kwargs):
         if "prefix" in kwargs:
-            mask = kwargs["attention_mask"]
-            seen.append((mask.shape[0], mask.shape[1], mask.shape[1] - kwargs["prefix"][2]))
+            seen.append((kwargs["attention_mask"], kwargs["prefix"][2]))
         return original(batch, anchor, **kwargs)
 
     lm.adapter.forward = spied
     try:
-        return lm.explain(DOC, "source_loo", target=" the"), seen
+        yield seen
     finally:
         del lm.adapter.forward
+
+
+def test_only_copies_that_share_enough_of_their_prefix_continue_the_cache(lm):
+    from heedful.reuse import REUSE_SHARE
+
+    with _continued_passes(lm) as seen:
+        lm.explain(DOC, "source_loo", target=" the")
+        lm.explain(DOC, "context_cite", target=" the", n_ablations=16, folds=0)
+    assert seen and all(bool(shared >= REUSE_SHARE * mask.sum(dim=1).min()) for mask, shared in seen)
 
 
 def test_continuing_passes_stay_within_the_budget_beside_the_cache(lm, monkeypatch):
@@ -324,17 +312,20 @@ def test_continuing_passes_stay_within_the_budget_beside_the_cache(lm, monkeypat
     # room beside the cache for one row computing half the document against it: late sources continue, early ones cannot
     budget = held + estimate(shape, 1, n, Need(queries=n // 2))
     monkeypatch.setattr(lm.adapter, "max_memory", budget)
-    cached, seen = _cached_loo_and_prefix_passes(lm)
+    with _continued_passes(lm) as seen:
+        cached = lm.explain(DOC, "source_loo", target=" the")
     np.testing.assert_allclose(cached.scores, reference.scores, atol=1e-5)
     assert seen, "some copies continue the cache"
-    assert sum(rows for rows, _, _ in seen) < len(cached.sources), "the early sources' copies run as full passes"
-    for rows, width, computed in seen:
-        assert estimate(shape, rows, width, Need(queries=computed)) + held <= budget
+    assert sum(mask.shape[0] for mask, _ in seen) < len(cached.sources), "the early sources' copies run as full passes"
+    for mask, shared in seen:
+        rows, width = mask.shape
+        assert estimate(shape, rows, width, Need(queries=width - shared)) + held <= budget
 
 
 def test_no_copy_continues_the_cache_where_none_fits_beside_it(lm, monkeypatch):
     reference = lm.explain(DOC, "source_loo", target=" the", kv_cache=False)
     monkeypatch.setattr("heedful.reuse._held", lambda problem: problem.adapter.max_memory)
-    cached, seen = _cached_loo_and_prefix_passes(lm)
+    with _continued_passes(lm) as seen:
+        cached = lm.explain(DOC, "source_loo", target=" the")
     assert seen == []
     np.testing.assert_allclose(cached.scores, reference.scores, atol=1e-5)
