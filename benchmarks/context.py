@@ -74,9 +74,10 @@ LONG = ("exact LOO, no cache", "exact LOO, cache", "context_cite 64")
 """What runs beyond ``--full-until`` (``--all-long``: every configuration)."""
 
 
-def documents(model_name: str, length: int, n: int, seed: int) -> tuple[list[dict], str]:
+def documents(model_name: str, length: int, n: int, seed: int) -> tuple[list[dict], str, tuple[float, float]]:
     """``n`` planted documents of about ``length`` tokens (text, source spans, the planted
-    source's index and the target token) and the model's fingerprint."""
+    source's index and the target token), the model's fingerprint and its FLOP counts
+    (:func:`flop_counts`)."""
     import heedful
     from heedful import datasets
     from heedful.fingerprint import model_fingerprint
@@ -87,7 +88,31 @@ def documents(model_name: str, length: int, n: int, seed: int) -> tuple[list[dic
         {"text": ex.text, "spans": [tuple(s) for s in ex.meta["sources"]], "planted": ex.meta["answer_source"], "target": ex.target}
         for ex in data
     ]
-    return docs, model_fingerprint(lm).digest
+    return docs, model_fingerprint(lm).digest, flop_counts(lm.adapter.config)
+
+
+def flop_counts(config) -> tuple[float, float]:
+    """A Llama-shaped decoder's forward FLOPs (the benchmark's ``smollm2-135m``): per position through the blocks' linear maps (query and output
+    ``D x D``, key and value ``D x (KV heads x head size)``, the gated MLP ``3 x D x F``) and per
+    (query, key) pair in attention (``Q K^T`` and the weighted sum of values over all heads), both
+    over all blocks; embeddings, norms and the head are left out."""
+    d, f, blocks, heads = config.hidden_size, config.intermediate_size, config.num_hidden_layers, config.num_attention_heads
+    kv = getattr(config, "num_key_value_heads", heads) * (d // heads)
+    return 2.0 * blocks * (2 * d * d + 2 * d * kv + 3 * d * f), 2.0 * blocks * 2 * d
+
+
+def expected_ratios(flops: tuple[float, float], tokens: int, sources: int, ablations: int = 64) -> tuple[float, float, float]:
+    """Speed-ups FLOP counts predict for a causal model on ``tokens`` positions and ``sources``
+    evenly spread sources: a full pass costs ``a N + b N^2 / 2`` (``a``, ``b``: :func:`flop_counts`);
+    a cached leave-one-out pass recomputes the text after the source, which attends to all before
+    it -- over an even spread, ``a N / 2 + b N^2 / 3``; a ContextCite ablation keeps half the
+    text (keep probability 0.5): ``a N / 2 + b N^2 / 8``, plus one full pass. Returns cached vs
+    uncached LOO and ContextCite (``ablations``) vs uncached and vs cached LOO."""
+    a, b = flops
+    n = float(tokens)
+    full, cached, ablated = a * n + b * n * n / 2, a * n / 2 + b * n * n / 3, a * n / 2 + b * n * n / 8
+    cite = ablations * ablated + full
+    return full / cached, sources * full / cite, sources * cached / cite
 
 
 def unit_key(fingerprint: str, method: str, options: dict, doc: dict) -> str:
@@ -228,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: dict[int, dict] = {}
     for length in lengths:
         n = args.docs if length <= args.full_until else args.long_docs
-        docs, fingerprint = documents(args.model, length, n, args.seed)
+        docs, fingerprint, flops = documents(args.model, length, n, args.seed)
         console.print(f"[bold]{length} tokens[/bold]: {n} document(s), {np.mean([len(d['spans']) for d in docs]):.0f} sources on average")
         results = {}
         for label, method, options, subset in configurations(args, length, only):
@@ -242,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
             done = dict(zip(todo, computed["docs"], strict=True))
             results[label] = {"docs": [done.get(i) or have.get(i) for i in range(len(use))], "from_store": len(use) - len(todo)}
             console.print(f"  {label}: {len(todo)} computed, {len(use) - len(todo)} from the store, {fmt_s(time.perf_counter() - began)} (process included)")
-        rows[length] = {"docs": docs, "results": results}
+        rows[length] = {"docs": docs, "results": results, "flops": flops}
     text = report(rows, args, load_before)
     return finish(text, args, console)
 
@@ -326,6 +351,12 @@ def report(rows: dict[int, dict], args: argparse.Namespace, load_before: float) 
             if against:
                 parts.append(f"{label} {', '.join(against)}")
         summary.append(f"- {length} tokens: {'; '.join(parts) or 'no pair to compare'}")
+        first = next(iter(results.values()))["docs"][0]
+        cached_x, cite_x, cite_cached_x = expected_ratios(row["flops"], first["tokens"], first["all_sources"])
+        summary.append(
+            f"  - FLOP counts predict (the first document, {first['tokens']} tokens, {first['all_sources']} sources): cached LOO {cached_x:.2f}x faster than uncached; "
+            f"context_cite 64 {cite_x:.2f}x faster than exact LOO without the cache, {cite_cached_x:.2f}x than with it"
+        )
         if uncached_s and cached_s:
             cached, uncached = results[REFERENCE]["docs"][0]["scores"], results["exact LOO, no cache"]["docs"][0]["scores"]
             if len(cached) == len(uncached):
