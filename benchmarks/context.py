@@ -289,7 +289,7 @@ def grow_store(args: argparse.Namespace, lengths: list[int], only: list[str], sh
     rows: dict[int, dict] = {}
     for length in lengths:
         n = args.docs if length <= args.full_until else args.long_docs
-        docs, fingerprint = documents(args.model, length, n, args.seed)
+        docs, fingerprint, _ = documents(args.model, length, n, args.seed)
         stored_configs = [c for c in configurations(args, length, only) if c[0] != "exact LOO, no cache"]
         chosen = [(label, method, options) for label, method, options, _ in stored_configs]
         if any(subset is not None for *_, subset in stored_configs):
