@@ -54,11 +54,15 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from _shared import command_line, cpu_name, finish, fmt_s, library_versions  # noqa: E402  (benchmarks/ is the script's folder)
 from rich.console import Console
 from scipy.stats import binomtest, spearmanr
+
+if TYPE_CHECKING:
+    from heedful.evaluate.share import Share
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -283,7 +287,7 @@ def configurations(args: argparse.Namespace, length: int, only: list[str]) -> li
     return chosen
 
 
-def grow_store(args: argparse.Namespace, lengths: list[int], only: list[str], share: tuple[int, int], console: Console) -> int:
+def grow_store(args: argparse.Namespace, lengths: list[int], only: list[str], share: Share, console: Console) -> int:
     """``--share i/k``: document by document, every configuration over all sources that the
     store lacks, each in a fresh process; then the agreement over what the store holds."""
     rows: dict[int, dict] = {}
@@ -300,14 +304,14 @@ def grow_store(args: argparse.Namespace, lengths: list[int], only: list[str], sh
             for label, method, options in chosen:
                 key = unit_key(fingerprint, method, options, docs[i])
                 found[label][i] = stored(args.store, key)
-                if found[label][i] is None and (i - 1) % share[1] == share[0]:
+                if found[label][i] is None and share.takes(i - 1):
                     began = time.perf_counter()
                     found[label][i] = measure((args.model, method, options, [docs[i]], args.threads, args.max_memory, None, args.store, [key]))["docs"][0]
                     console.print(f"  {length} tokens, document {i + 1}, {label}: {fmt_s(time.perf_counter() - began)} (process included)")
         rows[length] = {"docs": docs, "results": {label: {"docs": d} for label, d in found.items()}}
     for line in agreement_lines(rows):
         console.print(line)
-    console.print(f"[dim]share {share[0]}/{share[1]}: the store {args.store} grew; no results file written[/dim]")
+    console.print(f"[dim]share {share}: the store {args.store} grew; no results file written[/dim]")
     return 0
 
 
@@ -429,16 +433,16 @@ def agreement_lines(rows: dict[int, dict]) -> list[str]:
     return lines
 
 
-def _parse_share(parser: argparse.ArgumentParser, value: str | None) -> tuple[int, int] | None:
+def _parse_share(parser: argparse.ArgumentParser, value: str | None) -> Share | None:
+    from heedful.errors import HeedfulError
+    from heedful.evaluate.share import Share
+
     if value is None:
         return None
     try:
-        mine, of = (int(x) for x in value.split("/"))
-    except ValueError:
-        parser.error(f"--share {value!r} is not i/k; e.g. --share 0/2 and --share 1/2 for two processes")
-    if not 0 <= mine < of:
-        parser.error(f"--share {value}: i must be in 0..k-1; e.g. --share 0/2 and --share 1/2")
-    return mine, of
+        return Share.parse(value, "--share")
+    except HeedfulError as exc:
+        parser.error(f"{exc.message}; {exc.hint}")
 
 
 def _mean(values: list[float]) -> str:

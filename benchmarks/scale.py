@@ -26,7 +26,6 @@ bound it. Writes ``benchmarks/results/scale.md`` from this one run.
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import shutil
 import sqlite3
@@ -129,7 +128,7 @@ def main() -> int:
     console = Console(stderr=True)
     load_before = os.getloadavg()[0]
     model = heedful.load(args.model, progress=False)
-    loader = functools.partial(heedful.load, args.model, progress=False)
+    loader = heedful.loading.loader(args.model)
     work = Path(tempfile.mkdtemp(prefix="heedful-scale-"))
 
     def spec(folder: str) -> BenchSpec:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -176,3 +177,16 @@ def from_pretrained_objects(hf_model, tokenizer, task: str | None = None, name: 
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
     return Model(adapter_for(hf_model, tokenizer, task=task, name=name), name=name)
+
+
+def loader(name_or_path: str | os.PathLike, *, max_memory: str | int | None = None) -> functools.partial[Model]:
+    """A picklable call that loads ``name_or_path`` in another process (a Ray worker):
+    ``functools.partial(load, ...)`` without progress bars, a local folder by its absolute path
+    (workers start in another directory).
+
+    >>> import heedful
+    >>> heedful.loading.loader("minilm-sentiment")().task   # doctest: +SKIP
+    'classification'
+    """
+    where = Path(name_or_path).expanduser()
+    return functools.partial(load, str(where.resolve()) if where.exists() else str(name_or_path), max_memory=max_memory, progress=False)

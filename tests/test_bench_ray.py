@@ -5,7 +5,6 @@ same command, and the command's table. One cluster (2 CPUs) serves the whole mod
 from __future__ import annotations
 
 import csv
-import functools
 import os
 import re
 import signal
@@ -74,7 +73,7 @@ def _spec(model, data_csv, out, **kw) -> BenchSpec:
 def _engine(model_dir, **kw):
     from heedful.evaluate.ray_engine import RayEngine
 
-    return RayEngine(functools.partial(heedful.load, model_dir, progress=False), 2, **kw)
+    return RayEngine(heedful.loading.loader(model_dir), 2, **kw)
 
 
 def _rows(store: Path) -> dict[str, list[tuple]]:
@@ -211,3 +210,14 @@ def test_engine_errors_are_one_line(model_dir, data_csv, tmp_path, monkeypatch, 
     code, _, err = run_cli(monkeypatch, capsys, *common, "--engine", "ray")
     assert code == 2 and "pip install 'heedful[ray]'" in err and "Traceback" not in err
     assert not (tmp_path / "results.sqlite").exists()  # nothing was started
+
+
+def test_a_worker_loader_is_picklable_and_finds_a_folder_from_any_directory(tmp_path, monkeypatch):
+    import pickle
+
+    (tmp_path / "model").mkdir()
+    monkeypatch.chdir(tmp_path)
+    by_folder = heedful.loading.loader("model", max_memory="1GB")
+    assert by_folder.args == (str(tmp_path / "model"),) and by_folder.keywords == {"max_memory": "1GB", "progress": False}
+    by_name = pickle.loads(pickle.dumps(heedful.loading.loader("minilm-sentiment")))
+    assert by_name.func is heedful.load and by_name.args == ("minilm-sentiment",)

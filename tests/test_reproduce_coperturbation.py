@@ -48,7 +48,7 @@ def test_workers_run_the_benchmarks_on_ray_workers_that_load_the_model_by_name(t
     run = cp._plan(ReportSettings(store=tmp_path, options={"workers": "2"}))
     engine = cp._engine(model, run.workers)
     assert isinstance(engine, RayEngine) and engine.workers == 2 and engine.threads == 1
-    assert engine.loader.args == (model.name,) and engine.loader.keywords == {"progress": False}
+    assert engine.loader.args == (model.name,) and engine.loader.keywords == {"max_memory": None, "progress": False}
 
 
 def test_models_missing_from_the_zoo_are_skipped_with_a_note():

@@ -213,14 +213,10 @@ def _engine(engine: str, address: str | None, workers: int | None, threads: int 
     """``None`` (the local engine) or a Ray engine whose workers each load ``model`` once."""
     if engine == "local":
         return None
-    import functools
-
     from heedful.evaluate.ray_engine import RayEngine
-    from heedful.loading import load
+    from heedful.loading import loader
 
-    where = Path(model).expanduser()  # a folder: by its absolute path (workers start elsewhere)
-    loader = functools.partial(load, str(where.resolve()) if where.exists() else model, max_memory=budget, progress=False)
-    return RayEngine(loader, workers, address, threads=threads or 1)
+    return RayEngine(loader(model, max_memory=budget), workers, address, threads=threads or 1)
 
 
 GENERATION_METRICS = {"aopc", "comprehensiveness", "sufficiency"}

@@ -51,6 +51,7 @@ from typing import Any
 import numpy as np
 
 from heedful.errors import HeedfulError
+from heedful.evaluate.share import Share
 from heedful.reproduce import ReportSettings
 
 NAME = "coperturbation"
@@ -244,7 +245,7 @@ class Plan:
     n_warm: int = N_WARM
     until: Any = None
     only: str | None = None
-    share: tuple[int, int] = (0, 1)
+    share: Share = field(default_factory=Share)
     workers: int | None = None
     timings: Timings = field(default_factory=Timings)
 
@@ -320,7 +321,7 @@ def _plan(settings: ReportSettings) -> Plan:
         check=int(opts.get("check", QUICK["check"] if quick else CHECK_SENTENCES)), steering=steering == "on",
         ratios=tuple(QUICK["ratios"] if quick else _rect().SWEEP_RATIOS), method_options=method_options,
         study_options=study_options, store=_store(settings), n_seed=size("n_seed", N_SEED), n_warm=size("n_warm", N_WARM),
-        until=_until(opts.get("until")), only=only, share=_share(opts.get("share")), workers=_workers(opts.get("workers")),
+        until=_until(opts.get("until")), only=only, share=Share.parse(opts.get("share")), workers=_workers(opts.get("workers")),
     )
 
 
@@ -335,19 +336,6 @@ def _workers(value: Any) -> int | None:
     if workers < 1:
         raise HeedfulError(f"workers={workers}: at least 1 is needed", hint="e.g. workers=2 (one per CPU core)")
     return workers
-
-
-def _share(value: Any) -> tuple[int, int]:
-    """``share=i/k`` as ``(i, k)`` with ``0 <= i < k``."""
-    if value in (None, ""):
-        return (0, 1)
-    try:
-        mine, of = (int(x) for x in str(value).split("/"))
-    except ValueError as exc:
-        raise HeedfulError(f"share={value!r} is not i/k", hint="e.g. share=0/2 and share=1/2 for two processes") from exc
-    if not 0 <= mine < of:
-        raise HeedfulError(f"share={value!r}: i must be in 0..k-1", hint="e.g. share=0/2 and share=1/2")
-    return (mine, of)
 
 
 def _until(value: Any):
@@ -426,12 +414,10 @@ def _engine(model, workers: int | None):
     """``None`` (this process) or Ray workers that each load ``model`` by its name once."""
     if workers is None:
         return None
-    import functools
-
     from heedful.evaluate.ray_engine import RayEngine
-    from heedful.loading import load
+    from heedful.loading import loader
 
-    return RayEngine(functools.partial(load, model.name, progress=False), workers)
+    return RayEngine(loader(model.name), workers)
 
 
 def _bench_ids(model, bench) -> tuple[list[str], list[str]]:
