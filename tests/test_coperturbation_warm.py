@@ -259,3 +259,20 @@ def test_stability_study_resumes_and_reports(sharp, tmp_path, monkeypatch):
     assert all(np.isfinite(found.warm["cold_steps"]))
     text = "\n".join(cs.section(found, 2, 4))
     assert "Seed agreement" in text and "warm start" in text and "first-order limit" in text
+    # J at the end: each sentence's last steps (NaN after convergence dropped), seed 0, minus the baseline's
+    def by_hand(name):
+        return [h[np.isfinite(h)][-cs.LEVEL_WINDOW:].mean() for h in cs._load(tmp_path, name, 0, 4)["history"]]
+
+    assert defaults["level_difference"][0] == 0.0 and defaults["level_difference"][3] == 4
+    assert warm["level_difference"][0] == pytest.approx(np.mean(np.subtract(by_hand("warm"), by_hand("cold"))))
+    assert "J at the end" in text
+
+
+def test_the_optimiser_budget_is_chosen_on_the_dev_split_before_the_variance_reductions():
+    from heedful.reproduce import coperturbation_stability as cs
+
+    options = {s.label: s.options for s in cs.SETTINGS}
+    assert options["lr 0.1"] == {"lr": 0.1} and options["4 samples"] == {"samples": 4}
+    assert options["lr 0.02, 250 steps"] == {"lr": 0.02, "max_steps": 250} and options["300 steps, keep=average"] == {"max_steps": 300, "keep": "average"}
+    order = [name for name, seed, lo, hi in cs.plan(20, 20, cheap=False) if lo == 10]
+    assert order.index("steps300") < order.index("antithetic-cosine") and order.index("cold") < order.index("samples4")
