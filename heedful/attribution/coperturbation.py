@@ -53,7 +53,11 @@ Defaults and where they come from:
 =====================  ===============================  ==========================================
 option                 default                          source
 =====================  ===============================  ==========================================
-``lam``                0.6                              paper (Figure 4 / Section 5.2.1)
+``lam``                0.6                              the number of the paper's Figure 4 /
+                                                        Section 5.2.1, in the normalised units: a
+                                                        different paper lambda per sentence (the
+                                                        report converts it; ``objective="paper"``
+                                                        takes Eq. 9's units)
 ``lr``                 0.05 (Adam)                      ours (Guan et al.: 0.01; the paper names
                                                         no optimiser)
 ``space``              embedding module output          Guan et al. (``hidden_states[0]``)
