@@ -25,3 +25,12 @@ def test_a_bad_share_is_one_line_naming_the_option_and_an_example(text, problem)
         Share.parse(text, "--share")
     assert caught.value.message.startswith(f"--share {text!r}") and "\n" not in caught.value.message
     assert caught.value.hint == "e.g. --share 0/2 and --share 1/2 for two processes"
+
+
+def test_an_option_spelled_with_equals_keeps_it_in_the_message(tmp_path):
+    from heedful.reproduce import ReportSettings
+    from heedful.reproduce import coperturbation as cp
+
+    with pytest.raises(InputError, match=r"^share='x' is not i/k") as caught:
+        cp.write(tmp_path, ReportSettings(options={"share": "x"}))
+    assert caught.value.hint == "e.g. share=0/2 and share=1/2 for two processes"

@@ -24,17 +24,19 @@ class Share:
 
     @classmethod
     def parse(cls, text: str | None, option: str = "share") -> Share:
-        """``"i/k"`` (``None`` or ``""``: every unit, ``0/1``); ``option`` names the setting in
-        the one-line :class:`~heedful.errors.InputError` a bad value raises."""
+        """``"i/k"`` (``None`` or ``""``: every unit, ``0/1``); ``option`` names the setting as
+        the user spells it (``"--share"``, ``"share="``) in the one-line
+        :class:`~heedful.errors.InputError` a bad value raises."""
         if text in (None, ""):
             return cls()
-        example = f"e.g. {option} 0/2 and {option} 1/2 for two processes"
+        spell = option if option.endswith("=") else f"{option} "
+        example = f"e.g. {spell}0/2 and {spell}1/2 for two processes"
         try:
             mine, of = (int(part) for part in str(text).split("/"))
         except ValueError as exc:
-            raise InputError(f"{option} {text!r} is not i/k", hint=example) from exc
+            raise InputError(f"{spell}{text!r} is not i/k", hint=example) from exc
         if not 0 <= mine < of:
-            raise InputError(f"{option} {text!r}: i must be in 0..k-1", hint=example)
+            raise InputError(f"{spell}{text!r}: i must be in 0..k-1", hint=example)
         return cls(mine, of)
 
     def takes(self, index: int) -> bool:

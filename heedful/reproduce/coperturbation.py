@@ -321,7 +321,7 @@ def _plan(settings: ReportSettings) -> Plan:
         check=int(opts.get("check", QUICK["check"] if quick else CHECK_SENTENCES)), steering=steering == "on",
         ratios=tuple(QUICK["ratios"] if quick else _rect().SWEEP_RATIOS), method_options=method_options,
         study_options=study_options, store=_store(settings), n_seed=size("n_seed", N_SEED), n_warm=size("n_warm", N_WARM),
-        until=_until(opts.get("until")), only=only, share=Share.parse(opts.get("share")), workers=_workers(opts.get("workers")),
+        until=_until(opts.get("until")), only=only, share=Share.parse(opts.get("share"), "share="), workers=_workers(opts.get("workers")),
     )
 
 
