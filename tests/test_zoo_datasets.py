@@ -355,3 +355,16 @@ def test_top_layer_training_changes_only_the_top() -> None:
     assert any(k.startswith("score.") for k in changed) and any(k.startswith("model.layers.3.") for k in changed)
     assert summary["trained_blocks"] == "3..3" and summary["final_loss"] < summary["first_loss"]
     assert all(p.requires_grad for p in model.parameters())
+
+
+def test_training_runs_on_its_configured_threads_and_gives_the_caller_s_back() -> None:
+    from heedful.zoo.train import TopLayersConfig, fine_tune
+
+    model, tokenizer = _tiny_llama_classifier()
+    seen: list[int] = []
+    model.score.register_forward_pre_hook(lambda module, args: seen.append(torch.get_num_threads()))
+    before = torch.get_num_threads()
+    config = TopLayersConfig(top_layers=1, batch_size=2, epochs=1, threads=before + 1)
+    fine_tune(model, tokenizer, ["good", "bad"] * 2, [2, 0] * 2, config, progress=False)
+    assert seen and set(seen) == {before + 1}
+    assert torch.get_num_threads() == before and config.to_dict()["threads"] == before + 1
