@@ -266,6 +266,8 @@ def test_stability_study_resumes_and_reports(sharp, tmp_path, monkeypatch):
     assert defaults["level_difference"][0] == 0.0 and defaults["level_difference"][3] == 4
     assert warm["level_difference"][0] == pytest.approx(np.mean(np.subtract(by_hand("warm"), by_hand("cold"))))
     assert "J at the end" in text
+    paired = [a - b for a, b in zip(warm["spearman"], defaults["spearman"], strict=True) if np.isfinite(a - b)]
+    assert warm["spearman_difference"][3] == 2 and warm["spearman_difference"][0] == pytest.approx(np.mean(paired))
 
 
 def test_the_optimiser_budget_is_chosen_on_the_dev_split_before_the_variance_reductions():
