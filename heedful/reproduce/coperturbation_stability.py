@@ -234,8 +234,8 @@ def measure(
     overrides: dict[str, Any] | None = None,
 ) -> None:
     """Run every missing unit of :func:`plan` (each saved when done); none is started after
-    ``until``. ``share``: only every ``k``-th unit from the ``i``-th (default: all) (``k`` processes
-    measuring side by side into the same folder). ``overrides``: see :func:`run_unit` (give each
+    ``until``. ``share`` (``i/k``): only every ``k``-th unit from the ``i``-th, for ``k`` processes
+    measuring side by side into the same folder (default: every unit). ``overrides``: see :func:`run_unit` (give each
     its own ``folder``)."""
     folder.mkdir(parents=True, exist_ok=True)
     inputs = dev_inputs(model, max(n_seed, n_warm))
