@@ -92,7 +92,7 @@ sentences by ``heedful reproduce coperturbation --option only=stability``
 ``init``, ``lr``, ``samples`` and ``max_steps`` were first picked on 8 movie test sentences; the
 evidence that keeps them is now on a dev split of the train sentences
 (``heedful reproduce coperturbation --option only=stability``, the "Seed agreement" table of
-``docs/results/coperturbation-stability.md``, 20-30 sentences per setting so far): a larger
+``docs/results/coperturbation-stability.md``, with each setting's sentences and intervals): a larger
 step (``lr`` 0.1) or fewer samples (4) make the seeds agree less, and 4 samples also end at a
 higher objective; a smaller step with more steps (``lr`` 0.02, 250 steps) or more samples (16)
 make them agree more at about twice the cost; more steps at the same ``lr`` agree no better
