@@ -36,7 +36,6 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 from _shared import ROOT, command_line, cpu_name, library_versions
 from rich.console import Console
 from rich.markdown import Markdown
@@ -45,6 +44,7 @@ import heedful
 from heedful.evaluate import get_protocol
 from heedful.evaluate.bench import BenchResult, BenchSpec, run_bench
 from heedful.evaluate.ray_engine import RayEngine
+from heedful.threads import torch_threads
 
 MACHINES = (1, 2, 4, 8, 16, 32, 64, 128)
 NETWORK = 125e6  # bytes/s into the driver: 1 Gbit/s
@@ -139,10 +139,8 @@ def main() -> int:
 
     import ray
 
-    threads = torch.get_num_threads()
     outcomes: list[Outcome] = []
-    try:
-        torch.set_num_threads(1)
+    with torch_threads(1):
         console.print("local engine, 1 thread …")
         outcomes.append(run_one("local (1 process, 1 thread)", 1, spec("local")))
         began = time.perf_counter()
@@ -153,11 +151,9 @@ def main() -> int:
             console.print(f"ray engine, {workers} worker(s) …")
             outcomes.append(run_one(f"ray, {workers} worker{'s' if workers > 1 else ''}", workers, spec(f"ray{workers}"), RayEngine(loader, workers)))
         ray.shutdown()
-        torch.set_num_threads(2)
+    with torch_threads(2):
         console.print("local engine, 2 threads …")
         outcomes.append(run_one("local (1 process, 2 threads)", 2, spec("local2")))
-    finally:
-        torch.set_num_threads(threads)
         if ray.is_initialized():
             ray.shutdown()
     load_after = os.getloadavg()[0]

@@ -20,6 +20,7 @@ from conftest import run_cli, saved_tiny
 import heedful
 from heedful.evaluate import get_protocol
 from heedful.evaluate.bench import BenchSpec, run_bench
+from heedful.threads import torch_threads
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = ["charming", "dull", "moving", "predictable", "wonderful", "talented", "long", "funny"]
@@ -93,14 +94,8 @@ def _complete(n: int = len(SENTENCES)) -> dict[str, int]:
 @pytest.fixture(scope="module")
 def local(model, data_csv, tmp_path_factory):
     """The local engine's results, with one torch thread like the workers (so equal bit for bit)."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         result = run_bench(_spec(model, data_csv, tmp_path_factory.mktemp("local")), progress=False)
-    finally:
-        torch.set_num_threads(threads)
     assert result.computed == _complete()
     return result, _rows(result.store_path)
 
@@ -181,17 +176,13 @@ def test_command_prints_the_local_engines_table(cluster, model_dir, data_csv, tm
         "bench", "--model", model_dir, "--dataset", data_csv, "--methods", "random,grad_x_input", "--metrics", "aopc,sufficiency",
         "--preset", "normxlogit", "--random-seeds", "2", "--batch-size", "2", "--n", "8",
     ]
-    import torch
-
-    threads = torch.get_num_threads()
-    try:  # one torch thread on both sides (near-tied scores may order differently across thread counts)
+    with torch_threads(None):  # --threads sets the count for the CLI's process: the test's own comes back after
+        # one torch thread on both sides (near-tied scores may order differently across thread counts)
         code, table, _ = run_cli(monkeypatch, capsys, *common, "--threads", "1", "--out", str(tmp_path / "local"))
         assert code == 0
         code, ray_table, err = run_cli(
             monkeypatch, capsys, *common, "--threads", "1", "--out", str(tmp_path / "ray"), "--engine", "ray", "--workers", "2"
         )
-    finally:
-        torch.set_num_threads(threads)
     assert code == 0, err
     timing = re.compile(r"second|s / example|peak|MB")  # wall time and memory per example differ from run to run
     assert [line for line in ray_table.splitlines() if not timing.search(line)] == [line for line in table.splitlines() if not timing.search(line)]

@@ -11,6 +11,7 @@ import torch
 
 import heedful
 import heedful.testing
+import heedful.threads
 from heedful import registry
 from heedful.seeding import example_generators
 from heedful.testing import CHECKS, ConformanceError, check_method
@@ -27,7 +28,9 @@ def test_every_method_conforms(method):
 
 
 def test_the_documented_examples_run():
-    assert doctest.testmod(heedful.testing, optionflags=doctest.ELLIPSIS).failed == 0
+    for module in (heedful.testing, heedful.threads):
+        outcome = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+        assert outcome.attempted > 0 and outcome.failed == 0, module.__name__
     assert "position" not in registry.registered()
 
 

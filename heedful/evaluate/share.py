@@ -45,3 +45,7 @@ class Share:
 
     def __str__(self) -> str:
         return f"{self.mine}/{self.of}"
+
+
+EVERY = Share()
+"""The share of a process alone on its store: every unit (``0/1``)."""

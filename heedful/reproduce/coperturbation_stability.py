@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from heedful.attribution import coperturbation as cp
-from heedful.evaluate.share import Share
+from heedful.evaluate.share import EVERY, Share
 from heedful.reproduce.coperturbation_studies import interval
 
 DEV_SEED = 20261123
@@ -230,18 +230,18 @@ def measure(
     n_warm: int,
     until: dt.datetime | None = None,
     say: Callable[[str], None] = print,
-    share: Share | None = None,
+    share: Share = EVERY,
     overrides: dict[str, Any] | None = None,
 ) -> None:
     """Run every missing unit of :func:`plan` (each saved when done); none is started after
     ``until``. ``share`` (``i/k``): only every ``k``-th unit from the ``i``-th, for ``k`` processes
-    measuring side by side into the same folder (default: every unit). ``overrides``: see :func:`run_unit` (give each
+    measuring side by side into the same folder (default ``0/1``: every unit). ``overrides``: see :func:`run_unit` (give each
     its own ``folder``)."""
     folder.mkdir(parents=True, exist_ok=True)
     inputs = dev_inputs(model, max(n_seed, n_warm))
     (folder / "ids.json").write_text(json.dumps([i.id for i in inputs]), encoding="utf-8")
     for index, (name, seed, lo, hi) in enumerate(plan(n_seed, n_warm)):
-        if share is not None and not share.takes(index):
+        if not share.takes(index):
             continue
         path = _unit_path(folder, name, seed, lo)
         if path.exists() and int(np.load(path)["tokens"].shape[0]) == hi - lo:

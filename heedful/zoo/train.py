@@ -24,6 +24,7 @@ from rich.progress import Progress
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, get_linear_schedule_with_warmup
 
 from heedful.render.progress import progress_bar as render_progress
+from heedful.threads import torch_threads
 
 
 @dataclass(frozen=True)
@@ -54,17 +55,6 @@ def progress_bar(enabled: bool = True) -> Iterator[Progress]:
     progress = render_progress(transient=False, remaining=True, info=True, enabled=enabled)
     with progress:
         yield progress
-
-
-@contextmanager
-def torch_threads(n: int) -> Iterator[None]:
-    """Run the block on ``n`` torch threads; the previous count is restored after."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def _step(loss: torch.Tensor, parameters, optimizer, scheduler, max_grad_norm: float) -> float:
