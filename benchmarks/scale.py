@@ -140,20 +140,22 @@ def main() -> int:
     import ray
 
     outcomes: list[Outcome] = []
-    with torch_threads(1):
-        console.print("local engine, 1 thread …")
-        outcomes.append(run_one("local (1 process, 1 thread)", 1, spec("local")))
-        began = time.perf_counter()
-        env = {"OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": str(ROOT)}
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR", runtime_env={"env_vars": env})
-        cluster_start = time.perf_counter() - began
-        for workers in (1, 2):
-            console.print(f"ray engine, {workers} worker(s) …")
-            outcomes.append(run_one(f"ray, {workers} worker{'s' if workers > 1 else ''}", workers, spec(f"ray{workers}"), RayEngine(loader, workers)))
-        ray.shutdown()
-    with torch_threads(2):
-        console.print("local engine, 2 threads …")
-        outcomes.append(run_one("local (1 process, 2 threads)", 2, spec("local2")))
+    try:
+        with torch_threads(1):
+            console.print("local engine, 1 thread …")
+            outcomes.append(run_one("local (1 process, 1 thread)", 1, spec("local")))
+            began = time.perf_counter()
+            env = {"OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": str(ROOT)}
+            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR", runtime_env={"env_vars": env})
+            cluster_start = time.perf_counter() - began
+            for workers in (1, 2):
+                console.print(f"ray engine, {workers} worker(s) …")
+                outcomes.append(run_one(f"ray, {workers} worker{'s' if workers > 1 else ''}", workers, spec(f"ray{workers}"), RayEngine(loader, workers)))
+            ray.shutdown()
+        with torch_threads(2):
+            console.print("local engine, 2 threads …")
+            outcomes.append(run_one("local (1 process, 2 threads)", 2, spec("local2")))
+    finally:
         if ray.is_initialized():
             ray.shutdown()
     load_after = os.getloadavg()[0]
