@@ -368,13 +368,3 @@ def test_training_runs_on_its_configured_threads_and_gives_the_caller_s_back() -
     fine_tune(model, tokenizer, ["good", "bad"] * 2, [2, 0] * 2, config, progress=False)
     assert seen and set(seen) == {before + 1}
     assert torch.get_num_threads() == before and config.to_dict()["threads"] == before + 1
-
-
-def test_the_callers_thread_count_comes_back_when_the_block_raises() -> None:
-    from heedful.threads import torch_threads
-
-    before = torch.get_num_threads()
-    with pytest.raises(RuntimeError, match="inside"), torch_threads(before + 1):
-        assert torch.get_num_threads() == before + 1
-        raise RuntimeError("inside")
-    assert torch.get_num_threads() == before

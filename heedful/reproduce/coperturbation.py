@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 
 from heedful.errors import HeedfulError
-from heedful.evaluate.share import Share
+from heedful.evaluate.share import EVERY, Share
 from heedful.reproduce import ReportSettings
 
 NAME = "coperturbation"
@@ -245,7 +245,7 @@ class Plan:
     n_warm: int = N_WARM
     until: Any = None
     only: str | None = None
-    share: Share = field(default_factory=Share)
+    share: Share = EVERY
     workers: int | None = None
     timings: Timings = field(default_factory=Timings)
 
