@@ -7,10 +7,12 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import logging
 
 import numpy as np
 import pytest
 import torch
+import transformers
 from conftest import cached_model, run_cli, saved_tiny
 
 import heedful
@@ -116,6 +118,28 @@ def test_source_loo_with_and_without_the_cache_equals_removing_each_source_by_ha
             kept = [t for t, o in zip(ids, owner, strict=True) if o != s]
             expected = full - _plain_output(lm, kept, None if single else span, span[0])
             assert got == pytest.approx(expected, abs=2e-5)
+
+
+def test_reusing_the_cache_leaves_transformers_no_deprecated_keyword_to_warn_about(lm):
+    # transformers 5.24 renamed ``past_key_values`` to ``cache`` (in and out) and warns once per
+    # process on the old name: forget what it warned so far, so an earlier test cannot hide it
+    logging.Logger.warning_once.cache_clear()
+    said: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: said.append(record.getMessage())
+    logger = logging.getLogger("transformers")
+    logger.addHandler(handler)
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_warning()  # the suite runs transformers at errors only
+    try:
+        lm.explain(DOC, "source_loo")
+        batch = lm.encode(DOC)
+        with torch.no_grad():  # positions in chunks over a growing cache
+            lm.adapter.forward(batch, lm.adapter.anchor_positions(batch)[0], prefill=3)
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+        logger.removeHandler(handler)
+    assert not [line for line in said if "deprecated" in line]
 
 
 def test_the_cache_runs_fewer_positions(lm, monkeypatch):

@@ -10,6 +10,8 @@ any token's representation, the token that removes a token, any tensor inside a 
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -111,6 +113,11 @@ class LMHeadParts:
     bias: torch.Tensor | None
 
 
+@functools.cache
+def _cache_keyword(backbone: type[nn.Module]) -> str:
+    return "cache" if "cache" in inspect.signature(backbone.forward).parameters else "past_key_values"
+
+
 def right_padded(mask: torch.Tensor) -> bool:
     """Whether every row of an attention mask ``[B, N]`` is its real positions followed by
     padding only (no hole inside a row), so that a causal model's real positions never attend
@@ -169,6 +176,13 @@ class ModelAdapter:
     def backbone(self) -> nn.Module:
         """The transformer without its head; accepts ``input_ids`` or ``inputs_embeds``."""
         return self.hf_model.base_model
+
+    @property
+    def cache_keyword(self) -> str:
+        """The name under which the backbone takes and returns a key/value cache: ``cache`` from
+        transformers 5.24, ``past_key_values`` before (the old name still works there, with a
+        deprecation warning on every first use)."""
+        return _cache_keyword(type(self.backbone))
 
     @property
     def word_embeddings(self) -> nn.Embedding:
@@ -682,7 +696,7 @@ class ModelAdapter:
         if self.is_decoder:
             kwargs["use_cache"] = prefix is not None
         if prefix is not None:
-            kwargs["past_key_values"] = self._prefix_cache(prefix)
+            kwargs[self.cache_keyword] = self._prefix_cache(prefix)
         if inputs_embeds is not None:
             kwargs["inputs_embeds"] = inputs_embeds
         else:
@@ -742,7 +756,8 @@ class ModelAdapter:
         key = "inputs_embeds" if "inputs_embeds" in kwargs else "input_ids"
         inputs, mask = kwargs.pop(key), kwargs.pop("attention_mask")  # None: causal over right padding
         kwargs.pop("use_cache", None)
-        cache = kwargs.pop("past_key_values", None) or DynamicCache()
+        name = self.cache_keyword
+        cache = kwargs.pop(name, None) or DynamicCache()
         past = cache.get_seq_length()
         width = inputs.shape[1]
         last: torch.Tensor | None = None
@@ -753,7 +768,7 @@ class ModelAdapter:
                 **kwargs,
                 **{key: inputs[:, start:end]},
                 attention_mask=None if mask is None else mask[:, : past + end],
-                past_key_values=cache,
+                **{name: cache},
                 use_cache=True,
             )
             part = out.last_hidden_state
@@ -828,7 +843,7 @@ class ModelAdapter:
                 return_dict=True,
             )
         self.counter.forward += len(batch)
-        layers = out.past_key_values.layers
+        layers = out[self.cache_keyword].layers
         return PrefixStates(tuple(layer.keys for layer in layers), tuple(layer.values for layer in layers))
 
     def _prefix_cache(self, prefix: tuple[PrefixStates, torch.Tensor, int]):
