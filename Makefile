@@ -8,14 +8,16 @@ CORE   := $(VENV)/.heedful-core
 .PHONY: demo test test-all lint bench bench-decomposition bench-ferret bench-generation bench-scale clean-venv
 
 # heedful and torch alone: all `make demo` needs (the extras below are for tests, serving, benchmarks).
-$(CORE): pyproject.toml
+PIN    := -c constraints.txt
+
+$(CORE): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet torch==2.13.0 -e .
+	$(BIN)/python -m pip install --quiet $(PIN) torch==2.13.0 -e .
 	touch $(CORE)
 
 $(STAMP): $(CORE)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[test,serve]"
+	$(BIN)/python -m pip install --quiet $(PIN) -e ".[test,serve]"
 	# lxt (AttnLRP's reference, tests/test_relevance_rules.py) without its requirements:
 	# bitsandbytes / open_clip_torch / torchvision would replace the pinned torch
 	$(BIN)/python -m pip install --quiet --no-deps lxt==2.1
@@ -41,16 +43,16 @@ bench-decomposition: $(STAMP)  ## DecompX, ALTI, GlobEnc, Value Zeroing vs a for
 	$(BIN)/python benchmarks/decomposition.py
 
 bench-ferret: $(STAMP)  ## AOPC under the ferret protocol, heedful vs ferret on the same explanations
-	$(BIN)/python -m pip install --quiet -e ".[bench]"
+	$(BIN)/python -m pip install --quiet $(PIN) -e ".[bench]"
 	$(BIN)/python -m pip install --quiet --no-deps ferret-xai==0.4.2
 	OMP_WAIT_POLICY=PASSIVE $(BIN)/python benchmarks/ferret_aopc.py
 
 bench-generation: $(STAMP)  ## generation attribution, heedful vs Inseq and Captum on the same generations
-	$(BIN)/python -m pip install --quiet -e ".[bench]"
+	$(BIN)/python -m pip install --quiet $(PIN) -e ".[bench]"
 	OMP_WAIT_POLICY=PASSIVE $(BIN)/python benchmarks/generation.py
 
 bench-scale: $(STAMP)  ## heedful bench: local engine vs Ray with 1 and 2 workers, and the projection for N machines
-	$(BIN)/python -m pip install --quiet -e ".[ray]"
+	$(BIN)/python -m pip install --quiet $(PIN) -e ".[ray]"
 	OMP_WAIT_POLICY=PASSIVE $(BIN)/python benchmarks/scale.py
 
 clean-venv:
