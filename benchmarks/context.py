@@ -23,7 +23,7 @@ long documents of 512 to 4,096 tokens, in one run.
    source is the same; planted accuracy: whether the planted sentence is the top (top-3)
    source. Hierarchical ranks sources by the summed token scores of the sources it kept.
    Beside it, what Spearman over all sources is made of: how many sources each configuration
-   scores other than exactly zero (a Lasso leaves most at zero, tied) and its Spearman with
+   scores other than exactly zero (a Lasso leaves many at zero, tied) and its Spearman with
    exact LOO over those alone, and how far exact LOO's planted source stands above the rest.
 
     python benchmarks/context.py [--model smollm2-135m] [--lengths 512,1024,2048,4096] [--docs 8]
@@ -440,7 +440,7 @@ def agreement_lines(rows: dict[int, dict]) -> list[str]:
 
 def spearman_lines(rows: dict[int, dict]) -> list[str]:
     """Per length, over the documents whose exact LOO covers every source: how many sources each
-    configuration scores other than exactly zero (ContextCite's Lasso leaves most at zero, tied)
+    configuration scores other than exactly zero (ContextCite's Lasso leaves many at zero, tied)
     and its Spearman with exact LOO over those sources alone; and how far exact LOO's planted
     source stands above the rest (its score over the next largest, and the other sources'
     absolute scores as a share of the planted one's, medians over documents)."""
