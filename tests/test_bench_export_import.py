@@ -166,12 +166,13 @@ TINY = {
 
 
 def _doc_blocks(section: str) -> list[str]:
-    """The python blocks of docs/bench.md's ``section``: ``export`` (up to "## Import"),
-    ``import`` (up to "## Lower precision") or ``precision`` (the rest)."""
+    """The python blocks of docs/bench.md's ``section``: ``export`` (up to "## Dump and load"),
+    ``dump`` (up to "## Import"), ``import`` (up to "## Lower precision") or ``precision`` (the rest)."""
     text = (DOCS / "bench.md").read_text(encoding="utf-8")
-    export, _, rest = text.partition("## Import")
+    export, _, rest = text.partition("## Dump and load")
+    dump, _, rest = rest.partition("## Import")
     imports, _, precision = rest.partition("## Lower precision")
-    part = {"export": export, "import": imports, "precision": precision}[section]
+    part = {"export": export, "dump": dump, "import": imports, "precision": precision}[section]
     return re.findall(r"```python\n(.*?)```", part, re.S)
 
 
@@ -185,6 +186,17 @@ def test_docs_load_the_export_in_pandas_and_duckdb(bench, tmp_path):
     done = subprocess.run([sys.executable, "-c", "\n\n".join(blocks)], cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     assert "grad_x_input" in done.stdout and "random" in done.stdout and "top_token" in done.stdout
+
+
+def test_docs_dump_and_load_example_runs_as_written(bench, tmp_path):
+    """docs/bench.md's dump-and-load block, run as written on a copy of the bench's store at
+    results/, leaves elsewhere/ holding every explanation and metric row of it."""
+    shutil.copytree(bench["store"], tmp_path / "results")
+    blocks = _doc_blocks("dump")
+    assert len(blocks) == 1
+    done = subprocess.run([sys.executable, "-c", blocks[0]], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert _stored_rows(tmp_path / "elsewhere" / "results.sqlite") == _stored_rows(bench["store"] / "results.sqlite")
 
 
 def test_docs_import_examples_run_on_tiny_models(tmp_path):

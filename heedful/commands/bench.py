@@ -193,6 +193,34 @@ def merge(
     Console(stderr=True).print(merge_stores(out, stores).line(), highlight=False, markup=False, soft_wrap=True)
 
 
+@app.command("dump")
+def dump(
+    folder: Annotated[Path, typer.Argument(help="Results folder: a --out of heedful bench, or a heedful reproduce store folder.")],
+    archive: Annotated[Path, typer.Argument(help="Folder to write the text archive into (created when missing).")],
+) -> None:
+    """Write every results store under FOLDER as sorted JSON Lines into ARCHIVE, and copy the
+    files beside them, so the results can be committed and loaded on another machine."""
+    from rich.console import Console
+
+    from heedful.evaluate.archive import dump_folder
+
+    Console(stderr=True).print(dump_folder(folder, archive).line("dumped", folder, archive), highlight=False, markup=False, soft_wrap=True)
+
+
+@app.command("load")
+def load(
+    archive: Annotated[Path, typer.Argument(help="A folder written by heedful bench dump.")],
+    folder: Annotated[Path, typer.Argument(help="Results folder to merge it into (created when missing).")],
+) -> None:
+    """Merge a text archive of heedful bench dump into FOLDER: its stores row by row (a row on
+    both sides must be identical), its other files where FOLDER lacks them."""
+    from rich.console import Console
+
+    from heedful.evaluate.archive import load_archive
+
+    Console(stderr=True).print(load_archive(archive, folder).line("loaded", archive, folder), highlight=False, markup=False, soft_wrap=True)
+
+
 def _check_engine(engine: str, address: str | None, workers: int | None, generate: int | None) -> None:
     """Engine options checked before any work: a known engine, Ray installed for ``ray``."""
     if engine not in ("local", "ray"):

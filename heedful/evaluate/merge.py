@@ -56,7 +56,9 @@ def _store_file(path: str | Path) -> Path:
     return found
 
 
-def _schema(db: sqlite3.Connection, alias: str, path: Path) -> None:
+def require_schema(db: sqlite3.Connection, alias: str, path: Path) -> None:
+    """Refuse the store attached as ``alias`` (``"main"``: the connection's own) unless it is of
+    this heedful's schema; ``path`` names it in the error."""
     row = db.execute(f"SELECT value FROM {alias}.info WHERE key='schema'").fetchone() if _has(db, alias, "info") else None
     if row is None or int(row[0]) != SCHEMA_VERSION:
         found = "none" if row is None else row[0]
@@ -86,7 +88,7 @@ def merge_stores(out: str | Path, stores: Sequence[str | Path]) -> MergeReport:
                 raise HeedfulError(f"{source} is the merged store itself", hint="give OUT a new folder")
             db.execute("ATTACH DATABASE ? AS src", (str(source),))
             try:
-                _schema(db, "src", source)
+                require_schema(db, "src", source)
                 db.execute("BEGIN IMMEDIATE")
                 try:
                     _merge_one(db, source, report)

@@ -1,0 +1,139 @@
+"""``heedful bench dump`` / ``load``: a results folder written as text and loaded elsewhere holds
+the same rows in every table, its other files, and leaves the bench nothing to compute; a dump
+is deterministic, a grown store dumps to its old lines plus new ones, and a clashing or edited
+archive is refused with one line."""
+
+from __future__ import annotations
+
+import csv
+import shutil
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import run_cli
+
+from heedful.errors import HeedfulError
+from heedful.evaluate import get_protocol
+from heedful.evaluate.archive import DUMP_NAME, dump_folder, load_archive
+from heedful.evaluate.bench import BenchSpec, run_bench
+from heedful.evaluate.merge import merge_stores
+
+SENTENCES = [
+    "a charming and often affecting journey",
+    "the movie was dull and far too long",
+    "an intelligent , funny and moving film",
+    "what a waste of a talented cast",
+    "we watched it twice and loved every minute",
+]
+TABLES = ("info", "runs", "explanations", "measurements", "metrics", "costs", "protocols")
+
+
+def _spec(model, data_csv, out, methods, n=None) -> BenchSpec:
+    return BenchSpec(
+        model=model, dataset=data_csv, methods=methods, metrics=["aopc"], n=n,
+        protocol=get_protocol("normxlogit", random_seeds=2), out=out, batch_size=2, model_label="tiny-bert",
+    )
+
+
+def _tables(path: Path) -> dict[str, list[tuple]]:
+    """Every row of every table, in a fixed order (SQL, independent of the archive's code)."""
+    with sqlite3.connect(path) as db:
+        return {t: sorted(db.execute(f"SELECT * FROM {t}"), key=repr) for t in TABLES}
+
+
+@pytest.fixture(scope="module")
+def folder(tiny, tmp_path_factory):
+    """A results folder as heedful reproduce leaves one: a store, a nested store, and other files."""
+    model = tiny("bert")
+    root = tmp_path_factory.mktemp("archive")
+    data = root / "data.csv"
+    with open(data, "w", newline="", encoding="utf-8") as fh:
+        csv.writer(fh).writerows([("text", "label"), *((s, "POSITIVE" if k % 2 else "NEGATIVE") for k, s in enumerate(SENTENCES))])
+    results = root / "results"
+    run_bench(_spec(model, str(data), results, ["grad_x_input"]), progress=False)
+    run_bench(_spec(model, str(data), results / "stability", ["random"], n=3), progress=False)
+    np.savez(results / "stability" / "unit-0.npz", scores=np.arange(6.0))
+    (results / "report-timings.json").write_text('{"bench": 12.5}', encoding="utf-8")
+    (results / "unit-1.tmp.npz").write_bytes(b"a partial write")
+    return model, str(data), results
+
+
+def test_a_dumped_folder_loads_elsewhere_with_every_row_and_file(folder, tmp_path):
+    model, data, results = folder
+    dumped = dump_folder(results, tmp_path / "archive")
+    assert (dumped.stores, dumped.files, dumped.kept) == (2, 2, 0)
+    assert sorted(p.relative_to(tmp_path / "archive").as_posix() for p in (tmp_path / "archive").rglob("*") if p.is_file()) == [
+        "report-timings.json", DUMP_NAME, f"stability/{DUMP_NAME}", "stability/unit-0.npz",
+    ]
+    loaded = load_archive(tmp_path / "archive", tmp_path / "elsewhere")
+    assert (loaded.stores, loaded.files) == (2, 2)
+    for rel in ("results.sqlite", "stability/results.sqlite"):
+        assert _tables(tmp_path / "elsewhere" / rel) == _tables(results / rel)
+    lines = [line for p in (tmp_path / "archive").rglob(DUMP_NAME) for line in p.read_text(encoding="utf-8").splitlines()]
+    assert dumped.rows == len(lines)
+    assert loaded.rows == sum(any(f'"table": "{t}"' in line for t in ("explanations", "measurements", "metrics")) for line in lines)
+    np.testing.assert_array_equal(np.load(tmp_path / "elsewhere" / "stability" / "unit-0.npz")["scores"], np.arange(6.0))
+    again = run_bench(_spec(model, data, tmp_path / "elsewhere", ["grad_x_input"]), progress=False)
+    assert again.computed == {"explanations": 0, "measurements": 0, "metrics": 0}
+
+
+def test_loading_twice_adds_nothing_and_keeps_the_folders_own_files(folder, tmp_path):
+    _, _, results = folder
+    dump_folder(results, tmp_path / "archive")
+    load_archive(tmp_path / "archive", tmp_path / "here")
+    (tmp_path / "here" / "report-timings.json").write_text('{"bench": 30.0}', encoding="utf-8")
+    second = load_archive(tmp_path / "archive", tmp_path / "here")
+    assert (second.stores, second.rows, second.files, second.kept) == (2, 0, 0, 1)
+    assert (tmp_path / "here" / "report-timings.json").read_text(encoding="utf-8") == '{"bench": 30.0}'
+    assert "1 kept (the destination's differ)" in second.line("loaded", tmp_path / "archive", tmp_path / "here")
+
+
+def test_a_dump_is_deterministic_and_a_grown_store_only_adds_lines(folder, tiny, tmp_path):
+    model, data, results = folder
+    first = dump_folder(results / "stability", tmp_path / "one")
+    dump_folder(results / "stability", tmp_path / "two")
+    assert (tmp_path / "one" / DUMP_NAME).read_bytes() == (tmp_path / "two" / DUMP_NAME).read_bytes()
+
+    grown = tmp_path / "grown"
+    shutil.copytree(results / "stability", grown)
+    run_bench(_spec(model, data, grown, ["random"], n=5), progress=False)
+    assert dump_folder(grown, tmp_path / "three").rows > first.rows
+    old = (tmp_path / "one" / DUMP_NAME).read_text(encoding="utf-8").splitlines()
+    new = set((tmp_path / "three" / DUMP_NAME).read_text(encoding="utf-8").splitlines())
+    gone = [line for line in old if line not in new]
+    assert gone and all(line.startswith('{"row": {"backward"') and '"table": "costs"' in line for line in gone)  # a run's cost grows
+
+
+def test_a_clashing_archive_is_refused_and_merges_nothing(folder, tmp_path):
+    _, _, results = folder
+    dump_folder(results, tmp_path / "archive")
+    here = tmp_path / "here"
+    merge_stores(here, [results])
+    with sqlite3.connect(here / "results.sqlite") as db:
+        db.execute("UPDATE metrics SET value = value + 0.5 WHERE example_id = (SELECT MIN(example_id) FROM metrics)")
+    before = _tables(here / "results.sqlite")
+    with pytest.raises(HeedfulError, match=r"metrics row \(run .* differs from the one already merged"):
+        load_archive(tmp_path / "archive", here)
+    assert _tables(here / "results.sqlite") == before
+
+
+def test_dump_and_load_commands_and_their_bad_input(folder, tmp_path, monkeypatch, capsys):
+    _, _, results = folder
+    code, _, err = run_cli(monkeypatch, capsys, "bench", "dump", str(results), str(tmp_path / "archive"))
+    assert code == 0 and "2 stores" in err and "2 files copied" in err, err
+    code, _, err = run_cli(monkeypatch, capsys, "bench", "load", str(tmp_path / "archive"), str(tmp_path / "here"))
+    assert code == 0 and "loaded" in err, err
+    assert _tables(tmp_path / "here" / "results.sqlite") == _tables(results / "results.sqlite")
+
+    code, _, err = run_cli(monkeypatch, capsys, "bench", "dump", str(tmp_path / "nowhere"), str(tmp_path / "x"))
+    assert code == 2 and "no results folder at" in err and "Traceback" not in err
+    dump = tmp_path / "archive" / DUMP_NAME
+    lines = dump.read_text(encoding="utf-8").splitlines()
+    dump.write_text("\n".join([*lines[:3], lines[3].replace('"table": "', '"table": "x'), *lines[4:]]) + "\n", encoding="utf-8")
+    code, _, err = run_cli(monkeypatch, capsys, "bench", "load", str(tmp_path / "archive"), str(tmp_path / "there"))
+    assert code == 2 and f"{DUMP_NAME}, line 4: not a row of a results store dump" in err and "Traceback" not in err
+    dump.write_text(lines[0].replace('"key": "schema", "value": "2"', '"key": "schema", "value": "9"') + "\n", encoding="utf-8")
+    code, _, err = run_cli(monkeypatch, capsys, "bench", "load", str(tmp_path / "archive"), str(tmp_path / "there"))
+    assert code == 2 and "is not a results store of schema 2 (found 9)" in err, err
