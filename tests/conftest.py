@@ -81,6 +81,28 @@ def saved_tiny(folder: Path, family: str, task: str = "classification", **config
     return str(folder)
 
 
+REVIEWS = (
+    "a charming and often affecting journey",
+    "the movie was dull and far too long",
+    "an intelligent , funny and moving film",
+    "what a waste of a talented cast",
+    "we watched it twice and loved every minute",
+    "the plot is predictable yet the actors are wonderful",
+)
+"""Short reviews for benches on the tiny models."""
+
+
+def write_reviews(path: Path, texts=REVIEWS) -> str:
+    """``texts`` as a bench CSV at ``path`` (``text,label``; labels alternate NEGATIVE, POSITIVE); its path."""
+    import csv
+
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["text", "label"])
+        writer.writerows((s, "POSITIVE" if k % 2 else "NEGATIVE") for k, s in enumerate(texts))
+    return str(path)
+
+
 def run_cli(monkeypatch, capsys, *args: str, stdin: str | None = "") -> tuple[int, str, str]:
     """Run ``heedful ARGS`` in process: ``(exit code, stdout, stderr)``."""
     import io

@@ -5,14 +5,13 @@ archive is refused with one line."""
 
 from __future__ import annotations
 
-import csv
 import shutil
 import sqlite3
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_cli
+from conftest import REVIEWS, run_cli, write_reviews
 
 from heedful.errors import HeedfulError
 from heedful.evaluate import get_protocol
@@ -20,13 +19,6 @@ from heedful.evaluate.archive import DUMP_NAME, dump_folder, load_archive
 from heedful.evaluate.bench import BenchSpec, run_bench
 from heedful.evaluate.merge import merge_stores
 
-SENTENCES = [
-    "a charming and often affecting journey",
-    "the movie was dull and far too long",
-    "an intelligent , funny and moving film",
-    "what a waste of a talented cast",
-    "we watched it twice and loved every minute",
-]
 TABLES = ("info", "runs", "explanations", "measurements", "metrics", "costs", "protocols")
 
 
@@ -48,16 +40,14 @@ def folder(tiny, tmp_path_factory):
     """A results folder as heedful reproduce leaves one: a store, a nested store, and other files."""
     model = tiny("bert")
     root = tmp_path_factory.mktemp("archive")
-    data = root / "data.csv"
-    with open(data, "w", newline="", encoding="utf-8") as fh:
-        csv.writer(fh).writerows([("text", "label"), *((s, "POSITIVE" if k % 2 else "NEGATIVE") for k, s in enumerate(SENTENCES))])
+    data = write_reviews(root / "data.csv", REVIEWS[:5])
     results = root / "results"
-    run_bench(_spec(model, str(data), results, ["grad_x_input"]), progress=False)
-    run_bench(_spec(model, str(data), results / "stability", ["random"], n=3), progress=False)
+    run_bench(_spec(model, data, results, ["grad_x_input"]), progress=False)
+    run_bench(_spec(model, data, results / "stability", ["random"], n=3), progress=False)
     np.savez(results / "stability" / "unit-0.npz", scores=np.arange(6.0))
     (results / "report-timings.json").write_text('{"bench": 12.5}', encoding="utf-8")
     (results / "unit-1.tmp.npz").write_bytes(b"a partial write")
-    return model, str(data), results
+    return model, data, results
 
 
 def test_a_dumped_folder_loads_elsewhere_with_every_row_and_file(folder, tmp_path):

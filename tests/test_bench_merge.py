@@ -4,37 +4,22 @@ to compute."""
 
 from __future__ import annotations
 
-import csv
 import shutil
 import sqlite3
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from conftest import run_cli, write_reviews
 
 from heedful.errors import HeedfulError
 from heedful.evaluate import get_protocol
 from heedful.evaluate.bench import BenchSpec, run_bench
 from heedful.evaluate.merge import merge_stores
 
-SENTENCES = [
-    "a charming and often affecting journey",
-    "the movie was dull and far too long",
-    "an intelligent , funny and moving film",
-    "what a waste of a talented cast",
-    "we watched it twice and loved every minute",
-    "the plot is predictable yet the actors are wonderful",
-]
-
 
 @pytest.fixture(scope="module")
 def data_csv(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("data") / "merge.csv"
-    with open(path, "w", newline="", encoding="utf-8") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(["text", "label"])
-        writer.writerows((s, "POSITIVE" if k % 2 else "NEGATIVE") for k, s in enumerate(SENTENCES))
-    return str(path)
+    return write_reviews(tmp_path_factory.mktemp("data") / "merge.csv")
 
 
 def _spec(model, data_csv, out, methods, n=None) -> BenchSpec:

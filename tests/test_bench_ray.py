@@ -4,7 +4,6 @@ same command, and the command's table. One cluster (2 CPUs) serves the whole mod
 
 from __future__ import annotations
 
-import csv
 import os
 import re
 import signal
@@ -15,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import run_cli, saved_tiny
+from conftest import run_cli, saved_tiny, write_reviews
 
 import heedful
 from heedful.evaluate import get_protocol
@@ -31,12 +30,7 @@ METRICS = ["aopc", "sufficiency"]
 
 @pytest.fixture(scope="module")
 def data_csv(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("data") / "sentences.csv"
-    with open(path, "w", newline="", encoding="utf-8") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(["text", "label"])
-        writer.writerows((s, "POSITIVE" if k % 2 else "NEGATIVE") for k, s in enumerate(SENTENCES))
-    return str(path)
+    return write_reviews(tmp_path_factory.mktemp("data") / "sentences.csv", SENTENCES)
 
 
 @pytest.fixture(scope="module")
