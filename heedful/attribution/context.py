@@ -194,12 +194,14 @@ def context_cite(
 Coarse = Literal["grad_x_input", "saliency", "attention", "source_loo", "context_cite"]
 
 
-@register("hierarchical", family="context", cost="the coarse method + one forward per token of the top sources", spans=True, needs_sources=True)
+@register(
+    "hierarchical", family="context", cost="the coarse method + one forward per token of the top sources", spans=True, needs_sources=True, version=2
+)
 @torch.no_grad()
 def hierarchical(
     problem: Problem,
     *,
-    coarse: Coarse = "grad_x_input",
+    coarse: Coarse = "saliency",
     keep: Annotated[int, AT_LEAST_ONE] = 3,
     output: ContextOutput = "log_prob",
     removal: SourceRemoval = "delete",
@@ -213,6 +215,12 @@ def hierarchical(
     tokens, ``f`` the target's ``output``, each copy started from the key/value cache of the
     text before its token (decoders) -- and every other token scores 0 ``[B, N]``. The coarse
     source scores and the kept sources are in the explanation's ``details``.
+
+    The default coarse method is ``saliency`` (gradient norms summed per source; version 2). On
+    the planted long documents of ``benchmarks/context.py`` with ``smollm2-135m`` (the first 8
+    at each of 512, 1,024 and 2,048 tokens) it kept the planted source among the top 3 in 24 of
+    24; ``grad_x_input``'s signed sums (version 1's default) kept it in 21, and in one document
+    their sign put it last of 96 sources.
 
     Source: Liu et al. 2024, AttriBoT: A Bag of Tricks for Efficiently Approximating Leave-One-Out Context Attribution (Sec. 3.3, hierarchical attribution)
     """
