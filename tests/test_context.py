@@ -222,6 +222,16 @@ def test_hierarchical_refines_only_the_top_sources_with_token_leave_one_out(lm):
         assert e.scores[i] == pytest.approx(expected, abs=2e-5)
 
 
+def test_every_coarse_method_hierarchical_offers_is_registered_and_ranks_the_sources(lm):
+    from typing import get_args
+
+    from heedful.attribution.context import Coarse
+
+    for coarse in get_args(Coarse):
+        e = lm.explain(DOC, "hierarchical", coarse=coarse, keep=1)
+        assert e.details["kept_sources"] == [int(np.argmax(e.details["coarse_source_scores"]))], coarse
+
+
 def test_encoders_remove_sources_without_a_cache():
     model = cached_model("bert", "classification")
     e = model.explain(DOC, "source_loo", removal="mask")

@@ -191,7 +191,7 @@ def context_cite(
     return sources.spread(values)
 
 
-Coarse = Literal["grad_x_input", "saliency", "attention", "source_loo", "context_cite"]
+Coarse = Literal["saliency", "grad_x_input", "raw_attention", "source_loo", "context_cite"]
 
 
 @register(
