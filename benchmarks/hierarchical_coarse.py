@@ -27,6 +27,7 @@ from _shared import (  # (benchmarks/ is the script's folder)
 )
 from context import _share, documents
 from rich.console import Console
+from scipy.stats import binomtest
 
 COARSE = ("saliency", "grad_x_input", "raw_attention")
 """The single-pass coarse methods ``hierarchical`` takes (``source_loo`` and ``context_cite``
@@ -41,6 +42,32 @@ def planted_ranks(model, docs: list[dict], method: str) -> list[int]:
         pooled = model.explain(doc["text"], method, target=doc["target"], sources=doc["spans"]).source_scores().scores
         ranks.append(int((pooled >= pooled[doc["planted"]]).sum()))
     return ranks
+
+
+def _row(tokens: str, sources: str, method: str, ranks: list[int]) -> str:
+    return (
+        f"| {tokens} | {sources} | {method} | {_share([r == 1 for r in ranks], interval=True)} | "
+        f"{_share([r <= 3 for r in ranks], interval=True)} | {max(ranks)} | {', '.join(map(str, ranks))} |"
+    )
+
+
+def overlap_lines(pooled: dict[str, list[int]]) -> list[str]:
+    """Whether the 95 % Wilson intervals of the default coarse method (the first of
+    :data:`COARSE`) and of each other one overlap, over all documents, for rank 1 and top 3."""
+    first, *others = pooled
+
+    def interval(ranks: list[int], cut: int) -> tuple[float, float]:
+        ci = binomtest(sum(r <= cut for r in ranks), len(ranks)).proportion_ci(method="wilson")
+        return ci.low, ci.high
+
+    lines = []
+    for cut, what in ((1, "ranks the planted source first"), (3, "keeps it in the top 3")):
+        a = interval(pooled[first], cut)
+        for other in others:
+            b = interval(pooled[other], cut)
+            verdict = "overlap" if a[0] <= b[1] and b[0] <= a[1] else "do not overlap"
+            lines.append(f"- over all documents, how often each {what}: {first} [{a[0]:.2f}, {a[1]:.2f}] and {other} [{b[0]:.2f}, {b[1]:.2f}]: the intervals {verdict}")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,16 +97,17 @@ def main(argv: list[str] | None = None) -> int:
         "| tokens | sources | coarse method | planted rank 1 | planted in top 3 | worst rank | ranks per document |",
         "|---:|---:|---|---|---|---:|---|",
     ]
+    pooled: dict[str, list[int]] = {method: [] for method in COARSE}
     for length in (int(x) for x in args.lengths.split(",")):
         docs, _, _ = documents(args.model, length, args.docs, args.seed)
         sources = int(np.median([len(d["spans"]) for d in docs]))
         for method in COARSE:
             ranks = planted_ranks(model, docs, method)
             console.print(f"{length} tokens, {method}: {ranks}")
-            lines.append(
-                f"| {length:,} | {sources} | {method} | {_share([r == 1 for r in ranks], interval=True)} | "
-                f"{_share([r <= 3 for r in ranks], interval=True)} | {max(ranks)} | {', '.join(map(str, ranks))} |"
-            )
+            pooled[method] += ranks
+            lines.append(_row(f"{length:,}", str(sources), method, ranks))
+    lines += [_row("all", "", method, ranks) for method, ranks in pooled.items()]
+    lines += ["", *overlap_lines(pooled)]
     lines += [
         "",
         "## Set-up",
