@@ -119,6 +119,8 @@ def test_dump_and_load_commands_and_their_bad_input(folder, tmp_path, monkeypatc
 
     code, _, err = run_cli(monkeypatch, capsys, "bench", "dump", str(tmp_path / "nowhere"), str(tmp_path / "x"))
     assert code == 2 and "no results folder at" in err and "Traceback" not in err
+    code, _, err = run_cli(monkeypatch, capsys, "bench", "dump", str(tmp_path / "here"), str(tmp_path / "here" / "archive"))
+    assert code == 2 and "overlap" in err and not (tmp_path / "here" / "archive").exists()
     dump = tmp_path / "archive" / DUMP_NAME
     lines = dump.read_text(encoding="utf-8").splitlines()
     dump.write_text("\n".join([*lines[:3], lines[3].replace('"table": "', '"table": "x'), *lines[4:]]) + "\n", encoding="utf-8")

@@ -74,6 +74,7 @@ def dump_folder(folder: str | Path, archive: str | Path) -> ArchiveReport:
     """Write every results store under ``folder`` as JSON Lines into ``archive`` (same relative
     folders) and copy the other files there; see the module docstring."""
     folder, archive = _existing_folder(folder, "results folder"), Path(archive)
+    _apart(folder, archive)
     report = ArchiveReport()
     for path in _files(folder):
         rel = path.relative_to(folder)
@@ -89,6 +90,7 @@ def load_archive(archive: str | Path, folder: str | Path) -> ArchiveReport:
     """Merge every dumped store of ``archive`` into the store at the same relative folder of
     ``folder`` (created when missing) and copy the files ``folder`` lacks; see the module docstring."""
     archive, folder = _existing_folder(archive, "archive"), Path(folder)
+    _apart(folder, archive)
     report = ArchiveReport()
     for path in _files(archive):
         rel = path.relative_to(archive)
@@ -110,6 +112,13 @@ def _existing_folder(path: str | Path, what: str) -> Path:
     if not path.is_dir():
         raise HeedfulError(f"no {what} at {path}", hint="give an existing folder (heedful bench --out, or a heedful reproduce store)")
     return path
+
+
+def _apart(folder: Path, archive: Path) -> None:
+    """Refuse an archive inside the results folder or around it (each dump would copy the last)."""
+    a, b = folder.resolve(), archive.resolve()
+    if a == b or a.is_relative_to(b) or b.is_relative_to(a):
+        raise HeedfulError(f"the archive {archive} and the results folder {folder} overlap", hint="give an archive folder outside the results folder")
 
 
 def _files(root: Path) -> Iterator[Path]:
