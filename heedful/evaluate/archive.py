@@ -15,8 +15,8 @@ counted. Both are idempotent: loading an archive twice adds nothing the second t
 
 >>> dump_folder("results/", "archive/")                                      # doctest: +SKIP
 ArchiveReport(stores=1, rows=5310, files=2, kept=0)
->>> load_archive("archive/", "elsewhere/")                                   # doctest: +SKIP
-ArchiveReport(stores=1, rows=5310, files=2, kept=0)
+>>> load_archive("archive/", "elsewhere/")        # rows: explanations, measurements, metrics added  # doctest: +SKIP
+ArchiveReport(stores=1, rows=5200, files=2, kept=0)
 """
 
 from __future__ import annotations
