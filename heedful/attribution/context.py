@@ -221,7 +221,8 @@ def hierarchical(
     12 documents at each of 512, 1,024 and 2,048 tokens) it ranked the planted source first in
     35 of 36 and kept it in the top 3 in 36; ``grad_x_input``'s signed sums (version 1's
     default) ranked it first in 26 and kept it in 32 -- their sign put it last of 96 sources
-    once -- and ``raw_attention`` kept it in none.
+    once -- and ``raw_attention`` kept it in none. The 95 % intervals of ranking first do not
+    overlap (saliency [0.86, 1.00], grad_x_input [0.56, 0.84]); those of the top 3 do.
 
     Source: Liu et al. 2024, AttriBoT: A Bag of Tricks for Efficiently Approximating Leave-One-Out Context Attribution (Sec. 3.3, hierarchical attribution)
     """
