@@ -73,11 +73,9 @@ class ArchiveReport:
 def dump_folder(folder: str | Path, archive: str | Path) -> ArchiveReport:
     """Write every results store under ``folder`` as JSON Lines into ``archive`` (same relative
     folders) and copy the other files there; see the module docstring."""
-    folder, archive = _existing_folder(folder, "results folder"), Path(archive)
-    _apart(folder, archive)
+    archive = Path(archive)
     report = ArchiveReport()
-    for path in _files(folder):
-        rel = path.relative_to(folder)
+    for path, rel in _walk(folder, "results folder", archive):
         if path.name == FILE_NAME:
             report.rows += _dump_store(path, archive / rel.parent / DUMP_NAME)
             report.stores += 1
@@ -89,11 +87,9 @@ def dump_folder(folder: str | Path, archive: str | Path) -> ArchiveReport:
 def load_archive(archive: str | Path, folder: str | Path) -> ArchiveReport:
     """Merge every dumped store of ``archive`` into the store at the same relative folder of
     ``folder`` (created when missing) and copy the files ``folder`` lacks; see the module docstring."""
-    archive, folder = _existing_folder(archive, "archive"), Path(folder)
-    _apart(folder, archive)
+    folder = Path(folder)
     report = ArchiveReport()
-    for path in _files(archive):
-        rel = path.relative_to(archive)
+    for path, rel in _walk(archive, "archive", folder):
         if path.name == DUMP_NAME:
             with tempfile.TemporaryDirectory(prefix="heedful-load-") as tmp:
                 _read_dump(path, Path(tmp) / FILE_NAME)
@@ -107,25 +103,19 @@ def load_archive(archive: str | Path, folder: str | Path) -> ArchiveReport:
     return report
 
 
-def _existing_folder(path: str | Path, what: str) -> Path:
-    path = Path(path)
-    if not path.is_dir():
-        raise HeedfulError(f"no {what} at {path}", hint="give an existing folder (heedful bench --out, or a heedful reproduce store)")
-    return path
-
-
-def _apart(folder: Path, archive: Path) -> None:
-    """Refuse an archive inside the results folder or around it (each dump would copy the last)."""
-    a, b = folder.resolve(), archive.resolve()
+def _walk(source: str | Path, what: str, dest: str | Path) -> Iterator[tuple[Path, Path]]:
+    """``(file, its path relative to source)`` for the files of the existing folder ``source``
+    (``what`` names it in the error) in a fixed order, partial writes (``*.part``, ``*.tmp*``)
+    left out; ``dest`` must lie outside it and it outside ``dest`` (each dump would copy the last)."""
+    source = Path(source)
+    if not source.is_dir():
+        raise HeedfulError(f"no {what} at {source}", hint="give an existing folder (heedful bench --out, or a heedful reproduce store)")
+    a, b = source.resolve(), Path(dest).resolve()
     if a == b or a.is_relative_to(b) or b.is_relative_to(a):
-        raise HeedfulError(f"the archive {archive} and the results folder {folder} overlap", hint="give an archive folder outside the results folder")
-
-
-def _files(root: Path) -> Iterator[Path]:
-    """The files under ``root`` in a fixed order, partial writes (``*.part``, ``*.tmp*``) left out."""
-    for path in sorted(root.rglob("*")):
+        raise HeedfulError(f"the {what} {source} and {dest} overlap", hint="give an archive folder outside the results folder")
+    for path in sorted(source.rglob("*")):
         if path.is_file() and not any(s in path.suffixes for s in _PARTIAL):
-            yield path
+            yield path, path.relative_to(source)
 
 
 def _copy(source: Path, dest: Path, replace: bool) -> bool:
