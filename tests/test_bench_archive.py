@@ -80,7 +80,7 @@ def test_loading_twice_adds_nothing_and_keeps_the_folders_own_files(folder, tmp_
     assert "1 kept (the destination's differ)" in second.line("loaded", tmp_path / "archive", tmp_path / "here")
 
 
-def test_a_dump_is_deterministic_and_a_grown_store_only_adds_lines(folder, tiny, tmp_path):
+def test_a_dump_is_deterministic_and_a_grown_store_only_adds_lines(folder, tmp_path):
     model, data, results = folder
     first = dump_folder(results / "stability", tmp_path / "one")
     dump_folder(results / "stability", tmp_path / "two")
