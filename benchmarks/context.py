@@ -148,10 +148,10 @@ def stored(store: Path, key: str) -> dict | None:
 
 def keep(store: Path, key: str, found: dict) -> None:
     """Write one document's result (atomically: a process stopped mid-write leaves no half file)."""
-    store.mkdir(parents=True, exist_ok=True)
-    part = store / f"{key}.{os.getpid()}.part"
-    part.write_text(json.dumps(found), encoding="utf-8")
-    part.replace(store / f"{key}.json")
+    from heedful.atomic import atomic_file
+
+    with atomic_file(store / f"{key}.json") as part:
+        part.write_text(json.dumps(found), encoding="utf-8")
 
 
 def run_config(

@@ -23,18 +23,16 @@ from __future__ import annotations
 import hashlib
 import http.client
 import json
-import os
 import re
-import shutil
 import stat
 import tarfile
-import tempfile
 import urllib.error
 import urllib.request
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from heedful.atomic import atomic_file, atomic_folder
 from heedful.cache import heedful_home
 from heedful.errors import HeedfulError
 from heedful.pins import PINS, Pin
@@ -98,13 +96,10 @@ def fetch(pin: Pin) -> Path:
     target = archive_path(pin)
     if target.is_file():
         return verify(pin, target)
-    target.parent.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha256()
-    fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{pin.filename}-", suffix=".part")
-    tmp = Path(tmp_name)
-    try:
+    with atomic_file(target) as part:
         try:
-            with os.fdopen(fd, "wb") as out, urllib.request.urlopen(pin.url, timeout=_TIMEOUT) as response:
+            with open(part, "wb") as out, urllib.request.urlopen(pin.url, timeout=_TIMEOUT) as response:
                 while chunk := response.read(_CHUNK):
                     digest.update(chunk)
                     out.write(chunk)
@@ -122,10 +117,6 @@ def fetch(pin: Pin) -> Path:
                 f"the file served from {pin.url} is not the pinned one and was not kept; "
                 "retry, and if it persists check the proxy or mirror between you and PyPI",
             )
-        tmp.chmod(0o644)  # mkstemp makes it private; it is a public file
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
     return target
 
 
@@ -212,27 +203,19 @@ def unpack(pin: Pin) -> Path:
     if manifest is not None and manifest.get("sha256") == pin.sha256:
         return dest
     archive = fetch(pin)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}-"))
-    tmp.chmod(0o755)
     try:
-        safe_extract(archive, tmp)
-        record = {
-            "name": pin.name, "version": pin.version, "filename": pin.filename,
-            "sha256": pin.sha256, "url": pin.url, "files": _manifest(tmp),
-        }
-        (tmp / MANIFEST).write_text(json.dumps(record, indent=1), encoding="utf-8")
-        if dest.exists():
-            shutil.rmtree(dest)
-        try:
-            os.replace(tmp, dest)
-        except OSError:
-            # Another process unpacked the same archive meanwhile: keep its copy if it is whole.
-            theirs = _read_manifest(dest)
-            if theirs is None or theirs.get("sha256") != pin.sha256:
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        with atomic_folder(dest) as folder:
+            safe_extract(archive, folder)
+            record = {
+                "name": pin.name, "version": pin.version, "filename": pin.filename,
+                "sha256": pin.sha256, "url": pin.url, "files": _manifest(folder),
+            }
+            (folder / MANIFEST).write_text(json.dumps(record, indent=1), encoding="utf-8")
+    except OSError:
+        # Another process unpacked the same archive meanwhile: keep its copy if it is whole.
+        theirs = _read_manifest(dest) if dest.is_dir() else None
+        if theirs is None or theirs.get("sha256") != pin.sha256:
+            raise
     archive.unlink(missing_ok=True)
     return dest
 

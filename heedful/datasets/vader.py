@@ -47,10 +47,7 @@ token-level human evidence for sentiment.
 from __future__ import annotations
 
 import io
-import os
-import shutil
 import tarfile
-import tempfile
 from functools import cache, lru_cache
 from pathlib import Path
 
@@ -58,6 +55,7 @@ import numpy as np
 import pandas as pd
 
 from heedful import supply
+from heedful.atomic import atomic_folder
 from heedful.cache import heedful_home
 from heedful.errors import HeedfulError
 from heedful.pins import get_pin
@@ -124,16 +122,8 @@ def ensure_data() -> Path:
     if all((target / name).is_file() for name in needed):
         return target
     source = source_folder()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".vader-"))
-    tmp.chmod(0o755)
-    try:
-        _extract(source, tmp)
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with atomic_folder(target) as folder:
+        _extract(source, folder)
     return target
 
 

@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from heedful.atomic import atomic_file
 from heedful.errors import HeedfulError
 from heedful.evaluate.merge import merge_stores, require_schema
 from heedful.evaluate.store import FILE_NAME, ResultsStore
@@ -122,10 +123,8 @@ def _copy(source: Path, dest: Path, replace: bool) -> bool:
     """Copy ``source`` to ``dest`` when ``dest`` is missing (or differs, with ``replace``); whether it copied."""
     if dest.is_file() and (not replace or filecmp.cmp(source, dest, shallow=False)):
         return False
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    part = dest.with_name(dest.name + ".part")
-    shutil.copyfile(source, part)
-    part.replace(dest)
+    with atomic_file(dest) as part:
+        shutil.copyfile(source, part)
     return True
 
 
@@ -134,10 +133,8 @@ def _dump_store(store: Path, dest: Path) -> int:
     db = sqlite3.connect(store, timeout=60)
     try:
         require_schema(db, "main", store)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        part = dest.with_name(dest.name + ".part")
         rows = 0
-        with db, open(part, "w", encoding="utf-8", newline="\n") as fh:  # one read transaction: a consistent snapshot
+        with atomic_file(dest) as part, db, open(part, "w", encoding="utf-8", newline="\n") as fh:  # one read transaction: a consistent snapshot
             db.execute("BEGIN")
             for table, keys in KEYS.items():
                 cursor = db.execute(f"SELECT * FROM {table} ORDER BY {', '.join(keys)}")
@@ -145,7 +142,6 @@ def _dump_store(store: Path, dest: Path) -> int:
                 for values in cursor:
                     fh.write(json.dumps({"table": table, "row": dict(zip(columns, values, strict=True))}, sort_keys=True, ensure_ascii=False) + "\n")
                     rows += 1
-        part.replace(dest)
         return rows
     finally:
         db.close()

@@ -41,6 +41,7 @@ import torch
 
 from heedful import supply
 from heedful.adapters import ModelAdapter
+from heedful.atomic import atomic_file
 from heedful.errors import HeedfulError, InputError
 from heedful.lrp.masks import RELATIONS, HeadMask
 from heedful.pins import get_pin
@@ -237,11 +238,9 @@ def cached_arcs(
         arcs.extend(parse_arcs(nlp, chunk, batch_size))
         if progress is not None:
             progress(len(chunk))
-    path.parent.mkdir(parents=True, exist_ok=True)
     rows = [[[a.span[0], a.span[1], a.relation, a.governor[0], a.governor[1]] for a in row] for row in arcs]
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(rows), encoding="utf-8")
-    tmp.replace(path)
+    with atomic_file(path) as part:
+        part.write_text(json.dumps(rows), encoding="utf-8")
     return arcs
 
 

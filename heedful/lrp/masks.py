@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from heedful.atomic import atomic_file
 from heedful.cache import heedful_home
 from heedful.errors import InputError
 
@@ -100,10 +101,8 @@ class HeadMask:
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=1), encoding="utf-8")
-        tmp.replace(path)
+        with atomic_file(path) as part:
+            part.write_text(json.dumps(self.to_dict(), indent=1), encoding="utf-8")
         return path
 
     @classmethod

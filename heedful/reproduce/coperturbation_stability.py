@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from heedful.atomic import atomic_file
 from heedful.attribution import coperturbation as cp
 from heedful.evaluate.share import EVERY, Share
 from heedful.reproduce.coperturbation_studies import interval
@@ -251,9 +252,8 @@ def measure(
             return
         began = time.perf_counter()
         found = run_unit(model, inputs[lo:hi], name, seed, overrides)
-        tmp = path.with_suffix(".tmp.npz")
-        np.savez(tmp, **found)
-        tmp.replace(path)
+        with atomic_file(path) as part, open(part, "wb") as fh:
+            np.savez(fh, **found)
         say(f"{name} seed {seed} sentences {lo}-{hi}: {time.perf_counter() - began:.0f} s")
 
 

@@ -13,10 +13,8 @@ import contextlib
 import importlib
 import importlib.metadata
 import json
-import os
 import platform
 import shutil
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -24,6 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
+from heedful.atomic import atomic_folder
 from heedful.cache import heedful_home
 from heedful.errors import HeedfulError
 
@@ -196,11 +195,11 @@ def _build_lock(name: str) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _remove_leftovers(name: str) -> None:
-    """Delete temporary folders of earlier builds of ``name`` that were interrupted."""
-    for path in models_dir().glob(f".{name}.tmp-*"):
+def _remove_leftovers(target: Path) -> None:
+    """Delete the folders that interrupted builds of ``target`` left beside it (see :func:`atomic_folder`)."""
+    for path in target.parent.glob(f".{target.name}.tmp-*"):
         shutil.rmtree(path, ignore_errors=True)
-    for path in models_dir().glob(f".{name}.old-*"):
+    for path in target.parent.glob(f".{target.name}.old-*"):
         shutil.rmtree(path, ignore_errors=True)
 
 
@@ -216,17 +215,6 @@ def _make_readable(folder: Path) -> None:
             path.chmod(0o644)
 
 
-def _install(tmp: Path, target: Path) -> None:
-    """Move a finished build into place, replacing any previous build."""
-    old = None
-    if target.exists():
-        old = target.parent / f".{target.name}.old-{os.getpid()}"
-        os.replace(target, old)
-    os.replace(tmp, target)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
 def build(name: str, force: bool = False, progress: bool = True, from_scratch: bool = False) -> Path:
     """Build the zoo model ``name`` into the cache (unless already built) and return its folder.
 
@@ -240,10 +228,8 @@ def build(name: str, force: bool = False, progress: bool = True, from_scratch: b
     with _build_lock(name):
         if is_built(name) and not (force or from_scratch):
             return target
-        _remove_leftovers(name)
-        tmp = Path(tempfile.mkdtemp(dir=models_dir(), prefix=f".{name}.tmp-"))
-        tmp.chmod(0o755)
-        try:
+        _remove_leftovers(target)
+        with atomic_folder(target) as tmp:
             start = time.perf_counter()
             specific = _run_builder(entry, tmp, progress, from_scratch)
             seconds = time.perf_counter() - start
@@ -260,9 +246,6 @@ def build(name: str, force: bool = False, progress: bool = True, from_scratch: b
             }
             _write_metadata(tmp, metadata)
             _make_readable(tmp)
-            _install(tmp, target)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 
