@@ -1,6 +1,7 @@
 """Files and folders written whole: built beside their destination and renamed into place only
 when complete, so a process stopped mid-write (or a write that raised) leaves the old version or
-nothing — never half a file. Every writer of stores, caches, downloads and builds goes through here.
+nothing — never half a file. Downloads, unpacked packages, zoo builds, cached data and parses,
+archives and study units are written through here (the bench's SQLite store has its own transactions).
 """
 
 from __future__ import annotations
@@ -73,3 +74,21 @@ def atomic_folder(dest: str | Path) -> Iterator[Path]:
             shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def remove_leftovers(dest: str | Path) -> None:
+    """Delete what interrupted :func:`atomic_folder` blocks for ``dest`` left beside it (their
+    ``.<name>.tmp-*`` and ``.<name>.old-*`` folders); call it only while no other writer of
+    ``dest`` runs (under a lock).
+
+    >>> import tempfile
+    >>> dest = Path(tempfile.mkdtemp()) / "model"
+    >>> (dest.parent / ".model.tmp-killed").mkdir()
+    >>> remove_leftovers(dest)
+    >>> list(dest.parent.iterdir())
+    []
+    """
+    dest = Path(dest)
+    for pattern in (f".{dest.name}.tmp-*", f".{dest.name}.old-*"):
+        for path in dest.parent.glob(pattern):
+            shutil.rmtree(path, ignore_errors=True)

@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from heedful.atomic import atomic_file
+from heedful.atomic import PART_SUFFIX, atomic_file
 from heedful.errors import HeedfulError
 from heedful.evaluate.merge import merge_stores, require_schema
 from heedful.evaluate.store import FILE_NAME, ResultsStore
@@ -51,7 +51,7 @@ KEYS: dict[str, tuple[str, ...]] = {
 store's renamed ``schema1_*`` tables are never read, so they are not dumped)."""
 
 _STORE_FILES = (FILE_NAME, FILE_NAME + "-wal", FILE_NAME + "-shm", FILE_NAME + "-journal")
-_PARTIAL = (".part", ".tmp")
+_PARTIAL = (PART_SUFFIX, ".tmp")  # ".tmp": files of writers from before heedful.atomic
 
 
 @dataclass

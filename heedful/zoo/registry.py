@@ -14,7 +14,6 @@ import importlib
 import importlib.metadata
 import json
 import platform
-import shutil
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -22,7 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
-from heedful.atomic import atomic_folder
+from heedful.atomic import atomic_folder, remove_leftovers
 from heedful.cache import heedful_home
 from heedful.errors import HeedfulError
 
@@ -195,14 +194,6 @@ def _build_lock(name: str) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _remove_leftovers(target: Path) -> None:
-    """Delete the folders that interrupted builds of ``target`` left beside it (see :func:`atomic_folder`)."""
-    for path in target.parent.glob(f".{target.name}.tmp-*"):
-        shutil.rmtree(path, ignore_errors=True)
-    for path in target.parent.glob(f".{target.name}.old-*"):
-        shutil.rmtree(path, ignore_errors=True)
-
-
 def _write_metadata(folder: Path, metadata: dict) -> None:
     text = json.dumps(metadata, indent=2, sort_keys=False) + "\n"
     (folder / METADATA_FILE).write_text(text, encoding="utf-8")
@@ -228,7 +219,7 @@ def build(name: str, force: bool = False, progress: bool = True, from_scratch: b
     with _build_lock(name):
         if is_built(name) and not (force or from_scratch):
             return target
-        _remove_leftovers(target)
+        remove_leftovers(target)  # under the build lock: no other build of it runs
         with atomic_folder(target) as tmp:
             start = time.perf_counter()
             specific = _run_builder(entry, tmp, progress, from_scratch)
