@@ -27,6 +27,8 @@ def test_unknown_option_fails_before_any_work(tmp_path):
         cp.write(tmp_path, ReportSettings(options={"budget": "huge"}))
     with pytest.raises(HeedfulError, match="steering"):
         cp.write(tmp_path, ReportSettings(options={"steering": "maybe"}))
+    with pytest.raises(HeedfulError, match="stability"):
+        cp.write(tmp_path, ReportSettings(options={"stability": "maybe"}))
     with pytest.raises(HeedfulError):
         cp.write(tmp_path, ReportSettings(options={"only": "everything"}))
     with pytest.raises(HeedfulError):
@@ -177,6 +179,25 @@ def test_stored_sizes_follow_what_the_store_holds(tmp_path: Path, tiny):
     assert cp._stored_prefix(model, run) == 2  # the third sentence is missing
     n = cp._stored_rectify_n(model, run, 20)
     assert 0 <= n <= 20
+
+
+def test_stability_off_leaves_the_section_to_its_own_report(tmp_path: Path):
+    assert cp._plan(ReportSettings(store=tmp_path)).stability is True
+    assert cp._plan(ReportSettings(store=tmp_path, options={"stability": "off"})).stability is False
+
+
+def test_sizes_say_which_targets_were_reached():
+    class Bench:
+        n_examples = cp.N_BENCH
+        groups = {"coperturbation": None, "random": None}
+
+    found = cp.Found(notes=[], compare={"n": cp.N_COMPARE - 1}, bench=Bench(), check={"n": 8})
+    found.rect["minilm-sentiment"] = _result({"coperturbation": [1, 2, 3], "random": [1, 1, 1]})
+    lines = "\n".join(cp._sizes(cp._plan(ReportSettings()), found))
+    assert f"{cp.N_COMPARE - 1} test sentences (target >= {cp.N_COMPARE}: not reached)" in lines
+    assert f"{cp.N_BENCH} test sentences (target >= {cp.N_BENCH}: reached)" in lines
+    assert "100 test sentences classified (target >= 500: not reached), 20 errors explained by 2 methods" in lines
+    assert "`coperturbation-stability.md`" in lines and "stability=off" in lines
 
 
 def test_grid_is_a_markdown_table_with_a_corner():

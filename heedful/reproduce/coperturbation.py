@@ -30,7 +30,10 @@ grows with the store),
 ``check`` (sentences of the optimised solver's seed check; :data:`CHECK_SENTENCES`), ``methods``
 (comma-separated), ``models`` (comma-separated zoo names), ``seed``, ``budget`` (``report``: the
 reduced compute budget of :data:`BUDGET`; ``default``: every method's defaults), ``steering``
-(``on``, the default, or ``off``: leave out the steering case study); for the section on cost,
+(``on``, the default, or ``off``: leave out the steering case study), ``stability`` (``on``, the
+default, or ``off``: leave out the section on cost, stability and the first-order limit, hours of
+compute of its own -- the report then points to ``coperturbation-stability.md``, written by
+``only=stability``); for the section on cost,
 stability and the first-order limit (:mod:`heedful.reproduce.coperturbation_stability`, on a
 dev split of the *train* sentences): ``n_seed`` (sentences of the seed-agreement grid, default
 :data:`N_SEED`), ``n_warm`` (sentences of the warm-start comparison, default :data:`N_WARM`),
@@ -210,7 +213,7 @@ def write(out_dir: Path, settings: ReportSettings) -> Path:
         run.timings.add(f"load {name}", began)
         if name == models[0]:
             _main_model(model, name, run, found, out_dir, say, settings.progress)
-            if name == STABILITY_MODEL:
+            if name == STABILITY_MODEL and run.stability:
                 began = time.perf_counter()
                 found.stability = _stability(model, run, say)
                 run.timings.add("cost, stability and the first-order limit", began)
@@ -247,6 +250,7 @@ class Plan:
     only: str | None = None
     share: Share = EVERY
     workers: int | None = None
+    stability: bool = True
     timings: Timings = field(default_factory=Timings)
 
     def coperturbation(self, linearized: bool = False, lifted: bool = False) -> dict:
@@ -281,7 +285,7 @@ def _plan(settings: ReportSettings) -> Plan:
     opts = dict(settings.options)
     known = {
         "n_bench", "n_compare", "n_study", "n_rectify", "methods", "models", "seed", "budget", "check", "steering",
-        "n_seed", "n_warm", "until", "only", "share", "workers",
+        "n_seed", "n_warm", "until", "only", "share", "workers", "stability",
     }
     unknown = sorted(set(opts) - known)
     if unknown:
@@ -290,6 +294,9 @@ def _plan(settings: ReportSettings) -> Plan:
     steering = str(opts.get("steering", "on"))
     if steering not in ("on", "off"):
         raise HeedfulError(f"steering={steering!r} is not 'on' or 'off'")
+    stability = str(opts.get("stability", "on"))
+    if stability not in ("on", "off"):
+        raise HeedfulError(f"stability={stability!r} is not 'on' or 'off'", hint="stability=off leaves the section to `--option only=stability`")
     budget = str(opts.get("budget", "report"))
     if budget not in ("report", "default"):
         raise HeedfulError(f"budget={budget!r} is not 'report' or 'default'")
@@ -322,6 +329,7 @@ def _plan(settings: ReportSettings) -> Plan:
         ratios=tuple(QUICK["ratios"] if quick else _rect().SWEEP_RATIOS), method_options=method_options,
         study_options=study_options, store=_store(settings), n_seed=size("n_seed", N_SEED), n_warm=size("n_warm", N_WARM),
         until=_until(opts.get("until")), only=only, share=Share.parse(opts.get("share"), "share="), workers=_workers(opts.get("workers")),
+        stability=stability == "on",
     )
 
 
@@ -893,16 +901,32 @@ def _markdown(run: Plan, found: Found, longest: dict[str, float]) -> str:
     return "\n".join(lines)
 
 
+def _target(n: int, target: int) -> str:
+    """``target >= N: reached`` or ``... not reached`` for a size ``n``."""
+    return f"target >= {target}: {'reached' if n >= target else 'not reached'}"
+
+
 def _sizes(run: Plan, found: Found) -> list[str]:
     lines = ["## Sizes reached in this run", ""]
     c = found.compare
-    lines.append(f"- Linearized against optimised co-perturbation: {c['n']} test sentences (target >= 200).")
+    lines.append(f"- Linearized against optimised co-perturbation: {c['n']} test sentences ({_target(c['n'], N_COMPARE)}).")
     if found.bench is not None:
-        lines.append(f"- Faithfulness of {len(found.bench.groups)} methods: {found.bench.n_examples} test sentences (target >= 500: not reached, compute).")
+        n = found.bench.n_examples
+        lines.append(f"- Faithfulness of {len(found.bench.groups)} methods: {n} test sentences ({_target(n, N_BENCH)}).")
     for name, result in found.rect.items():
-        lines.append(f"- Rectification, {name}: {result.n_total} test sentences classified, {result.n_errors} errors explained by {len(result.methods)} methods.")
+        lines.append(
+            f"- Rectification, {name}: {result.n_total} test sentences classified ({_target(result.n_total, N_RECTIFY.get(name, 200))}), "
+            f"{result.n_errors} errors explained by {len(result.methods)} methods."
+        )
     if found.check is not None:
-        lines.append(f"- Seed stability of the optimised solver: {found.check['n']} sentences (target >= 100: not reached, compute).")
+        where = (
+            "the section on cost and stability below" if found.stability is not None
+            else "`coperturbation-stability.md` (`--option only=stability`; this run has `stability=off`)"
+        )
+        lines.append(
+            f"- Seed check of the optimised solver at its defaults: {found.check['n']} sentences; seed agreement of every "
+            f"setting on >= {N_SEED} dev sentences is in {where}."
+        )
     if found.probes:
         lines.append(f"- Seed stability of the linearized solver: {len(next(iter(found.probes.values()))['spearman'])} sentences.")
     if found.lam_study:
@@ -911,15 +935,20 @@ def _sizes(run: Plan, found: Found) -> list[str]:
 
 
 def _setup(run: Plan, found: Found) -> list[str]:
+    import heedful
+
     opts = "; ".join(f"`{m}` {', '.join(f'{k}={v}' for k, v in o.items())}" for m, o in run.method_options.items() if o) or "none"
+    d = {**heedful.get_method("coperturbation").defaults, **run.coperturbation()}
     return [
         "## Setup",
         "",
         f"- Data: the `{DATASET}` snippets (Rotten Tomatoes review sentences; binary label from the sign of the mean "
         "rating), test split; the zoo's classifiers were fine-tuned on the train split only.",
-        "- Co-perturbation runs at its defaults: the normalised objective (lambda = 0.6 in *its* units, see section 1), "
-        "Adam for 100 steps at lr 0.05 from theta = 0, 8 noise samples per step, the best state kept; the linearized "
-        f"solver is the same with `solver=\"linearized\"` (the head's {2} logits: exact Jacobian norms by unit vectors).",
+        f"- Co-perturbation runs at its defaults: the {d['objective']} objective (lambda = {d['lam']:g} in *its* units, see "
+        f"section 1), solver `{d['solver']}` for {d['max_steps']} steps at lr {d['lr']:g} from theta = "
+        f"{'0' if d['init'] == 'zeros' else d['init']}, {d['samples']} noise samples per step, keep `{d['keep']}` (the state "
+        "returned); the linearized solver is the same with `solver=\"linearized\"` (the head's 2 logits: exact Jacobian "
+        "norms by unit vectors).",
         f"- Baselines: {', '.join(f'`{m}`' for m in run.methods if m != 'coperturbation')}; options beyond their defaults: {opts}.",
         f"- Results store: `{run.store}`.",
         "",
