@@ -184,6 +184,8 @@ def test_stored_sizes_follow_what_the_store_holds(tmp_path: Path, tiny):
 def test_stability_off_leaves_the_section_to_its_own_report(tmp_path: Path):
     assert cp._plan(ReportSettings(store=tmp_path)).stability is True
     assert cp._plan(ReportSettings(store=tmp_path, options={"stability": "off"})).stability is False
+    run = cp._plan(ReportSettings(store=tmp_path, options={"workers": "2", "stability": "off"}))
+    assert run.command == "heedful reproduce coperturbation -O stability=off -O workers=2"
 
 
 def test_sizes_say_which_targets_were_reached():

@@ -251,6 +251,7 @@ class Plan:
     share: Share = EVERY
     workers: int | None = None
     stability: bool = True
+    command: str = f"heedful reproduce {NAME}"
     timings: Timings = field(default_factory=Timings)
 
     def coperturbation(self, linearized: bool = False, lifted: bool = False) -> dict:
@@ -330,6 +331,7 @@ def _plan(settings: ReportSettings) -> Plan:
         study_options=study_options, store=_store(settings), n_seed=size("n_seed", N_SEED), n_warm=size("n_warm", N_WARM),
         until=_until(opts.get("until")), only=only, share=Share.parse(opts.get("share"), "share="), workers=_workers(opts.get("workers")),
         stability=stability == "on",
+        command=" ".join([f"heedful reproduce {NAME}", *(["--quick"] if quick else []), *(f"-O {k}={v}" for k, v in sorted(opts.items()))]),
     )
 
 
@@ -866,6 +868,8 @@ def _markdown(run: Plan, found: Found, longest: dict[str, float]) -> str:
         "`n_bench=N`, `n_study=N`, `n_rectify=N`, `check=N` grow the studies; explanations are kept in the results "
         "store, so a second run computes only what is missing). Paper: *Do Pre-Trained Language Models Truly Focus on "
         "the Content They Are Expected to?* (Eq. 2-4, 8, 9, Algorithm 1; Sections 5.2-5.4).",
+        "",
+        f"This run: `{run.command}`.",
         "",
     ]
     if run.quick:
