@@ -265,8 +265,9 @@ def integrated_gradients(
 # ---------------------------------------------------------------------------- SmoothGrad
 def _noise(problem: Problem, embeds: torch.Tensor, n_samples: int, noise_level: float, seed: int | None) -> torch.Tensor:
     """``z_k sigma_b`` ``[B, n_samples, N, E]``: standard normal draws from each example's own
-    generator (0 on padding) times ``sigma_b = noise_level * (max(e_b) - min(e_b))`` over the
-    example's real positions (Smilkov et al.'s noise level)."""
+    generator, in float32 whatever the model's dtype (0 on padding), times
+    ``sigma_b = noise_level * (max(e_b) - min(e_b))`` over the example's real positions
+    (Smilkov et al.'s noise level)."""
     batch = problem.batch
     bsz, seq, dim = embeds.shape
     real = batch.attention_mask.bool()[:, :, None].expand_as(embeds)  # padding must not set sigma
@@ -275,7 +276,8 @@ def _noise(problem: Problem, embeds: torch.Tensor, n_samples: int, noise_level: 
     sigma = noise_level * span  # [B]
     noise = torch.zeros(bsz, n_samples, seq, dim, dtype=embeds.dtype)
     for b, (gen, n) in enumerate(zip(example_generators(batch, seed), batch.lengths.tolist(), strict=True)):
-        noise[b, :, :n] = torch.randn((n_samples, n, dim), generator=gen, dtype=embeds.dtype)
+        # float32 draws: a float64 or bf16 copy of the model gets the same noise
+        noise[b, :, :n] = torch.randn((n_samples, n, dim), generator=gen, dtype=torch.float32).to(embeds.dtype)
     return noise * sigma[:, None, None, None]
 
 
