@@ -94,6 +94,9 @@ def explain(
     sources: Annotated[str | None, typer.Option("--sources", help="Cut each text into sources and rank them: sentences, paragraphs or tokens:N. --file is then one document.")] = None,
     query: Annotated[str | None, typer.Option("--query", help="With --sources: text appended after each document (e.g. the question), not itself a source.")] = None,
     max_memory: Annotated[str | None, typer.Option("--max-memory", help="Memory one pass may use, e.g. 4GB or 512MiB (default: half of the free memory).")] = None,
+    revision: Annotated[str | None, typer.Option("--revision", help="Hub ids: the branch, tag or commit to load (or --model ORG/NAME@REV).")] = None,
+    allow_pickle: Annotated[bool, typer.Option("--allow-pickle", help="Hub ids: load pickled weights when a repository has no safetensors (unpickling runs code).")] = False,
+    trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="Run a repository's own model code (auto_map), as transformers does.")] = False,
 ) -> None:
     """Explain TEXT(s) with one or more methods and show a heatmap (or JSON / HTML); with
     --generate or --continuation, explain every token a language model writes after them; with
@@ -130,7 +133,7 @@ def explain(
             raise HeedfulError("--generate writes the answer whose sources are ranked", hint="drop --target / --continuation, or --generate")
         if generate < 1:
             raise HeedfulError(f"--generate must be at least 1, got {generate}")
-        loaded = load_model(model, device, budget)
+        loaded = load_model(model, device, budget, revision=revision, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
         answers = _answers(loaded, items, generate)
     elif generate is not None or continuation is not None:
         if sources is not None:
@@ -139,12 +142,12 @@ def explain(
             raise HeedfulError("--target does not apply to --generate / --continuation", hint="each generated token is its own target")
         if generate is not None and generate < 1:
             raise HeedfulError(f"--generate must be at least 1, got {generate}")
-        loaded = load_model(model, device, budget)
+        loaded = load_model(model, device, budget, revision=revision, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
         _explain_generation(loaded, items, infos, runs, generate, continuation, quantity, chat, as_json, html)
         return
     else:
         answers = None
-        loaded = load_model(model, device, budget)
+        loaded = load_model(model, device, budget, revision=revision, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
     results: list[heedful.Explanation] = []
     show_bar = len(items) > batch_size
     with progress() as bar:

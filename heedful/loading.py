@@ -74,12 +74,17 @@ def load(
     trust_remote_code: bool = False,
     progress: bool = True,
     max_memory: str | int | None = None,
+    revision: str | None = None,
+    allow_pickle: bool = False,
 ) -> Model:
     """Load a model to explain.
 
     ``name_or_path``: a zoo name (``heedful models`` lists them; built on first use), a local
-    Hugging Face directory, or a hub id already in the local Hugging Face cache (nothing is
-    downloaded from a hub). ``task`` is inferred from
+    Hugging Face directory, or a hub id, downloaded into the Hugging Face cache as
+    ``transformers`` does (:func:`heedful.hub.fetch`: ``revision`` -- or ``"org/name@REV"``,
+    which every command's ``--model`` takes -- pins a branch, tag or commit;
+    safetensors weights only unless ``allow_pickle``; ``trust_remote_code`` as in
+    ``transformers``; ``HF_HUB_OFFLINE=1`` loads from the cache only). ``task`` is inferred from
     the model class (classification, regression, masked_lm, causal_lm) unless given.
     Attention is loaded in eager mode so that attention probabilities exist.
     ``max_memory``: what one pass may use on top of what the process holds (``"4GB"``,
@@ -93,34 +98,37 @@ def load(
     >>> model.task                                  # doctest: +SKIP
     'classification'
     """
-    from heedful import zoo
+    from heedful import hub, zoo
 
     budget = None if max_memory is None else parse_memory(max_memory)  # a bad size fails before loading
     check_device(device)
     name = str(name_or_path)
     info: dict = {}
+    if "@" in name and not Path(name).expanduser().exists() and hub.is_repo_id(name.split("@", 1)[0]):
+        if revision is not None:
+            raise InputError(f"{name} names a revision and revision={revision!r} another", hint="give one of them")
+        name, revision = name.split("@", 1)
+    if revision is not None and (name in zoo.ENTRIES or Path(name).expanduser().is_dir()):
+        raise InputError(f"revision={revision!r} is for hub ids; {name} is a local model", hint="drop the revision")
     if name in zoo.ENTRIES:
         path = zoo.ensure_built(name, progress=progress)
         info = zoo.zoo_info(name)
-        local = True
     else:
         path = Path(name).expanduser()
-        local = path.is_dir()
-        if not local and (path.exists() or name.startswith((".", "/", "~"))):
-            raise HeedfulError(
-                f"{name} is not a model directory",
-                hint="give a zoo name (see `heedful models`), a Hugging Face model directory, or a hub id",
-            )
-    source = str(path) if local else name
-    hint = "zoo names: " + ", ".join(zoo.zoo_names()) + "; or a local Hugging Face directory"
-    try:  # never from a hub: a hub id loads only from the local Hugging Face cache
+        if not path.is_dir():
+            if path.exists() or name.startswith((".", "/", "~")) or not hub.is_repo_id(name):
+                raise HeedfulError(
+                    f"{name} is not a model directory",
+                    hint="give a zoo name (see `heedful models`), a Hugging Face model directory, or a hub id",
+                )
+            path = hub.fetch(name, revision, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code, progress=progress)
+    source = str(path)
+    try:
         config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code, local_files_only=True)
     except OSError as exc:
-        if local:
-            raise HeedfulError(f"{name} has no readable config.json ({_first_line(exc)})", hint=hint) from None
         raise HeedfulError(
-            f"{name!r} is neither a zoo model nor a model directory, and is not in the local Hugging Face cache",
-            hint=hint + " (heedful downloads nothing from a hub: fetch it first, e.g. `hf download " + name + "`)",
+            f"{name} has no readable config.json ({_first_line(exc)})",
+            hint="zoo names: " + ", ".join(zoo.zoo_names()) + "; or a local Hugging Face directory, or a hub id",
         ) from None
     except ValueError as exc:  # no or an unknown model_type
         raise UnsupportedModelError(f"cannot read the model in {name}: {_first_line(exc)}", hint="supported families: " + ", ".join(sorted(FAMILIES))) from None
@@ -130,7 +138,7 @@ def load(
             hint="supported families: " + ", ".join(sorted(FAMILIES)),
         )
     auto = _auto_class(config, task)
-    if local and not any((path / f).is_file() for f in _TOKENIZER_FILES):
+    if not any((path / f).is_file() for f in _TOKENIZER_FILES):
         raise HeedfulError(f"{name} has no tokenizer", hint="save the tokenizer next to the model: tokenizer.save_pretrained(folder)")
     with quiet_transformers():
         try:
@@ -179,7 +187,9 @@ def from_pretrained_objects(hf_model, tokenizer, task: str | None = None, name: 
     return Model(adapter_for(hf_model, tokenizer, task=task, name=name), name=name)
 
 
-def loader(name_or_path: str | os.PathLike, *, max_memory: str | int | None = None) -> functools.partial[Model]:
+def loader(
+    name_or_path: str | os.PathLike, *, max_memory: str | int | None = None, revision: str | None = None
+) -> functools.partial[Model]:
     """A picklable call that loads ``name_or_path`` in another process (a Ray worker):
     ``functools.partial(load, ...)`` without progress bars, a local folder by its absolute path
     (workers start in another directory).
@@ -189,4 +199,5 @@ def loader(name_or_path: str | os.PathLike, *, max_memory: str | int | None = No
     'classification'
     """
     where = Path(name_or_path).expanduser()
-    return functools.partial(load, str(where.resolve()) if where.exists() else str(name_or_path), max_memory=max_memory, progress=False)
+    name = str(where.resolve()) if where.exists() else str(name_or_path)
+    return functools.partial(load, name, max_memory=max_memory, progress=False, revision=revision)

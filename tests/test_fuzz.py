@@ -208,7 +208,8 @@ def test_api_load_broken_folders(folders):
 @FEW
 @given(name=st.one_of(texts, st.sampled_from(["org/model", "bert-base-uncased", "hf://x", "../..", "~nobody/x", "heedful"])))
 def test_api_load_names_fail_fast_offline(name):
-    """A name that is no zoo model and no folder is refused at once: nothing comes from a hub."""
+    """A name that is no zoo model and no folder is refused at once: the suite runs with the hub
+    offline (HF_HUB_OFFLINE), and a hub id not in the cache is one line."""
     import time
 
     tried("api load")

@@ -20,13 +20,14 @@ def progress() -> LoggedProgress:
     return progress_bar(err)
 
 
-def load_model(name: str, device: str = "cpu", max_memory: int | str | None = None):
-    """:func:`heedful.load` with a spinner on stderr (zoo models are built on first use);
-    ``max_memory``: the budget of one pass (see :mod:`heedful.memory`)."""
+def load_model(name: str, device: str = "cpu", max_memory: int | str | None = None, **hub):
+    """:func:`heedful.load` with a spinner on stderr (zoo models are built on first use, hub ids
+    downloaded with their own progress bars); ``max_memory``: the budget of one pass (see
+    :mod:`heedful.memory`); ``hub``: ``revision``, ``allow_pickle``, ``trust_remote_code``."""
     import heedful
 
     with err.status(f"loading {name} …"):
-        return heedful.load(name, device=device, max_memory=max_memory)
+        return heedful.load(name, device=device, max_memory=max_memory, **hub)
 
 
 def read_text_file(path: str, what: str = "--file") -> str:
