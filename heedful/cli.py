@@ -93,6 +93,7 @@ def explain(
     chat: Annotated[bool, typer.Option("--chat", help="With --generate / --continuation: the texts are user messages in the model's chat template.")] = False,
     sources: Annotated[str | None, typer.Option("--sources", help="Cut each text into sources and rank them: sentences, paragraphs or tokens:N. --file is then one document.")] = None,
     query: Annotated[str | None, typer.Option("--query", help="With --sources: text appended after each document (e.g. the question), not itself a source.")] = None,
+    chat_file: Annotated[str | None, typer.Option("--chat-file", help='A conversation as JSON, [{"role": ..., "content": ...}, ...], in the model\'s chat template; its messages are the sources (--sources messages).')] = None,
     max_memory: Annotated[str | None, typer.Option("--max-memory", help="Memory one pass may use, e.g. 4GB or 512MiB (default: half of the free memory).")] = None,
     revision: Annotated[str | None, typer.Option("--revision", help="Hub ids: the branch, tag or commit to load (or --model ORG/NAME@REV).")] = None,
     allow_pickle: Annotated[bool, typer.Option("--allow-pickle", help="Hub ids: load pickled weights when a repository has no safetensors (unpickling runs code).")] = False,
@@ -114,11 +115,20 @@ def explain(
     if seed is not None and seed < 0:
         raise HeedfulError(f"--seed must be 0 or more, got {seed}", hint="e.g. --seed 0")
     budget = None if max_memory is None else parse_memory(max_memory)
-    items = _read_document(texts or [], file) if sources is not None else _read_texts(texts or [], file)
+    if chat_file is not None:
+        if texts or file is not None or query is not None or sources not in (None, "messages") or continuation is not None:
+            raise HeedfulError("--chat-file is the whole input, its messages the sources", hint="drop TEXT, --file, --query, --continuation and --sources")
+        items, sources = [_read_conversation(chat_file)], "messages"
+    else:
+        items = _read_document(texts or [], file) if sources is not None else _read_texts(texts or [], file)
     if query is not None and sources is None:
         raise HeedfulError("--query goes with --sources", hint="add --sources sentences (or paragraphs, tokens:N)")
     spans = None
-    if sources is not None:
+    if sources == "messages":
+        if chat_file is None:
+            raise HeedfulError("--sources messages needs a conversation", hint="give it with --chat-file conversation.json")
+        spec = sources
+    elif sources is not None:
         spec = heedful.SourceSpec.parse(sources)
         if query is not None:
             spans = [heedful.SourceSpec.parse(spec, within=(0, len(text))) for text in items]
@@ -186,7 +196,23 @@ def explain(
         print_explanations(ordered, words=words, console=out)
 
 
-def _answers(loaded, items: list[str], steps: int) -> list[str]:
+def _read_conversation(path: str) -> list[dict[str, str]]:
+    """The messages of the JSON file ``path`` (a list of ``{"role", "content"}``), or one line
+    saying what is wrong with it (the messages themselves are checked when they are templated)."""
+    text = read_text_file(path, "--chat-file")
+    try:
+        found = json.loads(text)
+    except ValueError as exc:
+        raise HeedfulError(f"--chat-file {path} is not JSON ({exc})", hint='give [{"role": "user", "content": "..."}, ...]') from None
+    if not isinstance(found, list) or not found or not all(isinstance(m, dict) and "role" in m for m in found):
+        raise HeedfulError(
+            f"--chat-file {path} is not a list of messages",
+            hint='give [{"role": "system", "content": "..."}, {"role": "user", "content": "..."}, ...]',
+        )
+    return found
+
+
+def _answers(loaded, items: list, steps: int) -> list[str]:
     """What the model writes after each text (greedy, at most ``steps`` tokens, up to its end of
     sequence): the span target whose sources --sources ranks."""
     generation = loaded.generate(items, steps)

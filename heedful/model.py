@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -14,6 +14,13 @@ import torch
 from heedful.adapters import ModelAdapter
 from heedful.attribution import get_method, span_methods
 from heedful.batch import Batch
+from heedful.conversation import (
+    Conversation,
+    chat_batch,
+    is_conversation,
+    template,
+    templated_batch,
+)
 from heedful.errors import InputError
 from heedful.explanation import Cost, Explanation, Explanations, TargetInfo
 from heedful.generation import Generation, force, generate, prepare_steps
@@ -22,7 +29,6 @@ from heedful.memory import parse_memory
 from heedful.options import jsonable
 from heedful.problem import Problem, contrast_spans, prepare, span_request
 from heedful.registry import MethodInfo
-from heedful.sequences import chat_batch
 from heedful.sources import SourceSpec
 from heedful.targets import ResolvedTarget, Target
 
@@ -168,7 +174,7 @@ class Model:
     # ------------------------------------------------------------------ explanation
     def explain(
         self,
-        texts: str | Sequence[str] | Problem,
+        texts: str | Sequence[str] | Sequence[Mapping[str, str]] | Problem,
         method: str = "normxlogit",
         target: Target | int | str | tuple | None = None,
         *,
@@ -197,6 +203,12 @@ class Model:
         attribution methods rank and ``Explanation.source_scores()`` pools any method's scores
         into (they default to sentences for the context methods).
 
+        A conversation -- a list of ``{"role", "content"}`` messages, or a list of them -- is
+        explained in the model's chat template with the assistant's turn opened (the template's
+        tokens marked special, :mod:`heedful.conversation`); ``sources="messages"`` (the context
+        methods' default for conversations) ranks its turns for the target, e.g. the assistant's
+        answer given as a span.
+
         >>> model = heedful.load("minilm-sentiment")                          # doctest: +SKIP
         >>> e = model.explain("a charming and often affecting journey")        # doctest: +SKIP
         >>> e.top(2)                                                          # doctest: +SKIP
@@ -204,30 +216,57 @@ class Model:
         """
         info = get_method(method, self.task)
         bound = info.bind(options)
-        spec = SourceSpec.parse(sources) if sources is not None or info.needs_sources else None
         if isinstance(texts, Problem):
             if target is not None or quantity is not None or sources is not None:
                 raise InputError("a prepared problem has its target and sources", hint="pass them to model.prepare(...)")
             return Explanations(self._explain_problem(texts, info, bound))
+        conversations = self._conversations(texts)
+        by_message = sources == "messages" or (conversations is not None and sources is None and info.needs_sources)
+        if by_message and conversations is None:
+            raise InputError(
+                'sources="messages" needs a conversation',
+                hint='pass a list of {"role": ..., "content": ...} messages (or a list of such lists)',
+            )
+        spec = SourceSpec.parse(sources) if not by_message and (sources is not None or info.needs_sources) else None
         request = Target.parse(target)
         span = self._check_span(info, request)
         quantity = info.quantity(quantity, "log_prob" if span else "logit")
         explain_batch = self._explain_contrast if contrast_spans(self.adapter, request) is not None else self._explain_batch
-        single = isinstance(texts, str)
-        items = _text_list(texts)
+        if by_message:  # every conversation has its own turns: one problem each
+            results = Explanations()
+            for conversation in conversations:
+                batch = templated_batch(self.adapter, [conversation], truncation, max_length)
+                results.extend(explain_batch(batch, info, request, bound, quantity, SourceSpec.parse(list(conversation.turns))))
+                if progress is not None:
+                    progress(1)
+            return results[0] if is_conversation(texts) else results
+        single = isinstance(texts, str) or is_conversation(texts)
+        items = _text_list(texts) if conversations is None else conversations
         pairs = _pairs(text_pair, len(items), single)
         if batch_size < 1:
             raise InputError(f"batch_size must be positive, got {batch_size}")
         results = Explanations()
         for start in range(0, len(items), batch_size):
             stop = start + batch_size
-            batch = self.adapter.encode(
-                items[start:stop], None if pairs is None else pairs[start:stop], truncation, max_length
-            )
+            if conversations is None:
+                batch = self.adapter.encode(
+                    items[start:stop], None if pairs is None else pairs[start:stop], truncation, max_length
+                )
+            else:
+                batch = templated_batch(self.adapter, items[start:stop], truncation, max_length)
             results.extend(explain_batch(batch, info, request, bound, quantity, spec))
             if progress is not None:
                 progress(len(batch))
         return results[0] if single else results
+
+    def _conversations(self, texts: Any) -> list[Conversation] | None:
+        """``texts`` as conversations in the model's chat template, if it is one conversation (a
+        list of ``{"role", "content"}`` messages) or a list of them; else ``None``."""
+        if is_conversation(texts):
+            return [template(self.tokenizer, texts)]
+        if isinstance(texts, Sequence) and not isinstance(texts, str) and texts and all(is_conversation(t) for t in texts):
+            return [template(self.tokenizer, t) for t in texts]
+        return None
 
     def _explain_batch(
         self,
@@ -407,14 +446,18 @@ class Model:
         """The prompts followed by what the model writes (greedy, at most ``max_new_tokens``;
         ``generation_config``: any ``transformers`` generation option), or by ``continuation``
         (forced). ``chat``: each prompt is a user message in the model's chat template (the
-        template's tokens marked special). Pass the result to :meth:`explain_generation` to
+        template's tokens marked special); a conversation (a list of ``{"role", "content"}``
+        messages, or a list of them) is continued in the template, the assistant's turn opened. Pass the result to :meth:`explain_generation` to
         explain one generation with several methods.
 
         >>> lm = heedful.load("smollm2-135m")                               # doctest: +SKIP
         >>> lm.generate("The capital of France is", 3).batch.texts          # doctest: +SKIP
         ['The capital of France is Paris. The']
         """
-        if chat:
+        conversations = self._conversations(prompts)
+        if conversations is not None:
+            batch = templated_batch(self.adapter, conversations, truncation, max_length)
+        elif chat:
             batch = chat_batch(self.adapter, _text_list(prompts), truncation, max_length)
         else:
             batch = self.encode(prompts, truncation=truncation, max_length=max_length)

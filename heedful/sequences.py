@@ -163,30 +163,3 @@ def _piece_starts(tokenizer, text: str) -> list[int]:
             starts.append(i)
         previous = ch
     return starts or [0]
-
-
-def chat_batch(adapter: ModelAdapter, prompts: Sequence[str], truncation: bool = True, max_length: int | None = None) -> Batch:
-    """Prompts as user messages in the model's chat template (with the assistant's turn opened),
-    encoded; every token outside the user's own text -- the template's role markers, system
-    prompt and separators -- is marked special, so methods, metrics and views treat it as such.
-    A beginning-of-sequence token written by the template is not added a second time."""
-    tokenizer = adapter.tokenizer
-    if not getattr(tokenizer, "chat_template", None):
-        raise InputError("this tokenizer has no chat template", hint="drop chat=True (--chat), or use a chat model")
-    templated = []
-    for prompt in prompts:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False)
-        bos = tokenizer.bos_token
-        if bos and text.startswith(bos) and tokenizer(" ", add_special_tokens=True)["input_ids"][:1] == [tokenizer.bos_token_id]:
-            text = text[len(bos) :]  # the tokenizer adds it back
-        templated.append(text)
-    batch = adapter.encode(templated, None, truncation, max_length)
-    for b, (text, prompt) in enumerate(zip(templated, prompts, strict=True)):
-        start = text.rfind(prompt)
-        end = start + len(prompt)
-        for pos, offset in enumerate(batch.offsets[b]):
-            if offset is None or not start <= offset[0] <= offset[1] <= end:
-                batch.special_mask[b, pos] = True
-                batch.offsets[b][pos] = None
-                batch.word_ids[b][pos] = None
-    return batch
