@@ -773,7 +773,7 @@ def _scores_for(
 
 # Both estimators read hidden states off the reference pass, which then serves as the clean
 # pass (no second one).
-@register("coperturbation", family="perturbation", cost=COPERTURBATION_COST, needs_hidden=True, version=2)
+@register("coperturbation", family="perturbation", cost=COPERTURBATION_COST, needs_hidden=True, version=2, needs=("blocks",))
 def coperturbation(
     problem: Problem,
     *,
@@ -842,7 +842,7 @@ def coperturbation(
     return _scores_for(problem, settings, layer, layerwise, score, normalize, seed)
 
 
-@register("guan2019", family="perturbation", cost=GUAN2019_COST, needs_hidden=True)
+@register("guan2019", family="perturbation", cost=GUAN2019_COST, needs_hidden=True, needs=("blocks",))
 def guan2019(
     problem: Problem,
     *,

@@ -35,6 +35,7 @@ from heedful.seeding import example_generators
     family="perturbation",
     cost="N x samples forwards (batched)",
     needs_hidden=True,  # the reference pass is the clean pass
+    needs=("blocks",),  # the noise lands on the first block's input
 )
 @torch.no_grad()
 def individual_perturbation(

@@ -25,7 +25,7 @@ from typing import Literal
 
 import torch
 
-from heedful.adapters import Forward, ModelAdapter
+from heedful.adapters import Forward, ModelAdapter, Site
 from heedful.batch import Batch
 from heedful.errors import InputError
 from heedful.problem import Problem
@@ -100,9 +100,10 @@ def check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
 @contextmanager
 def _noise_on_first_block(adapter: ModelAdapter, noise: torch.Tensor) -> Iterator[None]:
     """Adds ``noise`` ``[R, W, D]`` to the residual stream entering the first block
-    (= ``hidden_states[0]``), through the adapter's interception."""
+    (= ``hidden_states[0]``, the first block's input), through the adapter's interception (a
+    model without block roles needs only its blocks)."""
     with adapter.intercept() as hooks:
-        hooks.replace("block_in", lambda hidden: hidden + noise.to(hidden.dtype), layers=[0])
+        hooks.at(Site(adapter.blocks[0], "input"), lambda _, hidden: hidden + noise.to(hidden.dtype))
         yield
 
 

@@ -116,7 +116,7 @@ def _weighted_maps(
     ]
 
 
-LRP_METHOD = {"family": "relevance", "quantities": ("logit",)}
+LRP_METHOD = {"family": "relevance", "quantities": ("logit",), "needs": ("roles", "rules")}
 """What every LRP method registers with: LRP rules explain logits (their relevance is
 conserved for logits, not log-probabilities)."""
 
@@ -285,7 +285,7 @@ def attnlrp(problem: Problem) -> torch.Tensor:
     return _scatter(problem.batch, parts)
 
 
-@register("cam", family="relevance", cost="1 forward + 1 backward", reference=attention_reference())
+@register("cam", family="relevance", cost="1 forward + 1 backward", reference=attention_reference(), needs=("attentions",))
 def cam(problem: Problem) -> torch.Tensor:
     """Last layer's attention gradient averaged over heads and query rows, positive part.
 
@@ -305,6 +305,7 @@ def cam(problem: Problem) -> torch.Tensor:
     family="relevance",
     cost="1 forward + 1 backward",
     reference=attention_reference(),
+    needs=("attentions",),
 )
 def attention_gradcam(problem: Problem) -> torch.Tensor:
     """Last layer's attention weighted per head by its mean gradient, positive part, min-max normalised.

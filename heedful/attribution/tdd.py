@@ -68,9 +68,10 @@ def _row_scores(problem: Problem, features: Features, keep: torch.Tensor, chunk:
 def _prefix_one_pass(problem: Problem, features: Features) -> torch.Tensor | None:
     """``d`` ``[B, M + 1]`` from one forward for causal decoders whose special tokens all come
     before the content (then the prefix ending at a token is exactly what its position sees);
-    ``None`` when that does not hold."""
+    ``None`` when that does not hold, or when the head is known only through the model's own
+    outputs (then the prefixes run as deletions)."""
     adapter, batch, target = problem.adapter, problem.batch, problem.target
-    if not adapter.is_decoder or target.anchor_kind != "last":
+    if not adapter.is_decoder or target.anchor_kind != "last" or not adapter.provides("head"):
         return None
     positions = torch.arange(batch.seq_len)[None, :]
     first = torch.where(features.valid, features.positions, batch.seq_len).amin(dim=1)
