@@ -94,6 +94,7 @@ def explain(
     sources: Annotated[str | None, typer.Option("--sources", help="Cut each text into sources and rank them: sentences, paragraphs or tokens:N. --file is then one document.")] = None,
     query: Annotated[str | None, typer.Option("--query", help="With --sources: text appended after each document (e.g. the question), not itself a source.")] = None,
     max_memory: Annotated[str | None, typer.Option("--max-memory", help="Memory one pass may use, e.g. 4GB or 512MiB (default: half of the free memory).")] = None,
+    sinks: Annotated[bool, typer.Option("--sinks/--no-sinks", help="Leave the first token (an attention sink in many decoders) out of the colour scale, as the special tokens; the scores are unchanged.")] = True,
 ) -> None:
     """Explain TEXT(s) with one or more methods and show a heatmap (or JSON / HTML); with
     --generate or --continuation, explain every token a language model writes after them; with
@@ -174,13 +175,13 @@ def explain(
             results.extend(found)
     ordered = _by_text(results, len(items), len(infos))
     if html is not None:
-        html.write_text(explanation_page(ordered, words=words), encoding="utf-8")
+        html.write_text(explanation_page(ordered, words=words, sinks=sinks), encoding="utf-8")
         err.print(f"wrote {html}", markup=False, highlight=False)
     if as_json:
         payload = [_json_view(e, words) for e in ordered]
         out.print_json(json.dumps(payload[0] if len(payload) == 1 else payload))
     elif html is None or sys.stdout.isatty():
-        print_explanations(ordered, words=words, console=out)
+        print_explanations(ordered, words=words, console=out, sinks=sinks)
 
 
 def _answers(loaded, items: list[str], steps: int) -> list[str]:
