@@ -299,7 +299,7 @@ def methods(
 def _model_methods(model) -> None:
     """The table of ``heedful methods --model``: every method of the model's task, whether it
     runs on the model and, when not, what the model does not give it."""
-    from heedful.adapters.needs import NEEDS, EXTENDING
+    from heedful.adapters.needs import EXTENDING, NEEDS
     from heedful.attribution import methods as registered_methods
 
     found = model.methods()

@@ -581,7 +581,7 @@ class ModelAdapter:
             return found.int().argmax(dim=1), "fixed"
         if self.is_decoder:
             return last, "last"
-        return torch.zeros(len(batch), dtype=torch.long), "first"
+        return torch.zeros(len(batch), dtype=torch.long, device=batch.input_ids.device), "first"
 
     def output_index(self, value: int | str) -> int:
         """Column of a class (index or label) or of a vocabulary token.
@@ -726,6 +726,10 @@ class ModelAdapter:
             kwargs["output_hidden_states"] = True
         if attentions:
             kwargs["output_attentions"] = True
+        device = self.device  # the batch is tokenized on the CPU; the pass runs where the model is
+        for key in ("input_ids", "inputs_embeds", "attention_mask", "token_type_ids"):
+            if torch.is_tensor(kwargs.get(key)):
+                kwargs[key] = kwargs[key].to(device)
         width = (inputs_embeds if inputs_embeds is not None else kwargs["input_ids"]).shape[1]
         chunked = prefill is not None and prefill < width  # chunked prefill runs near the budget
         bounded = (checkpoint or release) and torch.is_grad_enabled() or chunked
