@@ -157,8 +157,11 @@ class MethodInfo:
 
     # ------------------------------------------------------------------ calling
     def __call__(self, problem: Any, **options: Any) -> Any:
-        """Run the method on a prepared problem with validated options."""
-        return self.fn(problem, **self.bind(options))
+        """Run the method on a prepared problem with validated options (refused first when the
+        problem's model lacks something the method needs, :meth:`require`)."""
+        bound = self.bind(options)
+        self.require(problem.adapter)
+        return self.fn(problem, **bound)
 
     def supports(self, task: str) -> bool:
         return task in self.tasks

@@ -13,6 +13,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 
+import numpy as np
 import pytest
 import torch
 import transformers as tf
@@ -21,7 +22,16 @@ import heedful
 from heedful.adapters import GenericAdapter
 from heedful.adapters.needs import NEEDS
 from heedful.loading import GenericModelWarning
-from heedful.testing import INIT_RANGE, bytelevel_tokenizer, tiny_hf, wordpiece_tokenizer
+from heedful.testing import (
+    INIT_RANGE,
+    MASKED_TEXTS,
+    SOURCES,
+    bytelevel_tokenizer,
+    fast_options,
+    tiny_hf,
+    wordpiece_tokenizer,
+)
+from heedful.testing import TEXTS as CONFORMANCE_TEXTS
 
 SMALL = {"initializer_range": INIT_RANGE}
 
@@ -133,6 +143,27 @@ def test_a_role_method_refuses_in_one_line_before_any_work(name):
         missing = model.methods()[method]
         assert missing and all(NEEDS[need] in message for need in missing)
     assert model.adapter.counter.forward == 0 and model.adapter.counter.backward == 0
+
+
+@pytest.mark.parametrize("name", ["bloom", "falcon", "mpnet"])
+def test_every_method_a_model_allows_runs_on_it(name):
+    """Every method the generic adapter allows -- gradients, perturbations, co-perturbation at the
+    first block's input, attention and attention-gradient methods, TDD, the context methods --
+    runs on an unknown family's padded batch and gives finite scores; a decoder LM also
+    explains its generation."""
+    model = unknown_model(name)
+    texts = [t.format(mask=model.tokenizer.mask_token) for t in MASKED_TEXTS] if model.task == "masked_lm" else list(CONFORMANCE_TEXTS)
+    allowed = [m for m, missing in model.methods().items() if not missing]
+    assert {"saliency", "lime", "kernel_shap", "rise", "smoothgrad", "coperturbation", "source_loo", "rollout"} <= set(allowed)
+    for method in allowed:
+        info = heedful.get_method(method)
+        options = {**fast_options(info, model), **({"n_ablations": 16} if info.takes("n_ablations") else {})}
+        found = model.explain(texts, method, **({"sources": SOURCES} if info.needs_sources else {}), **options)
+        for e in found:
+            assert np.isfinite(np.asarray(e.scores, dtype=float)).all(), method
+    if model.task == "causal_lm":
+        generation = model.explain_generation("the plot is", "saliency", max_new_tokens=3)
+        assert generation.scores.shape[0] == 3
 
 
 def test_causality_is_measured():

@@ -204,9 +204,11 @@ class GenericAdapter(ModelAdapter):
             return out.logits, out.hidden_states, out.attentions
         found: list[torch.Tensor] = []
         classes = int(getattr(self.config, "num_labels", 1))
+        given = kwargs.get("input_ids", kwargs.get("inputs_embeds"))
+        computed = given.shape[1]  # the positions this pass runs (after a continued cache's)
 
         def per_position(module: nn.Module, args: tuple, output) -> None:
-            if torch.is_tensor(output) and output.dim() == 3 and output.shape == (batch, width, classes):
+            if torch.is_tensor(output) and output.dim() == 3 and output.shape == (batch, computed, classes):
                 found.append(output)
 
         heads = [m for name, m in self.hf_model.named_children() if m is not self.backbone]
