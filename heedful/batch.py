@@ -43,7 +43,7 @@ class Batch:
 
     def select(self, indices: list[int]) -> Batch:
         """A sub-batch of the given examples, trimmed to its own longest length."""
-        idx = torch.as_tensor(indices, dtype=torch.long)
+        idx = torch.as_tensor(indices, dtype=torch.long, device=self.input_ids.device)
         width = int(self.attention_mask[idx].sum(dim=1).max()) if len(indices) else 0
 
         def cut(t: torch.Tensor | None) -> torch.Tensor | None:

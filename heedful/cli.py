@@ -98,6 +98,7 @@ def explain(
     revision: Annotated[str | None, typer.Option("--revision", help="Hub ids: the branch, tag or commit to load (or --model ORG/NAME@REV).")] = None,
     allow_pickle: Annotated[bool, typer.Option("--allow-pickle", help="Hub ids: load pickled weights when a repository has no safetensors (unpickling runs code).")] = False,
     trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="Run a repository's own model code (auto_map), as transformers does.")] = False,
+    sinks: Annotated[bool, typer.Option("--sinks/--no-sinks", help="Leave the first token (an attention sink in many decoders) out of the colour scale, as the special tokens; the scores are unchanged.")] = True,
 ) -> None:
     """Explain TEXT(s) with one or more methods and show a heatmap (or JSON / HTML); with
     --generate or --continuation, explain every token a language model writes after them; with
@@ -187,13 +188,13 @@ def explain(
             results.extend(found)
     ordered = _by_text(results, len(items), len(infos))
     if html is not None:
-        html.write_text(explanation_page(ordered, words=words), encoding="utf-8")
+        html.write_text(explanation_page(ordered, words=words, sinks=sinks), encoding="utf-8")
         err.print(f"wrote {html}", markup=False, highlight=False)
     if as_json:
         payload = [_json_view(e, words) for e in ordered]
         out.print_json(json.dumps(payload[0] if len(payload) == 1 else payload))
     elif html is None or sys.stdout.isatty():
-        print_explanations(ordered, words=words, console=out)
+        print_explanations(ordered, words=words, console=out, sinks=sinks)
 
 
 def _read_conversation(path: str) -> list[dict[str, str]]:
@@ -292,12 +293,16 @@ def _json_view(expl, words: bool) -> dict[str, Any]:
 def methods(
     name: Annotated[str | None, typer.Argument(help="Show this method's options.")] = None,
     markdown: Annotated[bool, typer.Option("--markdown", help="Print the table as markdown (the README's).")] = False,
+    model: Annotated[str | None, typer.Option("--model", "-m", help="Which methods apply to this model (zoo name or folder), and why the others do not.")] = None,
 ) -> None:
     """List the attribution methods with their family, tasks, cost and source; with NAME, that
-    method's options (defaults, choices, ranges)."""
+    method's options (defaults, choices, ranges); with --model, the methods that model allows."""
     import heedful
     from heedful.render.methods import method_table
 
+    if model is not None:
+        _model_methods(heedful.load(model))
+        return
     if name is not None:
         info = heedful.get_method(name)
         table = Table(title=f"{info.name}: {escape(info.summary)}", caption=escape(info.citation))
@@ -317,6 +322,28 @@ def methods(
     for info in heedful.methods():
         tasks = "all" if set(info.tasks) == set(TASKS) else ", ".join(info.tasks)
         table.add_row(info.name, info.family, tasks, escape(info.cost), escape(info.citation))
+    out.print(table)
+
+
+def _model_methods(model) -> None:
+    """The table of ``heedful methods --model``: every method of the model's task, whether it
+    runs on the model and, when not, what the model does not give it."""
+    from heedful.adapters.needs import EXTENDING, NEEDS
+    from heedful.attribution import methods as registered_methods
+
+    found = model.methods()
+    runs = sum(not missing for missing in found.values())
+    table = Table(
+        title=f"methods for {escape(model.name)}: {runs} of {len(found)} run on {escape(model.adapter.described)}",
+        caption=f"a family is given what a method needs in {EXTENDING}" if runs < len(found) else None,
+    )
+    table.add_column("method", no_wrap=True, style="bold")
+    for col in ("family", "runs", "why not"):
+        table.add_column(col, overflow="fold")
+    for info in registered_methods(task=model.task):
+        missing = found[info.name]
+        why = "; ".join(f"needs {NEEDS[n]}" for n in missing)
+        table.add_row(info.name, info.family, "no" if missing else "yes", escape(why))
     out.print(table)
 
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import functools
 import os
+import warnings
 from pathlib import Path
 
 import torch
 import transformers
 from transformers import AutoConfig, AutoTokenizer
 
-from heedful.adapters import FAMILIES, adapter_for
+from heedful.adapters import GenericAdapter, adapter_for
 from heedful.adapters.heads import TASKS, head_of_class, head_of_task
 from heedful.errors import HeedfulError, InputError, UnsupportedModelError
 from heedful.memory import parse_memory
@@ -131,12 +132,10 @@ def load(
             hint="zoo names: " + ", ".join(zoo.zoo_names()) + "; or a local Hugging Face directory, or a hub id",
         ) from None
     except ValueError as exc:  # no or an unknown model_type
-        raise UnsupportedModelError(f"cannot read the model in {name}: {_first_line(exc)}", hint="supported families: " + ", ".join(sorted(FAMILIES))) from None
-    if config.model_type not in FAMILIES:
         raise UnsupportedModelError(
-            f"architecture {config.model_type!r} is not supported",
-            hint="supported families: " + ", ".join(sorted(FAMILIES)),
-        )
+            f"cannot read the model in {name}: {_first_line(exc)}",
+            hint="transformers does not know this model type: update transformers, or pass trust_remote_code=True for a model with its own code",
+        ) from None
     auto = _auto_class(config, task)
     if not any((path / f).is_file() for f in _TOKENIZER_FILES):
         raise HeedfulError(f"{name} has no tokenizer", hint="save the tokenizer next to the model: tokenizer.save_pretrained(folder)")
@@ -172,19 +171,40 @@ def load(
     adapter = adapter_for(hf_model, tokenizer, task=task, name=name)
     if budget is not None:
         adapter.max_memory = budget
-    return Model(adapter, name=name, info=info)
+    return announced(Model(adapter, name=name, info=info))
 
 
-def from_pretrained_objects(hf_model, tokenizer, task: str | None = None, name: str = "model") -> Model:
+def announced(model: Model) -> Model:
+    """``model``, having said once (a warning) how many methods it gets when its family is
+    not mapped and it runs with the generic adapter (:mod:`heedful.adapters.generic`)."""
+    if isinstance(model.adapter, GenericAdapter):
+        found = model.methods()
+        runs = sum(not missing for missing in found.values())
+        warnings.warn(
+            f"{model.adapter.described}: heedful has no roles for this family; "
+            f"{runs} of {len(found)} methods run on it (`heedful methods --model {model.name}` lists them)",
+            GenericModelWarning,
+            stacklevel=3,
+        )
+    return model
+
+
+class GenericModelWarning(UserWarning):
+    """A model loaded with the generic adapter: some methods will refuse it."""
+
+
+def from_pretrained_objects(hf_model, tokenizer, task: str | None = None, name: str = "model", *, generic: bool = False) -> Model:
     """Wrap already-loaded ``transformers`` objects (load them with ``attn_implementation="eager"``
-    for attention methods).
+    for attention methods). A model of a family heedful has not mapped -- or any model, with
+    ``generic=True`` -- runs with the generic adapter (:mod:`heedful.adapters.generic`): every
+    method that needs only what ``transformers`` exposes; the others refuse before any work.
 
     >>> import heedful, transformers                                  # doctest: +SKIP
     >>> m = heedful.from_pretrained_objects(hf_model, tokenizer)      # doctest: +SKIP
     """
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
-    return Model(adapter_for(hf_model, tokenizer, task=task, name=name), name=name)
+    return announced(Model(adapter_for(hf_model, tokenizer, task=task, name=name, generic=generic), name=name))
 
 
 def loader(

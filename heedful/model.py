@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from heedful.adapters import ModelAdapter
-from heedful.attribution import get_method, span_methods
+from heedful.attribution import get_method, methods, span_methods
 from heedful.batch import Batch
 from heedful.conversation import (
     Conversation,
@@ -77,6 +77,20 @@ class Model:
     def max_memory(self, value: str | int) -> None:
         self.adapter.max_memory = parse_memory(value)
 
+    # ------------------------------------------------------------------ methods
+    def method(self, name: str) -> MethodInfo:
+        """The registered method ``name`` if this model allows it: a :class:`MethodError` for
+        an unknown method or one the model's task lacks, an :class:`UnsupportedModelError`
+        naming what the model does not give the method (:meth:`MethodInfo.require`)."""
+        info = get_method(name, self.task)
+        info.require(self.adapter)
+        return info
+
+    def methods(self) -> dict[str, tuple[str, ...]]:
+        """Every registered method of the model's task, with the needs this model does not
+        meet (empty: the method runs on it)."""
+        return {info.name: info.missing(self.adapter) for info in methods(task=self.task)}
+
     # ------------------------------------------------------------------ problems
     def encode(
         self,
@@ -125,7 +139,7 @@ class Model:
         batch = texts if isinstance(texts, Batch) else self.encode(
             texts, text_pair=text_pair, truncation=truncation, max_length=max_length
         )
-        info = get_method(method, self.task) if method is not None else None
+        info = self.method(method) if method is not None else None
         return prepare(
             self.adapter,
             batch,
@@ -214,7 +228,7 @@ class Model:
         >>> e.top(2)                                                          # doctest: +SKIP
         [('charming', ...), ('affecting', ...)]
         """
-        info = get_method(method, self.task)
+        info = self.method(method)
         bound = info.bind(options)
         if isinstance(texts, Problem):
             if target is not None or quantity is not None or sources is not None:
@@ -373,6 +387,7 @@ class Model:
         example; the cost adds ``shared`` (what preparing the problem cost) to the method's own."""
         if not info.supports(self.task):
             get_method(info.name, self.task)  # raises the unsupported-task error
+        info.require(self.adapter)
         if problem.target.is_span and not info.spans:
             self._refuse_span(info, problem.target.labels[0], problem.target.classes.shape[1])
         scores, own = self._timed(lambda: info.fn(problem, **bound).detach())
@@ -497,7 +512,7 @@ class Model:
         >>> g.generated_tokens, g.scores.shape                                      # doctest: +SKIP
         (['ĠParis', '.', 'ĠThe', 'Ġcapital'], (4, 9))
         """
-        info = get_method(method, self.task)
+        info = self.method(method)
         bound = info.bind(options)
         if bound.get("layerwise"):
             raise InputError("generation attribution gives one score per token and step", hint="drop layerwise=True")
@@ -534,7 +549,7 @@ class Model:
         """Explanations of one text by several methods, from one prepared problem (a list that
         renders inline in notebooks). Each option
         goes to the methods that take it; an option none of them takes is an error."""
-        infos = [get_method(name, self.task) for name in methods]
+        infos = [self.method(name) for name in methods]
         if not infos:
             raise InputError("no method given", hint="name at least one method")
         unused = sorted(k for k in options if not any(info.takes(k) for info in infos))

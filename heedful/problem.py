@@ -136,7 +136,7 @@ class Problem:
 
     def select(self, rows: list[int] | torch.Tensor) -> Problem:
         """The problem restricted to examples ``rows`` (the batch trimmed to their longest)."""
-        idx = torch.as_tensor(rows, dtype=torch.long)
+        idx = torch.as_tensor(rows, dtype=torch.long, device=self.batch.input_ids.device)
         batch = self.batch.select(idx.tolist())
         width = batch.seq_len
         ref = self.reference

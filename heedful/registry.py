@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from heedful.adapters.needs import check_needs, refusal
 from heedful.errors import InputError, MethodError
 from heedful.options import OptionSpec, bind_options, option_specs
 from heedful.targets import QUANTITIES, TASKS
@@ -52,6 +53,11 @@ class MethodInfo:
     target, its logit and/or its log-probability (LRP rules conserve logits only).
     ``needs_sources``: the method ranks sources of the text (:mod:`heedful.sources`; sentences
     unless others were asked for) and gives each token its source's score shared evenly.
+    ``needs``: what the method reads from the model (:data:`heedful.adapters.needs.NEEDS`:
+    ``embeddings`` always; ``attentions`` and ``hidden_states`` with the flags above; ``blocks``,
+    ``head``, ``roles``, ``rules`` as declared); a model that does not provide one of them
+    (:meth:`heedful.adapters.ModelAdapter.provides`) is refused before any work
+    (:meth:`require`).
     """
 
     name: str
@@ -70,6 +76,19 @@ class MethodInfo:
     spans: bool = False
     quantities: tuple[str, ...] = QUANTITIES
     needs_sources: bool = False
+    needs: tuple[str, ...] = ("embeddings",)
+
+    # ------------------------------------------------------------------ the model
+    def missing(self, adapter: Any) -> tuple[str, ...]:
+        """The needs of this method that ``adapter``'s model does not provide (empty: it runs)."""
+        return tuple(n for n in self.needs if not adapter.provides(n))
+
+    def require(self, adapter: Any) -> None:
+        """Refuse (one line naming what is missing, :func:`heedful.adapters.needs.refusal`)
+        before any work when ``adapter``'s model lacks something this method needs."""
+        gone = self.missing(adapter)
+        if gone:
+            raise refusal(self.name, gone, adapter.described)
 
     # ------------------------------------------------------------------ options
     @property
@@ -138,8 +157,11 @@ class MethodInfo:
 
     # ------------------------------------------------------------------ calling
     def __call__(self, problem: Any, **options: Any) -> Any:
-        """Run the method on a prepared problem with validated options."""
-        return self.fn(problem, **self.bind(options))
+        """Run the method on a prepared problem with validated options (refused first when the
+        problem's model lacks something the method needs, :meth:`require`)."""
+        bound = self.bind(options)
+        self.require(problem.adapter)
+        return self.fn(problem, **bound)
 
     def supports(self, task: str) -> bool:
         return task in self.tasks
@@ -174,6 +196,7 @@ def register(
     spans: bool = False,
     quantities: tuple[str, ...] = QUANTITIES,
     needs_sources: bool = False,
+    needs: tuple[str, ...] = (),
 ) -> Callable[[Callable], Callable]:
     """Register ``fn`` under ``name`` (see :class:`MethodInfo`); ``fn`` is returned unchanged.
 
@@ -182,7 +205,9 @@ def register(
     line of ``fn``'s docstring and its paragraph that starts with ``Source:``.
     ``per_dimension(problem, embeds, options) -> [B, N, E]`` (gradient methods): the method's
     attributions per embedding dimension at word embeddings ``embeds``, which lets wrappers
-    such as SmoothGrad's noise tunnel compose with it.
+    such as SmoothGrad's noise tunnel compose with it. ``needs``: what the method reads from
+    the model beyond the input embeddings and a forward pass (:data:`heedful.adapters.needs.NEEDS`; ``needs_hidden``
+    and ``needs_attentions`` add ``hidden_states`` and ``attentions``).
     """
 
     def deco(fn: Callable) -> Callable:
@@ -197,6 +222,7 @@ def register(
         clash = [spec.name for spec in options if spec.name in RESERVED_OPTIONS]
         if clash:
             raise TypeError(f"method {name!r}: option(s) {', '.join(clash)} would clash with Model.explain's parameters")
+        declared = ("embeddings", *needs, *(("hidden_states",) if needs_hidden else ()), *(("attentions",) if needs_attentions else ()))
         doc_summary, doc_citation = _described(fn)
         if not (summary or doc_summary) or not (citation or doc_citation):
             raise TypeError(
@@ -220,6 +246,7 @@ def register(
             spans=spans,
             quantities=quantities,
             needs_sources=needs_sources,
+            needs=check_needs(declared, f"method {name!r}"),
         )
         return fn
 

@@ -72,7 +72,7 @@ def prefix_chunks(
         useful, longest = grown_useful, grown_longest
     if current:
         chunks.append(current)
-    return [torch.tensor(c, dtype=torch.long) for c in chunks]
+    return [torch.tensor(c, dtype=torch.long, device=start.device) for c in chunks]
 
 
 @torch.no_grad()
@@ -99,9 +99,9 @@ def removal_scores(
     fits = _fits(problem.adapter, _held(problem))
     # a copy whose continuing pass would not fit the budget even alone runs as a full pass,
     # which the runner bounds (the full pass keeps no cache)
-    alone = torch.tensor([fits(1, int(n), int(n - p)) for n, p in zip(lengths.tolist(), start.tolist(), strict=True)], dtype=torch.bool)
+    alone = torch.tensor([fits(1, int(n), int(n - p)) for n, p in zip(lengths.tolist(), start.tolist(), strict=True)], dtype=torch.bool, device=start.device)
     worth = (start >= REUSE_SHARE * lengths) & alone
-    values = torch.zeros(len(example))
+    values = torch.zeros(len(example), device="cpu")  # collected on the CPU (each chunk's .cpu())
     if bool((~worth).any()):
         plain = ~worth
         values[plain] = full.scores(Copies.of(_rows(perturbed, plain), example[plain]), output)
@@ -162,7 +162,7 @@ def _reused(
     target = problem.target.select(example).with_anchor(perturbed.anchor)
     lengths = perturbed.attention_mask.sum(dim=1)
     states = adapter.prefix_states(batch)
-    values = torch.zeros(len(example))
+    values = torch.zeros(len(example), device="cpu")  # collected on the CPU (each chunk's .cpu())
     budget = TOKEN_BUDGET if rows is None else None
     chunks = prefix_chunks(start, lengths, budget or 1 << 62, fits)
     if rows is not None:

@@ -175,13 +175,13 @@ class SourceMap:
     @property
     def counts(self) -> torch.Tensor:
         """Number of sources per example ``[B]``."""
-        return torch.tensor([len(s) for s in self.spans], dtype=torch.long)
+        return torch.tensor([len(s) for s in self.spans], dtype=torch.long, device=self.ids.device)
 
     def members(self) -> torch.Tensor:
         """``[B, S, N]`` bool: token ``n`` of example ``b`` belongs to source ``s`` (``S`` the
         most sources of any example)."""
         width = max(int(self.counts.max()), 1) if self.spans else 1
-        return self.ids[:, None, :] == torch.arange(width)[None, :, None]
+        return self.ids[:, None, :] == torch.arange(width, device=self.ids.device)[None, :, None]
 
     def pool(self, scores: torch.Tensor) -> torch.Tensor:
         """Token scores ``[B, N]`` summed per source ``[B, S]`` (0 past an example's sources)."""
@@ -205,7 +205,7 @@ def map_sources(
     first text segment; special tokens belong to none). ``ends[b]``: where example ``b``'s own
     text ends (a text continued by a span target: the span is no source)."""
     given = SourceSpec.parse(spec)
-    ids = torch.full(batch.input_ids.shape, -1, dtype=torch.long)
+    ids = torch.full(batch.input_ids.shape, -1, dtype=torch.long, device=batch.input_ids.device)
     spans_of: list[list[Span]] = []
     for b, text in enumerate(batch.texts):
         spec = given
@@ -218,6 +218,6 @@ def map_sources(
         else:
             spans = split_text(text, spec)
         tokens = token_sources(offsets, spans)
-        ids[b, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+        ids[b, : len(tokens)] = torch.tensor(tokens, dtype=torch.long, device=ids.device)
         spans_of.append(spans)
     return SourceMap(spans_of, ids, given)

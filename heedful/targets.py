@@ -167,10 +167,10 @@ class ResolvedTarget:
 
     def repeat(self, times: int) -> ResolvedTarget:
         """Each example repeated ``times`` times in a row (``[B] -> [B * times]``)."""
-        return self.select(torch.arange(len(self.labels)).repeat_interleave(times))
+        return self.select(torch.arange(len(self.labels), device=self.anchor.device).repeat_interleave(times))
 
     def select(self, indices: list[int] | torch.Tensor) -> ResolvedTarget:
-        idx = torch.as_tensor(indices, dtype=torch.long)
+        idx = torch.as_tensor(indices, dtype=torch.long, device=self.anchor.device)
         return replace(
             self,
             anchor=self.anchor[idx],
@@ -224,7 +224,7 @@ def resolve_target(
     predicted = anchor_logits.argmax(dim=-1).cpu()
     if target.kind == "predicted":
         classes = predicted[:, None]
-        weights = torch.ones(1)
+        weights = torch.ones(1, device=predicted.device)
     elif target.kind == "given":
         idx = adapter.output_index(target.value)
         classes = torch.full((bsz, 1), idx, dtype=torch.long)

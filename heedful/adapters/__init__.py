@@ -11,6 +11,7 @@ from torch import nn
 
 from heedful.adapters.base import Forward, LMHeadParts, ModelAdapter, PassCounter, PrefixStates
 from heedful.adapters.families import FAMILIES
+from heedful.adapters.generic import GenericAdapter
 from heedful.adapters.heads import head_of_class, head_of_task
 from heedful.adapters.intercept import Interception
 from heedful.adapters.roles import ROLES, BlockRoles, ModelRoles, Site
@@ -21,6 +22,7 @@ __all__ = [
     "ROLES",
     "BlockRoles",
     "Forward",
+    "GenericAdapter",
     "Interception",
     "LMHeadParts",
     "ModelAdapter",
@@ -58,15 +60,15 @@ def infer_task(hf_model: nn.Module) -> str:
     return head.tasks[0]
 
 
-def adapter_for(hf_model: nn.Module, tokenizer, task: str | None = None, name: str = "model") -> ModelAdapter:
-    """Wrap a loaded ``transformers`` model in the adapter of its family."""
+def adapter_for(
+    hf_model: nn.Module, tokenizer, task: str | None = None, name: str = "model", *, generic: bool = False
+) -> ModelAdapter:
+    """Wrap a loaded ``transformers`` model in the adapter of its family, or in the
+    :class:`GenericAdapter` when its family is not mapped (or ``generic`` asks for it): then
+    only the methods that need no more than ``transformers`` exposes for every model run
+    (:mod:`heedful.adapters.needs`)."""
     model_type = getattr(hf_model.config, "model_type", None)
-    family = FAMILIES.get(model_type)
-    if family is None:
-        raise UnsupportedModelError(
-            f"architecture {model_type!r} ({type(hf_model).__name__}) is not supported",
-            hint="supported families: " + ", ".join(sorted(FAMILIES)),
-        )
+    family = GenericAdapter if generic else FAMILIES.get(model_type, GenericAdapter)
     inferred = infer_task(hf_model)
     if task is not None and task != inferred:
         if head_of_task(task) is not head_of_task(inferred):  # classification and regression share a head

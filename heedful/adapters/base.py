@@ -25,6 +25,7 @@ from torch.utils.checkpoint import checkpoint as checkpoint_call
 from heedful.adapters.anchored import anchored_last_block, hooked
 from heedful.adapters.causal import CAUSAL_ATTENTION
 from heedful.adapters.intercept import Interception, intercepting
+from heedful.adapters.needs import NEEDS
 from heedful.adapters.roles import BlockRoles, HeadRoles, LRPRoles, ModelRoles, NormSite
 from heedful.batch import Batch
 from heedful.errors import InputError, UnsupportedModelError
@@ -170,6 +171,20 @@ class ModelAdapter:
         if getattr(self.config, "_attn_implementation", "eager") != "eager" and hasattr(self.hf_model, "set_attn_implementation"):
             self.hf_model.set_attn_implementation("eager")
         self._check_roles()
+
+    # ------------------------------------------------------------------ what methods may read
+    @property
+    def described(self) -> str:
+        """The model as messages name it: its family and class."""
+        return f"the {self.family} family ({type(self.hf_model).__name__})"
+
+    def provides(self, need: str) -> bool:
+        """Whether the model gives a method what it ``need``s (one of
+        :data:`~heedful.adapters.needs.NEEDS`): a mapped family gives everything but relevance
+        rules where they were not checked on its blocks (:attr:`lrp_mapped`)."""
+        if need not in NEEDS:
+            raise ValueError(f"unknown need {need!r} (one of {', '.join(NEEDS)})")
+        return self.lrp_mapped if need == "rules" else True
 
     # ------------------------------------------------------------------ roles (per family)
     @property
@@ -566,7 +581,7 @@ class ModelAdapter:
             return found.int().argmax(dim=1), "fixed"
         if self.is_decoder:
             return last, "last"
-        return torch.zeros(len(batch), dtype=torch.long), "first"
+        return torch.zeros(len(batch), dtype=torch.long, device=batch.input_ids.device), "first"
 
     def output_index(self, value: int | str) -> int:
         """Column of a class (index or label) or of a vocabulary token.
@@ -711,6 +726,10 @@ class ModelAdapter:
             kwargs["output_hidden_states"] = True
         if attentions:
             kwargs["output_attentions"] = True
+        device = self.device  # the batch is tokenized on the CPU; the pass runs where the model is
+        for key in ("input_ids", "inputs_embeds", "attention_mask", "token_type_ids"):
+            if torch.is_tensor(kwargs.get(key)):
+                kwargs[key] = kwargs[key].to(device)
         width = (inputs_embeds if inputs_embeds is not None else kwargs["input_ids"]).shape[1]
         chunked = prefill is not None and prefill < width  # chunked prefill runs near the budget
         bounded = (checkpoint or release) and torch.is_grad_enabled() or chunked
@@ -723,25 +742,44 @@ class ModelAdapter:
                 # change, and none are returned
                 kwargs["attention_mask"] = None
                 settings.enter_context(_attention_set(self.config, CAUSAL_ATTENTION))
-            if chunked:
-                if attentions:
-                    raise InputError("attention probabilities cannot be kept in a forward run in position chunks")
-                last, hidden = self._prefilled(kwargs, prefill)
-                probs = None
-            else:
-                settings.enter_context(self._anchored(mask, anchor, read_inside=hidden_states or attentions or prefix is not None))
-                out = self.backbone(**kwargs)
-                last, hidden, probs = out.last_hidden_state, out.hidden_states, out.attentions
-        self.counter.forward += last.shape[0]
-        rows = torch.arange(last.shape[0], device=last.device)
-        if anchor.dim() == 2:  # a span: K positions per example -> [B, K, C]
-            rows = rows[:, None]
-        logits = self.head_logits(last[rows, anchor.to(last.device)])
+            read_inside = hidden_states or attentions or prefix is not None
+            logits, hidden, probs = self._run_model(kwargs, mask, anchor, prefill if chunked else None, read_inside, settings)
         return Forward(
             logits=logits,
             hidden_states=tuple(hidden) if hidden_states else None,
             attentions=tuple(probs) if attentions else None,
         )
+
+    def _run_model(
+        self,
+        kwargs: dict,
+        mask: torch.Tensor,
+        anchor: torch.Tensor,
+        prefill: int | None,
+        read_inside: bool,
+        settings: contextlib.ExitStack,
+    ) -> tuple[torch.Tensor, Sequence[torch.Tensor] | None, Sequence[torch.Tensor] | None]:
+        """The pass of :meth:`forward` once its keywords are set (``kwargs``: the backbone's,
+        ``mask`` ``[B, N]`` the batch's own): the head's logits at ``anchor`` (``[B, C]``, or
+        ``[B, K, C]`` for ``[B, K]`` anchors), every layer's hidden states and attention
+        probabilities as the backbone returned them (``None`` where not asked for), the rows
+        counted. ``prefill``: run the positions in chunks of that size (:meth:`_prefilled`);
+        ``settings``: the pass's open contexts, which the anchored last block
+        (:meth:`_anchored`) joins unless something is ``read_inside`` the model."""
+        if prefill is not None:
+            if kwargs.get("output_attentions"):
+                raise InputError("attention probabilities cannot be kept in a forward run in position chunks")
+            last, hidden = self._prefilled(kwargs, prefill)
+            probs = None
+        else:
+            settings.enter_context(self._anchored(mask, anchor, read_inside=read_inside))
+            out = self.backbone(**kwargs)
+            last, hidden, probs = out.last_hidden_state, out.hidden_states, out.attentions
+        self.counter.forward += last.shape[0]
+        rows = torch.arange(last.shape[0], device=last.device)
+        if anchor.dim() == 2:  # a span: K positions per example -> [B, K, C]
+            rows = rows[:, None]
+        return self.head_logits(last[rows, anchor.to(last.device)]), hidden, probs
 
     def _prefilled(self, kwargs: dict, size: int) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
         """The backbone's pass of ``kwargs`` run ``size`` positions at a time, each chunk

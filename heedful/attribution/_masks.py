@@ -43,14 +43,14 @@ def features_of(batch: Batch, target: ResolvedTarget) -> Features:
     width = max(int(counts.max()), 1)
     # stable sort moves removable positions first, keeping their order
     order = torch.sort((~allowed).to(torch.int8), dim=1, stable=True).indices[:, :width]
-    valid = torch.arange(width)[None, :] < counts[:, None]
+    valid = torch.arange(width, device=counts.device)[None, :] < counts[:, None]
     positions = torch.where(valid, order, torch.full_like(order, -1))
     return Features(positions, valid, counts)
 
 
 def to_tokens(features: Features, values: torch.Tensor, seq_len: int) -> torch.Tensor:
     """Per-feature values ``[B, M]`` -> per-token scores ``[B, N]`` (0 elsewhere)."""
-    out = torch.zeros(values.shape[0], seq_len + 1, dtype=values.dtype)
+    out = torch.zeros(values.shape[0], seq_len + 1, dtype=values.dtype, device=values.device)
     pos = torch.where(features.valid, features.positions, torch.full_like(features.positions, seq_len))
     return out.scatter(1, pos, values)[:, :seq_len]
 
@@ -69,8 +69,8 @@ def perturbed_rows(
     valid = features.valid[example]
     drop = (~keep.bool()) & valid
     # padding features point at an extra column N that is cut off afterwards
-    pos = torch.where(valid, features.positions[example], torch.full((rows, width), seq))
-    remove = torch.zeros(rows, seq + 1, dtype=torch.bool).scatter_(1, pos, drop)[:, :seq]
+    pos = torch.where(valid, features.positions[example], torch.full((rows, width), seq, device=valid.device))
+    remove = torch.zeros(rows, seq + 1, dtype=torch.bool, device=pos.device).scatter_(1, pos, drop)[:, :seq]
     return remove_from_examples(problem.adapter, batch, problem.target, example, remove, removal)
 
 
@@ -92,7 +92,7 @@ def score_samples(
     """
     bsz, samples, width = keep.shape
     keep = keep & features.valid[:, None, :]
-    example = torch.arange(bsz).repeat_interleave(samples)
+    example = torch.arange(bsz, device=keep.device).repeat_interleave(samples)
     rows = torch.cat([example[:, None], keep.reshape(-1, width).long()], dim=1)
     distinct, inverse = torch.unique(rows, dim=0, return_inverse=True)
     perturbed = perturbed_rows(problem, features, distinct[:, 1:].bool(), distinct[:, 0], removal)

@@ -11,7 +11,7 @@ from heedful.registry import register
 
 def _anchor_rows(matrix: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:
     """Row ``anchor[b]`` of each ``[B, N, N]`` matrix -> ``[B, N]``."""
-    return matrix[torch.arange(matrix.shape[0]), anchor]
+    return matrix[torch.arange(matrix.shape[0], device=matrix.device), anchor]
 
 
 def _layer_index(layer: int, num_layers: int) -> int:
@@ -56,7 +56,7 @@ def rollout(problem: Problem, *, start_layer: int = 0) -> torch.Tensor:
     attentions = problem.reference_with(attentions=True).attentions
     start = _layer_index(start_layer, len(attentions))
     seq = attentions[0].shape[-1]
-    eye = torch.eye(seq, dtype=attentions[0].dtype)
+    eye = torch.eye(seq, dtype=attentions[0].dtype, device=attentions[0].device)
     joint = None
     for attn in attentions[start:]:
         a = attn.mean(dim=1) + eye

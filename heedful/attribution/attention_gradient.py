@@ -74,7 +74,7 @@ def mean_over_real_rows(matrix: torch.Tensor, mask: torch.Tensor) -> torch.Tenso
     return (matrix * weights[:, :, None]).sum(dim=1) / weights.sum(dim=1, keepdim=True)
 
 
-@register("gae", family="relevance", cost="1 forward + 1 backward", reference=attention_reference())
+@register("gae", family="relevance", cost="1 forward + 1 backward", reference=attention_reference(), needs=("attentions",))
 def gae(problem: Problem) -> torch.Tensor:
     """Gradient-weighted attention, positive part, accumulated through the layers (R += Abar R).
 
@@ -85,17 +85,17 @@ def gae(problem: Problem) -> torch.Tensor:
     """
     fwd, grads, _ = attention_gradients(problem)
     bsz, seq = problem.batch.input_ids.shape
-    relevance = torch.eye(seq, dtype=fwd.attentions[0].dtype).expand(bsz, seq, seq).clone()
+    relevance = torch.eye(seq, dtype=fwd.attentions[0].dtype, device=fwd.attentions[0].device).expand(bsz, seq, seq).clone()
     for attn, grad in zip(fwd.attentions, grads, strict=True):
         weighted = (grad * attn).clamp(min=0).mean(dim=1)
         relevance = relevance + weighted @ relevance
-    rows = torch.arange(bsz)
+    rows = torch.arange(bsz, device=relevance.device)
     scores = relevance[rows, problem.anchor].clone()
     scores[rows, problem.anchor] = 0.0
     return scores
 
 
-@register("grad_sam", family="relevance", cost="1 forward + 1 backward", reference=attention_reference())
+@register("grad_sam", family="relevance", cost="1 forward + 1 backward", reference=attention_reference(), needs=("attentions",))
 def grad_sam(problem: Problem) -> torch.Tensor:
     """Attention times ReLU of its gradient, averaged over layers, heads and query rows.
 
@@ -114,6 +114,7 @@ def grad_sam(problem: Problem) -> torch.Tensor:
     family="relevance",
     cost="1 forward + 1 backward",
     reference=attention_reference(hidden=True),
+    needs=("attentions", "hidden_states"),
 )
 def attcat(problem: Problem) -> torch.Tensor:
     """Per layer: gradient x hidden state of each token, weighted by the attention it receives; summed over layers.
@@ -126,7 +127,7 @@ def attcat(problem: Problem) -> torch.Tensor:
     """
     fwd, attn_grads, hidden_grads = attention_gradients(problem, hidden=True)
     batch = problem.batch
-    total = torch.zeros(batch.input_ids.shape)
+    total = torch.zeros(batch.input_ids.shape, device=fwd.attentions[0].device)
     for layer, (attn, grad_h) in enumerate(zip(fwd.attentions, hidden_grads, strict=True)):
         cat = (grad_h * fwd.hidden_states[layer]).sum(dim=-1)
         received = mean_over_real_rows(attn.mean(dim=1), batch.attention_mask)

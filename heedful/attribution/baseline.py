@@ -25,7 +25,7 @@ def random_scores(problem: Problem, *, seed: int | None = 0) -> torch.Tensor:
     Source: Random baseline (e.g. DeYoung et al. 2020, ERASER)
     """
     batch = problem.batch
-    scores = torch.zeros(batch.input_ids.shape)
+    scores = torch.zeros(batch.input_ids.shape, device="cpu")  # drawn from CPU generators
     for b, (gen, n) in enumerate(zip(example_generators(batch, seed), batch.lengths.tolist(), strict=True)):
-        scores[b, :n] = torch.rand(n, generator=gen)
+        scores[b, :n] = torch.rand(n, generator=gen, device="cpu")
     return scores

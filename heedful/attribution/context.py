@@ -68,14 +68,14 @@ def source_loo(
     """
     sources = problem.source_map()
     counts = sources.counts
-    example = torch.arange(len(problem)).repeat_interleave(counts)
-    which = torch.cat([torch.arange(int(n)) for n in counts]) if len(example) else torch.zeros(0, dtype=torch.long)
+    example = torch.arange(len(problem), device=counts.device).repeat_interleave(counts)
+    which = torch.cat([torch.arange(int(n), device=counts.device) for n in counts]) if len(example) else torch.zeros(0, dtype=torch.long, device=counts.device)
     width = max(int(counts.max()), 1)
-    keep = torch.ones(len(example), width, dtype=torch.bool)
-    keep[torch.arange(len(example)), which] = False
+    keep = torch.ones(len(example), width, dtype=torch.bool, device=counts.device)
+    keep[torch.arange(len(example), device=keep.device), which] = False
     remove = _source_removals(problem, keep, example)
     changed = removal_scores(problem, example, remove, output, removal=removal, reuse=kv_cache, rows=internal_batch_size)
-    values = torch.zeros(len(problem), width)
+    values = torch.zeros(len(problem), width, device=changed.device)
     values[example, which] = _reference_output(problem, output)[example] - changed
     return sources.spread(values)
 
@@ -93,7 +93,7 @@ def _ablation_masks(counts: list[int], n: int, keep: float, ablations: str, gens
                 )
             masks.append(torch.tensor(list(itertools.product([False, True], repeat=m)), dtype=torch.bool).view(-1, m))
         else:
-            masks.append(torch.rand((n, m), generator=gen) < keep)
+            masks.append(torch.rand((n, m), generator=gen, device="cpu") < keep)
     return masks
 
 
@@ -162,8 +162,8 @@ def context_cite(
     counts = sources.counts.tolist()
     masks = _ablation_masks(counts, n_ablations, keep_probability, ablations, example_generators(problem.batch, seed))
     width = max(max(counts, default=1), 1)
-    example = torch.cat([torch.full((len(m),), b, dtype=torch.long) for b, m in enumerate(masks)])
-    keep = torch.ones(len(example), width, dtype=torch.bool)
+    example = torch.cat([torch.full((len(m),), b, dtype=torch.long, device=m.device) for b, m in enumerate(masks)])
+    keep = torch.ones(len(example), width, dtype=torch.bool, device=example.device)
     offset = 0
     for m in masks:
         keep[offset : offset + len(m), : m.shape[1]] = m
@@ -171,7 +171,7 @@ def context_cite(
     remove = _source_removals(problem, keep, example)
     outputs = removal_scores(problem, example, remove, output, removal=removal, rows=internal_batch_size)
     tokens = problem.target.classes.shape[1] if problem.target.is_span else 1
-    values = torch.zeros(len(problem), width)
+    values = torch.zeros(len(problem), width, device="cpu")  # filled from the numpy fits
     details: dict[str, list] = {"intercept": [], "r2": [], "lds": []}
     offset = 0
     for b, m in enumerate(masks):
@@ -237,17 +237,17 @@ def hierarchical(
         token_scores = token_scores[:, -1]
     pooled = sources.pool(token_scores)  # [B, S]
     counts = sources.counts
-    valid = torch.arange(pooled.shape[1])[None, :] < counts[:, None]
+    valid = torch.arange(pooled.shape[1], device=counts.device)[None, :] < counts[:, None]
     ranked = torch.where(valid, pooled, torch.full_like(pooled, -torch.inf))
     k = min(keep, pooled.shape[1])
     cutoff = ranked.topk(k, dim=1).values[:, -1:]
     kept = valid & (ranked >= cutoff)
     in_kept = (sources.members() & kept[:, :, None]).any(dim=1) & removable_positions(problem.batch, problem.target)
     example, position = in_kept.nonzero(as_tuple=True)
-    remove = torch.zeros(len(example), problem.batch.seq_len, dtype=torch.bool)
-    remove[torch.arange(len(example)), position] = True
+    remove = torch.zeros(len(example), problem.batch.seq_len, dtype=torch.bool, device=example.device)
+    remove[torch.arange(len(example), device=remove.device), position] = True
     changed = removal_scores(problem, example, remove, output, removal=removal, rows=internal_batch_size)
-    scores = torch.zeros(problem.batch.input_ids.shape)
+    scores = torch.zeros(problem.batch.input_ids.shape, device=changed.device)
     scores[example, position] = _reference_output(problem, output)[example] - changed
     problem.details.update(
         {

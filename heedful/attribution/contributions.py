@@ -75,7 +75,7 @@ def layer_vectors(rec: BlockRecord, block: BlockRoles) -> LayerVectors:
     transformed = transformed_values(rec, block)
     vectors = torch.einsum("bhij,bjhd->bijd", rec.probs, transformed)
     seq = vectors.shape[1]
-    idx = torch.arange(seq)
+    idx = torch.arange(seq, device=vectors.device)
     vectors[:, idx, idx] += rec.block_in
     _, b_out = affine(block.attn_out, block.transposed)
     if block.pre_ln:
@@ -121,7 +121,7 @@ def rolled_rows(matrices: Iterator[torch.Tensor], anchor: torch.Tensor, layerwis
     """Rollout as plain products ``M_l ... M_1`` (no identity added), the anchor's row: ``[B, N]``
     after the last layer, or ``[B, L, N]`` after each layer; ``rollout=False``: each layer's own
     matrix ``M_l`` instead of the product (the NormXLogit paper's per-layer "ALTI¬" and "GlobEnc¬")."""
-    rows = torch.arange(anchor.shape[0])
+    rows = torch.arange(anchor.shape[0], device=anchor.device)
     joint: torch.Tensor | None = None
     found = []
     for matrix in matrices:
@@ -153,7 +153,7 @@ CONTRIBUTION_COST = "2 forwards + O(L N^2 H D) contributions; O(N^2 D) memory pe
 """The prediction's pass, one that records every block, and the per-layer contributions."""
 
 
-@register("alti", family="vector", cost=CONTRIBUTION_COST)
+@register("alti", family="vector", cost=CONTRIBUTION_COST, needs=("roles",))
 @torch.no_grad()
 def alti(problem: Problem, *, rollout: bool = True, layerwise: bool = False) -> torch.Tensor:
     """Aggregation of Layer-wise Token-to-token Interactions: L1-distance contributions, rolled out.
@@ -178,7 +178,7 @@ def alti(problem: Problem, *, rollout: bool = True, layerwise: bool = False) -> 
     return _rollout_scores(problem, "alti", layerwise, rollout)
 
 
-@register("globenc", family="vector", cost=CONTRIBUTION_COST)
+@register("globenc", family="vector", cost=CONTRIBUTION_COST, needs=("roles",))
 @torch.no_grad()
 def globenc(problem: Problem, *, rollout: bool = True, layerwise: bool = False) -> torch.Tensor:
     """Norm of each token's vector through attention, residual and both layer norms, rolled out.
@@ -204,7 +204,7 @@ def globenc(problem: Problem, *, rollout: bool = True, layerwise: bool = False) 
 
 def _final_real(rec: Recording, roles: ModelRoles) -> torch.Tensor:
     """The representation the head reads at each anchor ``[B, D]`` (after the final norm)."""
-    rows = torch.arange(rec.size)
+    rows = torch.arange(rec.size, device=rec.anchor.device)
     last = rec.blocks[-1].block_out[rows, rec.anchor]
     if roles.final_norm is None:
         return last
@@ -215,7 +215,7 @@ def _logit_lens(problem: Problem, rec: Recording, roles: ModelRoles, vectors: to
     """The target's logit read off ``vectors`` ``[B, K, D]`` of the residual stream at the anchor:
     the final norm linearised at the final representation's statistics, the head chain without
     its biases (elementwise activations by their zero-origin slope) -> ``[B, K]``."""
-    rows = torch.arange(rec.size)
+    rows = torch.arange(rec.size, device=rec.anchor.device)
     real = _final_real(rec, roles)
     final = roles.final_norm
     if final is not None:
@@ -251,13 +251,13 @@ def attention_logits(
     ``[B, N]``: ``Delta_j = U . LNf(sum_h A_h[a, j] f_h(x_j))`` at the anchor ``a`` (the affine
     part of each source's vector: value biases included, the output projection's bias and the
     residual left out), read by :func:`_logit_lens`."""
-    rows = torch.arange(rec.size)
+    rows = torch.arange(rec.size, device=rec.anchor.device)
     at_anchor = block_rec.probs[rows, :, rec.anchor]  # [B, H, N]
     vectors = torch.einsum("bhj,bjhd->bjd", at_anchor, layer.transformed)
     return _logit_lens(problem, rec, roles, vectors)
 
 
-@register("alti_logit", family="vector", cost=CONTRIBUTION_COST, quantities=("logit",))
+@register("alti_logit", family="vector", cost=CONTRIBUTION_COST, quantities=("logit",), needs=("roles", "head"))
 @torch.no_grad()
 def alti_logit(problem: Problem, *, rollout: bool = True, layerwise: bool = False) -> torch.Tensor:
     """Each token's part of the target logit through every attention update, tracked by ALTI.

@@ -350,10 +350,10 @@ def fit_interest(
     real = batch.attention_mask.bool()[example]  # [P, N]
 
     began, began_cpu = time.perf_counter(), time.process_time()
-    theta = torch.zeros(n_problems, seq)
+    theta = torch.zeros(n_problems, seq, device=adapter.device)
     if settings.init == "randn":
         for p, (g, n) in enumerate(zip(gens, lengths.tolist(), strict=True)):
-            theta[p, :n] = torch.randn(n, generator=g)
+            theta[p, :n] = torch.randn(n, generator=g, device="cpu")
     elif settings.init == "linearized":
         # the probes draw from generators of their own, so the noise draws match the cold start's
         probe_gens = [torch.Generator().manual_seed((g.initial_seed() + 7_368_787) % (2**63 - 1)) for g in gens]
@@ -363,15 +363,15 @@ def fit_interest(
     init_cpu = time.process_time() - began_cpu
     adam_m, adam_v = torch.zeros_like(theta), torch.zeros_like(theta)
     best_theta = theta.clone()
-    best_j = torch.full((n_problems,), float("inf"))
-    best_dist = torch.zeros(n_problems)
-    last_dist = torch.zeros(n_problems)
-    steps = torch.zeros(n_problems, dtype=torch.long)
-    converged = torch.zeros(n_problems, dtype=torch.bool)
-    active = torch.ones(n_problems, dtype=torch.bool)
-    history = torch.full((settings.max_steps, n_problems), float("nan"))
-    elapsed = torch.zeros(settings.max_steps, 2, dtype=torch.float64)
-    recent = torch.zeros(settings.window, n_problems, seq)  # ring of the last iterates (keep="average")
+    best_j = torch.full((n_problems,), float("inf"), device=adapter.device)
+    best_dist = torch.zeros(n_problems, device=adapter.device)
+    last_dist = torch.zeros(n_problems, device=adapter.device)
+    steps = torch.zeros(n_problems, dtype=torch.long, device="cpu")
+    converged = torch.zeros(n_problems, dtype=torch.bool, device="cpu")
+    active = torch.ones(n_problems, dtype=torch.bool, device="cpu")
+    history = torch.full((settings.max_steps, n_problems), float("nan"), device=adapter.device)
+    elapsed = torch.zeros(settings.max_steps, 2, dtype=torch.float64, device="cpu")  # timings
+    recent = torch.zeros(settings.window, n_problems, seq, device=adapter.device)  # ring of the last iterates (keep="average")
     common = [None] * n_problems if settings.crn else None  # each problem's draws, reused every step
     runner = Runner.for_problem(
         problem, rows=settings.internal_batch_size or None, overhead=GRAD_CHUNK_OVERHEAD, max_memory=ACTIVATION_BUDGET
@@ -381,9 +381,9 @@ def fit_interest(
 
     for t in range(1, settings.max_steps + 1):
         act = active.nonzero().flatten()
-        grad = torch.zeros(act.shape[0], seq)
-        j_now = torch.zeros(act.shape[0])
-        dist_now = torch.zeros(act.shape[0])
+        grad = torch.zeros(act.shape[0], seq, device=adapter.device)
+        j_now = torch.zeros(act.shape[0], device=adapter.device)
+        dist_now = torch.zeros(act.shape[0], device=adapter.device)
         for idx, width in runner.plan(lengths[act], row_cells=samples, need=need):
             probs = act[idx]
             z = _step_noise(gens, probs, lengths, samples, width, dim, settings.antithetic, common)
@@ -415,7 +415,7 @@ def fit_interest(
     mean_theta, mean_j = _averaged(recent, history, steps, settings.window)
     states = {"best": best_theta, "last": theta, "average": mean_theta}
     if settings.keep == "last":
-        best_j, best_dist = history[steps - 1, torch.arange(n_problems)], last_dist
+        best_j, best_dist = history[steps - 1, torch.arange(n_problems, device="cpu")], last_dist
     elif settings.keep == "average":
         best_j, best_dist = mean_j, last_dist  # the averaged state's distortion is not measured; the last stands in
     sigmas = {rule: torch.exp(_log_std(th, scale, settings.objective)) * real for rule, th in states.items()}
@@ -433,8 +433,8 @@ def _averaged(
     steps)`` iterates (the states that produced those steps' ``J``; ``recent`` ``[window, P, N]``
     is a ring indexed by ``(t - 1) % window``) and the mean ``J`` ``[P]`` over those steps."""
     n_problems = steps.shape[0]
-    theta = torch.zeros(recent.shape[1:])
-    j = torch.zeros(n_problems)
+    theta = torch.zeros(recent.shape[1:], device=recent.device)
+    j = torch.zeros(n_problems, device=history.device)
     for p, t in enumerate(steps.tolist()):
         k = min(window, t)
         slots = [(s - 1) % window for s in range(t - k + 1, t + 1)]
@@ -492,12 +492,12 @@ def _step_noise(
     ``S`` kept) when ``antithetic``; with ``common`` (common random numbers) the problem's first
     draws are kept there and reused at every step."""
     drawn = math.ceil(samples / 2) if antithetic else samples
-    out = torch.zeros(probs.shape[0], samples, width, dim)
+    out = torch.zeros(probs.shape[0], samples, width, dim, device="cpu")  # drawn from CPU generators
     for i, p in enumerate(probs.tolist()):
         n = int(lengths[p])
         z = common[p] if common is not None else None
         if z is None:
-            z = torch.randn((drawn, n, dim), generator=gens[p])
+            z = torch.randn((drawn, n, dim), generator=gens[p], device="cpu")
             if antithetic:
                 z = torch.cat([z, -z])[:samples]
             if common is not None:
@@ -743,9 +743,9 @@ def estimate_interest(
     keys = [resolve_layer(problem.adapter, k) for k in (layers or [None])]
     lam_values = list(lams) if lams is not None else [settings.lam]
     bsz = len(problem)
-    ex = torch.arange(bsz).repeat_interleave(len(keys) * len(lam_values))
-    key = torch.tensor(keys).repeat_interleave(len(lam_values)).repeat(bsz)
-    lam = torch.tensor(lam_values, dtype=torch.float32).repeat(bsz * len(keys))
+    ex = torch.arange(bsz, device=problem.batch.input_ids.device).repeat_interleave(len(keys) * len(lam_values))
+    key = torch.tensor(keys, device=problem.batch.input_ids.device).repeat_interleave(len(lam_values)).repeat(bsz)
+    lam = torch.tensor(lam_values, dtype=torch.float32, device=problem.batch.input_ids.device).repeat(bsz * len(keys))
     fit = fit_interest(problem, ex, key, lam, settings, seed)
     return fit, (bsz, len(keys), len(lam_values))
 
@@ -773,7 +773,7 @@ def _scores_for(
 
 # Both estimators read hidden states off the reference pass, which then serves as the clean
 # pass (no second one).
-@register("coperturbation", family="perturbation", cost=COPERTURBATION_COST, needs_hidden=True, version=2)
+@register("coperturbation", family="perturbation", cost=COPERTURBATION_COST, needs_hidden=True, version=2, needs=("blocks",))
 def coperturbation(
     problem: Problem,
     *,
@@ -842,7 +842,7 @@ def coperturbation(
     return _scores_for(problem, settings, layer, layerwise, score, normalize, seed)
 
 
-@register("guan2019", family="perturbation", cost=GUAN2019_COST, needs_hidden=True)
+@register("guan2019", family="perturbation", cost=GUAN2019_COST, needs_hidden=True, needs=("blocks",))
 def guan2019(
     problem: Problem,
     *,

@@ -419,7 +419,7 @@ def decompose_head(
                 if biases:
                     parts = spread(parts, bias, rule, aside)
     if columns is None:
-        columns = torch.arange(real.shape[-1]).expand(real.shape[0], -1)
+        columns = torch.arange(real.shape[-1], device=real.device).expand(real.shape[0], -1)
     return HeadParts(parts, real, columns)
 
 
@@ -469,7 +469,7 @@ def take(t: torch.Tensor, pos: Positions, dim: int = 1) -> torch.Tensor:
     if isinstance(pos, slice):
         return t[(slice(None),) * dim + (pos,)]
     moved = t.movedim(dim, 1)
-    return moved[torch.arange(t.shape[0])[:, None], pos].movedim(1, dim)
+    return moved[torch.arange(t.shape[0], device=pos.device)[:, None], pos].movedim(1, dim)
 
 
 def _mlp(parts: torch.Tensor, rec: BlockRecord, block: BlockRoles, pos: Positions, settings: Settings) -> torch.Tensor:
@@ -540,7 +540,7 @@ def initial_parts(rec: Recording, aside: bool) -> torch.Tensor:
     x = rec.blocks[0].block_in
     bsz, seq, dim = x.shape
     parts = x.new_zeros(bsz, seq, seq + int(aside), dim)
-    idx = torch.arange(seq)
+    idx = torch.arange(seq, device=x.device)
     parts[:, idx, idx] = x
     return parts
 
@@ -558,7 +558,7 @@ class Decomposed:
 
 
 def _anchor_rows(parts: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:
-    return parts[torch.arange(parts.shape[0]), anchor]
+    return parts[torch.arange(parts.shape[0], device=anchor.device), anchor]
 
 
 def _at_layer(
@@ -648,7 +648,7 @@ DECOMPX_COST = "2 forwards + O(L N^2 D (N + F)) decomposition; O(N^2 D) memory p
 """The prediction's pass, one that records every block, and the propagation."""
 
 
-@register("decompx", family="vector", cost=DECOMPX_COST, quantities=("logit",))
+@register("decompx", family="vector", cost=DECOMPX_COST, quantities=("logit",), needs=("roles", "head"))
 @torch.no_grad()
 def decompx(
     problem: Problem,

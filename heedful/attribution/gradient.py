@@ -102,7 +102,7 @@ def gradient_reference(
 def input_gradients(problem: Problem, embeds: torch.Tensor, internal_batch_size: int | None = None) -> torch.Tensor:
     """``d score / d e`` at word embeddings ``embeds`` ``[B, N, E]`` of the problem's examples
     (one forward and one backward per chunk of similar length)."""
-    copies = Copies(torch.arange(len(problem)), embeds=lambda rows, example, width: embeds[example, :width])
+    copies = Copies(torch.arange(len(problem), device=problem.batch.input_ids.device), embeds=lambda rows, example, width: embeds[example, :width])
     return Runner.for_problem(problem, rows=internal_batch_size).gradients(copies)
 
 
@@ -212,14 +212,14 @@ def _integrated_map(problem: Problem, embeds: torch.Tensor, options: dict[str, A
     alphas, weights = path_points(n_steps, options["rule"])
     base = baseline_embeddings(problem, options["baseline"]).detach()
     delta = embeds - base
-    alpha_t = torch.as_tensor(alphas, dtype=embeds.dtype)
-    weight_t = torch.as_tensor(weights, dtype=embeds.dtype)
+    alpha_t = torch.as_tensor(alphas, dtype=embeds.dtype, device=embeds.device)
+    weight_t = torch.as_tensor(weights, dtype=embeds.dtype, device=embeds.device)
 
     def point(rows: torch.Tensor, example: torch.Tensor, width: int) -> torch.Tensor:
         # row r = example r // n_steps at step r % n_steps
         return base[example, :width] + alpha_t[rows % n_steps, None, None] * delta[example, :width]
 
-    copies = Copies(torch.arange(len(problem)).repeat_interleave(n_steps), embeds=point)
+    copies = Copies(torch.arange(len(problem), device=problem.batch.input_ids.device).repeat_interleave(n_steps), embeds=point)
     runner = Runner.for_problem(problem, rows=options.get("internal_batch_size"))
     total = runner.gradients(copies, weights=weight_t.repeat(len(problem)))
     return total * delta
@@ -274,10 +274,10 @@ def _noise(problem: Problem, embeds: torch.Tensor, n_samples: int, noise_level: 
     inf = torch.finfo(embeds.dtype).max
     span = embeds.masked_fill(~real, -inf).flatten(1).amax(dim=1) - embeds.masked_fill(~real, inf).flatten(1).amin(dim=1)
     sigma = noise_level * span  # [B]
-    noise = torch.zeros(bsz, n_samples, seq, dim, dtype=embeds.dtype)
+    noise = torch.zeros(bsz, n_samples, seq, dim, dtype=embeds.dtype, device=embeds.device)
     for b, (gen, n) in enumerate(zip(example_generators(batch, seed), batch.lengths.tolist(), strict=True)):
         # float32 draws: a float64 or bf16 copy of the model gets the same noise
-        noise[b, :, :n] = torch.randn((n_samples, n, dim), generator=gen, dtype=torch.float32).to(embeds.dtype)
+        noise[b, :, :n] = torch.randn((n_samples, n, dim), generator=gen, dtype=torch.float32, device="cpu").to(embeds.dtype)
     return noise * sigma[:, None, None, None]
 
 
@@ -334,7 +334,7 @@ def smoothgrad(
     embeds = problem.word_embeddings()
     bsz, seq, dim = embeds.shape
     noisy = (embeds[:, None] + _noise(problem, embeds, n_samples, noise_level, seed)).flatten(0, 1)
-    copies = problem.select(torch.arange(bsz).repeat_interleave(n_samples))
+    copies = problem.select(torch.arange(bsz, device=problem.batch.input_ids.device).repeat_interleave(n_samples))
     options = {**wrapped.bind(), "internal_batch_size": internal_batch_size}
     maps = wrapped.per_dimension(copies, noisy, options).view(bsz, n_samples, seq, dim)
     if nt_type == "smoothgrad":

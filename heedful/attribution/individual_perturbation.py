@@ -35,6 +35,7 @@ from heedful.seeding import example_generators
     family="perturbation",
     cost="N x samples forwards (batched)",
     needs_hidden=True,  # the reference pass is the clean pass
+    needs=("blocks",),  # the noise lands on the first block's input
 )
 @torch.no_grad()
 def individual_perturbation(
@@ -68,29 +69,29 @@ def individual_perturbation(
     adapter, batch = problem.adapter, problem.batch
     key = resolve_layer(adapter, layer)
     probe = NoiseProbe.build(problem, (key,), space, output)
-    std = noise_scale(adapter, probe, torch.arange(len(batch)), scale_factor, scale_basis, sigma)  # [B]
+    std = noise_scale(adapter, probe, torch.arange(len(batch), device=batch.input_ids.device), scale_factor, scale_basis, sigma)  # [B]
     real = batch.attention_mask.bool()
     example, position = real.nonzero(as_tuple=True)  # one group of rows per (example, token)
     dim, samples = probe.dim, int(samples)
     # noise per (example, token, sample), drawn from the example's generator in token order
-    draws = torch.zeros(example.shape[0], samples, dim)
+    draws = torch.zeros(example.shape[0], samples, dim, device="cpu")  # drawn from CPU generators
     start = 0
     for g, n in zip(example_generators(batch, seed), batch.lengths.tolist(), strict=True):
-        draws[start : start + n] = torch.randn((n, samples, dim), generator=g)
+        draws[start : start + n] = torch.randn((n, samples, dim), generator=g, device="cpu")
         start += n
     rows_example = example.repeat_interleave(samples)
     rows_position = position.repeat_interleave(samples)
     flat = (draws * std[example, None, None]).reshape(-1, dim)
-    out = torch.zeros(rows_example.shape[0])
+    out = torch.zeros(rows_example.shape[0], device=adapter.device)
     # rows of similar length run together, each chunk cut to its longest row
     # noised passes run inside an interception (eager attention) and may read hidden states
     need = Need(hidden_states=True, eager=True)
     for idx, width in Runner.for_problem(problem, rows=internal_batch_size).plan(batch.lengths[rows_example], need=need):
         n_rows = idx.shape[0]
-        noise = torch.zeros(n_rows, width, dim)
-        noise[torch.arange(n_rows), rows_position[idx]] = flat[idx]
-        keys = torch.full((n_rows,), key, dtype=torch.long)
+        noise = torch.zeros(n_rows, width, dim, device=adapter.device)
+        noise[torch.arange(n_rows, device=noise.device), rows_position[idx]] = flat[idx]
+        keys = torch.full((n_rows,), key, dtype=torch.long, device=idx.device)
         out[idx] = probe.distortion(rows_example[idx], keys, noise, normalise)
-    scores = torch.zeros(batch.input_ids.shape)
+    scores = torch.zeros(batch.input_ids.shape, device=out.device)
     scores[example, position] = out.view(-1, samples).mean(dim=1)
     return scores

@@ -25,7 +25,7 @@ from typing import Literal
 
 import torch
 
-from heedful.adapters import Forward, ModelAdapter
+from heedful.adapters import Forward, ModelAdapter, Site
 from heedful.batch import Batch
 from heedful.errors import InputError
 from heedful.problem import Problem
@@ -74,7 +74,7 @@ def noise_scale(
     check_choice("scale_basis", basis, SCALE_BASES)
     if basis == "word_embeddings":
         std = adapter.word_embeddings.weight.detach().float().std()
-        return torch.full((example.shape[0],), float((factor or GUAN_SCALE_FACTOR) * std))
+        return torch.full((example.shape[0],), float((factor or GUAN_SCALE_FACTOR) * std), device=std.device)
     return (factor or SCALE_FACTOR) * probe.input_std[example]
 
 
@@ -100,9 +100,10 @@ def check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
 @contextmanager
 def _noise_on_first_block(adapter: ModelAdapter, noise: torch.Tensor) -> Iterator[None]:
     """Adds ``noise`` ``[R, W, D]`` to the residual stream entering the first block
-    (= ``hidden_states[0]``), through the adapter's interception."""
+    (= ``hidden_states[0]``, the first block's input), through the adapter's interception (a
+    model without block roles needs only its blocks)."""
     with adapter.intercept() as hooks:
-        hooks.replace("block_in", lambda hidden: hidden + noise.to(hidden.dtype), layers=[0])
+        hooks.at(Site(adapter.blocks[0], "input"), lambda _, hidden: hidden + noise.to(hidden.dtype))
         yield
 
 
@@ -147,7 +148,7 @@ class NoiseProbe:
         fwd = problem.reference_with(hidden_states=True)
         mask = batch.attention_mask.bool()
         probe = cls(
-            adapter, batch, target, space, output, tuple(sorted(set(keys))), {}, {}, 0, None, torch.zeros(0),
+            adapter, batch, target, space, output, tuple(sorted(set(keys))), {}, {}, 0, None, torch.zeros(0, device=adapter.device),
             inputs_embeds,
         )
         for key in probe.keys:
@@ -215,7 +216,7 @@ class NoiseProbe:
         """
         keys_here = sorted(set(key.tolist()))
         fwd = self.run(example, noise, hidden=any(k != HEAD for k in keys_here))
-        out = torch.zeros(example.shape[0], dtype=torch.float32)
+        out = torch.zeros(example.shape[0], dtype=torch.float32, device=fwd.logits.device)
         width = noise.shape[1]
         for k in keys_here:  # at most L + 1 distinct keys
             rows = (key == k).nonzero().flatten()

@@ -42,12 +42,12 @@ def leave_one_out(
     allowed = removable_positions(batch, target)
     example, position = allowed.nonzero(as_tuple=True)  # one perturbed copy per removable token
     rows = example.shape[0]
-    remove = torch.zeros(rows, batch.seq_len, dtype=torch.bool)
-    remove[torch.arange(rows), position] = True
+    remove = torch.zeros(rows, batch.seq_len, dtype=torch.bool, device=example.device)
+    remove[torch.arange(rows, device=remove.device), position] = True
     perturbed = remove_from_examples(problem.adapter, batch, target, example, remove, removal)
     with forward_precision(precision):
         original = target.output(reference_logits(problem, precision), output)
         changed = Runner.for_problem(problem, rows=internal_batch_size).scores(Copies.of(perturbed, example), output)
-    scores = torch.zeros(batch.input_ids.shape, dtype=original.dtype)
+    scores = torch.zeros(batch.input_ids.shape, dtype=original.dtype, device=original.device)
     scores[example, position] = original[example] - changed
     return scores

@@ -70,7 +70,7 @@ def _passes(problem: Problem, rules: str, **options: Any) -> Iterator[tuple[Prep
 
 def _scatter(batch: Batch, parts: list[tuple[Prepared, torch.Tensor]]) -> torch.Tensor:
     """Per-chunk scores ``[R, W]`` back into one ``[B, N]`` tensor (zeros beyond each row's chunk)."""
-    out = torch.zeros(batch.input_ids.shape, dtype=parts[0][1].dtype)
+    out = torch.zeros(batch.input_ids.shape, dtype=parts[0][1].dtype, device=parts[0][1].device)
     for chunk, scores in parts:
         out[chunk.rows, : chunk.width] = scores.to(out.dtype)
     return out
@@ -78,7 +78,7 @@ def _scatter(batch: Batch, parts: list[tuple[Prepared, torch.Tensor]]) -> torch.
 
 def _anchor_row(matrix: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:
     """Row ``anchor[b]`` of ``[B, N, N]`` with its self-entry set to 0 -> ``[B, N]``."""
-    rows = torch.arange(matrix.shape[0])
+    rows = torch.arange(matrix.shape[0], device=matrix.device)
     scores = matrix[rows, anchor].clone()
     scores[rows, anchor] = 0.0
     return scores
@@ -93,7 +93,7 @@ def _start_layer(start_layer: int, layers: int) -> int:
 def relevance_rollout(maps: list[torch.Tensor], start_layer: int = 0) -> torch.Tensor:
     """Chefer 2021a Eq. 13-14 (``compute_rollout_attention``): ``M_l = norm_rows(Abar_l + I)``,
     ``C = M_L ... M_start`` for per-layer maps ``Abar_l`` ``[B, N, N]`` -> ``[B, N, N]``."""
-    eye = torch.eye(maps[0].shape[-1], dtype=maps[0].dtype)
+    eye = torch.eye(maps[0].shape[-1], dtype=maps[0].dtype, device=maps[0].device)
     joint = None
     for cam in maps[start_layer:]:
         m = cam + eye
@@ -116,7 +116,7 @@ def _weighted_maps(
     ]
 
 
-LRP_METHOD = {"family": "relevance", "quantities": ("logit",)}
+LRP_METHOD = {"family": "relevance", "quantities": ("logit",), "needs": ("roles", "rules")}
 """What every LRP method registers with: LRP rules explain logits (their relevance is
 conserved for logits, not log-probabilities)."""
 
@@ -258,7 +258,7 @@ def mask_lrp(
     mask = default_head_mask(adapter, xi_synt=xi_synt, xi_pos=xi_pos) if head_mask is None else as_head_mask(head_mask)
     if ablation is not None:
         mask = ablate(mask, ablation, ablation_seed, corruption_rate)
-    heads = torch.as_tensor(mask.as_float())
+    heads = torch.as_tensor(mask.as_float(), device=adapter.device)
     return _rollout_scores(
         problem,
         start_layer,
@@ -285,7 +285,7 @@ def attnlrp(problem: Problem) -> torch.Tensor:
     return _scatter(problem.batch, parts)
 
 
-@register("cam", family="relevance", cost="1 forward + 1 backward", reference=attention_reference())
+@register("cam", family="relevance", cost="1 forward + 1 backward", reference=attention_reference(), needs=("attentions",))
 def cam(problem: Problem) -> torch.Tensor:
     """Last layer's attention gradient averaged over heads and query rows, positive part.
 
@@ -296,7 +296,7 @@ def cam(problem: Problem) -> torch.Tensor:
     """
     _, grads, _ = attention_gradients(problem)
     scores = mean_over_real_rows(grads[-1].mean(dim=1), problem.batch.attention_mask).clamp(min=0)
-    scores[torch.arange(scores.shape[0]), problem.anchor] = 0.0
+    scores[torch.arange(scores.shape[0], device=scores.device), problem.anchor] = 0.0
     return scores
 
 
@@ -305,6 +305,7 @@ def cam(problem: Problem) -> torch.Tensor:
     family="relevance",
     cost="1 forward + 1 backward",
     reference=attention_reference(),
+    needs=("attentions",),
 )
 def attention_gradcam(problem: Problem) -> torch.Tensor:
     """Last layer's attention weighted per head by its mean gradient, positive part, min-max normalised.

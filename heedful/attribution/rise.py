@@ -21,9 +21,9 @@ from heedful.seeding import example_generators
 def draw_masks(batch: Batch, features: Features, n_masks: int, p_keep: float, seed: int | None) -> torch.Tensor:
     """RISE's keep-masks ``[B, n_masks, M]`` (bool): each of example ``b``'s ``M_b`` features kept
     with probability ``p_keep``, from the example's own generator; ``False`` past ``M_b``."""
-    keep = torch.zeros(len(batch), n_masks, features.width, dtype=torch.bool)
+    keep = torch.zeros(len(batch), n_masks, features.width, dtype=torch.bool, device=features.valid.device)
     for b, (g, m) in enumerate(zip(example_generators(batch, seed), features.counts.tolist(), strict=True)):
-        keep[b, :, :m] = torch.rand((n_masks, m), generator=g) < p_keep
+        keep[b, :, :m] = torch.rand((n_masks, m), generator=g, device="cpu") < p_keep
     return keep
 
 

@@ -49,15 +49,15 @@ def lime_samples(features: Features, n_samples: int, sampling: str, gens: list[t
     ``default_perturb_func``): each feature kept with probability 0.5.
     """
     bsz, width = features.positions.shape
-    keep = torch.zeros(bsz, n_samples, width, dtype=torch.bool)
+    keep = torch.zeros(bsz, n_samples, width, dtype=torch.bool, device=features.valid.device)
     for b, (g, m) in enumerate(zip(gens, features.counts.tolist(), strict=True)):
         if m == 0:
             continue
         if sampling == "bernoulli":
             keep[b, :, :m] = torch.rand((n_samples, m), generator=g) < 0.5
             continue
-        removed = torch.randint(1, m + 1, (n_samples,), generator=g)
-        rank = torch.rand((n_samples, m), generator=g).argsort(dim=1).argsort(dim=1)
+        removed = torch.randint(1, m + 1, (n_samples,), generator=g, device="cpu")
+        rank = torch.rand((n_samples, m), generator=g, device="cpu").argsort(dim=1).argsort(dim=1)
         keep[b, :, :m] = rank >= removed[:, None]  # the `removed` lowest-ranked go
         keep[b, 0, :m] = True
     return keep
@@ -68,17 +68,17 @@ def shap_samples(features: Features, n_samples: int, gens: list[torch.Generator]
     coalitions of size ``k ~ (M - 1) / (k (M - k))`` (k = 1..M-1) with uniformly chosen members
     (Captum's ``kernel_shap_perturb_generator``)."""
     bsz, width = features.positions.shape
-    keep = torch.zeros(bsz, n_samples, width, dtype=torch.bool)
+    keep = torch.zeros(bsz, n_samples, width, dtype=torch.bool, device=features.valid.device)
     for b, (g, m) in enumerate(zip(gens, features.counts.tolist(), strict=True)):
         if m == 0:
             continue
         if m == 1 or n_samples <= 2:  # only the two extremes exist (or fit)
             keep[b, 0::2, :m] = True
             continue
-        sizes = torch.arange(1, m, dtype=torch.float64)
+        sizes = torch.arange(1, m, dtype=torch.float64, device="cpu")
         probs = (m - 1) / (sizes * (m - sizes))
         k = torch.multinomial(probs, n_samples - 2, replacement=True, generator=g) + 1
-        rank = torch.rand((n_samples - 2, m), generator=g).argsort(dim=1).argsort(dim=1)
+        rank = torch.rand((n_samples - 2, m), generator=g, device="cpu").argsort(dim=1).argsort(dim=1)
         keep[b, 0, :m] = True
         keep[b, 2:, :m] = rank >= (m - k)[:, None]  # the k highest-ranked stay
     return keep
@@ -119,7 +119,7 @@ def weighted_linear_fit(
     if alpha > 0:
         eye = torch.diag_embed(valid.double()) * alpha**0.5
         a = torch.cat([a, eye], dim=1)
-        rhs = torch.cat([rhs, torch.zeros(rhs.shape[0], eye.shape[1], dtype=rhs.dtype)], dim=1)
+        rhs = torch.cat([rhs, torch.zeros(rhs.shape[0], eye.shape[1], dtype=rhs.dtype, device=rhs.device)], dim=1)
     coef = torch.linalg.lstsq(a, rhs[..., None], driver="gelsd").solution[..., 0] * valid
     intercept = y_mean[:, 0] - (x_mean[:, 0] * coef).sum(dim=1)
     return coef, intercept

@@ -55,12 +55,12 @@ def _row_scores(problem: Problem, features: Features, keep: torch.Tensor, chunk:
     bsz, steps, width = keep.shape
     kept = (keep & features.valid[:, None, :]).sum(dim=2)
     remaining = batch.lengths[:, None] - features.counts[:, None] + kept  # tokens left per row
-    run = (torch.arange(steps)[None, :] <= features.counts[:, None]) & (remaining > 0)
+    run = (torch.arange(steps, device=remaining.device)[None, :] <= features.counts[:, None]) & (remaining > 0)
     example, step = run.nonzero(as_tuple=True)
     perturbed = perturbed_rows(problem, features, keep[example, step], example, "delete")
     runner = Runner.for_problem(problem, rows=chunk)
     values = runner.map(Copies.of(perturbed, example), lambda part, fwd: tdd_output(part.target, fwd.logits))
-    out = torch.zeros(bsz, steps)
+    out = torch.zeros(bsz, steps, device=values.device)
     out[example, step] = values.float()
     return out
 
@@ -68,11 +68,12 @@ def _row_scores(problem: Problem, features: Features, keep: torch.Tensor, chunk:
 def _prefix_one_pass(problem: Problem, features: Features) -> torch.Tensor | None:
     """``d`` ``[B, M + 1]`` from one forward for causal decoders whose special tokens all come
     before the content (then the prefix ending at a token is exactly what its position sees);
-    ``None`` when that does not hold."""
+    ``None`` when that does not hold, or when the head is known only through the model's own
+    outputs (then the prefixes run as deletions)."""
     adapter, batch, target = problem.adapter, problem.batch, problem.target
-    if not adapter.is_decoder or target.anchor_kind != "last":
+    if not adapter.is_decoder or target.anchor_kind != "last" or not adapter.provides("head"):
         return None
-    positions = torch.arange(batch.seq_len)[None, :]
+    positions = torch.arange(batch.seq_len, device=batch.input_ids.device)[None, :]
     first = torch.where(features.valid, features.positions, batch.seq_len).amin(dim=1)
     late_special = (batch.special_mask & (positions > first[:, None])).any()
     if late_special:
@@ -81,12 +82,12 @@ def _prefix_one_pass(problem: Problem, features: Features) -> torch.Tensor | Non
     bsz, seq, dim = h.shape
     logits = adapter.head_at_layer(h.reshape(bsz * seq, dim), adapter.num_layers)
     per_pos = tdd_output(target.repeat(seq), logits).view(bsz, seq)
-    d = torch.zeros(bsz, features.width + 1)
+    d = torch.zeros(bsz, features.width + 1, device=per_pos.device)
     pos = features.positions.clamp_min(0)
     d[:, 1:] = torch.where(features.valid, per_pos.gather(1, pos), torch.zeros_like(per_pos[:, :1]))
     before = first - 1  # a BOS (or other leading special) gives d_0
     has_before = before >= 0
-    d[:, 0] = torch.where(has_before, per_pos.gather(1, before.clamp_min(0)[:, None])[:, 0], torch.zeros(bsz))
+    d[:, 0] = torch.where(has_before, per_pos.gather(1, before.clamp_min(0)[:, None])[:, 0], torch.zeros(bsz, device=per_pos.device))
     return d
 
 
@@ -116,10 +117,10 @@ def tdd(
     batch = problem.batch
     features = features_of(batch, problem.target)
     width = features.width
-    steps = torch.arange(width + 1)[:, None]
-    feat = torch.arange(width)[None, :]
+    steps = torch.arange(width + 1, device=features.counts.device)[:, None]
+    feat = torch.arange(width, device=features.counts.device)[None, :]
     counts = features.counts
-    total = torch.zeros(len(batch), width)
+    total = torch.zeros(len(batch), width, device=features.counts.device)
     if direction in ("forward", "bidirectional"):
         d = _prefix_one_pass(problem, features)
         if d is None:

@@ -149,7 +149,7 @@ def corrected_distances(problem: Problem) -> torch.Tensor:
     Raises :class:`UnsupportedModelError` when a block's rest does not reproduce its output."""
     adapter, batch = problem.adapter, problem.batch
     roles = adapter.roles()
-    found = torch.zeros(adapter.num_layers, len(problem), batch.seq_len, batch.seq_len, dtype=torch.float64)
+    found = torch.zeros(adapter.num_layers, len(problem), batch.seq_len, batch.seq_len, dtype=torch.float64, device=adapter.device)
     for rec in recordings(problem, "value_zeroing", STATES):
         real = (rec.mask[:, :, None] * rec.mask[:, None, :]).bool()
         for layer, (block, block_rec) in enumerate(zip(roles.blocks, rec.blocks, strict=True)):
@@ -209,7 +209,7 @@ VALUE_ZEROING_COST = (
 """The prediction's pass, one recording every block, and the blocks' rests (or one pass per zeroed token)."""
 
 
-@register("value_zeroing", family="vector", cost=VALUE_ZEROING_COST)
+@register("value_zeroing", family="vector", cost=VALUE_ZEROING_COST, needs=("roles",))
 @torch.no_grad()
 def value_zeroing(problem: Problem, *, rollout: bool = True, layerwise: bool = False) -> torch.Tensor:
     """Cosine distance of each token's block output when another token's value vectors are zeroed.
@@ -229,7 +229,7 @@ def value_zeroing(problem: Problem, *, rollout: bool = True, layerwise: bool = F
     """
     dtype = problem.reference.logits.dtype
     matrices = row_normalised(distances(problem)).to(torch.float64 if dtype == torch.float64 else torch.float32)  # [L, B, N, N]
-    rows = torch.arange(len(problem))
+    rows = torch.arange(len(problem), device=matrices.device)
     joint: torch.Tensor | None = None
     found = []
     for matrix in matrices:

@@ -291,8 +291,6 @@ class Plan:
 
 def _check_spec(spec: BenchSpec) -> list[str]:
     """The spec's metric names, after checking everything that needs no data (before any work)."""
-    from heedful.attribution import get_method
-
     if not isinstance(spec.model, Model):
         raise InputError(f"the bench needs a loaded model, got {type(spec.model).__name__}", hint="pass heedful.load(name)")
     spec.protocol = get_protocol(spec.protocol)
@@ -306,7 +304,7 @@ def _check_spec(spec: BenchSpec) -> list[str]:
     for name in names:
         check_metric(METRICS[name], spec.model.task)
     for method in spec.methods:
-        get_method(method, spec.model.task)  # unknown or unsupported methods fail before any work
+        spec.model.method(method)  # unknown methods, or ones the model's task or structure does not allow, fail before any work
     check_options(spec.methods, spec.method_options)
     return names
 

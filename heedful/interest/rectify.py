@@ -218,7 +218,6 @@ def rectify(
     examples.
     """
     from heedful import datasets
-    from heedful.attribution import get_method
     from heedful.evaluate.evaluation import model_inputs
     from heedful.evaluate.store import model_label as label_of
 
@@ -239,7 +238,7 @@ def rectify(
         raise InputError(f"batch size must be positive, got {batch_size}")
     if n is not None and n < 1:
         raise InputError(f"n must be at least 1, got {n}", hint="n=None uses the whole split")
-    infos = [get_method(name, loaded.task) for name in methods]  # fail before any work
+    infos = [loaded.method(name) for name in methods]  # fail before any work
     if not infos:
         raise InputError("no method given")
     options = {}

@@ -163,7 +163,7 @@ def lrp_backward(
     rows = len(prepared.rows)
     layers = len(session.probs)
     if head_mask is not None:
-        head_mask = torch.as_tensor(head_mask, dtype=torch.float32)
+        head_mask = torch.as_tensor(head_mask, dtype=torch.float32, device=session.probs[0].device)
         heads = session.probs[0].shape[1]
         if tuple(head_mask.shape) != (layers, heads):
             raise InputError(

@@ -12,6 +12,19 @@ NEGATIVE = (67, 147, 195)  # cool: pushes against it
 BLANK = (255, 255, 255)
 
 
+def scaled_positions(special: Sequence[bool], sinks: bool = True) -> list[bool]:
+    """Which positions set a view's colour scale: every one but the special tokens and, with
+    ``sinks`` (the views' default), the first token -- where a decoder's first token soaks up
+    attention and relevance (an attention sink; Xiao et al. 2024), its score would otherwise
+    wash out every other colour. Left out of the scale only: the token is still coloured (at
+    full strength when above the scale) and the stored scores are unchanged. The first token
+    counts when nothing else would."""
+    include = [not s for s in special]
+    if sinks and len(include) > 1 and any(include[1:]):
+        include[0] = False
+    return include
+
+
 @dataclass(frozen=True)
 class Scale:
     """Maps a score to a colour: ``|score| / limit`` blends white towards warm or cool."""

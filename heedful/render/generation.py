@@ -14,7 +14,7 @@ from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
-from heedful.render.colors import Scale
+from heedful.render.colors import Scale, scaled_positions
 from heedful.render.html import CSS
 from heedful.render.terminal import _style
 
@@ -27,14 +27,15 @@ def _visible(token: str) -> str:
     return token.replace("Ġ", " ").replace("▁", " ").replace("Ċ", "\\n")
 
 
-def _row_scale(row: np.ndarray, special: Sequence[bool]) -> Scale:
-    return Scale.fit(row, [not s for s in special])
+def _row_scale(row: np.ndarray, special: Sequence[bool], sinks: bool = True) -> Scale:
+    return Scale.fit(row, scaled_positions(special, sinks))
 
 
-def generation_table(expl: GenerationExplanation, strongest: int = 3, specials: bool = False) -> Table:
+def generation_table(expl: GenerationExplanation, strongest: int = 3, specials: bool = False, sinks: bool = True) -> Table:
     """Rows: generated steps (token, probability); columns: the prompt and generated tokens
     (special tokens -- template markers, BOS -- only with ``specials``). Each row is coloured on
-    its own scale; its ``strongest`` sources are underlined."""
+    its own scale (``sinks``: without the first token, :func:`~heedful.render.colors.scaled_positions`);
+    its ``strongest`` sources are underlined."""
     width = expl.prompt_length + max(expl.steps - 1, 0)
     shown = [j for j in range(width) if specials or not expl.special[j]]
     hidden = width - len(shown)
@@ -51,7 +52,7 @@ def generation_table(expl: GenerationExplanation, strongest: int = 3, specials: 
         table.add_column(_visible(expl.tokens[j]), justify="right", no_wrap=True, style="dim" if j >= expl.prompt_length else None)
     for t, token in enumerate(expl.generated_tokens):
         row = expl.scores[t, :width]
-        scale = _row_scale(row, expl.special[:width])
+        scale = _row_scale(row, expl.special[:width], sinks)
         ranked = sorted((j for j in shown if np.isfinite(row[j]) and not expl.special[j]), key=lambda j: -abs(row[j]))
         top = set(ranked[:strongest])
         cells = []
@@ -101,13 +102,15 @@ document.querySelectorAll('.hf-gen').forEach(function (box) {
 """
 
 
-def generation_fragment(expl: GenerationExplanation, index: int = 0) -> str:
+def generation_fragment(expl: GenerationExplanation, index: int = 0, sinks: bool = True) -> str:
     """One generation: the whole text as tokens (hover a generated token to colour every token
-    by its score for that step) and the data it needs, inline."""
+    by its score for that step) and the data it needs, inline (``sinks`` as in
+    :func:`generation_table`)."""
     width = len(expl.tokens)
     limits = []
+    scaled = scaled_positions(expl.special, sinks)
     for t in range(expl.steps):
-        finite = [abs(v) for v, s in zip(expl.scores[t], expl.special, strict=True) if np.isfinite(v) and not s]
+        finite = [abs(v) for v, keep in zip(expl.scores[t], scaled, strict=True) if np.isfinite(v) and keep]
         limits.append(max(finite) if finite and max(finite) > 0 else 1.0)
     data = {
         "scores": [[None if not np.isfinite(v) else round(float(v), 6) for v in row[:width]] for row in expl.scores],

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from heedful.render.colors import Scale
+from heedful.render.colors import Scale, scaled_positions
 from heedful.render.layout import pieces
 from heedful.render.sources import sources_html
 
@@ -45,9 +45,9 @@ def _span(text: str, score: float, scale: Scale, title: str, special: bool) -> s
     )
 
 
-def heatmap_html(expl: Explanation, words: bool = False, layer: int = -1) -> str:
+def heatmap_html(expl: Explanation, words: bool = False, layer: int = -1, sinks: bool = True) -> str:
     scores = expl.scores[layer] if expl.layerwise else expl.scores
-    scale = Scale.fit(scores, [not s for s in expl.special])
+    scale = Scale.fit(scores, scaled_positions(expl.special, sinks))
     parts = []
     for piece in pieces(expl, words=words, layer=layer):
         if piece.score is None:
@@ -57,12 +57,12 @@ def heatmap_html(expl: Explanation, words: bool = False, layer: int = -1) -> str
     return f'<div class="hf-text">{"".join(parts)}</div>'
 
 
-def layer_grid_html(expl: Explanation, words: bool = False) -> str:
+def layer_grid_html(expl: Explanation, words: bool = False, sinks: bool = True) -> str:
     if words:
         ws = expl.words("sum")
         labels, grid, include = ws.words, ws.scores, None
     else:
-        labels, grid, include = expl.tokens, expl.scores, [not s for s in expl.special]
+        labels, grid, include = expl.tokens, expl.scores, scaled_positions(expl.special, sinks)
     scale = Scale.fit(grid, include)
     head = "".join(f"<th>{html.escape(lab)}</th>" for lab in labels)
     rows = []
@@ -88,34 +88,40 @@ def _header_html(expl: Explanation) -> str:
     )
 
 
-def _body(expl: Explanation, words: bool) -> str:
+def _body(expl: Explanation, words: bool, sinks: bool = True) -> str:
     if expl.sources is not None:
         return sources_html(expl)
-    return layer_grid_html(expl, words) if expl.layerwise else heatmap_html(expl, words)
+    return layer_grid_html(expl, words, sinks) if expl.layerwise else heatmap_html(expl, words, sinks=sinks)
 
 
-def explanation_fragment(expl: Explanation, words: bool = False) -> str:
-    """HTML for one explanation (no page wrapper; used for notebooks)."""
-    body = _body(expl, words)
+def explanation_fragment(expl: Explanation, words: bool = False, sinks: bool = True) -> str:
+    """HTML for one explanation (no page wrapper; used for notebooks). ``sinks``: the first
+    token left out of the colour scale (:func:`~heedful.render.colors.scaled_positions`)."""
+    body = _body(expl, words, sinks)
     return f'<div class="hf-expl"><style>{CSS}</style>{_header_html(expl)}{body}</div>'
 
 
-def explanations_fragment(explanations: Sequence[Explanation], words: bool = False) -> str:
+def explanations_fragment(explanations: Sequence[Explanation], words: bool = False, sinks: bool = True) -> str:
     """HTML for several explanations (no page wrapper; a list's ``_repr_html_`` in notebooks):
     each one's :func:`explanation_fragment` in order, inside one ``hf-many`` box. ``heedful serve``'s
     page shows these same fragments, one per method."""
-    return f'<div class="hf-many">{"".join(explanation_fragment(e, words) for e in explanations)}</div>'
+    return f'<div class="hf-many">{"".join(explanation_fragment(e, words, sinks) for e in explanations)}</div>'
 
 
-def explanation_page(explanations: Sequence[Explanation], words: bool = False, title: str = "heedful") -> str:
-    """A complete, self-contained HTML page; several methods on one text are laid out together."""
+def explanation_page(
+    explanations: Sequence[Explanation], words: bool = False, title: str = "heedful", sinks: bool = True
+) -> str:
+    """A complete, self-contained HTML page; several methods on one text are laid out together
+    (``sinks`` as in :func:`explanation_fragment`)."""
     blocks = []
     for expl in explanations:
-        body = _body(expl, words)
+        body = _body(expl, words, sinks)
         blocks.append(f'<div class="hf-expl">{_header_html(expl)}{body}</div>')
     legend = (
         '<div class="hf-legend">Warm: the token pushes towards the explained output; cool: against it. '
-        "Hover a token for its score. Colours are scaled per explanation.</div>"
+        "Hover a token for its score. Colours are scaled per explanation"
+        + (", without the special tokens and the first token (an attention sink in many decoders)" if sinks else ", without the special tokens")
+        + ".</div>"
     )
     return (
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
