@@ -203,7 +203,7 @@ class Model:
         [('charming', ...), ('affecting', ...)]
         """
         info = get_method(method, self.task)
-        bound = info.bind(options)
+        bound = info.bind(options, self.adapter.device)
         spec = SourceSpec.parse(sources) if sources is not None or info.needs_sources else None
         if isinstance(texts, Problem):
             if target is not None or quantity is not None or sources is not None:
@@ -455,7 +455,7 @@ class Model:
         (['ĠParis', '.', 'ĠThe', 'Ġcapital'], (4, 9))
         """
         info = get_method(method, self.task)
-        bound = info.bind(options)
+        bound = info.bind(options, self.adapter.device)
         if bound.get("layerwise"):
             raise InputError("generation attribution gives one score per token and step", hint="drop layerwise=True")
         if info.needs_sources:
@@ -500,7 +500,7 @@ class Model:
                 f"none of {', '.join(i.name for i in infos)} takes the option(s) {', '.join(unused)}",
                 hint="see `heedful methods NAME` for a method's options",
             )
-        bound = [info.bind({k: v for k, v in options.items() if info.takes(k)}) for info in infos]
+        bound = [info.bind({k: v for k, v in options.items() if info.takes(k)}, self.adapter.device) for info in infos]
         problem, shared = self._timed(
             lambda: self.prepare(
                 text,
