@@ -188,11 +188,14 @@ class Support:
             parts.append(f"{p} {'-' if ratio is None else f'{ratio:.2f}x'} ({self.routes[p]})")
         return ", ".join(parts)
 
+    def shown_flags(self) -> str:
+        """The relevant flags present, comma-separated (or that they are unknown / absent)."""
+        return "flags unknown" if self.flags is None else ", ".join(self.flags) or "none of the relevant flags"
+
     def summary(self) -> str:
         """One line: the processor, its relevant flags and the measured ratios."""
-        flags = "flags unknown" if self.flags is None else ", ".join(self.flags) or "none of the relevant flags"
         return (
-            f"{self.processor} ({self.device}; {flags}); speed vs fp32: {self.ratios()} "
+            f"{self.processor} ({self.device}; {self.shown_flags()}); speed vs fp32: {self.ratios()} "
             f"[{self.probe}, {self.threads} thread(s), torch {self.torch}]"
         )
 

@@ -43,12 +43,11 @@ def info(
     if as_json:
         out.print_json(json.dumps({"heedful": __version__, "python": platform.python_version(), "support": asdict(found), "auto": picks}))
         return
-    flags = "unknown (no /proc/cpuinfo)" if found.flags is None else ", ".join(found.flags) or "none of the relevant ones"
     out.print(f"heedful {__version__} · python {platform.python_version()} · torch {found.torch}", highlight=False)
     where = f"{found.processor} ({platform.machine()}, {os.cpu_count()} logical cores)" if found.device == "cpu" else found.processor
     out.print(f"{found.device}: {where}", highlight=False)
     if found.device == "cpu":
-        out.print(f"flags: {flags} · torch CPU capability {torch.backends.cpu.get_cpu_capability()}", highlight=False)
+        out.print(f"flags: {found.shown_flags()} · torch CPU capability {torch.backends.cpu.get_cpu_capability()}", highlight=False)
     table = Table(title=f"precision on this machine ({found.probe}, {found.threads} thread(s))")
     for col in ("precision", "hardware", "speed vs fp32 (measured)"):
         table.add_column(col)
