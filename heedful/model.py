@@ -191,7 +191,9 @@ class Model:
         ``quantity``: ``"logit"`` or ``"log_prob"`` of the target. ``options`` go to
         the method (e.g. ``n_steps=100`` for integrated gradients, ``layerwise=True`` for
         NormXLogit); they are checked before any work, and the explanation records every option
-        of the method, defaults included. Stochastic methods take ``seed``. ``sources``: cut
+        of the method, defaults included (a forward-only method's ``precision`` as resolved for
+        this machine: ``"auto"`` becomes the precision used, :mod:`heedful.precision`).
+        Stochastic methods take ``seed``. ``sources``: cut
         each text into sources -- ``"sentences"``, ``"paragraphs"``, ``"tokens:N"`` or
         ``(start, end)`` character spans (:mod:`heedful.sources`) -- which the context
         attribution methods rank and ``Explanation.source_scores()`` pools any method's scores

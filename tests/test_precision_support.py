@@ -192,6 +192,17 @@ def test_bench_warns_or_refuses_a_slow_precision(monkeypatch, capsys, tmp_path, 
     assert not (tmp_path / "refused" / "results.sqlite").exists()  # refused before the store was opened
 
 
+def test_explain_warns_or_refuses_a_slow_precision(monkeypatch, capsys, tmp_path, machine):
+    model_dir = saved_tiny(tmp_path / "m", "bert", "classification", initializer_range=0.2)
+    base = ["explain", "a fine film", "--model", model_dir, "-M", "lime", "-o", "precision=bf16", "-o", "n_samples=16", "--json"]
+    machine(WITHOUT_AVX512)
+    code, out, err = run_cli(monkeypatch, capsys, *base)
+    assert code == 0, err
+    assert json.loads(out)["options"]["precision"] == "bf16" and "warning: bf16 runs 0.15x the speed of fp32" in err
+    code, out, err = run_cli(monkeypatch, capsys, *base, "--strict")
+    assert code == 2 and "error: bf16 runs 0.15x the speed of fp32" in err and not out.strip()
+
+
 def test_info_shows_the_machine_and_what_auto_picks(monkeypatch, capsys, machine):
     machine(WITHOUT_AVX512)
     code, out, err = run_cli(monkeypatch, capsys, "info")
