@@ -210,6 +210,7 @@ class Support:
 _PROBE_SHAPES = {"cpu": (128, 384, 1536), "cuda": (4096, 1024, 4096)}
 _PROBE_ROUNDS = 7
 _CACHE_NAME = "precision-support.json"
+_MEMORY: dict[tuple[str, str], Support] = {}  # results a read-only cache could not keep
 
 
 def support(device: str | torch.device = "cpu", *, refresh: bool = False) -> Support:
@@ -218,9 +219,11 @@ def support(device: str | torch.device = "cpu", *, refresh: bool = False) -> Sup
     The flags come from the processor (:mod:`heedful.machine`) or the GPU's compute
     capability; the speed from a probe -- a layer norm and two linear layers (``T x H -> 4H ->
     H``) timed at fp32, bf16 (:func:`lowered_model`) and int8 (dynamic quantisation, CPU only),
-    interleaved, median of 7 rounds, at the current torch threads (about 0.3 s on a CPU). The
-    result is cached in ``heedful_home()`` per processor model, flags and torch version (per GPU
-    model on CUDA), so later calls take milliseconds; ``refresh`` probes again.
+    interleaved, median of 7 rounds, at the current torch threads (about a second on a CPU
+    without AVX-512, less with it). The result is cached in ``heedful_home()`` per processor
+    model, flags and torch version (per GPU model on CUDA), so later calls take milliseconds;
+    ``refresh`` probes again. A cache that cannot be written is skipped (the probe then runs once
+    per process).
     """
     device = torch.device(device)
     kind = device.type
@@ -230,6 +233,10 @@ def support(device: str | torch.device = "cpu", *, refresh: bool = False) -> Sup
         processor, flags = torch.cuda.get_device_name(index), None
         routes = {p: cuda_route(p, capability) for p in PRECISIONS}
         identity = [kind, processor, list(capability)]
+    elif kind != "cpu":  # mps and others: no flags to read, the probe alone speaks
+        processor, flags = f"{kind} device", None
+        routes = {p: native_route(p, None) for p in PRECISIONS}
+        identity = [kind]
     else:
         processor, all_flags = cpuinfo()
         flags = relevant_flags(all_flags)
@@ -237,6 +244,8 @@ def support(device: str | torch.device = "cpu", *, refresh: bool = False) -> Sup
         identity = [kind, processor, sorted(all_flags or [])]
     key = hashlib.sha1(json.dumps([*identity, torch.__version__]).encode()).hexdigest()[:16]
     path = heedful_home() / _CACHE_NAME
+    if not refresh and (str(path), key) in _MEMORY and not path.exists():
+        return _MEMORY[str(path), key]
     cached = _read_cache(path)
     if not refresh and key in cached:
         try:
@@ -250,8 +259,12 @@ def support(device: str | torch.device = "cpu", *, refresh: bool = False) -> Sup
         threads=torch.get_num_threads(), torch=torch.__version__, seconds=time.perf_counter() - began,
     )
     cached[key] = asdict(found)
-    with atomic_file(path) as part:
-        part.write_text(json.dumps(cached, indent=1, sort_keys=True), encoding="utf-8")
+    _MEMORY[str(path), key] = found
+    try:
+        with atomic_file(path) as part:
+            part.write_text(json.dumps(cached, indent=1, sort_keys=True), encoding="utf-8")
+    except OSError:
+        pass  # a read-only cache: this process keeps the result in _MEMORY
     return found
 
 
@@ -290,13 +303,20 @@ def _probe(device: torch.device) -> tuple[dict[str, float | None], str]:
         for precision, (model, inputs) in runs.items():
             began = time.perf_counter()
             model(inputs)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
+            _synchronize(device)
             if round_:
                 times[precision].append(time.perf_counter() - began)
     base = statistics.median(times["fp32"])
     speed = {p: (base / statistics.median(times[p]) if p in times else None) for p in PRECISIONS}
     return speed, f"layer norm + linear {hidden}->{inner}->{hidden} on {tokens} tokens"
+
+
+def _synchronize(device: torch.device) -> None:
+    """Wait for the work queued on ``device`` (GPUs run asynchronously)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
 
 
 # ---------------------------------------------------------------------------- choosing and saying

@@ -237,6 +237,15 @@ def test_support_probes_once_and_reads_the_cache_after(monkeypatch, tmp_path):
     (tmp_path / "precision-support.json").write_text("{not json", encoding="utf-8")
     assert support().probe == "stub"  # a damaged cache is probed again, not an error
 
+    def read_only(dest):
+        raise PermissionError(13, "Permission denied", str(dest))
+
+    monkeypatch.setenv("HEEDFUL_HOME", str(tmp_path / "read-only"))
+    monkeypatch.setattr(precision_module, "atomic_file", read_only)
+    assert support().probe == "stub"  # a cache that cannot be written is no error
+    monkeypatch.setattr(precision_module, "_probe", no_probe)
+    assert support().probe == "stub"  # and this process keeps the result
+
 
 @pytest.mark.parametrize("precision", ["bf16", "int8"])
 def test_a_precision_the_processor_runs_natively_is_measured_faster(precision):
