@@ -170,8 +170,8 @@ class Support:
         return ratio is not None and ratio * SPEED_MARGIN < 1.0
 
     def where(self) -> str:
-        """``"this processor"`` or ``"this GPU"``."""
-        return "this processor" if self.device == "cpu" else f"this {self.device} device"
+        """``"this processor"``, ``"this GPU"`` (CUDA) or ``"this mps device"``."""
+        return {"cpu": "this processor", "cuda": "this GPU"}.get(self.device, f"this {self.device} device")
 
     def slow_message(self, precision: str) -> str:
         """One line: how fast ``precision`` runs here and why (for warnings and refusals)."""
