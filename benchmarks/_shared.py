@@ -1,5 +1,7 @@
-"""What the benchmark scripts share: loading the model and texts, formatting times, and the
-machine description written under every results file."""
+"""What the benchmark scripts share: loading the model and texts, formatting times, the machine
+line at the head of every results file (:func:`write_results`: processor, the flags lower
+precision depends on, the measured speed of bf16 and int8 against fp32) and the machine
+description under it."""
 
 from __future__ import annotations
 
@@ -24,6 +26,8 @@ from rich.markdown import Markdown
 
 import heedful
 from heedful import datasets
+from heedful.machine import cpuinfo, is_native
+from heedful.precision import support
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -120,13 +124,46 @@ def load_texts(args: argparse.Namespace) -> list[str]:
 
 def cpu_name() -> str:
     """The CPU model from /proc/cpuinfo, else what :mod:`platform` knows."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+    return cpuinfo()[0]
+
+
+def machine_header() -> str:
+    """The line under a results file's title: the processor, the flags lower precision depends
+    on and the measured speed of bf16 and int8 against fp32 (:func:`heedful.precision.support`,
+    the probe ``heedful info`` shows), so that numbers from different machines are never
+    compared as if they were equal."""
+    found = support()
+    return (
+        f"> Machine: {found.processor} ({platform.machine()}, {os.cpu_count()} logical cores; {found.shown_flags()}). "
+        f"Speed against fp32 measured by `heedful info` ({found.probe}, {found.threads} torch thread(s), "
+        f"torch {found.torch}): {found.ratios()}."
+    )
+
+
+def precision_note(precision: str) -> str | None:
+    """A sentence for a results file when this processor lacks the instructions for
+    ``precision`` (by its flags) or the probe measured it no faster than fp32 -- targets that
+    assume a fast ``precision`` are skipped then; ``None`` otherwise."""
+    found = support()
+    ratio = found.speed.get(precision)
+    if ratio is None:
+        return f"{precision} cannot run on {found.where()}."
+    if found.faster(precision) and is_native(precision, found.flags) is not False:
+        return None
+    verdict = "slower than" if found.slower(precision) else "still faster than" if found.faster(precision) else "no faster than"
+    return f"{found.processor} has {found.routes[precision]}: the probe ran {precision} at {ratio:.2f}x the speed of fp32, {verdict} fp32."
+
+
+def write_results(path: Path, text: str) -> None:
+    """Write a results file: ``text`` with :func:`machine_header` under its first line (the
+    ``# title``; at the top when there is none)."""
+    title, _, rest = text.partition("\n")
+    if title.startswith("# "):
+        text = f"{title}\n\n{machine_header()}\n\n{rest.lstrip()}"
+    else:
+        text = f"{machine_header()}\n\n{text}"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
 
 
 def library_versions(*distributions: str) -> str:
@@ -176,9 +213,8 @@ def start(args: argparse.Namespace) -> tuple[Console, heedful.Model, list[str], 
 
 
 def finish(text: str, args: argparse.Namespace, console: Console) -> int:
-    """Write the results Markdown to ``args.out`` and show it."""
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text, encoding="utf-8")
-    console.print(Markdown(text))
+    """Write the results Markdown to ``args.out`` (:func:`write_results`) and show it."""
+    write_results(args.out, text)
+    console.print(Markdown(args.out.read_text(encoding="utf-8")))
     console.print(f"[dim]written to {args.out}[/dim]")
     return 0

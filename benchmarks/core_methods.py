@@ -51,7 +51,16 @@ from typing import Any
 
 import numpy as np
 import torch
-from _shared import Timing, command_line, cpu_name, fmt_s, library_versions, load_model, measure  # noqa: E402  (benchmarks/ is the script's folder)
+from _shared import (  # noqa: E402  (benchmarks/ is the script's folder)
+    Timing,
+    command_line,
+    cpu_name,
+    fmt_s,
+    library_versions,
+    load_model,
+    measure,
+    write_results,
+)
 from captum.attr import FeatureAblation, InputXGradient, LayerIntegratedGradients, Saliency
 from rich.console import Console
 from rich.markdown import Markdown
@@ -425,8 +434,7 @@ def main(argv: list[str] | None = None) -> int:
         info_lines = machine_info(model, args, batch, ig_chunk, loads)
         notes = skipped + [f"{name} (failed)" for name in failed]
         text = render_markdown(ordered, all_forward, info_lines, verdict_lines(ordered), notes)
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text, encoding="utf-8")
+        write_results(args.out, text)
         return text
 
     for info in run_order:

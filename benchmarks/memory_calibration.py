@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
+from _shared import write_results  # noqa: E402  (benchmarks/ is the script's folder)
 
 import heedful
 from heedful.adapters import ModelAdapter
@@ -158,7 +159,7 @@ def main() -> None:
             f"(torch {torch.__version__}, one thread). Measured: VmHWM above VmRSS before the pass, "
             "after a warm-up pass; tiny models: D 128, 8 heads, 4 blocks, F 256.\n\n"
         )
-        args.out.write_text(head + "\n".join(lines) + "\n", encoding="utf-8")
+        write_results(args.out, head + "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

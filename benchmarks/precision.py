@@ -35,13 +35,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _shared import finish, fmt_s, library_versions, machine_lines, measure, start  # noqa: E402  (benchmarks/ is the script's folder)
+from _shared import finish, fmt_s, library_versions, machine_lines, measure, precision_note, start  # noqa: E402  (benchmarks/ is the script's folder)
 from rich.console import Console
 from scipy.stats import spearmanr
 
 import heedful
 from heedful.evaluate import evaluate
 from heedful.evaluate.intervals import bootstrap_indices, percentile_interval
+from heedful.evaluate.protocol import CURVES_TOLERATE
+from heedful.precision import support
 
 HERE = Path(__file__).resolve().parent
 PRECISIONS = ("fp32", "bf16", "int8")
@@ -140,11 +142,30 @@ def run(model: heedful.Model, texts: list[str], args: argparse.Namespace, consol
     }
 
 
+def machine_note() -> list[str]:
+    """A note under the title when this processor lacks the instructions bf16 or int8 needs to be
+    fast (:func:`_shared.precision_note`), saying what the times below do and do not show."""
+    notes = [note for p in LOWER if (note := precision_note(p))]
+    if not notes:
+        return []
+    return [
+        "**Note: this processor lacks instructions lower precision depends on.** " + " ".join(notes) + " "
+        "The times below are this processor's: without bfloat16 arithmetic (AVX-512 BF16 or AMX on x86, "
+        "compute capability 8.0 on CUDA) every bfloat16 product is converted to float32 in software, "
+        "several times slower than float32 itself; with it bf16 runs about twice as fast as fp32 (see this "
+        "file's history for a run on a processor with AVX-512 BF16). `precision=\"auto\"` picks "
+        f"{support().auto(CURVES_TOLERATE)} for the curves and LIME here. The deviation columns measure "
+        "rounding, not speed: they hold on any processor, up to the order of summation.",
+        "",
+    ]
+
+
 def render(found: dict[str, Any], info: list[str], args: argparse.Namespace, n: int) -> str:
     methods = args.methods
     lines = [
         "# Lower-precision forward passes: bf16 and int8 against fp32",
         "",
+        *machine_note(),
         f"## AOPC comprehensiveness ({n} sentences x {len(methods)} methods = {found['joint_n']} explanations, preset `{args.preset}`)",
         "",
         "`evaluate(model, explanations, [\"aopc\"], preset, precision=...)`, all explanations in one call; "

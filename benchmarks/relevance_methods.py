@@ -52,7 +52,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from _shared import command_line  # noqa: E402  (benchmarks/ is the script's folder)
+from _shared import command_line, write_results  # noqa: E402  (benchmarks/ is the script's folder)
 
 import heedful
 from heedful.cache import heedful_home
@@ -342,9 +342,8 @@ def main(argv: list[str] | None = None) -> int:
         lines += part_two(args) + [""]
     lines += machine_lines(args)
     text = "\n".join(lines) + "\n"
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text, encoding="utf-8")
-    print(text)
+    write_results(args.out, text)
+    print(args.out.read_text(encoding="utf-8"))
     return 0 if all(ratios.get(m, 0) <= t for m, t in TARGETS.items()) else 1
 
 

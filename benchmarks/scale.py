@@ -36,7 +36,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from _shared import ROOT, command_line, cpu_name, library_versions
+from _shared import ROOT, command_line, cpu_name, library_versions, write_results
 from rich.console import Console
 from rich.markdown import Markdown
 
@@ -213,9 +213,8 @@ The single-writer store becomes the bound at **{write_machines:,.0f} machines** 
 - {library_versions("torch", "transformers", "ray")}
 """
     shutil.rmtree(work, ignore_errors=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text, encoding="utf-8")
-    Console().print(Markdown(text))
+    write_results(args.out, text)
+    Console().print(Markdown(args.out.read_text(encoding="utf-8")))
     console.print(f"written to {args.out}")
     return 0
 

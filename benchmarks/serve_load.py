@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-from _shared import ROOT, command_line, cpu_name, fmt_s, library_versions
+from _shared import ROOT, command_line, cpu_name, fmt_s, library_versions, write_results
 
 from heedful import zoo
 
@@ -286,9 +286,8 @@ def main() -> int:
             server.wait()
     loads[1] = os.getloadavg()[0]
     text, passed = report(args, "tiny BERT (tests)" if args.tiny else model, answers, wall, found, ready, tuple(loads))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text, encoding="utf-8")
-    print(text)
+    write_results(args.out, text)
+    print(args.out.read_text(encoding="utf-8"))
     print(f"written to {args.out}")
     return 0 if passed else 1
 

@@ -21,6 +21,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from heedful.commands import bench as bench_command
 from heedful.commands import heads as heads_command
+from heedful.commands import info as info_command
 from heedful.commands import interest as interest_command
 from heedful.commands import rectify as rectify_command
 from heedful.commands import reproduce as reproduce_command
@@ -99,6 +100,7 @@ def explain(
     allow_pickle: Annotated[bool, typer.Option("--allow-pickle", help="Hub ids: load pickled weights when a repository has no safetensors (unpickling runs code).")] = False,
     trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="Run a repository's own model code (auto_map), as transformers does.")] = False,
     sinks: Annotated[bool, typer.Option("--sinks/--no-sinks", help="Leave the first token (an attention sink in many decoders) out of the colour scale, as the special tokens; the scores are unchanged.")] = True,
+    strict: Annotated[bool, typer.Option("--strict", help="Refuse an --option precision=... this machine runs slower than fp32 (default: run it with a warning).")] = False,
 ) -> None:
     """Explain TEXT(s) with one or more methods and show a heatmap (or JSON / HTML); with
     --generate or --continuation, explain every token a language model writes after them; with
@@ -107,6 +109,7 @@ def explain(
     and hierarchical; any other method's scores pooled per source)."""
     import heedful
     from heedful.loading import check_device
+    from heedful.precision import strict_precision
     from heedful.render.html import explanation_page
     from heedful.render.terminal import print_explanations
 
@@ -154,14 +157,15 @@ def explain(
         if generate is not None and generate < 1:
             raise HeedfulError(f"--generate must be at least 1, got {generate}")
         loaded = load_model(model, device, budget, revision=revision, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
-        _explain_generation(loaded, items, infos, runs, generate, continuation, quantity, chat, as_json, html)
+        with strict_precision(strict):
+            _explain_generation(loaded, items, infos, runs, generate, continuation, quantity, chat, as_json, html)
         return
     else:
         answers = None
         loaded = load_model(model, device, budget, revision=revision, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
     results: list[heedful.Explanation] = []
     show_bar = len(items) > batch_size
-    with progress() as bar:
+    with strict_precision(strict), progress() as bar:
         for info, kwargs in zip(infos, runs, strict=True):
             task_id = bar.add_task(info.name, total=len(items), visible=show_bar)
             if spans is not None or answers is not None:  # each document has its own region or answer
@@ -401,6 +405,7 @@ def models_build(
 app.add_typer(bench_command.app, name="bench")
 app.add_typer(interest_command.app, name="interest")
 app.command("heads")(heads_command.heads)
+app.command("info")(info_command.info)
 app.command("reproduce")(reproduce_command.reproduce)
 app.command("rectify")(rectify_command.rectify)
 app.command("steer")(steer_command.steer)

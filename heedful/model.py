@@ -211,7 +211,9 @@ class Model:
         ``quantity``: ``"logit"`` or ``"log_prob"`` of the target. ``options`` go to
         the method (e.g. ``n_steps=100`` for integrated gradients, ``layerwise=True`` for
         NormXLogit); they are checked before any work, and the explanation records every option
-        of the method, defaults included. Stochastic methods take ``seed``. ``sources``: cut
+        of the method, defaults included (a forward-only method's ``precision`` as resolved for
+        this machine: ``"auto"`` becomes the precision used, :mod:`heedful.precision`).
+        Stochastic methods take ``seed``. ``sources``: cut
         each text into sources -- ``"sentences"``, ``"paragraphs"``, ``"tokens:N"`` or
         ``(start, end)`` character spans (:mod:`heedful.sources`) -- which the context
         attribution methods rank and ``Explanation.source_scores()`` pools any method's scores
@@ -229,7 +231,7 @@ class Model:
         [('charming', ...), ('affecting', ...)]
         """
         info = self.method(method)
-        bound = info.bind(options)
+        bound = info.bind(options, self.adapter.device)
         if isinstance(texts, Problem):
             if target is not None or quantity is not None or sources is not None:
                 raise InputError("a prepared problem has its target and sources", hint="pass them to model.prepare(...)")
@@ -513,7 +515,7 @@ class Model:
         (['ĠParis', '.', 'ĠThe', 'Ġcapital'], (4, 9))
         """
         info = self.method(method)
-        bound = info.bind(options)
+        bound = info.bind(options, self.adapter.device)
         if bound.get("layerwise"):
             raise InputError("generation attribution gives one score per token and step", hint="drop layerwise=True")
         if info.needs_sources:
@@ -558,7 +560,7 @@ class Model:
                 f"none of {', '.join(i.name for i in infos)} takes the option(s) {', '.join(unused)}",
                 hint="see `heedful methods NAME` for a method's options",
             )
-        bound = [info.bind({k: v for k, v in options.items() if info.takes(k)}) for info in infos]
+        bound = [info.bind({k: v for k, v in options.items() if info.takes(k)}, self.adapter.device) for info in infos]
         problem, shared = self._timed(
             lambda: self.prepare(
                 text,

@@ -80,7 +80,9 @@ KEYED_WHEN_SET = KeyedWhenSet()
 class OptionSpec:
     """One option of a method. ``kinds``: the accepted value types (``None`` in it when the
     option may be ``None``; empty: any value); ``choices``: the allowed values of a ``Literal``;
-    ``range``: allowed interval of a number; ``runtime``: excluded from results-store keys."""
+    ``range``: allowed interval of a number; ``runtime``: excluded from results-store keys;
+    ``extras``: further ``Annotated`` metadata, read by the modules that define it (e.g.
+    :class:`heedful.precision.Tolerates`)."""
 
     name: str
     default: Any
@@ -89,6 +91,11 @@ class OptionSpec:
     range: Range | None = None
     runtime: bool = False
     keyed_when_set: bool = False
+    extras: tuple[Any, ...] = ()
+
+    def extra(self, kind: type) -> Any:
+        """The first of :attr:`extras` of type ``kind``, or ``None``."""
+        return next((e for e in self.extras if isinstance(e, kind)), None)
 
     def describe(self) -> str:
         """What the option accepts, for messages and tables (``int >= 1``, ``'pad' | 'mask'``)."""
@@ -153,7 +160,7 @@ def _coerce(value: Any, kinds: tuple[type, ...]) -> Any:
 
 
 def _spec(name: str, hint: Any, default: Any) -> OptionSpec:
-    range_, runtime, when_set = None, False, False
+    range_, runtime, when_set, others = None, False, False, []
     if typing.get_origin(hint) is typing.Annotated:
         hint, *extras = typing.get_args(hint)
         for extra in extras:
@@ -163,6 +170,8 @@ def _spec(name: str, hint: Any, default: Any) -> OptionSpec:
                 runtime = True
             elif isinstance(extra, KeyedWhenSet):
                 when_set = True
+            else:
+                others.append(extra)
     members = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
     kinds: list[type] = []
     choices: list[Any] | None = None
@@ -170,7 +179,7 @@ def _spec(name: str, hint: Any, default: Any) -> OptionSpec:
         if typing.get_origin(member) is typing.Literal:
             choices = (choices or []) + list(typing.get_args(member))
         elif member is Any:
-            return OptionSpec(name, default, (), None, range_, runtime, when_set)
+            return OptionSpec(name, default, (), None, range_, runtime, when_set, tuple(others))
         elif member is None or member is _NONE:
             kinds.append(_NONE)
         elif isinstance(member, type):
@@ -182,7 +191,7 @@ def _spec(name: str, hint: Any, default: Any) -> OptionSpec:
         if _NONE in kinds:
             choices.append(None)
         kinds = []
-    return OptionSpec(name, default, tuple(kinds), None if choices is None else tuple(choices), range_, runtime, when_set)
+    return OptionSpec(name, default, tuple(kinds), None if choices is None else tuple(choices), range_, runtime, when_set, tuple(others))
 
 
 def option_specs(fn: Callable, positional: int = 1) -> tuple[OptionSpec, ...]:

@@ -18,6 +18,7 @@ from typing import Any
 from heedful.adapters.needs import check_needs, refusal
 from heedful.errors import InputError, MethodError
 from heedful.options import OptionSpec, bind_options, option_specs
+from heedful.precision import Tolerates, resolve_precision
 from heedful.targets import QUANTITIES, TASKS
 
 ALL_TASKS: tuple[str, ...] = TASKS
@@ -129,10 +130,11 @@ class MethodInfo:
                 return spec
         raise KeyError(name)
 
-    def bind(self, options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    def bind(self, options: Mapping[str, Any] | None = None, device: Any = None) -> dict[str, Any]:
         """The complete options of a run: ``options`` validated (unknown name, wrong type,
         value outside the choices or range -> :class:`~heedful.InputError`, before any work),
-        every other option at its default.
+        every other option at its default. With ``device`` (the model's: the run is about to
+        happen) the ``precision`` option is resolved for it (:meth:`resolve`).
 
         >>> import heedful
         >>> heedful.get_method("integrated_gradients").bind({"n_steps": 20})["n_steps"]
@@ -146,7 +148,19 @@ class MethodInfo:
                 + ", ".join(sorted(n for n, i in _REGISTRY.items() if i.takes("precision")))
                 + ")",
             )
-        return bind_options(self.name, self.options, given)
+        bound = bind_options(self.name, self.options, given)
+        return bound if device is None else self.resolve(bound, device)
+
+    def resolve(self, options: Mapping[str, Any], device: Any) -> dict[str, Any]:
+        """``options`` with their ``precision`` (when given and the method takes one) resolved
+        for ``device`` (:func:`heedful.precision.resolve_precision`): ``"auto"`` becomes the
+        fastest precision this method tolerates that the machine runs faster than fp32, and an
+        explicit lower precision the machine runs slower warns (or, strict, is refused)."""
+        found = dict(options)
+        if "precision" in found and self.takes("precision"):
+            tolerates = self.option("precision").extra(Tolerates) or Tolerates()
+            found["precision"] = resolve_precision(found["precision"], device, tolerates.precisions)
+        return found
 
     def key_options(self, bound: Mapping[str, Any]) -> dict[str, Any]:
         """The options that decide the result (runtime options such as chunk sizes left out, and
@@ -157,9 +171,10 @@ class MethodInfo:
 
     # ------------------------------------------------------------------ calling
     def __call__(self, problem: Any, **options: Any) -> Any:
-        """Run the method on a prepared problem with validated options (refused first when the
-        problem's model lacks something the method needs, :meth:`require`)."""
-        bound = self.bind(options)
+        """Run the method on a prepared problem with validated options (its precision resolved
+        for the problem's device; refused first when the problem's model lacks something the
+        method needs, :meth:`require`)."""
+        bound = self.bind(options, problem.adapter.device)
         self.require(problem.adapter)
         return self.fn(problem, **bound)
 

@@ -7,7 +7,7 @@ from typing import Annotated
 import torch
 
 from heedful.attribution._masks import Features, features_of, score_samples, to_tokens
-from heedful.attribution._precision import MethodPrecision
+from heedful.attribution._precision import SampledPrecision
 from heedful.attribution.perturbation import Output
 from heedful.batch import Batch
 from heedful.options import AT_LEAST_ONE, OPEN_UNIT, RUNTIME
@@ -36,7 +36,7 @@ def rise(
     removal: Removal = "auto",
     output: Output = "probability",
     seed: int | None = 0,
-    precision: MethodPrecision = "fp32",
+    precision: SampledPrecision = "fp32",
     internal_batch_size: Annotated[int | None, AT_LEAST_ONE, RUNTIME] = None,
 ) -> torch.Tensor:
     """Mean output over random token keep-masks, weighted by whether each token was kept.

@@ -24,7 +24,7 @@ from typing import Annotated, Literal
 import torch
 
 from heedful.attribution._masks import Features, features_of, score_samples, to_tokens
-from heedful.attribution._precision import MethodPrecision
+from heedful.attribution._precision import SampledPrecision
 from heedful.attribution.perturbation import Output
 from heedful.errors import InputError
 from heedful.options import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, RUNTIME, Range
@@ -137,7 +137,7 @@ def lime(
     removal: Removal = "auto",
     output: Output = "probability",
     seed: int | None = 0,
-    precision: MethodPrecision = "fp32",
+    precision: SampledPrecision = "fp32",
     internal_batch_size: Annotated[int | None, AT_LEAST_ONE, RUNTIME] = None,
 ) -> torch.Tensor:
     """Weighted ridge fit of the output on random token removals near the input.
@@ -172,7 +172,7 @@ def kernel_shap(
     removal: Removal = "auto",
     output: Output = "probability",
     seed: int | None = 0,
-    precision: MethodPrecision = "fp32",
+    precision: SampledPrecision = "fp32",
     internal_batch_size: Annotated[int | None, AT_LEAST_ONE, RUNTIME] = None,
 ) -> torch.Tensor:
     """Shapley-kernel-weighted linear fit of the output on random token coalitions (approximate Shapley values).

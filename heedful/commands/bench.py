@@ -13,7 +13,7 @@ import typer
 from heedful.commands.options import key_value
 from heedful.errors import HeedfulError
 from heedful.memory import parse_memory
-from heedful.precision import check_precision
+from heedful.precision import check_precision, strict_precision
 
 
 def _split_list(raw: str, what: str) -> list[str]:
@@ -73,7 +73,8 @@ def bench(
     lm_word: Annotated[str, typer.Option("--lm-word", help="Language-model data: explain the 'target' or the 'foil' word.")] = "target",
     generate: Annotated[int | None, typer.Option("--generate", "-g", help="Prompts data (JSONL with 'prompt', optional 'continuation'): explain N generated tokens per prompt.")] = None,
     max_memory: Annotated[str | None, typer.Option("--max-memory", help="Memory one pass may use, e.g. 4GB or 512MiB (default: half of the free memory).")] = None,
-    precision: Annotated[str, typer.Option("--precision", help="fp32, bf16 or int8: forward passes of the curves and of forward-only methods (leave_one_out, lime, kernel_shap, rise) at this precision; keyed in the store when not fp32.")] = "fp32",
+    precision: Annotated[str, typer.Option("--precision", help="fp32, bf16, int8 or auto: forward passes of the curves and of forward-only methods (leave_one_out, lime, kernel_shap, rise) at this precision; auto: the fastest each tolerates on this machine (see heedful info). The store keys the precision used when not fp32.")] = "fp32",
+    strict: Annotated[bool, typer.Option("--strict", help="Refuse a --precision this machine runs slower than fp32 (default: run it with a warning).")] = False,
     engine: Annotated[str, typer.Option("--engine", help="local (this process) or ray (worker actors on a Ray cluster; pip install 'heedful[ray]').")] = "local",
     address: Annotated[str | None, typer.Option("--address", help="With --engine ray: auto or ray://host:10001 to join a cluster (default: start a local one).")] = None,
     workers: Annotated[int | None, typer.Option("--workers", help="With --engine ray: worker actors, one CPU each (default: the cluster's CPUs).")] = None,
@@ -114,7 +115,7 @@ def bench(
     metrics = metrics or "aopc,sufficiency,accuracy"
     if random_seeds is not None:
         protocol_changes["random_seeds"] = random_seeds
-    if check_precision(precision) != "fp32":
+    if check_precision(precision, auto=True) != "fp32":
         protocol_changes.setdefault("precision", precision)
     protocol = get_protocol(preset, **protocol_changes)
     names, metric_list = _split_list(methods, "methods"), metric_names(metrics)
@@ -145,7 +146,8 @@ def bench(
         lm_word=lm_word,
     )
     runner = _engine(engine, address, workers, threads, model, budget)
-    result = run_bench(spec, console=err_console, engine=runner)
+    with strict_precision(strict):
+        result = run_bench(spec, console=err_console, engine=runner)
     files = write_report(result)
     extra = result.engine.lines() if result.engine is not None and engine == "ray" else []
     _print_result(result, files, out_console, err_console, "computed", extra)

@@ -160,7 +160,7 @@ def make_runs(spec: BenchSpec, about: Subject) -> list[Run]:
     runs = []
     for name in spec.methods:
         info = get_method(name, None)
-        base = method_options.get(info.name, {})
+        base = info.resolve(method_options.get(info.name, {}), spec.model.adapter.device)  # keyed at the precision used
         seeds: list[int | None] = [None]
         if info.stochastic:
             count = spec.protocol.random_seeds if info.family == "baseline" else 1
@@ -293,7 +293,7 @@ def _check_spec(spec: BenchSpec) -> list[str]:
     """The spec's metric names, after checking everything that needs no data (before any work)."""
     if not isinstance(spec.model, Model):
         raise InputError(f"the bench needs a loaded model, got {type(spec.model).__name__}", hint="pass heedful.load(name)")
-    spec.protocol = get_protocol(spec.protocol)
+    spec.protocol = get_protocol(spec.protocol).resolved(spec.model.adapter.device)
     names = metric_names(spec.metrics)
     if isinstance(spec.batch_size, bool) or not isinstance(spec.batch_size, int) or spec.batch_size < 1:
         raise InputError(f"batch size must be a positive integer, got {spec.batch_size!r}", hint="e.g. batch_size=16")

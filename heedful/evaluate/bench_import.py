@@ -345,7 +345,7 @@ def run_import(spec: ImportSpec, console=None, progress: bool = True) -> BenchRe
         raise InputError("the imported method needs a name", hint="pass --name NAME (e.g. captum_ig)")
     if name in registered():
         raise InputError(f"{name!r} is a heedful method", hint=f"import under another name, e.g. --name imported_{name}")
-    protocol = get_protocol(spec.protocol)
+    protocol = get_protocol(spec.protocol).resolved(model.adapter.device)
     names = metric_names(spec.metrics)
     for metric in names:
         check_metric(METRICS[metric], model.task)

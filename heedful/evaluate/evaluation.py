@@ -361,14 +361,15 @@ def evaluate(
     perturbed copies of a batch run together in chunks of about ``TOKEN_BUDGET`` tokens.
     Context metrics read the explanations' sources and ``inputs``' answer sources; ``shared``
     lets several calls (one per method) share the random source ablations they measure.
-    ``precision`` (``"fp32"``, ``"bf16"``, ``"int8"``; default: the protocol's) sets the
-    protocol's ``precision``: the forward passes of the curves run at it
-    (:mod:`heedful.precision`).
+    ``precision`` (``"fp32"``, ``"bf16"``, ``"int8"`` or ``"auto"``; default: the protocol's)
+    sets the protocol's ``precision``: the forward passes of the curves run at it
+    (:mod:`heedful.precision`; ``"auto"``: bf16 where this machine runs it faster, else fp32).
     """
     adapter: ModelAdapter = getattr(model, "adapter", model)
     protocol = get_protocol(protocol)
     if precision is not None and precision != protocol.precision:
         protocol = protocol.with_(precision=precision)
+    protocol = protocol.resolved(adapter.device)
     names = metric_names(metrics)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise InputError(f"batch_size must be a positive integer, got {batch_size!r}", hint="e.g. batch_size=32")

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from heedful.errors import InputError
-from heedful.precision import PRECISIONS
+from heedful.precision import CHOICES, resolve_precision
 
 REMOVALS = ("auto", "mask", "pad", "unk", "delete")
 SPECIALS = ("exclude", "leading", "include")
@@ -60,6 +60,12 @@ LATER_FIELDS = {"precision_k": 20, "source_ks": (1, 3, 5), "lds_ablations": 32, 
 """Fields added after results stores were first written, with their defaults: a protocol's
 :meth:`Protocol.hash` leaves them out while they hold these values, so older stores keep their
 keys (a changed value enters the hash as any other field)."""
+
+CURVES_TOLERATE = ("bf16",)
+"""The lower precisions ``precision="auto"`` may run the curves at (:mod:`heedful.precision`):
+bf16 moved AOPC by 0.0024 per example on average (at most 0.018) and kept the order of six
+methods; int8 moved it by 0.09 (at most 0.84) -- 500 movie sentences, minilm-sentiment,
+benchmarks/results/precision.md as of commit 5e8610f."""
 
 
 @dataclass(frozen=True)
@@ -115,7 +121,9 @@ class Protocol:
     Speed
         ``precision``: the numeric precision of the perturbed and original forward passes --
         ``"fp32"`` (the model as loaded), ``"bf16"`` or ``"int8"`` (:mod:`heedful.precision`:
-        faster, outputs slightly off). It enters :meth:`hash` only when not ``"fp32"``.
+        faster where the hardware has the instructions, outputs slightly off), or ``"auto"``
+        (:meth:`resolved` for the model's device before any measurement: bf16 where this
+        machine runs it faster, else fp32). It enters :meth:`hash` only when not ``"fp32"``.
     """
 
     name: str = "custom"
@@ -162,7 +170,7 @@ class Protocol:
             "token_types": TOKEN_TYPES,
             "plausibility_specials": SPECIALS,
             "dot_normalization": NORMALIZATIONS,
-            "precision": PRECISIONS,
+            "precision": CHOICES,
         }
         for key, allowed in choices.items():
             value = getattr(self, key)
@@ -222,6 +230,8 @@ class Protocol:
     def key_dict(self) -> dict[str, Any]:
         """The fields that define the measurement (all but ``name``, ``citation`` and
         ``random_seeds``, which only says how many baseline runs there are)."""
+        if self.precision == "auto":
+            raise InputError("a protocol at precision 'auto' has no key until resolved", hint="call protocol.resolved(device) first")
         data = asdict(self)
         for label in ("name", "citation", "random_seeds"):
             data.pop(label)
@@ -234,6 +244,14 @@ class Protocol:
         """Stable 16-hex-digit identity of the measurement."""
         raw = json.dumps(self.key_dict(), sort_keys=True, default=list)
         return hashlib.sha1(raw.encode()).hexdigest()[:16]
+
+    def resolved(self, device: Any) -> Protocol:
+        """This protocol with its ``precision`` resolved for ``device``
+        (:func:`~heedful.precision.resolve_precision`, tolerating :data:`CURVES_TOLERATE`):
+        ``"auto"`` becomes the precision used; an explicit one this machine runs slower than
+        fp32 warns (or, strict, is refused). The name is kept."""
+        precision = resolve_precision(self.precision, device, CURVES_TOLERATE)
+        return self if precision == self.precision else replace(self, precision=precision)
 
     def with_(self, **changes: Any) -> Protocol:
         """A copy with ``changes`` (validated); the name gets a ``*`` to show it was changed."""
