@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from heedful.commands.options import key_value
-from heedful.errors import HeedfulError
+from heedful.errors import HeedfulError, install_hint
 from heedful.memory import parse_memory
 from heedful.precision import check_precision
 
@@ -74,7 +75,7 @@ def bench(
     generate: Annotated[int | None, typer.Option("--generate", "-g", help="Prompts data (JSONL with 'prompt', optional 'continuation'): explain N generated tokens per prompt.")] = None,
     max_memory: Annotated[str | None, typer.Option("--max-memory", help="Memory one pass may use, e.g. 4GB or 512MiB (default: half of the free memory).")] = None,
     precision: Annotated[str, typer.Option("--precision", help="fp32, bf16 or int8: forward passes of the curves and of forward-only methods (leave_one_out, lime, kernel_shap, rise) at this precision; keyed in the store when not fp32.")] = "fp32",
-    engine: Annotated[str, typer.Option("--engine", help="local (this process) or ray (worker actors on a Ray cluster; pip install 'heedful[ray]').")] = "local",
+    engine: Annotated[str, typer.Option("--engine", help=f"local (this process) or ray (worker actors on a Ray cluster; {escape(install_hint('ray'))}).")] = "local",
     address: Annotated[str | None, typer.Option("--address", help="With --engine ray: auto or ray://host:10001 to join a cluster (default: start a local one).")] = None,
     workers: Annotated[int | None, typer.Option("--workers", help="With --engine ray: worker actors, one CPU each (default: the cluster's CPUs).")] = None,
 ) -> None:
@@ -162,10 +163,10 @@ def _print_result(result, files, out_console, err_console, verb: str, extra: lis
     computed = result.computed
     err_console.print(
         f"[dim]{verb} this run: {computed['explanations']} explanations, {computed['measurements']} curve records, "
-        f"{computed['metrics']} metric values · store: {result.store_path}[/]"
+        f"{computed['metrics']} metric values · store: {escape(str(result.store_path))}[/]"
     )
     for path in files:
-        err_console.print(f"wrote {path}")
+        err_console.print(f"wrote {path}", markup=False, highlight=False)
 
 
 def _forward_only_precision(names: list[str], method_options: dict[str, dict[str, Any]], precision: str) -> None:
