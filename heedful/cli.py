@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import operator
 import os
 import sqlite3
 import sys
@@ -140,11 +142,22 @@ def explain(
         if generate is not None and generate < 1:
             raise HeedfulError(f"--generate must be at least 1, got {generate}")
         loaded = load_model(model, device, budget)
+        works = [
+            loaded.estimate_generation(items, info.name, max_new_tokens=generate or 20, continuation=continuation, chat=chat, **kwargs)
+            for info, kwargs in zip(infos, runs, strict=True)
+        ]
+        _announce(functools.reduce(operator.add, [works[0], *(w.explaining() for w in works[1:])]))
         _explain_generation(loaded, items, infos, runs, generate, continuation, quantity, chat, as_json, html)
         return
     else:
         answers = None
         loaded = load_model(model, device, budget)
+    _announce(
+        functools.reduce(
+            operator.add,
+            [loaded.estimate(items, info.name, truncation=not no_truncate, **kwargs) for info, kwargs in zip(infos, runs, strict=True)],
+        )
+    )
     results: list[heedful.Explanation] = []
     show_bar = len(items) > batch_size
     with progress() as bar:
@@ -181,6 +194,13 @@ def explain(
         out.print_json(json.dumps(payload[0] if len(payload) == 1 else payload))
     elif html is None or sys.stdout.isatty():
         print_explanations(ordered, words=words, console=out)
+
+
+def _announce(work) -> None:
+    """Say on stderr how long ``work`` (:class:`heedful.workload.Work`) is expected to take,
+    when that is long (:data:`heedful.workload.LONG_SECONDS`), before it starts."""
+    if work.long:
+        err.print(f"{work.describe()} (estimated on this machine)", markup=False, highlight=False, soft_wrap=True)
 
 
 def _answers(loaded, items: list[str], steps: int) -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -25,6 +26,7 @@ from heedful.registry import MethodInfo
 from heedful.sequences import chat_batch
 from heedful.sources import SourceSpec
 from heedful.targets import ResolvedTarget, Target
+from heedful.workload import Work, check, check_generation, step_lengths
 
 ProgressHook = Callable[[int], None]
 
@@ -190,7 +192,8 @@ class Model:
         log-probabilities in one pass), ``"A vs B"`` or ``(A, B)`` for a contrast.
         ``quantity``: ``"logit"`` or ``"log_prob"`` of the target. ``options`` go to
         the method (e.g. ``n_steps=100`` for integrated gradients, ``layerwise=True`` for
-        NormXLogit); they are checked before any work, and the explanation records every option
+        NormXLogit); they are checked before any work (their copies must fit ``max_memory``;
+        :meth:`estimate` says what a run will cost), and the explanation records every option
         of the method, defaults included. Stochastic methods take ``seed``. ``sources``: cut
         each text into sources -- ``"sentences"``, ``"paragraphs"``, ``"tokens:N"`` or
         ``(start, end)`` character spans (:mod:`heedful.sources`) -- which the context
@@ -208,6 +211,7 @@ class Model:
         if isinstance(texts, Problem):
             if target is not None or quantity is not None or sources is not None:
                 raise InputError("a prepared problem has its target and sources", hint="pass them to model.prepare(...)")
+            check(self.adapter, info, bound, texts.batch.lengths.tolist())
             return Explanations(self._explain_problem(texts, info, bound))
         request = Target.parse(target)
         span = self._check_span(info, request)
@@ -224,6 +228,7 @@ class Model:
             batch = self.adapter.encode(
                 items[start:stop], None if pairs is None else pairs[start:stop], truncation, max_length
             )
+            check(self.adapter, info, bound, batch.lengths.tolist())  # counts beyond the memory budget fail here
             results.extend(explain_batch(batch, info, request, bound, quantity, spec))
             if progress is not None:
                 progress(len(batch))
@@ -414,13 +419,16 @@ class Model:
         >>> lm.generate("The capital of France is", 3).batch.texts          # doctest: +SKIP
         ['The capital of France is Paris. The']
         """
-        if chat:
-            batch = chat_batch(self.adapter, _text_list(prompts), truncation, max_length)
-        else:
-            batch = self.encode(prompts, truncation=truncation, max_length=max_length)
+        batch = self._prompts(prompts, chat, truncation, max_length)
         if continuation is not None:
             return force(self.adapter, batch, continuation)
         return generate(self.adapter, batch, max_new_tokens, **(generation_config or {}))
+
+    def _prompts(self, prompts: str | Sequence[str], chat: bool, truncation: bool, max_length: int | None) -> Batch:
+        """The prompts encoded (``chat``: as user messages in the model's chat template)."""
+        if chat:
+            return chat_batch(self.adapter, _text_list(prompts), truncation, max_length)
+        return self.encode(prompts, truncation=truncation, max_length=max_length)
 
     def explain_generation(
         self,
@@ -447,7 +455,9 @@ class Model:
         text for all prompts or one per prompt), or taken from a :meth:`generate` result passed
         as ``prompts``; ``chat``: the prompts are user messages in the model's chat template. Every step of every prompt is explained as its
         own target, all in one batched problem (see :mod:`heedful.generation`); ``options`` go
-        to the method, as for :meth:`explain`.
+        to the method, as for :meth:`explain`. A prompt and ``max_new_tokens`` beyond the
+        model's positions, or steps whose copies cannot fit ``max_memory``, fail before anything
+        is generated (:meth:`estimate_generation` says what a run will cost).
 
         >>> lm = heedful.load("smollm2-135m")                                       # doctest: +SKIP
         >>> g = lm.explain_generation("The capital of France is", max_new_tokens=4)  # doctest: +SKIP
@@ -465,15 +475,9 @@ class Model:
             )
         quantity = info.quantity(quantity, "log_prob")
         single = isinstance(prompts, str)
-        if isinstance(prompts, Generation):
-            if continuation is not None:
-                raise InputError("a generation has its continuations", hint="pass the prompts and continuation=...")
-            generation = prompts
-        else:
-            generation = self.generate(
-                prompts, max_new_tokens, continuation=continuation, generation_config=generation_config,
-                chat=chat, truncation=truncation, max_length=max_length,
-            )
+        generation = self._generation(
+            info, bound, prompts, max_new_tokens, continuation, generation_config, chat, truncation, max_length
+        )
         (problem, example, step), shared = self._timed(lambda: prepare_steps(self.adapter, generation, info, quantity))
         scores, own = self._timed(lambda: info.fn(problem, **bound).detach())
         problem.release_graph()
@@ -484,6 +488,76 @@ class Model:
             generation, example, step, scores, probs, info.name, jsonable(bound), quantity, cost, self.name
         )
         return found[0] if single else found
+
+    def _generation(
+        self, info, bound, prompts, max_new_tokens, continuation, generation_config, chat, truncation, max_length
+    ) -> Generation:
+        """The generation :meth:`explain_generation` explains, its steps checked (positions, the
+        method's copies under ``max_memory``) before anything is generated."""
+        if isinstance(prompts, Generation):
+            if continuation is not None:
+                raise InputError("a generation has its continuations", hint="pass the prompts and continuation=...")
+            generation = prompts
+        else:
+            batch = self._prompts(prompts, chat, truncation, max_length)
+            if continuation is None:
+                check_generation(self.adapter, info, bound, batch.lengths.tolist(), max_new_tokens)
+                return generate(self.adapter, batch, max_new_tokens, **(generation_config or {}))
+            generation = force(self.adapter, batch, continuation)
+        check(self.adapter, info, bound, step_lengths(generation.prompt_lengths, generation.steps))
+        return generation
+
+    # ------------------------------------------------------------------ what a run will cost
+    def estimate(
+        self,
+        texts: str | Sequence[str],
+        method: str = "normxlogit",
+        *,
+        text_pair: str | Sequence[str] | None = None,
+        truncation: bool = True,
+        max_length: int | None = None,
+        **options: Any,
+    ) -> Work:
+        """What :meth:`explain` of ``texts`` with ``method`` and ``options`` will cost on this
+        machine -- passes, tokens and estimated seconds (:mod:`heedful.workload`) -- without
+        running it; an :class:`InputError` for what :meth:`explain` would refuse before any work.
+
+        >>> lm = heedful.load("smollm2-135m")                                       # doctest: +SKIP
+        >>> lm.estimate("The capital of France is", "integrated_gradients", n_steps=10_000).describe()  # doctest: +SKIP
+        'about 4 min: 10,001 forward and 10,000 backward passes of 6 tokens'
+        """
+        info = get_method(method, self.task)
+        bound = info.bind(options)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # explain itself says what it truncates
+            batch = self.encode(texts, text_pair=text_pair, truncation=truncation, max_length=max_length)
+        return check(self.adapter, info, bound, batch.lengths.tolist())
+
+    def estimate_generation(
+        self,
+        prompts: str | Sequence[str],
+        method: str = "saliency",
+        *,
+        max_new_tokens: int = 20,
+        continuation: str | Sequence[str] | None = None,
+        chat: bool = False,
+        truncation: bool = True,
+        max_length: int | None = None,
+        **options: Any,
+    ) -> Work:
+        """What :meth:`explain_generation` will cost (generating ``max_new_tokens`` -- at most:
+        generation may stop early -- or forcing ``continuation``, then explaining every step),
+        without running it; an :class:`InputError` for what it would refuse before any work."""
+        info = get_method(method, self.task)
+        bound = info.bind(options)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            batch = self._prompts(prompts, chat, truncation, max_length)
+        lengths = batch.lengths.tolist()
+        if continuation is None:
+            return check_generation(self.adapter, info, bound, lengths, max_new_tokens)
+        generation = force(self.adapter, batch, continuation)
+        return check(self.adapter, info, bound, step_lengths(lengths, generation.steps))
 
     def compare(
         self, text: str, methods: Sequence[str], target: Target | int | str | tuple | None = None, **options: Any
@@ -501,9 +575,12 @@ class Model:
                 hint="see `heedful methods NAME` for a method's options",
             )
         bound = [info.bind({k: v for k, v in options.items() if info.takes(k)}) for info in infos]
+        batch = self.encode(text)
+        for info, opts in zip(infos, bound, strict=True):
+            check(self.adapter, info, opts, batch.lengths.tolist())
         problem, shared = self._timed(
             lambda: self.prepare(
-                text,
+                batch,
                 target,
                 hidden_states=any(i.needs_hidden for i in infos),
                 attentions=any(i.needs_attentions for i in infos),

@@ -29,6 +29,11 @@ RESERVED_OPTIONS = (
 """Parameters of :meth:`heedful.Model.explain`: a method option of one of these names could not
 be passed through it."""
 
+Passes = Callable[[Mapping[str, Any], int], tuple[float, float]]
+"""``passes(options, tokens) -> (forward, backward)``: the sequences a method sends through the
+model per example of ``tokens`` positions with its bound ``options``, the reference pass
+included (its cost model as numbers, read by :mod:`heedful.workload`)."""
+
 ReferencePass = Callable[..., Any]
 """``reference(adapter, batch, anchor, inputs_embeds) -> Forward``: the unperturbed pass a
 method wants its problem prepared with (e.g. one that keeps its autograd graph)."""
@@ -52,6 +57,8 @@ class MethodInfo:
     target, its logit and/or its log-probability (LRP rules conserve logits only).
     ``needs_sources``: the method ranks sources of the text (:mod:`heedful.sources`; sentences
     unless others were asked for) and gives each token its source's score shared evenly.
+    ``passes``: the sequences it sends per example (:data:`Passes`; ``None``: one forward, and
+    one backward for a method with a reference pass of its own), what ``cost`` says in words.
     """
 
     name: str
@@ -70,6 +77,7 @@ class MethodInfo:
     spans: bool = False
     quantities: tuple[str, ...] = QUANTITIES
     needs_sources: bool = False
+    passes: Passes | None = field(default=None, repr=False)
 
     # ------------------------------------------------------------------ options
     @property
@@ -174,6 +182,7 @@ def register(
     spans: bool = False,
     quantities: tuple[str, ...] = QUANTITIES,
     needs_sources: bool = False,
+    passes: Passes | None = None,
 ) -> Callable[[Callable], Callable]:
     """Register ``fn`` under ``name`` (see :class:`MethodInfo`); ``fn`` is returned unchanged.
 
@@ -220,6 +229,7 @@ def register(
             spans=spans,
             quantities=quantities,
             needs_sources=needs_sources,
+            passes=passes,
         )
         return fn
 
