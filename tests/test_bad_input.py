@@ -416,3 +416,10 @@ def test_cli_says_how_long_long_work_will_take_before_it_starts(monkeypatch, cap
         monkeypatch, capsys, "explain", "the cat", "--model", saved["gpt2"], "--generate", "3", "-M", "saliency", "-M", "grad_x_input", "--json"
     )
     assert code == 0 and err.strip().splitlines()[0].startswith("about ") and "3 tokens to generate, 6 forward and 6 backward" in err
+
+
+def test_steering_beyond_the_models_positions_is_refused_before_any_pass(no_work):
+    from heedful.interest.steer import steer
+
+    lm = cached_model("gpt2", "causal_lm")
+    raises_heedful(heedful.InputError, lambda: steer(lm, "the cat sat on the mat", ["the mat"], max_new_tokens=1000), "1,000 new tokens", "at most 64")
