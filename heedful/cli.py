@@ -29,6 +29,7 @@ from heedful.commands import reproduce as reproduce_command
 from heedful.commands import serve as serve_command
 from heedful.commands import steer as steer_command
 from heedful.commands.console import (
+    announce,
     check_writable,
     err,
     load_model,
@@ -146,13 +147,13 @@ def explain(
             loaded.estimate_generation(items, info.name, max_new_tokens=generate or 20, continuation=continuation, chat=chat, **kwargs)
             for info, kwargs in zip(infos, runs, strict=True)
         ]
-        _announce(functools.reduce(operator.add, [works[0], *(w.explaining() for w in works[1:])]))
+        announce(functools.reduce(operator.add, [works[0], *(w.explaining() for w in works[1:])]))
         _explain_generation(loaded, items, infos, runs, generate, continuation, quantity, chat, as_json, html)
         return
     else:
         answers = None
         loaded = load_model(model, device, budget)
-    _announce(
+    announce(
         functools.reduce(
             operator.add,
             [loaded.estimate(items, info.name, truncation=not no_truncate, **kwargs) for info, kwargs in zip(infos, runs, strict=True)],
@@ -194,13 +195,6 @@ def explain(
         out.print_json(json.dumps(payload[0] if len(payload) == 1 else payload))
     elif html is None or sys.stdout.isatty():
         print_explanations(ordered, words=words, console=out)
-
-
-def _announce(work) -> None:
-    """Say on stderr how long ``work`` (:class:`heedful.workload.Work`) is expected to take,
-    when that is long (:data:`heedful.workload.LONG_SECONDS`), before it starts."""
-    if work.long:
-        err.print(f"{work.describe()} (estimated on this machine)", markup=False, highlight=False, soft_wrap=True)
 
 
 def _answers(loaded, items: list[str], steps: int) -> list[str]:

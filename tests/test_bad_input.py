@@ -423,3 +423,37 @@ def test_steering_beyond_the_models_positions_is_refused_before_any_pass(no_work
 
     lm = cached_model("gpt2", "causal_lm")
     raises_heedful(heedful.InputError, lambda: steer(lm, "the cat sat on the mat", ["the mat"], max_new_tokens=1000), "1,000 new tokens", "at most 64")
+
+
+@pytest.fixture(scope="module")
+def reviews_csv(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("data") / "reviews.csv"
+    path.write_text("text,label\na dull plot,0\ngreat acting,1\nfar too long,0\na charming journey,1\n", encoding="utf-8")
+    return str(path)
+
+
+def test_bench_counts_beyond_the_memory_budget_leave_no_store(monkeypatch, capsys, saved, reviews_csv, tmp_path, no_work):
+    from conftest import run_cli
+
+    out = tmp_path / "results"
+    code, _, err = run_cli(
+        monkeypatch, capsys, "bench", "--model", saved["bert"], "--dataset", reviews_csv, "--methods", "saliency,lime",
+        "--option", "lime.n_samples=100000000", "--max-memory", "64MiB", "--out", str(out),
+    )
+    assert "n_samples=100,000,000" in one_line_error(code, err) and not out.exists()
+
+
+def test_bench_says_how_long_its_explanations_will_take(monkeypatch, capsys, saved, reviews_csv, tmp_path):
+    from conftest import run_cli
+
+    from heedful import workload
+
+    monkeypatch.setattr(workload, "LONG_SECONDS", 0.0)
+    args = ("bench", "--model", saved["bert"], "--dataset", reviews_csv, "--methods", "lime", "--option", "lime.n_samples=10",
+            "--metrics", "aopc", "--out", str(tmp_path))
+    code, _, err = run_cli(monkeypatch, capsys, *args)
+    assert code == 0, err
+    first = err.strip().splitlines()[0]
+    assert first.startswith("explanations: about ") and "44 forward passes of" in first  # 4 examples x (1 + 10)
+    code, _, err = run_cli(monkeypatch, capsys, *args)  # all stored: nothing to explain, nothing said
+    assert code == 0 and "explanations: about" not in err

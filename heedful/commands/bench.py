@@ -11,6 +11,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
+from heedful.commands.console import announce
 from heedful.commands.options import key_value
 from heedful.errors import HeedfulError, install_hint
 from heedful.memory import parse_memory
@@ -146,7 +147,7 @@ def bench(
         lm_word=lm_word,
     )
     runner = _engine(engine, address, workers, threads, model, budget)
-    result = run_bench(spec, console=err_console, engine=runner)
+    result = run_bench(spec, console=err_console, engine=runner, on_plan=lambda plan: announce(plan.work, "explanations"))
     files = write_report(result)
     extra = result.engine.lines() if result.engine is not None and engine == "ray" else []
     _print_result(result, files, out_console, err_console, "computed", extra)
