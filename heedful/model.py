@@ -222,13 +222,14 @@ class Model:
         pairs = _pairs(text_pair, len(items), single)
         if batch_size < 1:
             raise InputError(f"batch_size must be positive, got {batch_size}")
+        batches = [
+            self.adapter.encode(items[start : start + batch_size], None if pairs is None else pairs[start : start + batch_size], truncation, max_length)
+            for start in range(0, len(items), batch_size)
+        ]
+        for batch in batches:  # counts beyond the memory budget fail here, before the first batch's work
+            check(self.adapter, info, bound, batch.lengths.tolist())
         results = Explanations()
-        for start in range(0, len(items), batch_size):
-            stop = start + batch_size
-            batch = self.adapter.encode(
-                items[start:stop], None if pairs is None else pairs[start:stop], truncation, max_length
-            )
-            check(self.adapter, info, bound, batch.lengths.tolist())  # counts beyond the memory budget fail here
+        for batch in batches:
             results.extend(explain_batch(batch, info, request, bound, quantity, spec))
             if progress is not None:
                 progress(len(batch))

@@ -457,3 +457,13 @@ def test_bench_says_how_long_its_explanations_will_take(monkeypatch, capsys, sav
     assert first.startswith("explanations: about ") and "44 forward passes of" in first  # 4 examples x (1 + 10)
     code, _, err = run_cli(monkeypatch, capsys, *args)  # all stored: nothing to explain, nothing said
     assert code == 0 and "explanations: about" not in err
+
+
+def test_a_later_batch_beyond_the_budget_is_refused_before_the_first_batchs_work(bert, no_work):
+    budget = bert.max_memory
+    bert.max_memory = "64MiB"
+    try:  # "good" alone fits (400,001 copies of 3 tokens: 18 MiB); the long text does not
+        with pytest.warns(UserWarning, match="truncated"):
+            raises_heedful(heedful.InputError, lambda: bert.explain(["good", LONG_TEXT], "lime", batch_size=1, n_samples=400_000), "budget")
+    finally:
+        bert.max_memory = budget
