@@ -115,14 +115,20 @@ def duration(seconds: float) -> str:
 
 # ---------------------------------------------------------------------------- the speed
 @lru_cache(maxsize=16)
-def _matmul_speed(hidden: int, intermediate: int, threads: int) -> float:
-    """Floating-point operations per second of a ``[256, D] x [D, F]`` float32 product here."""
-    a, b = torch.randn(256, hidden), torch.randn(hidden, intermediate)
+def _matmul_speed(hidden: int, intermediate: int, device: str, dtype: torch.dtype, threads: int) -> float:
+    """Floating-point operations per second of a ``[256, D] x [D, F]`` product on ``device`` in
+    ``dtype`` (its own generator: the global random state is left as it was)."""
+    draw = torch.Generator().manual_seed(0)
+    a = torch.rand(256, hidden, generator=draw).to(device, dtype)
+    b = torch.rand(hidden, intermediate, generator=draw).to(device, dtype)
+    sync = torch.cuda.synchronize if a.is_cuda else (lambda: None)
     torch.mm(a, b)  # warm-up
+    sync()
     reps, began = 0, time.perf_counter()
     while reps < 3 or time.perf_counter() - began < 0.02:
         torch.mm(a, b)
         reps += 1
+    sync()
     return 2 * 256 * hidden * intermediate * reps / max(time.perf_counter() - began, 1e-9)
 
 
@@ -130,7 +136,8 @@ def speed(adapter) -> float:
     """Operations per second a batched pass of ``adapter``'s model reaches here (see the module
     docstring)."""
     shape = adapter.shape
-    return EFFICIENCY * _matmul_speed(shape.hidden, shape.intermediate, torch.get_num_threads())
+    weight = next(adapter.hf_model.parameters())
+    return EFFICIENCY * _matmul_speed(shape.hidden, shape.intermediate, str(weight.device), weight.dtype, torch.get_num_threads())
 
 
 def _weights(adapter) -> int:
@@ -152,12 +159,6 @@ def pass_flops(adapter, tokens: float) -> float:
     """Operations of one forward pass over ``tokens`` positions read at one anchor."""
     shape = adapter.shape
     return 2 * _weights(adapter) * tokens + 4 * shape.layers * shape.hidden * tokens**2 + 2 * shape.hidden * shape.outputs
-
-
-def pass_seconds(adapter, lengths: Sequence[int], forward: float, backward: float) -> float:
-    """Seconds of ``forward`` and ``backward`` passes per example over examples of ``lengths``."""
-    flops = sum(pass_flops(adapter, n) for n in lengths)
-    return flops * (forward + 2 * backward) / speed(adapter)
 
 
 # ---------------------------------------------------------------------------- estimates
