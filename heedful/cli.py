@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import operator
 import os
 import sqlite3
 import sys
@@ -28,6 +30,7 @@ from heedful.commands import reproduce as reproduce_command
 from heedful.commands import serve as serve_command
 from heedful.commands import steer as steer_command
 from heedful.commands.console import (
+    announce,
     check_writable,
     err,
     load_model,
@@ -157,12 +160,23 @@ def explain(
         if generate is not None and generate < 1:
             raise HeedfulError(f"--generate must be at least 1, got {generate}")
         loaded = load_model(model, device, budget, revision=revision, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
+        works = [
+            loaded.estimate_generation(items, info.name, max_new_tokens=generate or 20, continuation=continuation, chat=chat, **kwargs)
+            for info, kwargs in zip(infos, runs, strict=True)
+        ]
+        announce(functools.reduce(operator.add, [works[0], *(w.explaining() for w in works[1:])]))
         with strict_precision(strict):
             _explain_generation(loaded, items, infos, runs, generate, continuation, quantity, chat, as_json, html)
         return
     else:
         answers = None
         loaded = load_model(model, device, budget, revision=revision, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
+    announce(
+        functools.reduce(
+            operator.add,
+            [loaded.estimate(items, info.name, truncation=not no_truncate, **kwargs) for info, kwargs in zip(infos, runs, strict=True)],
+        )
+    )
     results: list[heedful.Explanation] = []
     show_bar = len(items) > batch_size
     with strict_precision(strict), progress() as bar:

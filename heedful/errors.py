@@ -18,6 +18,24 @@ class HeedfulError(Exception):
         return self.message if not self.hint else f"{self.message}\n  hint: {self.hint}"
 
 
+EXTRAS: dict[str, str] = {
+    "bench": "SciPy and Inseq for the benchmarks' statistics and comparisons",
+    "parquet": "pyarrow for Parquet tables",
+    "serve": "FastAPI and uvicorn for heedful serve",
+    "ray": "Ray for heedful bench --engine ray",
+}
+"""The optional extras of ``pyproject.toml`` a message may ask for, and what each brings."""
+
+
+def install_hint(extra: str) -> str:
+    """``pip install 'heedful[extra]'``: the command that installs an extra (:data:`EXTRAS`).
+    Help texts read as rich markup must escape it (``rich.markup.escape``) or the markup eats
+    the bracket."""
+    if extra not in EXTRAS:
+        raise KeyError(f"no extra {extra!r} (one of {', '.join(EXTRAS)})")
+    return f"pip install 'heedful[{extra}]'"
+
+
 class UnsupportedModelError(HeedfulError):
     """The architecture or its head is not one heedful knows how to explain."""
 

@@ -29,7 +29,7 @@ from heedful.errors import InputError
 from heedful.problem import Problem, prepare, reference_pass
 from heedful.registry import MethodInfo
 from heedful.runner import keeps_graph
-from heedful.sequences import continue_batch, span_ids
+from heedful.sequences import check_new_tokens, check_positions, continue_batch, span_ids
 from heedful.targets import Columns, resolve_target
 
 
@@ -60,13 +60,14 @@ def generate(
     ``options`` say otherwise: any ``transformers`` generation option, e.g. ``do_sample=True``).
 
     The prompts run as one left-padded batch; a continuation stops after the end-of-sequence
-    token (kept, marked special) or after ``max_new_tokens``.
+    token (kept, marked special) or after ``max_new_tokens``. Before any work, an
+    :class:`InputError` when a prompt and ``max_new_tokens`` do not fit the model's positions.
     """
     _check_causal(adapter)
-    if max_new_tokens < 1:
-        raise InputError(f"max_new_tokens must be at least 1, got {max_new_tokens}", hint="e.g. --generate 12")
+    check_new_tokens(max_new_tokens)
     tokenizer = adapter.tokenizer
     lengths = prompts.lengths.tolist()
+    check_positions(adapter, lengths, [max_new_tokens] * len(lengths), generated=True)
     width = prompts.seq_len
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     ids = torch.full((len(prompts), width), pad if pad is not None else 0, dtype=prompts.input_ids.dtype)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -31,6 +32,7 @@ from heedful.problem import Problem, contrast_spans, prepare, span_request
 from heedful.registry import MethodInfo
 from heedful.sources import SourceSpec
 from heedful.targets import ResolvedTarget, Target
+from heedful.workload import Work, check, check_generation, step_lengths
 
 ProgressHook = Callable[[int], None]
 
@@ -210,7 +212,8 @@ class Model:
         log-probabilities in one pass), ``"A vs B"`` or ``(A, B)`` for a contrast.
         ``quantity``: ``"logit"`` or ``"log_prob"`` of the target. ``options`` go to
         the method (e.g. ``n_steps=100`` for integrated gradients, ``layerwise=True`` for
-        NormXLogit); they are checked before any work, and the explanation records every option
+        NormXLogit); they are checked before any work (their copies must fit ``max_memory``;
+        :meth:`estimate` says what a run will cost), and the explanation records every option
         of the method, defaults included (a forward-only method's ``precision`` as resolved for
         this machine: ``"auto"`` becomes the precision used, :mod:`heedful.precision`).
         Stochastic methods take ``seed``. ``sources``: cut
@@ -235,6 +238,7 @@ class Model:
         if isinstance(texts, Problem):
             if target is not None or quantity is not None or sources is not None:
                 raise InputError("a prepared problem has its target and sources", hint="pass them to model.prepare(...)")
+            check(self.adapter, info, bound, texts.batch.lengths.tolist())
             return Explanations(self._explain_problem(texts, info, bound))
         conversations = self._conversations(texts)
         by_message = sources == "messages" or (conversations is not None and sources is None and info.needs_sources)
@@ -249,9 +253,11 @@ class Model:
         quantity = info.quantity(quantity, "log_prob" if span else "logit")
         explain_batch = self._explain_contrast if contrast_spans(self.adapter, request) is not None else self._explain_batch
         if by_message:  # every conversation has its own turns: one problem each
+            batches = [templated_batch(self.adapter, [c], truncation, max_length) for c in conversations]
+            for batch in batches:
+                check(self.adapter, info, bound, batch.lengths.tolist())
             results = Explanations()
-            for conversation in conversations:
-                batch = templated_batch(self.adapter, [conversation], truncation, max_length)
+            for conversation, batch in zip(conversations, batches, strict=True):
                 results.extend(explain_batch(batch, info, request, bound, quantity, SourceSpec.parse(list(conversation.turns))))
                 if progress is not None:
                     progress(1)
@@ -261,15 +267,16 @@ class Model:
         pairs = _pairs(text_pair, len(items), single)
         if batch_size < 1:
             raise InputError(f"batch_size must be positive, got {batch_size}")
+        batches = [
+            self.adapter.encode(items[start : start + batch_size], None if pairs is None else pairs[start : start + batch_size], truncation, max_length)
+            if conversations is None
+            else templated_batch(self.adapter, items[start : start + batch_size], truncation, max_length)
+            for start in range(0, len(items), batch_size)
+        ]
+        for batch in batches:  # counts beyond the memory budget fail here, before the first batch's work
+            check(self.adapter, info, bound, batch.lengths.tolist())
         results = Explanations()
-        for start in range(0, len(items), batch_size):
-            stop = start + batch_size
-            if conversations is None:
-                batch = self.adapter.encode(
-                    items[start:stop], None if pairs is None else pairs[start:stop], truncation, max_length
-                )
-            else:
-                batch = templated_batch(self.adapter, items[start:stop], truncation, max_length)
+        for batch in batches:
             results.extend(explain_batch(batch, info, request, bound, quantity, spec))
             if progress is not None:
                 progress(len(batch))
@@ -471,16 +478,20 @@ class Model:
         >>> lm.generate("The capital of France is", 3).batch.texts          # doctest: +SKIP
         ['The capital of France is Paris. The']
         """
-        conversations = self._conversations(prompts)
-        if conversations is not None:
-            batch = templated_batch(self.adapter, conversations, truncation, max_length)
-        elif chat:
-            batch = chat_batch(self.adapter, _text_list(prompts), truncation, max_length)
-        else:
-            batch = self.encode(prompts, truncation=truncation, max_length=max_length)
+        batch = self._prompts(prompts, chat, truncation, max_length)
         if continuation is not None:
             return force(self.adapter, batch, continuation)
         return generate(self.adapter, batch, max_new_tokens, **(generation_config or {}))
+
+    def _prompts(self, prompts: str | Sequence[str], chat: bool, truncation: bool, max_length: int | None) -> Batch:
+        """The prompts encoded (``chat``: as user messages in the model's chat template; a
+        conversation or a list of them: in the template, the assistant's turn opened)."""
+        conversations = self._conversations(prompts)
+        if conversations is not None:
+            return templated_batch(self.adapter, conversations, truncation, max_length)
+        if chat:
+            return chat_batch(self.adapter, _text_list(prompts), truncation, max_length)
+        return self.encode(prompts, truncation=truncation, max_length=max_length)
 
     def explain_generation(
         self,
@@ -507,7 +518,9 @@ class Model:
         text for all prompts or one per prompt), or taken from a :meth:`generate` result passed
         as ``prompts``; ``chat``: the prompts are user messages in the model's chat template. Every step of every prompt is explained as its
         own target, all in one batched problem (see :mod:`heedful.generation`); ``options`` go
-        to the method, as for :meth:`explain`.
+        to the method, as for :meth:`explain`. A prompt and ``max_new_tokens`` beyond the
+        model's positions, or steps whose copies cannot fit ``max_memory``, fail before anything
+        is generated (:meth:`estimate_generation` says what a run will cost).
 
         >>> lm = heedful.load("smollm2-135m")                                       # doctest: +SKIP
         >>> g = lm.explain_generation("The capital of France is", max_new_tokens=4)  # doctest: +SKIP
@@ -525,15 +538,9 @@ class Model:
             )
         quantity = info.quantity(quantity, "log_prob")
         single = isinstance(prompts, str)
-        if isinstance(prompts, Generation):
-            if continuation is not None:
-                raise InputError("a generation has its continuations", hint="pass the prompts and continuation=...")
-            generation = prompts
-        else:
-            generation = self.generate(
-                prompts, max_new_tokens, continuation=continuation, generation_config=generation_config,
-                chat=chat, truncation=truncation, max_length=max_length,
-            )
+        generation = self._generation(
+            info, bound, prompts, max_new_tokens, continuation, generation_config, chat, truncation, max_length
+        )
         (problem, example, step), shared = self._timed(lambda: prepare_steps(self.adapter, generation, info, quantity))
         scores, own = self._timed(lambda: info.fn(problem, **bound).detach())
         problem.release_graph()
@@ -544,6 +551,80 @@ class Model:
             generation, example, step, scores, probs, info.name, jsonable(bound), quantity, cost, self.name
         )
         return found[0] if single else found
+
+    def _generation(
+        self, info, bound, prompts, max_new_tokens, continuation, generation_config, chat, truncation, max_length
+    ) -> Generation:
+        """The generation :meth:`explain_generation` explains, its steps checked (positions, the
+        method's copies under ``max_memory``) before anything is generated."""
+        if isinstance(prompts, Generation):
+            if continuation is not None:
+                raise InputError("a generation has its continuations", hint="pass the prompts and continuation=...")
+            generation = prompts
+        else:
+            batch = self._prompts(prompts, chat, truncation, max_length)
+            if continuation is None:
+                check_generation(self.adapter, info, bound, batch.lengths.tolist(), max_new_tokens)
+                return generate(self.adapter, batch, max_new_tokens, **(generation_config or {}))
+            generation = force(self.adapter, batch, continuation)
+        check(self.adapter, info, bound, step_lengths(generation.prompt_lengths, generation.steps))
+        return generation
+
+    # ------------------------------------------------------------------ what a run will cost
+    def estimate(
+        self,
+        texts: str | Sequence[str],
+        method: str = "normxlogit",
+        *,
+        text_pair: str | Sequence[str] | None = None,
+        truncation: bool = True,
+        max_length: int | None = None,
+        **options: Any,
+    ) -> Work:
+        """What :meth:`explain` of ``texts`` with ``method`` and ``options`` will cost on this
+        machine -- passes, tokens and estimated seconds (:mod:`heedful.workload`) -- without
+        running it; an :class:`InputError` for what :meth:`explain` would refuse before any work.
+
+        >>> lm = heedful.load("smollm2-135m")                                       # doctest: +SKIP
+        >>> lm.estimate("The capital of France is", "integrated_gradients", n_steps=10_000).describe()  # doctest: +SKIP
+        'about 4 min: 10,001 forward and 10,000 backward passes of 6 tokens'
+        """
+        info = self.method(method)
+        bound = info.bind(options, self.adapter.device)
+        conversations = self._conversations(texts)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # explain itself says what it truncates
+            if conversations is None:
+                batch = self.encode(texts, text_pair=text_pair, truncation=truncation, max_length=max_length)
+            else:
+                batch = templated_batch(self.adapter, conversations, truncation, max_length)
+        return check(self.adapter, info, bound, batch.lengths.tolist())
+
+    def estimate_generation(
+        self,
+        prompts: str | Sequence[str],
+        method: str = "saliency",
+        *,
+        max_new_tokens: int = 20,
+        continuation: str | Sequence[str] | None = None,
+        chat: bool = False,
+        truncation: bool = True,
+        max_length: int | None = None,
+        **options: Any,
+    ) -> Work:
+        """What :meth:`explain_generation` will cost (generating ``max_new_tokens`` -- at most:
+        generation may stop early -- or forcing ``continuation``, then explaining every step),
+        without running it; an :class:`InputError` for what it would refuse before any work."""
+        info = self.method(method)
+        bound = info.bind(options, self.adapter.device)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            batch = self._prompts(prompts, chat, truncation, max_length)
+        lengths = batch.lengths.tolist()
+        if continuation is None:
+            return check_generation(self.adapter, info, bound, lengths, max_new_tokens)
+        generation = force(self.adapter, batch, continuation)
+        return check(self.adapter, info, bound, step_lengths(lengths, generation.steps))
 
     def compare(
         self, text: str, methods: Sequence[str], target: Target | int | str | tuple | None = None, **options: Any
@@ -561,9 +642,12 @@ class Model:
                 hint="see `heedful methods NAME` for a method's options",
             )
         bound = [info.bind({k: v for k, v in options.items() if info.takes(k)}, self.adapter.device) for info in infos]
+        batch = self.encode(text)
+        for info, opts in zip(infos, bound, strict=True):
+            check(self.adapter, info, opts, batch.lengths.tolist())
         problem, shared = self._timed(
             lambda: self.prepare(
-                text,
+                batch,
                 target,
                 hidden_states=any(i.needs_hidden for i in infos),
                 attentions=any(i.needs_attentions for i in infos),

@@ -31,6 +31,11 @@ RESERVED_OPTIONS = (
 """Parameters of :meth:`heedful.Model.explain`: a method option of one of these names could not
 be passed through it."""
 
+Passes = Callable[[Mapping[str, Any], int], tuple[float, float]]
+"""``passes(options, tokens) -> (forward, backward)``: the sequences a method sends through the
+model per example of ``tokens`` positions with its bound ``options``, the reference pass
+included (its cost model as numbers, read by :mod:`heedful.workload`)."""
+
 ReferencePass = Callable[..., Any]
 """``reference(adapter, batch, anchor, inputs_embeds) -> Forward``: the unperturbed pass a
 method wants its problem prepared with (e.g. one that keeps its autograd graph)."""
@@ -59,6 +64,8 @@ class MethodInfo:
     ``head``, ``roles``, ``rules`` as declared); a model that does not provide one of them
     (:meth:`heedful.adapters.ModelAdapter.provides`) is refused before any work
     (:meth:`require`).
+    ``passes``: the sequences it sends per example (:data:`Passes`; ``None``: one forward, and
+    one backward for a method with a reference pass of its own), what ``cost`` says in words.
     """
 
     name: str
@@ -78,6 +85,7 @@ class MethodInfo:
     quantities: tuple[str, ...] = QUANTITIES
     needs_sources: bool = False
     needs: tuple[str, ...] = ("embeddings",)
+    passes: Passes | None = field(default=None, repr=False)
 
     # ------------------------------------------------------------------ the model
     def missing(self, adapter: Any) -> tuple[str, ...]:
@@ -212,6 +220,7 @@ def register(
     quantities: tuple[str, ...] = QUANTITIES,
     needs_sources: bool = False,
     needs: tuple[str, ...] = (),
+    passes: Passes | None = None,
 ) -> Callable[[Callable], Callable]:
     """Register ``fn`` under ``name`` (see :class:`MethodInfo`); ``fn`` is returned unchanged.
 
@@ -262,6 +271,7 @@ def register(
             quantities=quantities,
             needs_sources=needs_sources,
             needs=check_needs(declared, f"method {name!r}"),
+            passes=passes,
         )
         return fn
 

@@ -34,6 +34,40 @@ def span_ids(adapter: ModelAdapter, text: str) -> list[int]:
     return list(ids)
 
 
+def check_new_tokens(max_new_tokens: int) -> None:
+    """An :class:`InputError` unless ``max_new_tokens`` is a whole number of at least 1."""
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+        raise InputError(f"max_new_tokens must be a whole number, got {max_new_tokens!r}", hint="e.g. --generate 12")
+    if max_new_tokens < 1:
+        raise InputError(f"max_new_tokens must be at least 1, got {max_new_tokens}", hint="e.g. --generate 12")
+
+
+def check_positions(adapter: ModelAdapter, lengths: Sequence[int], added: Sequence[int], generated: bool = False) -> None:
+    """An :class:`InputError`, before any work, when a text of ``lengths[b]`` tokens followed by
+    ``added[b]`` more (a continuation, or ``generated`` tokens asked for) does not fit the
+    model's positions (:attr:`~heedful.adapters.ModelAdapter.max_length`)."""
+    limit = adapter.max_length
+    total = [int(n) + int(m) for n, m in zip(lengths, added, strict=True)]
+    over = [b for b, n in enumerate(total) if limit is not None and n > limit]
+    if not over:
+        return
+    b = max(over, key=lambda i: total[i])
+    where = f"text {b}" if len(total) > 1 else "the text"
+    if generated:
+        room = max(0, limit - max(int(lengths[i]) for i in over))
+        raise InputError(
+            f"{where} ({int(lengths[b]):,} tokens) + {int(added[b]):,} new tokens needs {total[b]:,} positions; "
+            f"the model accepts at most {limit:,}",
+            hint=f"generate at most {room:,} tokens (--generate / max_new_tokens), or shorten the text"
+            if room
+            else "shorten the text: it fills the model's positions",
+        )
+    raise InputError(
+        f"{where} with its continuation is {total[b]:,} tokens; the model accepts at most {limit:,}",
+        hint="shorten the text or the continuation (or generate fewer tokens)",
+    )
+
+
 def continue_batch(adapter: ModelAdapter, batch: Batch, continuations: Sequence[Sequence[int]]) -> Batch:
     """``batch`` with each example's real tokens followed by its continuation ids.
 
@@ -47,17 +81,10 @@ def continue_batch(adapter: ModelAdapter, batch: Batch, continuations: Sequence[
         raise InputError(f"{len(continuations)} continuations for {len(batch)} examples")
     tokenizer = adapter.tokenizer
     special_ids = set(tokenizer.all_special_ids)
-    limit = adapter.max_length
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     lengths = batch.lengths.tolist()
     total = [n + len(c) for n, c in zip(lengths, continuations, strict=True)]
-    too_long = [b for b, n in enumerate(total) if limit is not None and n > limit]
-    if too_long:
-        b = too_long[0]
-        raise InputError(
-            f"text {b} with its continuation is {total[b]} tokens; the model accepts at most {limit}",
-            hint="shorten the text or the continuation (or generate fewer tokens)",
-        )
+    check_positions(adapter, lengths, [len(c) for c in continuations])
     width = max(total)
     ids = torch.full((len(batch), width), pad, dtype=batch.input_ids.dtype)
     mask = torch.zeros(len(batch), width, dtype=batch.attention_mask.dtype)

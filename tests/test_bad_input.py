@@ -3,6 +3,7 @@ torch / Python error from deep inside a method."""
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import pytest
@@ -250,3 +251,219 @@ def test_missing_or_non_string_texts(bert, texts):
     with pytest.raises(heedful.InputError) as info:
         bert.explain(texts)
     assert info.value.hint or "string" in info.value.message
+
+
+# --------------------------------------------------------------------------- counts: no runaway work
+
+
+@pytest.fixture
+def no_work(monkeypatch):
+    """Fail the test at the first pass of any model or method: a refused count does no work."""
+    from heedful.adapters import ModelAdapter
+
+    def boom(*args, **kwargs):
+        raise AssertionError("work started before the count was checked")
+
+    monkeypatch.setattr(ModelAdapter, "forward", boom)
+    monkeypatch.setattr(ModelAdapter, "reference", boom, raising=False)
+    for name, info in list(registry._REGISTRY.items()):
+        monkeypatch.setitem(registry._REGISTRY, name, dataclasses.replace(info, fn=boom))
+    return boom
+
+
+def test_generating_beyond_the_models_positions_is_refused_before_generating(monkeypatch):
+    lm = cached_model("gpt2", "causal_lm")  # 64 positions
+    monkeypatch.setattr(lm.hf_model, "generate", lambda *a, **k: pytest.fail("generated before the check"))
+    prompt_tokens = len(lm.encode("the capital of").tokens[0])
+    for call in (
+        lambda: lm.generate("the capital of", 100),
+        lambda: lm.explain_generation("the capital of", max_new_tokens=100),
+        lambda: lm.estimate_generation("the capital of", max_new_tokens=100),
+    ):
+        err = raises_heedful(heedful.InputError, call, "100 new tokens", "at most 64")
+        assert f"at most {64 - prompt_tokens} tokens" in err.hint and "--generate" in err.hint
+    with pytest.raises(heedful.InputError, match="at least 1"):
+        lm.generate("the capital of", 0)
+
+
+@pytest.mark.parametrize(
+    ("method", "option"),
+    [
+        ("integrated_gradients", "n_steps"),
+        ("smoothgrad", "n_samples"),
+        ("lime", "n_samples"),
+        ("kernel_shap", "n_samples"),
+        ("rise", "n_masks"),
+        ("individual_perturbation", "samples"),
+        ("coperturbation", "samples"),
+        ("guan2019", "max_steps"),
+    ],
+)
+def test_counts_beyond_the_memory_budget_are_refused_before_any_pass(bert, no_work, method, option):
+    budget = bert.max_memory
+    bert.max_memory = "64MiB"
+    try:
+        err = raises_heedful(
+            heedful.InputError, lambda: bert.explain("a dull plot", method, **{option: 10**8}), method, f"{option}=100,000,000", "budget"
+        )
+        assert f"use {option} <=" in err.hint and "--max-memory" in err.hint
+        raises_heedful(heedful.InputError, lambda: bert.estimate("a dull plot", method, **{option: 10**8}), "budget")
+        raises_heedful(heedful.InputError, lambda: bert.compare("a dull plot", [method], **{option: 10**8}), "budget")
+    finally:
+        bert.max_memory = budget
+
+
+def test_context_cite_ablations_beyond_the_memory_budget(no_work):
+    lm = cached_model("gpt2", "causal_lm")
+    budget = lm.max_memory
+    lm.max_memory = "64MiB"
+    try:
+        raises_heedful(
+            heedful.InputError,
+            lambda: lm.explain("The cat sat. The dog ran.", "context_cite", target=" the", n_ablations=10**8),
+            "n_ablations=100,000,000",
+        )
+    finally:
+        lm.max_memory = budget
+
+
+def test_generated_steps_beyond_the_memory_budget_are_refused_before_generating(monkeypatch, no_work):
+    lm = cached_model("gpt2", "causal_lm")
+    monkeypatch.setattr(lm.hf_model, "generate", lambda *a, **k: pytest.fail("generated before the check"))
+    budget = lm.max_memory
+    lm.max_memory = "64MiB"
+    try:
+        raises_heedful(
+            heedful.InputError,
+            lambda: lm.explain_generation("the capital of", "integrated_gradients", max_new_tokens=40, n_steps=10**6),
+            "n_steps=1,000,000",
+        )
+    finally:
+        lm.max_memory = budget
+
+
+def test_the_estimate_counts_the_passes_a_run_takes(bert):
+    work = bert.estimate("a dull plot", "integrated_gradients", n_steps=50)
+    tokens = len(bert.encode("a dull plot").tokens[0])
+    assert (work.forward, work.backward, work.tokens) == (51, 50, tokens)
+    longer = bert.estimate(["a dull plot", "a dull plot"], "integrated_gradients", n_steps=500)
+    assert longer.forward == 2 * 501 and longer.seconds == pytest.approx(work.seconds * 2 * (501 + 2 * 500) / (51 + 2 * 50))
+    assert bert.estimate("a dull plot", "lime", n_samples=300).forward == 301
+    assert "forward and 50 backward passes of" in work.describe() and work.describe().startswith("about ")
+    lm = cached_model("gpt2", "causal_lm")
+    steps = lm.estimate_generation("the capital of", "saliency", max_new_tokens=5)
+    assert steps.generated == 5 and steps.forward == steps.backward == 5 and 0 < steps.generating < steps.seconds
+
+
+# --------------------------------------------------------------------------- the same on the command line
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """Tiny models saved as folders the command line loads: ``saved[family]``."""
+    from conftest import saved_tiny
+
+    root = tmp_path_factory.mktemp("saved")
+    return {
+        "bert": saved_tiny(root / "bert", "bert", "classification"),
+        "gpt2": saved_tiny(root / "gpt2", "gpt2", "causal_lm"),
+    }
+
+
+def one_line_error(code: int, err: str) -> str:
+    """The refusal's ``error:`` line, after checking it is one error line, one hint, exit 2."""
+    lines = err.strip().splitlines()
+    assert code == 2, err
+    assert len(lines) == 2 and lines[0].startswith("error: ") and lines[1].startswith("hint: "), err
+    return lines[0]
+
+
+def test_cli_generate_beyond_the_models_positions(monkeypatch, capsys, saved):
+    import transformers
+
+    monkeypatch.setattr(transformers.GenerationMixin, "generate", lambda *a, **k: pytest.fail("generated before the check"))
+    from conftest import run_cli
+
+    code, out, err = run_cli(monkeypatch, capsys, "explain", "the cat sat", "--model", saved["gpt2"], "--generate", "100000")
+    line = one_line_error(code, err)
+    assert "100,000 new tokens" in line and "at most 64" in line and "--generate" in err and not out
+
+
+def test_cli_counts_beyond_the_memory_budget(monkeypatch, capsys, saved, no_work):
+    from conftest import run_cli
+
+    code, _, err = run_cli(
+        monkeypatch, capsys, "explain", "a dull plot", "--model", saved["bert"], "--method", "integrated_gradients",
+        "-o", "n_steps=100000000", "--max-memory", "64MiB",
+    )
+    assert "n_steps=100,000,000" in one_line_error(code, err) and "use n_steps <=" in err
+
+
+def test_cli_says_how_long_long_work_will_take_before_it_starts(monkeypatch, capsys, saved):
+    from conftest import run_cli
+
+    from heedful import workload
+
+    args = ("explain", "a dull plot", "--model", saved["bert"], "--method", "integrated_gradients", "-o", "n_steps=10", "--json")
+    code, _, err = run_cli(monkeypatch, capsys, *args)
+    assert code == 0 and "about" not in err  # short work: nothing said
+    monkeypatch.setattr(workload, "LONG_SECONDS", 0.0)
+    code, out, err = run_cli(monkeypatch, capsys, *args)
+    assert code == 0 and out
+    line = err.strip().splitlines()[0]
+    assert line.startswith("about ") and "11 forward and 10 backward passes of" in line and line.endswith("(estimated on this machine)")
+    code, _, err = run_cli(
+        monkeypatch, capsys, "explain", "the cat", "--model", saved["gpt2"], "--generate", "3", "-M", "saliency", "-M", "grad_x_input", "--json"
+    )
+    assert code == 0 and err.strip().splitlines()[0].startswith("about ") and "3 tokens to generate, 6 forward and 6 backward" in err
+
+
+def test_steering_beyond_the_models_positions_is_refused_before_any_pass(no_work):
+    from heedful.interest.steer import steer
+
+    lm = cached_model("gpt2", "causal_lm")
+    raises_heedful(heedful.InputError, lambda: steer(lm, "the cat sat on the mat", ["the mat"], max_new_tokens=1000), "1,000 new tokens", "at most 64")
+
+
+@pytest.fixture(scope="module")
+def reviews_csv(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("data") / "reviews.csv"
+    path.write_text("text,label\na dull plot,0\ngreat acting,1\nfar too long,0\na charming journey,1\n", encoding="utf-8")
+    return str(path)
+
+
+def test_bench_counts_beyond_the_memory_budget_leave_no_store(monkeypatch, capsys, saved, reviews_csv, tmp_path, no_work):
+    from conftest import run_cli
+
+    out = tmp_path / "results"
+    code, _, err = run_cli(
+        monkeypatch, capsys, "bench", "--model", saved["bert"], "--dataset", reviews_csv, "--methods", "saliency,lime",
+        "--option", "lime.n_samples=100000000", "--max-memory", "64MiB", "--out", str(out),
+    )
+    assert "n_samples=100,000,000" in one_line_error(code, err) and not out.exists()
+
+
+def test_bench_says_how_long_its_explanations_will_take(monkeypatch, capsys, saved, reviews_csv, tmp_path):
+    from conftest import run_cli
+
+    from heedful import workload
+
+    monkeypatch.setattr(workload, "LONG_SECONDS", 0.0)
+    args = ("bench", "--model", saved["bert"], "--dataset", reviews_csv, "--methods", "lime", "--option", "lime.n_samples=10",
+            "--metrics", "aopc", "--out", str(tmp_path))
+    code, _, err = run_cli(monkeypatch, capsys, *args)
+    assert code == 0, err
+    first = err.strip().splitlines()[0]
+    assert first.startswith("explanations: about ") and "44 forward passes of" in first  # 4 examples x (1 + 10)
+    code, _, err = run_cli(monkeypatch, capsys, *args)  # all stored: nothing to explain, nothing said
+    assert code == 0 and "explanations: about" not in err
+
+
+def test_a_later_batch_beyond_the_budget_is_refused_before_the_first_batchs_work(bert, no_work):
+    budget = bert.max_memory
+    bert.max_memory = "64MiB"
+    try:  # "good" alone fits (400,001 copies of 3 tokens: 18 MiB); the long text does not
+        with pytest.warns(UserWarning, match="truncated"):
+            raises_heedful(heedful.InputError, lambda: bert.explain(["good", LONG_TEXT], "lime", batch_size=1, n_samples=400_000), "budget")
+    finally:
+        bert.max_memory = budget

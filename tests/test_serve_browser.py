@@ -211,3 +211,35 @@ def test_the_page_shows_what_a_notebook_shows(served):
     for expl, shown in zip(mine, api["methods"], strict=True):
         if "html_words" in shown:
             assert _timeless(shown["html_words"]) == _timeless(heedful.render.html.explanation_fragment(expl, words=True))
+
+
+def test_the_page_asks_before_long_work(served, browser, monkeypatch):
+    """A request the server estimates to take long comes back 409 with its estimate: the page
+    asks (window.confirm) and, confirmed, sends it again with confirm; declined, it says why."""
+    from selenium.webdriver.common.by import By
+
+    from heedful import workload
+
+    monkeypatch.setattr(workload, "LONG_SECONDS", 0.0)  # the server runs in this process: everything is long
+    base, _ = served
+    for answer in (False, True):
+        browser.get("about:blank")
+        browser.get(f"{base}/")
+        _wait(browser, lambda d: d.execute_script("return document.body.dataset.ready === 'true'"), "its form")
+        browser.execute_script(
+            "var answer = arguments[0]; window.asked = [];"
+            "window.confirm = function (message) { window.asked.push(message); return answer; };",
+            answer,
+        )
+        box = browser.find_element(By.ID, "text")
+        box.clear()
+        box.send_keys(TEXT)
+        browser.find_element(By.ID, f"method-{METHODS[0]}").click()
+        browser.find_element(By.ID, "explain").click()
+        if answer:
+            _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#heatmaps .heatmap[data-method]"), "the results")
+        else:
+            _wait(browser, lambda d: d.execute_script("var e = document.getElementById('error'); return e && !e.hidden;"), "an error")
+            assert "confirm" in browser.find_element(By.ID, "error").text
+        asked = browser.execute_script("return window.asked;")
+        assert len(asked) == 1 and asked[0].startswith("This will take about ") and "forward" in asked[0]

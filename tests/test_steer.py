@@ -119,7 +119,7 @@ def test_paper_defaults_fill_up_to_max_length_150(lm, monkeypatch):
     monkeypatch.setattr(module, "generate", lambda adapter, embeds, settings: calls.append(settings) or [0])
     steer(lm, PROMPT, ["dull"], **FAST)
     n = len(lm.adapter.encode([PROMPT]).tokens[0])
-    assert {c["max_new_tokens"] for c in calls} == {150 - n}
+    assert {c["max_new_tokens"] for c in calls} == {min(150, lm.adapter.max_length) - n}
     assert [c["num_beams"] for c in calls] == [1, 1, 3, 3]
 
 

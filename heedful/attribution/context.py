@@ -130,7 +130,14 @@ def fit_surrogate(masks: np.ndarray, outputs: np.ndarray, alpha: float, folds: i
     return weights, intercept, quality
 
 
-@register("context_cite", family="context", cost="1 + n_ablations forwards", spans=True, needs_sources=True)
+@register(
+    "context_cite",
+    family="context",
+    cost="1 + n_ablations forwards",
+    passes=lambda o, n: (1 + o["n_ablations"], 0),
+    spans=True,
+    needs_sources=True,
+)
 @torch.no_grad()
 def context_cite(
     problem: Problem,

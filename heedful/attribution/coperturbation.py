@@ -169,6 +169,18 @@ COPERTURBATION_COST = (
     "linearized: 1 forward + 1 backward over min(probes, outputs) rows"
 )
 GUAN2019_COST = "5000 x (1 forward + 1 backward), batched over sentences"
+
+
+def _passes(options: dict) -> tuple[float, float]:
+    """Sequences per sentence at most (:data:`COPERTURBATION_COST`; adam stops early when it
+    converges): ``(1 + steps x samples, steps x samples)`` (each step's backward runs through
+    its samples' rows), linearized ``(2, 1)``."""
+    if options.get("solver", "adam") == "linearized":
+        return 2, 1
+    rows = options["max_steps"] * options["samples"]
+    return 1 + rows, rows
+
+
 ACTIVATION_BUDGET = 512 * 2**20
 """Bytes one noised forward+backward chunk may take (estimated by :mod:`heedful.memory`; the
 adapter's ``max_memory`` when that is smaller): on a CPU the cost per position is flat from a
@@ -773,7 +785,7 @@ def _scores_for(
 
 # Both estimators read hidden states off the reference pass, which then serves as the clean
 # pass (no second one).
-@register("coperturbation", family="perturbation", cost=COPERTURBATION_COST, needs_hidden=True, version=2, needs=("blocks",))
+@register("coperturbation", family="perturbation", cost=COPERTURBATION_COST, passes=lambda o, n: _passes(o), needs_hidden=True, version=2, needs=("blocks",))
 def coperturbation(
     problem: Problem,
     *,
@@ -842,7 +854,7 @@ def coperturbation(
     return _scores_for(problem, settings, layer, layerwise, score, normalize, seed)
 
 
-@register("guan2019", family="perturbation", cost=GUAN2019_COST, needs_hidden=True, needs=("blocks",))
+@register("guan2019", family="perturbation", cost=GUAN2019_COST, passes=lambda o, n: _passes(o), needs_hidden=True, needs=("blocks",))
 def guan2019(
     problem: Problem,
     *,

@@ -229,6 +229,7 @@ def _integrated_map(problem: Problem, embeds: torch.Tensor, options: dict[str, A
     "integrated_gradients",
     family="gradient",
     cost="n_steps x (1 forward + 1 backward)",
+    passes=lambda o, n: (1 + o["n_steps"], o["n_steps"]),
     per_dimension=_integrated_map,
     spans=True,
 )
@@ -281,10 +282,16 @@ def _noise(problem: Problem, embeds: torch.Tensor, n_samples: int, noise_level: 
     return noise * sigma[:, None, None, None]
 
 
+def _inner_steps(inner: str) -> int:
+    """Passes of the method smoothgrad wraps per noised copy (its defaults: n_steps for IG)."""
+    return find(inner).defaults.get("n_steps", 1)
+
+
 @register(
     "smoothgrad",
     family="gradient",
     cost="n_samples x the wrapped method (saliency: 1 forward + 1 backward)",
+    passes=lambda o, n: (1 + o["n_samples"] * _inner_steps(o["inner"]), o["n_samples"] * _inner_steps(o["inner"])),
     spans=True,
 )
 def smoothgrad(

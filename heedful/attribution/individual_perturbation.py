@@ -34,6 +34,7 @@ from heedful.seeding import example_generators
     "individual_perturbation",
     family="perturbation",
     cost="N x samples forwards (batched)",
+    passes=lambda o, n: (1 + n * o["samples"], 0),
     needs_hidden=True,  # the reference pass is the clean pass
     needs=("blocks",),  # the noise lands on the first block's input
 )

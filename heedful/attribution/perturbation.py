@@ -17,7 +17,7 @@ from heedful.runner import Copies, Runner
 Output = Literal["logit", "probability"]
 
 
-@register("leave_one_out", family="perturbation", cost="1 + N forwards (batched)")
+@register("leave_one_out", family="perturbation", cost="1 + N forwards (batched)", passes=lambda o, n: (1 + n, 0))
 @torch.no_grad()
 def leave_one_out(
     problem: Problem,

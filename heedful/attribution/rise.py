@@ -27,7 +27,7 @@ def draw_masks(batch: Batch, features: Features, n_masks: int, p_keep: float, se
     return keep
 
 
-@register("rise", family="perturbation", cost="n_masks forwards (batched)")
+@register("rise", family="perturbation", cost="n_masks forwards (batched)", passes=lambda o, n: (1 + o["n_masks"], 0))
 def rise(
     problem: Problem,
     *,

@@ -126,7 +126,7 @@ def weighted_linear_fit(
 
 
 # ---------------------------------------------------------------------------------- methods
-@register("lime", family="perturbation", cost="n_samples forwards (batched)")
+@register("lime", family="perturbation", cost="n_samples forwards (batched)", passes=lambda o, n: (1 + o["n_samples"], 0))
 def lime(
     problem: Problem,
     *,
@@ -164,7 +164,7 @@ def lime(
     return to_tokens(features, coef.float(), batch.seq_len)
 
 
-@register("kernel_shap", family="perturbation", cost="n_samples forwards (batched)")
+@register("kernel_shap", family="perturbation", cost="n_samples forwards (batched)", passes=lambda o, n: (1 + o["n_samples"], 0))
 def kernel_shap(
     problem: Problem,
     *,

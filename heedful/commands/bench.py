@@ -9,9 +9,11 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
+from heedful.commands.console import announce
 from heedful.commands.options import key_value
-from heedful.errors import HeedfulError
+from heedful.errors import HeedfulError, install_hint
 from heedful.memory import parse_memory
 from heedful.precision import check_precision, strict_precision
 
@@ -75,7 +77,7 @@ def bench(
     max_memory: Annotated[str | None, typer.Option("--max-memory", help="Memory one pass may use, e.g. 4GB or 512MiB (default: half of the free memory).")] = None,
     precision: Annotated[str, typer.Option("--precision", help="fp32, bf16, int8 or auto: forward passes of the curves and of forward-only methods (leave_one_out, lime, kernel_shap, rise) at this precision; auto: the fastest each tolerates on this machine (see heedful info). The store keys the precision used when not fp32.")] = "fp32",
     strict: Annotated[bool, typer.Option("--strict", help="Refuse a --precision this machine runs slower than fp32 (default: run it with a warning).")] = False,
-    engine: Annotated[str, typer.Option("--engine", help="local (this process) or ray (worker actors on a Ray cluster; pip install 'heedful[ray]').")] = "local",
+    engine: Annotated[str, typer.Option("--engine", help=f"local (this process) or ray (worker actors on a Ray cluster; {escape(install_hint('ray'))}).")] = "local",
     address: Annotated[str | None, typer.Option("--address", help="With --engine ray: auto or ray://host:10001 to join a cluster (default: start a local one).")] = None,
     workers: Annotated[int | None, typer.Option("--workers", help="With --engine ray: worker actors, one CPU each (default: the cluster's CPUs).")] = None,
 ) -> None:
@@ -147,7 +149,7 @@ def bench(
     )
     runner = _engine(engine, address, workers, threads, model, budget)
     with strict_precision(strict):
-        result = run_bench(spec, console=err_console, engine=runner)
+        result = run_bench(spec, console=err_console, engine=runner, on_plan=lambda plan: announce(plan.work, "explanations"))
     files = write_report(result)
     extra = result.engine.lines() if result.engine is not None and engine == "ray" else []
     _print_result(result, files, out_console, err_console, "computed", extra)
@@ -164,10 +166,10 @@ def _print_result(result, files, out_console, err_console, verb: str, extra: lis
     computed = result.computed
     err_console.print(
         f"[dim]{verb} this run: {computed['explanations']} explanations, {computed['measurements']} curve records, "
-        f"{computed['metrics']} metric values · store: {result.store_path}[/]"
+        f"{computed['metrics']} metric values · store: {escape(str(result.store_path))}[/]"
     )
     for path in files:
-        err_console.print(f"wrote {path}")
+        err_console.print(f"wrote {path}", markup=False, highlight=False)
 
 
 def _forward_only_precision(names: list[str], method_options: dict[str, dict[str, Any]], precision: str) -> None:

@@ -20,6 +20,15 @@ def progress() -> LoggedProgress:
     return progress_bar(err)
 
 
+def announce(work, what: str | None = None) -> None:
+    """Say on stderr how long ``work`` (a :class:`heedful.workload.Work`; ``what``: the part of
+    the run it covers) is expected to take, when that is long
+    (:data:`heedful.workload.LONG_SECONDS`), before it starts."""
+    if work.long:
+        part = f"{what}: " if what else ""
+        err.print(f"{part}{work.describe()} (estimated on this machine)", markup=False, highlight=False, soft_wrap=True)
+
+
 def load_model(name: str, device: str = "cpu", max_memory: int | str | None = None, **hub):
     """:func:`heedful.load` with a spinner on stderr (zoo models are built on first use, hub ids
     downloaded with their own progress bars); ``max_memory``: the budget of one pass (see

@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from heedful.commands.console import err, out
-from heedful.errors import HeedfulError, InputError
+from heedful.errors import HeedfulError, InputError, install_hint
 
 LOOPBACK_NAMES = ["127.0.0.1", "localhost", "[::1]"]
 
@@ -36,7 +36,7 @@ def serve(
     memory once; requests beyond the limits are refused with the CLI's messages."""
     missing = [name for name in ("fastapi", "uvicorn") if importlib.util.find_spec(name) is None]
     if missing:
-        raise HeedfulError(f'heedful serve needs {" and ".join(missing)}: pip install "heedful[serve]"')
+        raise HeedfulError(f"heedful serve needs {' and '.join(missing)}, which is not installed", hint=install_hint("serve"))
     import uvicorn
 
     from heedful.serve import ServeSettings, create_app

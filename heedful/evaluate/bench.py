@@ -53,6 +53,7 @@ from heedful.evaluate.protocol import Protocol, get_protocol
 from heedful.evaluate.store import ResultsStore, RunKey, Subject, run_key, subject
 from heedful.evaluate.tasks import Part, PartResult, Settings, compute_part, write_part
 from heedful.model import Model
+from heedful.workload import NOTHING, Work, check
 
 
 @dataclass
@@ -257,6 +258,9 @@ class Plan:
     tasks: list[Task]
     stored: int
     notes: list[str]
+    work: Work = NOTHING
+    """The estimated cost of the explanations still to compute (:mod:`heedful.workload`; the
+    metrics' passes not counted)."""
 
     @property
     def total(self) -> int:
@@ -332,13 +336,45 @@ def plan_bench(spec: BenchSpec, open_store: Callable[[], ResultsStore]) -> tuple
         )
     about = spec_subject(spec, data)
     runs = make_runs(spec, about)
+    lengths = token_lengths(spec.model, inputs, spec.protocol.max_length)
+    every = [i.id for i in inputs]
+    explaining_work(spec.model, runs, [(r, every) for r in range(len(runs))], lengths, spec.batch_size)  # counts: before any work
     settings = Settings(spec.protocol, tuple(names), spec.batch_size)
     phash = settings.protocol_hash
     store = open_store()
     store.put_protocol(phash, spec.protocol.name, spec.protocol.key_dict())
     notes = [note for note in [store.legacy_note()] if note]
     tasks, stored = list_tasks(store, runs, [i.id for i in inputs], settings, spec.chunk, notes)
-    return Plan(spec, settings, inputs, data, about, skipped, runs, tasks, stored, notes), store
+    work = explaining_work(spec.model, runs, [(t.run, t.explain) for t in tasks if t.explain], lengths, spec.batch_size)
+    return Plan(spec, settings, inputs, data, about, skipped, runs, tasks, stored, notes, work), store
+
+
+def token_lengths(model: Model, inputs: Sequence[ModelInput], max_length: int | None) -> dict[str, int]:
+    """Tokens of every input as the model explains it (truncated to ``max_length``)."""
+    if not inputs:
+        return {}
+    pairs = None if all(i.text_pair is None for i in inputs) else [i.text_pair or "" for i in inputs]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the explanations say what they truncate
+        batch = model.encode([i.text for i in inputs], text_pair=pairs, max_length=max_length)
+    return dict(zip((i.id for i in inputs), batch.lengths.tolist(), strict=True))
+
+
+def explaining_work(
+    model: Model, runs: Sequence[Run], todo: Sequence[tuple[int, Sequence[str]]], lengths: dict[str, int], batch_size: int
+) -> Work:
+    """The estimated cost of explaining, for each ``(run index, ids)`` of ``todo``, those
+    examples, batch by batch as :meth:`Model.explain` does -- each batch's counts checked
+    against the memory budget (:func:`heedful.workload.check`: an :class:`InputError`)."""
+    from heedful.attribution import get_method
+
+    work = NOTHING
+    for index, ids in todo:
+        info = get_method(runs[index].method, model.task)
+        bound = info.bind(runs[index].options)
+        for start in range(0, len(ids), batch_size):
+            work = work + check(model.adapter, info, bound, [lengths[i] for i in ids[start : start + batch_size]])
+    return work
 
 
 def list_tasks(
@@ -449,11 +485,14 @@ def run_bench(
     progress: bool = True,
     on_batch: Callable[[str, int], None] | None = None,
     engine=None,
+    on_plan: Callable[[Plan], None] | None = None,
 ) -> BenchResult:
     """Run (or resume) a benchmark; see the module docstring. ``on_batch(stage, n)`` is called
     after each stored task (``stage`` is ``"explain"`` or ``"evaluate"``, ``n`` the examples it
     explained / evaluated). ``engine``: :class:`LocalEngine` (default) or a
-    :class:`heedful.evaluate.ray_engine.RayEngine`; ``BenchResult.engine`` reports what it did."""
+    :class:`heedful.evaluate.ray_engine.RayEngine`; ``BenchResult.engine`` reports what it did.
+    ``on_plan(plan)``: called once the bench is planned, before any work (the command line says
+    how long the explanations will take, :attr:`Plan.work`)."""
     opened: list[ResultsStore] = []
 
     def open_store() -> ResultsStore:
@@ -462,6 +501,8 @@ def run_bench(
 
     try:
         plan, store = plan_bench(spec, open_store)
+        if on_plan is not None:
+            on_plan(plan)
         bar = _progress(console) if progress else None
         with bar if bar is not None else nullcontext():
             task_id = bar.add_task("bench tasks (method x chunk)", total=plan.total, completed=plan.stored) if bar else None

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from heedful.errors import HeedfulError, InputError
+from heedful.errors import HeedfulError, InputError, install_hint
 from heedful.evaluate.store import FILE_NAME, ResultsStore, RunKey
 from heedful.explanation import Explanation
 from heedful.version import __version__
@@ -117,7 +117,7 @@ def require_pyarrow():
     except ImportError as exc:
         raise HeedfulError(
             "Parquet needs pyarrow, which is not installed",
-            hint="pip install 'heedful[parquet]', or use --format csv",
+            hint=f"{install_hint('parquet')}, or use --format csv",
         ) from exc
     return pa, pq
 

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from heedful.errors import HeedfulError
+from heedful.errors import HeedfulError, install_hint
 
 if TYPE_CHECKING:
     from heedful.evaluate.bench import EngineReport, Plan
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from heedful.evaluate.tasks import Part, PartResult, Settings
     from heedful.model import Model
 
-INSTALL_HINT = "pip install 'heedful[ray]'"
+INSTALL_HINT = install_hint("ray")
 RESTART_WAIT = 600.0
 """Seconds a task waits for its dead worker to be restarted before the run stops."""
 

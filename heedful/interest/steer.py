@@ -54,6 +54,7 @@ from heedful.errors import InputError
 from heedful.interest.studies import settings_from
 from heedful.interest.suppress import downweight
 from heedful.model import Model
+from heedful.sequences import check_new_tokens, check_positions
 
 PAPER_MAX_LENGTH = 150
 """``generate(max_length=150)`` in the paper's Figure 9b: prompt and continuation together."""
@@ -175,7 +176,9 @@ def steer(
     """Estimate interest over ``prompt``, suppress ``words`` (each a word or phrase of the prompt;
     their tokens' input embeddings are scaled by ``weight``), generate with and without the
     suppression by greedy decoding and by beam search (``beams`` beams), and estimate interest
-    again. ``max_new_tokens`` ``None``: up to the paper's ``max_length=150`` tokens in all.
+    again. ``max_new_tokens`` ``None``: up to the paper's ``max_length=150`` tokens in all (or
+    the model's positions, when fewer); more than the model's positions is an
+    :class:`InputError` before any pass.
     ``options``: co-perturbation settings (``lam``, ``max_steps``, ``samples``, ...).
 
     >>> model = heedful.load("smollm2-135m")                                          # doctest: +SKIP
@@ -192,13 +195,14 @@ def steer(
     weight = float(weight)
     if not np.isfinite(weight):
         raise InputError(f"weight must be a finite number, got {weight}")
-    if max_new_tokens is not None and max_new_tokens < 1:
-        raise InputError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    if max_new_tokens is not None:
+        check_new_tokens(max_new_tokens)
     settings = settings_from(options)
     batch = model.encode([prompt, prompt], truncation=False)
     n = int(batch.lengths[0])
-    if max_new_tokens is None:
-        max_new_tokens = max(1, PAPER_MAX_LENGTH - n)
+    if max_new_tokens is None:  # the paper's length, within the model's positions
+        max_new_tokens = max(1, min(PAPER_MAX_LENGTH, adapter.max_length) - n)
+    check_positions(adapter, [n], [max_new_tokens], generated=True)  # before any pass
     modes = decoding_modes(max_new_tokens, beams)
     hit = phrase_positions(batch, words)
     positions = torch.stack([torch.zeros_like(hit), hit])  # row 0: as it is; row 1: suppressed

@@ -27,10 +27,11 @@ from heedful.model import Model
 from heedful.serve import compute
 from heedful.serve import runs as stored
 from heedful.serve.catalog import Catalog, bind_methods, method_rows
-from heedful.serve.errors import ApiError, as_api_error, timed_out, too_long
+from heedful.serve.errors import ApiError, as_api_error, timed_out, too_long, unconfirmed
 from heedful.serve.settings import ServeSettings
 from heedful.serve.work import Job, Worker
 from heedful.version import __version__
+from heedful.workload import NOTHING, Work
 
 RETRY_AFTER_S = 1
 """Seconds a client is asked to wait after a 429 (the ``Retry-After`` header)."""
@@ -46,7 +47,14 @@ class Body(BaseModel):
 Options = dict[str, dict[str, Any]]
 
 
-class ExplainBody(Body):
+class Asked(Body):
+    """A computing request: one estimated to take long is answered 409 with its estimate
+    unless it says ``confirm``."""
+
+    confirm: bool = Field(False, description="Run it even when it is estimated to take long (else: 409 with the estimate).")
+
+
+class ExplainBody(Asked):
     """``POST /api/explain`` and ``/api/compare``."""
 
     model: str | None = Field(None, description="A model GET /api/models lists (default: the server's first).")
@@ -57,7 +65,7 @@ class ExplainBody(Body):
     curve: bool = Field(True, description="Also measure each method's deletion curve, AOPC and sufficiency on this text.")
 
 
-class CurveBody(Body):
+class CurveBody(Asked):
     """``POST /api/curve``."""
 
     model: str | None = None
@@ -67,7 +75,7 @@ class CurveBody(Body):
     target: str | int | None = None
 
 
-class GenerateBody(Body):
+class GenerateBody(Asked):
     """``POST /api/generate``."""
 
     model: str | None = None
@@ -150,6 +158,7 @@ class Server:
 
         def run(model: Model, report: Callable[[str], None]) -> dict[str, Any]:
             bound = runs or bind_methods(body.methods, body.options, model.task, self.settings)
+            ask(body, sum((model.estimate(text, info.name, **options) for info, options in bound), NOTHING))
             return compute.explain(model, text, body.target, bound, body.curve, report)
 
         return self._submit(kind, name, compute.steps_of_explain(len(body.methods), body.curve), run)
@@ -162,6 +171,7 @@ class Server:
 
         def run(model: Model, report: Callable[[str], None]) -> dict[str, Any]:
             (info, bound), = runs or bind_methods([body.method], options, model.task, self.settings)
+            ask(body, model.estimate(text, info.name, **bound))
             return compute.curve(model, text, body.target, info, bound, report)
 
         return self._submit("curve", name, 2, run)
@@ -181,9 +191,18 @@ class Server:
 
         def run(model: Model, report: Callable[[str], None]) -> dict[str, Any]:
             (info, bound), = runs or bind_methods([body.method], options, model.task, self.settings)
+            if model.task == "causal_lm":  # compute.generate refuses any other model
+                ask(body, model.estimate_generation(prompt, info.name, max_new_tokens=body.max_new_tokens, **bound))
             return compute.generate(model, prompt, body.max_new_tokens, info, bound, report)
 
         return self._submit("generate", name, 1, run)
+
+
+def ask(body: Asked, work: Work) -> None:
+    """Refuse, before any work, a request estimated to take long that did not ``confirm`` (409
+    with the estimate: the page asks, then sends it again)."""
+    if work.long and not body.confirm:
+        raise unconfirmed(work)
 
 
 def create_app(settings: ServeSettings | None = None, preloaded: Mapping[str, Model] | None = None) -> FastAPI:

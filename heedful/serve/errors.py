@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from heedful.errors import HeedfulError, MethodError
+from heedful.workload import Work
 
 
 class ApiError(HeedfulError):
     """A request the server refuses: ``status`` (4xx) with ``{"error": message, "hint": hint}``."""
 
-    def __init__(self, status: int, message: str, hint: str | None = None) -> None:
+    def __init__(self, status: int, message: str, hint: str | None = None, extra: dict[str, Any] | None = None) -> None:
         super().__init__(message, hint)
         self.status = status
+        self.extra = extra or {}
 
-    def payload(self) -> dict[str, str | None]:
-        return {"error": self.message, "hint": self.hint}
+    def payload(self) -> dict[str, Any]:
+        """``{"error", "hint"}`` and any ``extra`` fields (e.g. a long request's ``estimate``)."""
+        return {"error": self.message, "hint": self.hint, **self.extra}
 
 
 def as_api_error(exc: HeedfulError) -> ApiError:
@@ -26,6 +31,17 @@ def as_api_error(exc: HeedfulError) -> ApiError:
 
 def too_long(what: str, length: int, limit: int, flag: str) -> ApiError:
     return ApiError(413, f"{what} is {length} characters, above this server's limit of {limit}", f"shorten it, or start heedful serve with {flag}")
+
+
+def unconfirmed(work: Work) -> ApiError:
+    """409 for a request estimated to take long (:attr:`Work.long <heedful.workload.Work.long>`)
+    and sent without ``confirm``: the estimate, for the page to ask about."""
+    return ApiError(
+        409,
+        f"this request will take {work.describe()} (estimated on the server)",
+        "send it again with confirm: true to run it, or ask for less (fewer methods, steps, samples or tokens)",
+        {"estimate": work.to_dict()},
+    )
 
 
 def busy(waiting: int) -> ApiError:

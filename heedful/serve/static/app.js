@@ -64,10 +64,11 @@
   }
 
   class ApiError extends Error {
-    constructor(message, hint, status) {
+    constructor(message, hint, status, estimate) {
       super(message);
       this.hint = hint || '';
       this.status = status || 0;
+      this.estimate = estimate || null;  // a long request the server wants confirmed (409)
     }
   }
 
@@ -81,7 +82,7 @@
     let data = null;
     try { data = await response.json(); } catch (err) { data = null; }
     if (!response.ok) {
-      throw new ApiError((data && data.error) || `HTTP ${response.status}`, data && data.hint, response.status);
+      throw new ApiError((data && data.error) || `HTTP ${response.status}`, data && data.hint, response.status, data && data.estimate);
     }
     return data;
   }
@@ -110,7 +111,7 @@
         if (finished) return;
         if (ev.data) {
           const data = JSON.parse(ev.data);
-          finish(reject, new ApiError(data.error, data.hint));
+          finish(reject, new ApiError(data.error, data.hint, data.estimate ? 409 : 0, data.estimate));
         } else {
           finish(reject, new ApiError('lost the connection to the server', 'is `heedful serve` still running?'));
         }
@@ -421,6 +422,17 @@
   }
 
   // ------------------------------------------------------------------ explain
+  /** runJob, asking first when the server estimates the request to take long (409 with its
+   * estimate): confirmed, it is sent again with confirm: true. */
+  async function askedJob(kind, request, route) {
+    try {
+      return await runJob(kind, request, route);
+    } catch (err) {
+      if (!err.estimate || !window.confirm(`This will take ${err.estimate.text}. Run it?`)) throw err;
+      return runJob(kind, { ...request, confirm: true }, route);
+    }
+  }
+
   async function explain(event) {
     event.preventDefault();
     if (state.busy) return;
@@ -430,7 +442,7 @@
     writeHash();
     setBusy(true, 'queued');
     try {
-      const answer = await runJob(request.methods.length > 1 ? 'compare' : 'explain', request,
+      const answer = await askedJob(request.methods.length > 1 ? 'compare' : 'explain', request,
         request.methods.length > 1 ? '/api/compare' : '/api/explain');
       state.last = answer;
       state.lastRequest = request;
@@ -612,7 +624,7 @@
     };
     setBusy(true, 'queued');
     try {
-      const answer = await runJob('generate', request, '/api/generate');
+      const answer = await askedJob('generate', request, '/api/generate');
       state.lastGeneration = answer;
       insertFragment($('generation-html'), answer.html);
       $('generation').hidden = false;
