@@ -274,7 +274,7 @@ class _LinearOnly:
         self.hf_model = nn.Sequential(nn.Linear(6, 8), nn.Linear(8, 8), nn.Identity(), nn.Linear(8, 3))
         self.blocks = [self.hf_model[0]]
 
-    def lrp_roles(self) -> LRPRoles:
+    def lrp_roles(self, rules: str | None = None) -> LRPRoles:
         net = self.hf_model
         block = LRPBlock(attention=nn.Identity(), linears=linear_sites(net[0], net[1]), norms=[], activations=[net[2]], residuals=[])
         return LRPRoles(blocks=[block], head_linears=linear_sites(net[3]))

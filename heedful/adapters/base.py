@@ -105,12 +105,18 @@ class PassCounter:
 
 @dataclass
 class LMHeadParts:
-    """A language-model head split as ``logits = transform(h) @ weight.T + bias``, so that a few
-    vocabulary columns can be computed without the full vocabulary projection."""
+    """A language-model head split as ``logits = cap(transform(h) @ weight.T + bias)``, so that a
+    few vocabulary columns can be computed without the full vocabulary projection; ``softcap``
+    ``c``: the logits are soft-capped, ``cap(z) = tanh(z / c) * c`` (Gemma 2), else ``cap`` is
+    the identity."""
 
     transform: Callable[[torch.Tensor], torch.Tensor]
     weight: torch.Tensor
     bias: torch.Tensor | None
+    softcap: float | None = None
+
+    def capped(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits if self.softcap is None else torch.tanh(logits / self.softcap) * self.softcap
 
 
 @functools.cache
@@ -153,8 +159,9 @@ class ModelAdapter:
     """Where a pre-LN decoder's final norm is, below the backbone (``"norm"``); empty: none."""
     token_types: ClassVar[bool | None] = None
     """Whether the model embeds segment (token type) ids; ``None``: its config says."""
-    lrp_mapped: ClassVar[bool] = False
-    """Relevance propagation's rules have been checked against this family's blocks."""
+    relevance_rules: ClassVar[frozenset[str]] = frozenset()
+    """The relevance rule sets (:data:`heedful.lrp.rules.RULE_SETS` names) checked against this
+    family's blocks (by ``heedful.testing.check_family``); the others are refused."""
     kernel_attention: ClassVar[bool] = True
     """Passes without attention probabilities may run fused attention (``sdpa``)."""
     anchored_blocks: ClassVar[bool] = False
@@ -216,7 +223,7 @@ class ModelAdapter:
         if parts is None:
             raise UnsupportedModelError(f"{self.family} adapter has no language-model head role")
         logits = parts.transform(h) @ parts.weight.T
-        return logits if parts.bias is None else logits + parts.bias
+        return parts.capped(logits if parts.bias is None else logits + parts.bias)
 
     @property
     def uses_token_types(self) -> bool:
@@ -260,12 +267,17 @@ class ModelAdapter:
         """
         return Interception(self.hf_model, self.roles())
 
-    def lrp_roles(self) -> LRPRoles:
-        """The operations relevance propagation attaches its rules to, from :meth:`roles`."""
-        if not self.lrp_mapped:
+    def lrp_roles(self, rules: str | None = None) -> LRPRoles:
+        """The operations relevance propagation attaches its rules to, from :meth:`roles`;
+        ``rules``: the rule set's name, refused unless in :attr:`relevance_rules` (``None``: any
+        one of them)."""
+        if rules not in self.relevance_rules if rules is not None else not self.relevance_rules:
+            self.roles().lrp()  # a block relevance cannot pass says so itself
+            what = f"the {rules} rules" if rules is not None else "relevance propagation (LRP) rules"
+            mapped = ", ".join(sorted(self.relevance_rules)) or "none"
             raise UnsupportedModelError(
-                f"relevance propagation (LRP) rules are not mapped for the {self.family} family",
-                hint="LRP-based methods support the BERT and Llama families (Llama, Mistral, Qwen2) and GPT-2",
+                f"{what} are not mapped for the {self.family} family (mapped: {mapped})",
+                hint="docs/extending.md (Families) says how a family's rules are checked and mapped",
             )
         return self.roles().lrp()
 
@@ -872,7 +884,7 @@ class ModelAdapter:
         feats = parts.transform(h)  # [M, E]
         w = parts.weight[columns]  # [M, K, E]
         out = torch.einsum("me,mke->mk", feats, w)
-        return out if parts.bias is None else out + parts.bias[columns]
+        return parts.capped(out if parts.bias is None else out + parts.bias[columns])
 
     def head_at_layer(
         self, h: torch.Tensor, layer: int, columns: torch.Tensor | None = None
