@@ -337,6 +337,8 @@ LXT_CASES = [
     ("llama", "causal_lm", "llama", None),
     ("llama", "causal_lm", "llama", " the mat is red"),  # a span: one backward from the sum of its logits
     ("qwen2", "classification", "qwen2", None),
+    ("qwen3", "causal_lm", "qwen3", None),  # query / key norms
+    ("qwen3", "classification", "qwen3", None),
 ]
 LXT_SCRIPT = """
 import os, sys, types, importlib, torch
@@ -348,7 +350,7 @@ texts = {texts!r}
 cases = {cases!r}
 ours = {{}}
 for family, task, _, target in cases:  # heedful first, before lxt patches transformers
-    ours[(family, target)] = [e.scores for e in tiny_model(family, task, initializer_range=0.2).explain(texts, "attnlrp", target=target)]
+    ours[(family, task, target)] = [e.scores for e in tiny_model(family, task, initializer_range=0.2).explain(texts, "attnlrp", target=target)]
 base = os.path.dirname(lxt.__file__)
 for name in ("lxt.efficient", "lxt.efficient.models"):  # skip lxt's BERT module (transformers 4 only)
     mod = types.ModuleType(name); mod.__path__ = [os.path.join(base, *name.split(".")[1:])]; sys.modules[name] = mod
@@ -366,7 +368,7 @@ for family, task, _, target in cases:
     emb = problem.reference.inputs_embeds
     (g,) = torch.autograd.grad(problem.target.score(problem.reference.logits).sum(), emb)
     rel = (g * emb).sum(-1).detach()
-    worst = max(float((torch.tensor(s) - rel[i, : len(s)]).abs().max() / rel[i].abs().max()) for i, s in enumerate(ours[(family, target)]))
+    worst = max(float((torch.tensor(s) - rel[i, : len(s)]).abs().max() / rel[i].abs().max()) for i, s in enumerate(ours[(family, task, target)]))
     print(family, task, repr(target), worst)
 """
 
