@@ -67,6 +67,8 @@ from heedful.attribution import get_method
 from heedful.batch import Batch
 from heedful.errors import InputError, UnsupportedModelError
 from heedful.explanation import Explanation
+from heedful.family_checks import check_family as _check_family
+from heedful.family_checks import family_checks
 from heedful.loading import from_pretrained_objects
 from heedful.model import Model
 from heedful.problem import Problem
@@ -753,3 +755,53 @@ def _run_checks(case: _Case) -> list[Failure] | None:
         except Exception as exc:  # a check reports a crashing method; it does not stop the others
             failures.append(Failure(case.info.name, case.family, case.model.task, name, f"raised {type(exc).__name__}: {exc}"))
     return failures
+
+
+# =========================================================================== families
+
+
+def tiny_family_factory(family: str, **config_overrides: Any) -> Callable[[str], Model]:
+    """``factory(task)`` for :func:`check_family`: the tiny model of ``family``
+    (:data:`TINY_FAMILIES`) with the head for ``task``, weights drawn at :data:`INIT_RANGE`."""
+
+    def factory(task: str) -> Model:
+        return tiny_model(family, task, **{TINY_FAMILIES[family].init: INIT_RANGE, **config_overrides})
+
+    return factory
+
+
+def parametrize_with_families(families: Sequence[str] = ALL_FAMILIES):
+    """A ``pytest.mark.parametrize("family_check", ...)`` over every check of :func:`check_family`
+    on the tiny model of each of ``families`` (ids ``family/task/check``), as scikit-learn's
+    ``parametrize_with_checks`` does::
+
+        @parametrize_with_families()
+        def test_family(family_check):
+            family_check()
+    """
+    import pytest
+
+    cases = [
+        pytest.param(check, id=f"{family}/{name}")
+        for family in families
+        for name, check in family_checks(tiny_family_factory(family), _family_tasks(family), fast_options)
+    ]
+    return pytest.mark.parametrize("family_check", cases)
+
+
+def _family_tasks(family: str) -> tuple[str, ...]:
+    return ("classification", "masked_lm" if TINY_FAMILIES[family].encoder else "causal_lm")
+
+
+def check_family(factory: Callable[[str], Model] | str, tasks: Sequence[str] | None = None) -> list[str]:
+    """:func:`heedful.family_checks.check_family` on ``factory`` (or, given a family name, on its
+    tiny model, :func:`tiny_family_factory`) for ``tasks`` (default: classification and the
+    family's language-model task).
+
+    >>> check_family("qwen3", tasks=("classification",))[:3]
+    ['classification/roles', 'classification/gradient', 'classification/attention']
+    """
+    if isinstance(factory, str):
+        tasks = _family_tasks(factory) if tasks is None else tasks
+        factory = tiny_family_factory(factory)
+    return _check_family(factory, tuple(tasks) if tasks is not None else ("classification", "causal_lm"), fast_options)

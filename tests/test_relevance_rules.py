@@ -339,6 +339,8 @@ LXT_CASES = [
     ("qwen2", "classification", "qwen2", None),
     ("qwen3", "causal_lm", "qwen3", None),  # query / key norms
     ("qwen3", "classification", "qwen3", None),
+    ("gemma3_text", "causal_lm", "gemma3", None),  # sandwich norms with 1 + w gains, scaled embeddings, sliding window
+    ("gemma3_text", "classification", "gemma3", None),
 ]
 LXT_SCRIPT = """
 import os, sys, types, importlib, torch

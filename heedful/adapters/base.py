@@ -728,7 +728,7 @@ class ModelAdapter:
         bounded = (checkpoint or release) and torch.is_grad_enabled() or chunked
         blocks = self.checkpointed(checkpoint, release=True) if bounded else contextlib.nullcontext()
         with self._kernel_attention(not attentions) as fused, blocks, contextlib.ExitStack() as settings:
-            if fused and self.is_decoder and not hidden_states and right_padded(mask):
+            if fused and self.is_decoder and not hidden_states and right_padded(mask) and self.unwindowed(width):
                 # causal attention never reads right padding: without the padding mask the fused
                 # kernel runs its causal path (no [B, H, N, N] mask or scores materialised), aligned
                 # to the last key when the pass continues a cache; only padded positions' states
@@ -816,6 +816,16 @@ class ModelAdapter:
             return contextlib.nullcontext()
         return anchored_last_block(block, self.block_roles(block), mask, anchor.to(mask.device), self.config.num_attention_heads)
 
+    def unwindowed(self, width: int) -> bool:
+        """Whether every layer attends to all earlier positions of a ``width``-position pass:
+        no layer has a sliding window shorter than ``width`` (Gemma 2 and 3, Mistral, Qwen3 with
+        ``use_sliding_window``), so that plain causal attention computes every layer."""
+        window = getattr(self.config, "sliding_window", None)
+        if not window or getattr(self.config, "use_sliding_window", True) is False:
+            return True
+        kinds = getattr(self.config, "layer_types", None)
+        return width <= int(window) or (kinds is not None and "sliding_attention" not in kinds)
+
     @contextlib.contextmanager
     def _kernel_attention(self, wanted: bool) -> Iterator[bool]:
         """Inside the block, attention runs as PyTorch's fused ``scaled_dot_product_attention``
@@ -848,7 +858,7 @@ class ModelAdapter:
         if not self.is_decoder:
             raise InputError(f"a {self.family} model has no key/value cache", hint="reuse prefixes with decoders only")
         mask = batch.attention_mask
-        causal = right_padded(mask)
+        causal = right_padded(mask) and self.unwindowed(mask.shape[1])
         with self._kernel_attention(True) as fused, _attention_set(self.config, CAUSAL_ATTENTION if fused and causal else None):
             out = self.backbone(
                 input_ids=batch.input_ids, attention_mask=None if fused and causal else mask, use_cache=True,

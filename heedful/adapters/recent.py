@@ -114,8 +114,7 @@ class GemmaAdapter(LlamaAdapter):
     perturb, is the scaled one)."""
 
     family = "gemma"
-    # AttnLRP on Gemma 3 differs from lxt 2.1's (tests/test_relevance_rules.py): not mapped until it agrees
-    relevance_rules = frozenset({"chefer", "lrp"})
+    relevance_rules = ALL_RULES
 
     def norm_site(self, module: nn.Module) -> NormSite:
         return _rms(module, offset=1.0)
