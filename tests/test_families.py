@@ -13,7 +13,13 @@ import heedful
 from heedful.adapters import FAMILIES, register_family
 from heedful.adapters.families import LlamaAdapter
 from heedful.family_checks import ROLE_METHODS
-from heedful.testing import ALL_FAMILIES, TINY_FAMILIES, fast_options, parametrize_with_families, tiny_hf
+from heedful.testing import (
+    ALL_FAMILIES,
+    TINY_FAMILIES,
+    fast_options,
+    parametrize_with_families,
+    tiny_hf,
+)
 
 
 @parametrize_with_families()
@@ -130,3 +136,12 @@ def test_a_rule_set_a_family_does_not_map_is_refused_in_one_line():
     with pytest.raises(heedful.UnsupportedModelError, match="the attnlrp rules are not mapped for the qwen3 family"):
         adapter.lrp_roles("attnlrp")
     assert adapter.lrp_roles("chefer").num_layers == 2
+
+
+def test_docs_models_md_is_what_heedful_models_families_markdown_writes():
+    from pathlib import Path
+
+    from heedful.commands.families import families_markdown
+
+    written = (Path(__file__).resolve().parents[1] / "docs" / "models.md").read_text()
+    assert written == families_markdown(), "docs/models.md drifted: heedful models --families --markdown > docs/models.md"

@@ -21,7 +21,6 @@ from heedful.adapters.families import (
     ModelAdapter,
     _block,
     _DecoderAdapter,
-    _identity,
     _layer_norm,
     _lm_steps,
     _sites,
@@ -35,7 +34,6 @@ from heedful.adapters.roles import (
     linear_sites,
 )
 from heedful.errors import UnsupportedModelError
-
 
 
 def _rms(module: nn.Module, offset: float = 0.0) -> NormSite:
