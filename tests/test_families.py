@@ -145,3 +145,36 @@ def test_docs_models_md_is_what_heedful_models_families_markdown_writes():
 
     written = (Path(__file__).resolve().parents[1] / "docs" / "models.md").read_text()
     assert written == families_markdown(), "docs/models.md drifted: heedful models --families --markdown > docs/models.md"
+
+
+def test_replacing_gpt_neox_values_writes_every_heads_value_columns():
+    # GPT-NeoX lays out query, key and value per head ([..., H, 3 * d]): the value role is a strided column range
+    model = heedful.testing.tiny_model("gpt_neox", initializer_range=0.2)
+    adapter = model.adapter
+    adapter.kernel_attention = False
+    batch = adapter.encode(["a charming and often affecting journey", "the movie was dull"])
+    anchor = adapter.anchor_positions(batch)[0]
+    keep = torch.ones(batch.input_ids.shape)
+    keep[:, 2] = 0
+    with adapter.intercept() as hooks, torch.no_grad():
+        hooks.replace("value", lambda v: v * keep[..., None])
+        ours = adapter.forward(batch, anchor).logits
+    heads = adapter.config.num_attention_heads
+    d = adapter.hidden_size // heads
+
+    def by_hand(module, args, output):
+        out = output.unflatten(-1, (heads, 3 * d)).clone()
+        out[:, 2, :, 2 * d :] = 0
+        return out.flatten(-2)
+
+    handles = [layer.attention.query_key_value.register_forward_hook(by_hand) for layer in adapter.blocks]
+    try:
+        with torch.no_grad():
+            theirs = adapter.forward(batch, anchor).logits
+    finally:
+        for handle in handles:
+            handle.remove()
+    with torch.no_grad():
+        clean = adapter.forward(batch, anchor).logits
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+    assert (ours - clean).abs().max() > 1e-5
