@@ -250,6 +250,47 @@ class GPTNeoXAdapter(_DecoderAdapter):
 
 
 
+class PhiAdapter(_DecoderAdapter):
+    """Phi-1, 1.5 and 2 (``modeling_phi.PhiDecoderLayer``): one LayerNorm feeds attention and
+    MLP in parallel, ``x + attn(n(x)) + mlp(n(x))``; rotary positions on part of each head
+    (``partial_rotary_factor``); optional LayerNorms on the queries and keys
+    (``qk_layernorm``); biases everywhere, the language-model head's included."""
+
+    family = "phi"
+    blocks_at = "layers"
+    final_norm_at = "final_layernorm"
+    relevance_rules = ALL_RULES
+
+    def block_roles(self, layer: nn.Module) -> BlockRoles:
+        heads, att, mlp = self.config.num_attention_heads, layer.self_attn, layer.mlp
+        norm = _layer_norm(layer.input_layernorm)
+        qk = getattr(att, "q_layernorm", None) is not None
+        return _block(
+            layer,
+            attention=att,
+            qkv=(Site(att.q_proj, heads=heads), *_sites(_kv_heads(self.config), att.k_proj, att.v_proj)),
+            out=att.dense,
+            mlp=(mlp, mlp.fc1, mlp.activation_fn, mlp.fc2),
+            norms=(norm, norm),
+            heads=heads,
+            pre_ln=True,
+            rotary=True,
+            parallel=True,
+            query_norm=_layer_norm(att.q_layernorm) if qk else None,
+            key_norm=_layer_norm(att.k_layernorm) if qk else None,
+        )
+
+
+class SmolLM3Adapter(LlamaAdapter):
+    """SmolLM3 (``modeling_smollm3``): Llama's block, with rotary positions left out of every
+    ``no_rope_layer_interval``-th layer (``self_attn.use_rope``)."""
+
+    family = "smollm3"
+
+    def block_roles(self, layer: nn.Module) -> BlockRoles:
+        return replace(super().block_roles(layer), rotary=bool(layer.self_attn.use_rope))
+
+
 class ModernBertAdapter(ModelAdapter):
     """ModernBERT (``modeling_modernbert``): a pre-LN encoder with rotary positions, LayerNorms
     (no bias by default), the embedding LayerNorm, a first block without a norm before its
@@ -327,6 +368,8 @@ RECENT_FAMILIES: dict[str, type[ModelAdapter]] = {
     "phi3": Phi3Adapter,
     "olmo2": Olmo2Adapter,
     "gpt_neox": GPTNeoXAdapter,
+    "phi": PhiAdapter,
+    "smollm3": SmolLM3Adapter,
     "modernbert": ModernBertAdapter,
 }
 """The families of this module by ``config.model_type``."""

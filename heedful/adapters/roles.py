@@ -391,7 +391,8 @@ class BlockRoles:
             )
         projections = (self.query, self.key, self.value, self.attn_out, self.mlp_gate, self.mlp_up, self.mlp_out)
         modules = dict.fromkeys(site.module for site in projections if site is not None)
-        norms = [n for n in (self.attn_norm, self.mlp_norm, self.attn_post_norm, self.mlp_post_norm, self.query_norm, self.key_norm) if n is not None]
+        found = (self.attn_norm, self.mlp_norm, self.attn_post_norm, self.mlp_post_norm, self.query_norm, self.key_norm)
+        norms = list({id(n.module): n for n in found if n is not None}.values())  # a shared norm once (Phi)
         # the residual term r is the first input of the norm (pre-LN) or of the sub-layer (post-LN, no norm)
         attn_source = self.attn_norm.module if self.pre_ln and self.attn_norm is not None else self.attention
         mlp_source = self.mlp_norm.module if self.pre_ln and self.mlp_norm is not None else self.mlp_in.module
