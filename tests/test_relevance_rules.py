@@ -225,8 +225,13 @@ HEAD_MASKS = [[[0, 1, 1, 0], [0, 0, 0, 0]], [[1, 0, 0, 0], [0, 0, 1, 0]]]
 MASK_CONSERVATION = 1e-5
 
 
+# blocks beyond the plain ones: a three-term residual split (GPT-NeoX, Phi), sandwich and post norms
+# (Gemma 3, OLMo 2), fused projections (Phi-3), query / key norms (Qwen3)
+RECENT = [("gpt_neox", "classification"), ("phi", "causal_lm"), ("gemma3_text", "classification"), ("olmo2", "causal_lm"), ("phi3", "classification"), ("qwen3", "causal_lm")]
+
+
 @pytest.mark.parametrize("mask", HEAD_MASKS)
-@pytest.mark.parametrize("family,task", CASES + [("gpt2", "classification")])
+@pytest.mark.parametrize("family,task", CASES + [("gpt2", "classification")] + RECENT)
 def test_literal_mask_lrp_conserves_relevance_through_every_block(tiny, family, task, mask):
     # Song et al. 2024 Sec. 4.3: the renormalisation "ensures the conservation rule" (Eq. 3) under the mask
     adapter, batch, target, _ = _setup(tiny(family, task))
