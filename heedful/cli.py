@@ -369,9 +369,24 @@ def _model_methods(model) -> None:
 def models_list(
     ctx: typer.Context,
     sources: Annotated[bool, typer.Option("--sources", help="List every pinned download instead: version, sha256, source URL, and whether the cached copy is verified.")] = False,
+    families: Annotated[bool, typer.Option("--families", help="List the model families heedful maps instead, and the method families each gets.")] = False,
+    markdown: Annotated[bool, typer.Option("--markdown", help="With --families: print the table of docs/models.md.")] = False,
 ) -> None:
     """List zoo models: built or not, size, held-out score."""
     if ctx.invoked_subcommand is not None:
+        return
+    if families:
+        from heedful.commands.families import COLUMNS, families_markdown, family_rows
+
+        if markdown:
+            print(families_markdown(), end="")
+            return
+        table = Table(title="model families")
+        for col in COLUMNS:
+            table.add_column(col, overflow="fold")
+        for row in family_rows():
+            table.add_row(*row)
+        out.print(table)
         return
     if sources:
         from heedful.commands.supply import show_sources

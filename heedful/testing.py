@@ -67,6 +67,8 @@ from heedful.attribution import get_method
 from heedful.batch import Batch
 from heedful.errors import InputError, UnsupportedModelError
 from heedful.explanation import Explanation
+from heedful.family_checks import check_family as _check_family
+from heedful.family_checks import family_checks
 from heedful.loading import from_pretrained_objects
 from heedful.model import Model
 from heedful.problem import Problem
@@ -87,10 +89,6 @@ CORPUS = [
     "we watched it twice and loved every minute",
 ] * 3
 """The sentences the tiny tokenizers are built from."""
-
-ENCODERS = ("bert", "distilbert", "roberta", "deberta-v2", "electra")
-DECODERS = ("gpt2", "opt", "llama", "qwen2", "mistral")
-MODEL_FAMILIES = ENCODERS + DECODERS
 
 INIT_RANGE = 0.2
 """Weight scale of :func:`conformance_model`. With transformers' default (0.02) the encoders'
@@ -165,34 +163,102 @@ def bytelevel_tokenizer(with_mask: bool = False) -> tf.PreTrainedTokenizerFast:
     )
 
 
-def _config(family: str, vocab: int, pad: int) -> tf.PretrainedConfig:
-    small = {"num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64, "hidden_size": 32}
-    if family == "bert":
-        return tf.BertConfig(vocab_size=vocab, max_position_embeddings=64, pad_token_id=pad, **small)
-    if family == "distilbert":
-        return tf.DistilBertConfig(vocab_size=vocab, dim=32, n_layers=2, n_heads=4, hidden_dim=64, max_position_embeddings=64, pad_token_id=pad)
-    if family == "roberta":
-        return tf.RobertaConfig(vocab_size=vocab, max_position_embeddings=66, pad_token_id=pad, type_vocab_size=1, **small)
-    if family == "deberta-v2":
-        return tf.DebertaV2Config(vocab_size=vocab, max_position_embeddings=64, pad_token_id=pad, **small)
-    if family == "electra":
-        return tf.ElectraConfig(vocab_size=vocab, embedding_size=16, max_position_embeddings=64, pad_token_id=pad, **small)
-    if family == "gpt2":
-        return tf.GPT2Config(vocab_size=vocab, n_embd=32, n_layer=2, n_head=4, n_positions=64, pad_token_id=pad, bos_token_id=pad, eos_token_id=pad)
-    if family == "opt":
-        return tf.OPTConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, ffn_dim=64, word_embed_proj_dim=32, max_position_embeddings=64, pad_token_id=pad, bos_token_id=pad, eos_token_id=pad)
-    if family not in ("llama", "qwen2", "mistral"):
-        raise ValueError(f"no tiny model of family {family!r} (one of {', '.join(MODEL_FAMILIES)})")
-    extra = {"num_key_value_heads": 2} if family in ("qwen2", "mistral") else {}
-    cfg_cls = {"llama": tf.LlamaConfig, "qwen2": tf.Qwen2Config, "mistral": tf.MistralConfig}[family]
-    return cfg_cls(vocab_size=vocab, max_position_embeddings=64, pad_token_id=pad, bos_token_id=pad, eos_token_id=pad, **small, **extra)
+@dataclass(frozen=True)
+class TinyFamily:
+    """How to build a tiny model of one family: its ``transformers`` ``config`` class name, the
+    configuration ``kwargs``, its ``tokenizer`` (``"wordpiece"``, ``"bytelevel"`` or, with
+    ``<mask>`` and a RoBERTa template, ``"bytelevel_mask"``), the config keys set to the
+    tokenizer's padding id (``pad``) and to its ``[CLS]`` / ``[SEP]`` / ``[MASK]`` ids
+    (``specials``), whether it is an ``encoder`` (masked LM) or a decoder (causal LM), and the
+    name of the config's weight-scale option (``init``)."""
+
+    config: str
+    kwargs: Mapping[str, Any]
+    tokenizer: str = "bytelevel"
+    encoder: bool = False
+    pad: tuple[str, ...] = ("pad_token_id", "bos_token_id", "eos_token_id")
+    specials: bool = False
+    init: str = "initializer_range"
+
+
+_SMALL = {"num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64, "hidden_size": 32, "max_position_embeddings": 64}
+_GQA = {**_SMALL, "num_key_value_heads": 2, "head_dim": 8}
+
+TINY_FAMILIES: dict[str, TinyFamily] = {
+    "bert": TinyFamily("BertConfig", _SMALL, "wordpiece", encoder=True, pad=("pad_token_id",)),
+    "distilbert": TinyFamily(
+        "DistilBertConfig", {"dim": 32, "n_layers": 2, "n_heads": 4, "hidden_dim": 64, "max_position_embeddings": 64},
+        "wordpiece", encoder=True, pad=("pad_token_id",),
+    ),
+    "roberta": TinyFamily("RobertaConfig", {**_SMALL, "max_position_embeddings": 66, "type_vocab_size": 1}, "bytelevel_mask", encoder=True, pad=("pad_token_id",)),
+    "deberta-v2": TinyFamily("DebertaV2Config", _SMALL, "wordpiece", encoder=True, pad=("pad_token_id",)),
+    "electra": TinyFamily("ElectraConfig", {**_SMALL, "embedding_size": 16}, "wordpiece", encoder=True, pad=("pad_token_id",)),
+    "gpt2": TinyFamily("GPT2Config", {"n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 64}),
+    "opt": TinyFamily(
+        "OPTConfig", {**_SMALL, "ffn_dim": 64, "word_embed_proj_dim": 32}, init="init_std",
+    ),
+    "llama": TinyFamily("LlamaConfig", _SMALL),
+    "qwen2": TinyFamily("Qwen2Config", {**_SMALL, "num_key_value_heads": 2}),
+    "mistral": TinyFamily("MistralConfig", {**_SMALL, "num_key_value_heads": 2}),
+    # families whose blocks add to a plain block (heedful.adapters.recent)
+    "qwen3": TinyFamily("Qwen3Config", _GQA),
+    "qwen3_moe": TinyFamily(
+        "Qwen3MoeConfig",
+        {**_GQA, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "decoder_sparse_step": 1, "mlp_only_layers": [1]},
+    ),
+    "mixtral": TinyFamily("MixtralConfig", {**_GQA, "num_local_experts": 4, "num_experts_per_tok": 2}),
+    "gemma": TinyFamily("GemmaConfig", _GQA),
+    # soft-capping at 5 (Gemma 2 ships 50 and 30) bends the tiny models' scores and logits
+    "gemma2": TinyFamily(
+        "Gemma2Config",
+        {**_GQA, "query_pre_attn_scalar": 8, "sliding_window": 4, "attn_logit_softcapping": 5.0, "final_logit_softcapping": 5.0},
+    ),
+    "gemma3_text": TinyFamily(
+        "Gemma3TextConfig",
+        {**_GQA, "query_pre_attn_scalar": 8, "sliding_window": 4, "layer_types": ["sliding_attention", "full_attention"]},
+    ),
+    "phi3": TinyFamily("Phi3Config", {**_SMALL, "num_key_value_heads": 2}),
+    "olmo2": TinyFamily("Olmo2Config", {**_SMALL, "num_key_value_heads": 2}),
+    "gpt_neox": TinyFamily(
+        "GPTNeoXConfig",
+        {**_SMALL, "use_parallel_residual": True, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}},
+    ),
+    "phi": TinyFamily("PhiConfig", {**_SMALL, "partial_rotary_factor": 0.5, "qk_layernorm": True}),
+    "smollm3": TinyFamily("SmolLM3Config", {**_SMALL, "num_key_value_heads": 2, "no_rope_layer_interval": 2}),
+    "modernbert": TinyFamily(
+        "ModernBertConfig",
+        {**_SMALL, "num_hidden_layers": 3, "global_attn_every_n_layers": 2, "local_attention": 4, "layer_types": None},
+        "wordpiece", encoder=True, pad=("pad_token_id",), specials=True,
+    ),
+}
+"""The tiny configuration of every family heedful maps, as data (``config.model_type`` ->
+:class:`TinyFamily`): 2 blocks (ModernBERT: 3, to have a global and a local block after its
+first) of 4 heads, width 32. :func:`tiny_hf` builds them; ``check_family`` checks them."""
+
+ENCODERS = ("bert", "distilbert", "roberta", "deberta-v2", "electra")
+DECODERS = ("gpt2", "opt", "llama", "qwen2", "mistral")
+MODEL_FAMILIES = ENCODERS + DECODERS
+"""The families every method's tests run on (:func:`check_method`'s cases)."""
+ALL_FAMILIES = tuple(TINY_FAMILIES)
+"""Every family with a tiny model (:data:`TINY_FAMILIES`)."""
+
+
+def _config(family: str, vocab: int, tokenizer) -> tf.PretrainedConfig:
+    spec = TINY_FAMILIES.get(family)
+    if spec is None:
+        raise ValueError(f"no tiny model of family {family!r} (one of {', '.join(TINY_FAMILIES)})")
+    ids = dict.fromkeys(spec.pad, tokenizer.pad_token_id)
+    if spec.specials:
+        ids.update(cls_token_id=tokenizer.cls_token_id, sep_token_id=tokenizer.sep_token_id, bos_token_id=tokenizer.cls_token_id, eos_token_id=tokenizer.sep_token_id)
+    return getattr(tf, spec.config)(vocab_size=vocab, **spec.kwargs, **ids)
 
 
 def tokenizer_for(family: str) -> tf.PreTrainedTokenizerFast:
     """The tiny tokenizer of a model family (WordPiece for BERT-likes, byte-level BPE otherwise)."""
-    if family in ("bert", "distilbert", "deberta-v2", "electra"):
+    kind = TINY_FAMILIES[family].tokenizer if family in TINY_FAMILIES else "bytelevel"
+    if kind == "wordpiece":
         return wordpiece_tokenizer()
-    return bytelevel_tokenizer(with_mask=family == "roberta")
+    return bytelevel_tokenizer(with_mask=kind == "bytelevel_mask")
 
 
 _AUTO = {
@@ -205,7 +271,7 @@ _AUTO = {
 
 def tasks_of(family: str) -> tuple[str, ...]:
     """The tasks a tiny model of ``family`` has a head for (encoders: masked LM; decoders: causal LM)."""
-    return ("classification", "regression", "masked_lm" if family in ENCODERS else "causal_lm")
+    return ("classification", "regression", "masked_lm" if TINY_FAMILIES[family].encoder else "causal_lm")
 
 
 def tiny_hf(family: str, task: str = "classification", seed: int = 0, **config_overrides):
@@ -216,7 +282,7 @@ def tiny_hf(family: str, task: str = "classification", seed: int = 0, **config_o
     ``initializer_range=0.2`` for larger, less uniform outputs).
     """
     tokenizer = tokenizer_for(family)
-    config = _config(family, len(tokenizer), tokenizer.pad_token_id)
+    config = _config(family, len(tokenizer), tokenizer)
     for key, value in config_overrides.items():
         setattr(config, key, value)
     if task == "classification":
@@ -246,7 +312,7 @@ def tiny_model(family: str, task: str = "classification", seed: int = 0, **confi
 def conformance_model(family: str, task: str = "classification") -> Model:
     """The tiny model :func:`check_method` uses: :func:`tiny_model` with weights drawn at
     :data:`INIT_RANGE`, built once per process (do not change its weights)."""
-    scale = {"init_std" if family == "opt" else "initializer_range": INIT_RANGE}
+    scale = {TINY_FAMILIES[family].init: INIT_RANGE}
     return tiny_model(family, task, **scale)
 
 
@@ -691,3 +757,53 @@ def _run_checks(case: _Case) -> list[Failure] | None:
         except Exception as exc:  # a check reports a crashing method; it does not stop the others
             failures.append(Failure(case.info.name, case.family, case.model.task, name, f"raised {type(exc).__name__}: {exc}"))
     return failures
+
+
+# =========================================================================== families
+
+
+def tiny_family_factory(family: str, **config_overrides: Any) -> Callable[[str], Model]:
+    """``factory(task)`` for :func:`check_family`: the tiny model of ``family``
+    (:data:`TINY_FAMILIES`) with the head for ``task``, weights drawn at :data:`INIT_RANGE`."""
+
+    def factory(task: str) -> Model:
+        return tiny_model(family, task, **{TINY_FAMILIES[family].init: INIT_RANGE, **config_overrides})
+
+    return factory
+
+
+def parametrize_with_families(families: Sequence[str] = ALL_FAMILIES):
+    """A ``pytest.mark.parametrize("family_check", ...)`` over every check of :func:`check_family`
+    on the tiny model of each of ``families`` (ids ``family/task/check``), as scikit-learn's
+    ``parametrize_with_checks`` does::
+
+        @parametrize_with_families()
+        def test_family(family_check):
+            family_check()
+    """
+    import pytest
+
+    cases = [
+        pytest.param(check, id=f"{family}/{name}")
+        for family in families
+        for name, check in family_checks(tiny_family_factory(family), _family_tasks(family), fast_options)
+    ]
+    return pytest.mark.parametrize("family_check", cases)
+
+
+def _family_tasks(family: str) -> tuple[str, ...]:
+    return ("classification", "masked_lm" if TINY_FAMILIES[family].encoder else "causal_lm")
+
+
+def check_family(factory: Callable[[str], Model] | str, tasks: Sequence[str] | None = None) -> list[str]:
+    """:func:`heedful.family_checks.check_family` on ``factory`` (or, given a family name, on its
+    tiny model, :func:`tiny_family_factory`) for ``tasks`` (default: classification and the
+    family's language-model task).
+
+    >>> check_family("qwen3", tasks=("classification",))[:3]
+    ['classification/roles', 'classification/gradient', 'classification/attention']
+    """
+    if isinstance(factory, str):
+        tasks = _family_tasks(factory) if tasks is None else tasks
+        factory = tiny_family_factory(factory)
+    return _check_family(factory, tuple(tasks) if tasks is not None else ("classification", "causal_lm"), fast_options)

@@ -46,7 +46,15 @@ def _hooks(model: torch.nn.Module) -> list:
 
 
 def _roles_of(adapter: ModelAdapter) -> list[str]:
-    return [r for r in ROLES if r != "mlp_gate" or adapter.config.model_type in GATED]
+    roles = _roles_of_blocks(adapter)
+    assert ("mlp_gate" in roles) == (adapter.config.model_type in GATED)
+    return roles
+
+
+def _roles_of_blocks(adapter: ModelAdapter) -> list[str]:
+    """The roles every block of the model has (read off its roles)."""
+    blocks = adapter.roles().blocks
+    return [r for r in ROLES if all(block.has(r) for block in blocks)]
 
 
 def _mlp_width(adapter: ModelAdapter) -> int:

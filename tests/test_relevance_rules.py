@@ -225,8 +225,13 @@ HEAD_MASKS = [[[0, 1, 1, 0], [0, 0, 0, 0]], [[1, 0, 0, 0], [0, 0, 1, 0]]]
 MASK_CONSERVATION = 1e-5
 
 
+# blocks beyond the plain ones: a three-term residual split (GPT-NeoX, Phi), sandwich and post norms
+# (Gemma 3, OLMo 2), fused projections (Phi-3), query / key norms (Qwen3)
+RECENT = [("gpt_neox", "classification"), ("phi", "causal_lm"), ("gemma3_text", "classification"), ("olmo2", "causal_lm"), ("phi3", "classification"), ("qwen3", "causal_lm")]
+
+
 @pytest.mark.parametrize("mask", HEAD_MASKS)
-@pytest.mark.parametrize("family,task", CASES + [("gpt2", "classification")])
+@pytest.mark.parametrize("family,task", CASES + [("gpt2", "classification")] + RECENT)
 def test_literal_mask_lrp_conserves_relevance_through_every_block(tiny, family, task, mask):
     # Song et al. 2024 Sec. 4.3: the renormalisation "ensures the conservation rule" (Eq. 3) under the mask
     adapter, batch, target, _ = _setup(tiny(family, task))
@@ -274,7 +279,7 @@ class _LinearOnly:
         self.hf_model = nn.Sequential(nn.Linear(6, 8), nn.Linear(8, 8), nn.Identity(), nn.Linear(8, 3))
         self.blocks = [self.hf_model[0]]
 
-    def lrp_roles(self) -> LRPRoles:
+    def lrp_roles(self, rules: str | None = None) -> LRPRoles:
         net = self.hf_model
         block = LRPBlock(attention=nn.Identity(), linears=linear_sites(net[0], net[1]), norms=[], activations=[net[2]], residuals=[])
         return LRPRoles(blocks=[block], head_linears=linear_sites(net[3]))
@@ -337,6 +342,10 @@ LXT_CASES = [
     ("llama", "causal_lm", "llama", None),
     ("llama", "causal_lm", "llama", " the mat is red"),  # a span: one backward from the sum of its logits
     ("qwen2", "classification", "qwen2", None),
+    ("qwen3", "causal_lm", "qwen3", None),  # query / key norms
+    ("qwen3", "classification", "qwen3", None),
+    ("gemma3_text", "causal_lm", "gemma3", None),  # sandwich norms with 1 + w gains, scaled embeddings, sliding window
+    ("gemma3_text", "classification", "gemma3", None),
 ]
 LXT_SCRIPT = """
 import os, sys, types, importlib, torch
@@ -348,7 +357,7 @@ texts = {texts!r}
 cases = {cases!r}
 ours = {{}}
 for family, task, _, target in cases:  # heedful first, before lxt patches transformers
-    ours[(family, target)] = [e.scores for e in tiny_model(family, task, initializer_range=0.2).explain(texts, "attnlrp", target=target)]
+    ours[(family, task, target)] = [e.scores for e in tiny_model(family, task, initializer_range=0.2).explain(texts, "attnlrp", target=target)]
 base = os.path.dirname(lxt.__file__)
 for name in ("lxt.efficient", "lxt.efficient.models"):  # skip lxt's BERT module (transformers 4 only)
     mod = types.ModuleType(name); mod.__path__ = [os.path.join(base, *name.split(".")[1:])]; sys.modules[name] = mod
@@ -366,7 +375,7 @@ for family, task, _, target in cases:
     emb = problem.reference.inputs_embeds
     (g,) = torch.autograd.grad(problem.target.score(problem.reference.logits).sum(), emb)
     rel = (g * emb).sum(-1).detach()
-    worst = max(float((torch.tensor(s) - rel[i, : len(s)]).abs().max() / rel[i].abs().max()) for i, s in enumerate(ours[(family, target)]))
+    worst = max(float((torch.tensor(s) - rel[i, : len(s)]).abs().max() / rel[i].abs().max()) for i, s in enumerate(ours[(family, task, target)]))
     print(family, task, repr(target), worst)
 """
 

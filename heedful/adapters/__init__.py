@@ -14,8 +14,9 @@ from heedful.adapters.families import FAMILIES
 from heedful.adapters.generic import GenericAdapter
 from heedful.adapters.heads import head_of_class, head_of_task
 from heedful.adapters.intercept import Interception
+from heedful.adapters.recent import RECENT_FAMILIES
 from heedful.adapters.roles import ROLES, BlockRoles, ModelRoles, Site
-from heedful.errors import UnsupportedModelError
+from heedful.errors import InputError, UnsupportedModelError
 
 __all__ = [
     "FAMILIES",
@@ -36,11 +37,20 @@ __all__ = [
 ]
 
 
-def register_family(model_type: str, adapter_class: type[ModelAdapter]) -> None:
+FAMILIES.update(RECENT_FAMILIES)  # one table: heedful.adapters.families and heedful.adapters.recent
+
+
+def register_family(model_type: str, adapter_class: type[ModelAdapter], *, overwrite: bool = False) -> None:
     """Make models whose ``config.model_type`` is ``model_type`` load with ``adapter_class`` (a
-    :class:`ModelAdapter` subclass filling in the family's roles); replaces an earlier entry."""
+    :class:`ModelAdapter` subclass filling in the family's roles). A family already registered
+    is refused unless ``overwrite`` (as Inseq's ``register_model_config`` guards its table)."""
     if not (isinstance(adapter_class, type) and issubclass(adapter_class, ModelAdapter)):
         raise TypeError(f"{adapter_class!r} is not a ModelAdapter subclass")
+    if model_type in FAMILIES and not overwrite:
+        raise InputError(
+            f"the family {model_type!r} is registered already (to {FAMILIES[model_type].__name__})",
+            hint="pass overwrite=True to replace it",
+        )
     FAMILIES[model_type] = adapter_class
 
 

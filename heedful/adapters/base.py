@@ -106,12 +106,18 @@ class PassCounter:
 
 @dataclass
 class LMHeadParts:
-    """A language-model head split as ``logits = transform(h) @ weight.T + bias``, so that a few
-    vocabulary columns can be computed without the full vocabulary projection."""
+    """A language-model head split as ``logits = cap(transform(h) @ weight.T + bias)``, so that a
+    few vocabulary columns can be computed without the full vocabulary projection; ``softcap``
+    ``c``: the logits are soft-capped, ``cap(z) = tanh(z / c) * c`` (Gemma 2), else ``cap`` is
+    the identity."""
 
     transform: Callable[[torch.Tensor], torch.Tensor]
     weight: torch.Tensor
     bias: torch.Tensor | None
+    softcap: float | None = None
+
+    def capped(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits if self.softcap is None else torch.tanh(logits / self.softcap) * self.softcap
 
 
 @functools.cache
@@ -154,8 +160,9 @@ class ModelAdapter:
     """Where a pre-LN decoder's final norm is, below the backbone (``"norm"``); empty: none."""
     token_types: ClassVar[bool | None] = None
     """Whether the model embeds segment (token type) ids; ``None``: its config says."""
-    lrp_mapped: ClassVar[bool] = False
-    """Relevance propagation's rules have been checked against this family's blocks."""
+    relevance_rules: ClassVar[frozenset[str]] = frozenset()
+    """The relevance rule sets (:data:`heedful.lrp.rules.RULE_SETS` names) checked against this
+    family's blocks (by ``heedful.testing.check_family``); the others are refused."""
     kernel_attention: ClassVar[bool] = True
     """Passes without attention probabilities may run fused attention (``sdpa``)."""
     anchored_blocks: ClassVar[bool] = False
@@ -181,10 +188,11 @@ class ModelAdapter:
     def provides(self, need: str) -> bool:
         """Whether the model gives a method what it ``need``s (one of
         :data:`~heedful.adapters.needs.NEEDS`): a mapped family gives everything but relevance
-        rules where they were not checked on its blocks (:attr:`lrp_mapped`)."""
+        rules where none was checked on its blocks (:attr:`relevance_rules`; a rule set it does
+        not map is refused by :meth:`lrp_roles`)."""
         if need not in NEEDS:
             raise ValueError(f"unknown need {need!r} (one of {', '.join(NEEDS)})")
-        return self.lrp_mapped if need == "rules" else True
+        return bool(self.relevance_rules) if need == "rules" else True
 
     # ------------------------------------------------------------------ roles (per family)
     @property
@@ -231,7 +239,7 @@ class ModelAdapter:
         if parts is None:
             raise UnsupportedModelError(f"{self.family} adapter has no language-model head role")
         logits = parts.transform(h) @ parts.weight.T
-        return logits if parts.bias is None else logits + parts.bias
+        return parts.capped(logits if parts.bias is None else logits + parts.bias)
 
     @property
     def uses_token_types(self) -> bool:
@@ -275,12 +283,17 @@ class ModelAdapter:
         """
         return Interception(self.hf_model, self.roles())
 
-    def lrp_roles(self) -> LRPRoles:
-        """The operations relevance propagation attaches its rules to, from :meth:`roles`."""
-        if not self.lrp_mapped:
+    def lrp_roles(self, rules: str | None = None) -> LRPRoles:
+        """The operations relevance propagation attaches its rules to, from :meth:`roles`;
+        ``rules``: the rule set's name, refused unless in :attr:`relevance_rules` (``None``: any
+        one of them)."""
+        if rules not in self.relevance_rules if rules is not None else not self.relevance_rules:
+            self.roles().lrp()  # a block relevance cannot pass says so itself
+            what = f"the {rules} rules" if rules is not None else "relevance propagation (LRP) rules"
+            mapped = ", ".join(sorted(self.relevance_rules)) or "none"
             raise UnsupportedModelError(
-                f"relevance propagation (LRP) rules are not mapped for the {self.family} family",
-                hint="LRP-based methods support the BERT and Llama families (Llama, Mistral, Qwen2) and GPT-2",
+                f"{what} are not mapped for the {self.family} family (mapped: {mapped})",
+                hint="docs/extending.md (Families) says how a family's rules are checked and mapped",
             )
         return self.roles().lrp()
 
@@ -735,7 +748,7 @@ class ModelAdapter:
         bounded = (checkpoint or release) and torch.is_grad_enabled() or chunked
         blocks = self.checkpointed(checkpoint, release=True) if bounded else contextlib.nullcontext()
         with self._kernel_attention(not attentions) as fused, blocks, contextlib.ExitStack() as settings:
-            if fused and self.is_decoder and not hidden_states and right_padded(mask):
+            if fused and self.is_decoder and not hidden_states and right_padded(mask) and self.unwindowed(width):
                 # causal attention never reads right padding: without the padding mask the fused
                 # kernel runs its causal path (no [B, H, N, N] mask or scores materialised), aligned
                 # to the last key when the pass continues a cache; only padded positions' states
@@ -842,6 +855,16 @@ class ModelAdapter:
             return contextlib.nullcontext()
         return anchored_last_block(block, self.block_roles(block), mask, anchor.to(mask.device), self.config.num_attention_heads)
 
+    def unwindowed(self, width: int) -> bool:
+        """Whether every layer attends to all earlier positions of a ``width``-position pass:
+        no layer has a sliding window shorter than ``width`` (Gemma 2 and 3, Mistral, Qwen3 with
+        ``use_sliding_window``), so that plain causal attention computes every layer."""
+        window = getattr(self.config, "sliding_window", None)
+        if not window or getattr(self.config, "use_sliding_window", True) is False:
+            return True
+        kinds = getattr(self.config, "layer_types", None)
+        return width <= int(window) or (kinds is not None and "sliding_attention" not in kinds)
+
     @contextlib.contextmanager
     def _kernel_attention(self, wanted: bool) -> Iterator[bool]:
         """Inside the block, attention runs as PyTorch's fused ``scaled_dot_product_attention``
@@ -874,7 +897,7 @@ class ModelAdapter:
         if not self.is_decoder:
             raise InputError(f"a {self.family} model has no key/value cache", hint="reuse prefixes with decoders only")
         mask = batch.attention_mask
-        causal = right_padded(mask)
+        causal = right_padded(mask) and self.unwindowed(mask.shape[1])
         with self._kernel_attention(True) as fused, _attention_set(self.config, CAUSAL_ATTENTION if fused and causal else None):
             out = self.backbone(
                 input_ids=batch.input_ids, attention_mask=None if fused and causal else mask, use_cache=True,
@@ -910,7 +933,7 @@ class ModelAdapter:
         feats = parts.transform(h)  # [M, E]
         w = parts.weight[columns]  # [M, K, E]
         out = torch.einsum("me,mke->mk", feats, w)
-        return out if parts.bias is None else out + parts.bias[columns]
+        return parts.capped(out if parts.bias is None else out + parts.bias[columns])
 
     def head_at_layer(
         self, h: torch.Tensor, layer: int, columns: torch.Tensor | None = None

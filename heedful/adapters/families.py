@@ -22,6 +22,8 @@ from heedful.adapters.roles import (
 )
 
 CLASSIFIER_TASKS = ("classification", "regression")
+ALL_RULES = frozenset({"chefer", "lrp", "attnlrp"})
+"""Every relevance rule set (:data:`heedful.lrp.rules.RULE_SETS`)."""
 
 
 def _identity(h: torch.Tensor) -> torch.Tensor:
@@ -53,8 +55,8 @@ def _block(
     attention: nn.Module,
     qkv: tuple[Site, ...],
     out: nn.Module,
-    mlp: tuple[nn.Module, nn.Module, nn.Module, nn.Module],
-    norms: tuple[NormSite, NormSite],
+    mlp: tuple[nn.Module, nn.Module | Site | None, nn.Module | None, nn.Module],
+    norms: tuple[NormSite | None, NormSite | None],
     heads: int,
     pre_ln: bool,
     probs: Site | None = None,
@@ -63,7 +65,9 @@ def _block(
 ) -> BlockRoles:
     """A block's roles from its modules: ``qkv`` the query, key and value sites; ``out`` the
     attention output projection (its input holds the merged heads); ``mlp`` the MLP's
-    ``(entry, up, activation, down)`` modules, seeing flattened tokens when ``layout`` is given;
+    ``(entry, up, activation, down)`` modules, seeing flattened tokens when ``layout`` is given
+    (``up`` may be a :class:`Site`, a column range of a fused projection; ``up`` and
+    ``activation`` ``None`` for a mixture of experts);
     ``norms`` at the attention and MLP sub-layers. The probabilities come from the attention
     implementation unless ``probs`` says where else; ``facts``: the remaining
     :class:`BlockRoles` fields (``mlp_gate``, ``transposed``, ``rotary``)."""
@@ -79,8 +83,8 @@ def _block(
         attn_out=Site(out),
         attn_norm=norms[0],
         mlp_in=Site(entry, "input", layout=layout),
-        mlp_up=Site(up, layout=layout),
-        mlp_act=Site(act, layout=layout),
+        mlp_up=up if up is None or isinstance(up, Site) else Site(up, layout=layout),
+        mlp_act=None if act is None else Site(act, layout=layout),
         mlp_out=Site(down, layout=layout),
         mlp_norm=norms[1],
         pre_ln=pre_ln,
@@ -118,7 +122,7 @@ class BertAdapter(_EncoderAdapter):
     """BERT (and MiniLM and other BERT-shaped checkpoints)."""
 
     family = "bert"
-    lrp_mapped = True
+    relevance_rules = ALL_RULES
 
     def classification_head(self, h: torch.Tensor) -> torch.Tensor:
         # pooler (dense + tanh on the token given to it) -> dropout -> classifier (paper Fig. 1b)
@@ -352,7 +356,7 @@ class GPT2Adapter(_DecoderAdapter):
     family = "gpt2"
     blocks_at = "h"
     final_norm_at = "ln_f"
-    lrp_mapped = True
+    relevance_rules = ALL_RULES
 
     def block_roles(self, layer: nn.Module) -> BlockRoles:
         """Pre-LN block (``modeling_gpt2.GPT2Block``): ``h = x + c_proj(attn(ln_1(x)))``, then
@@ -423,7 +427,7 @@ class LlamaAdapter(_DecoderAdapter):
     family = "llama"
     blocks_at = "layers"
     final_norm_at = "norm"
-    lrp_mapped = True
+    relevance_rules = ALL_RULES
 
     def norm_site(self, module: nn.Module) -> NormSite:
         """What one of the family's norms computes: RMSNorm (override for a Llama-shaped family

@@ -69,6 +69,7 @@ class AttentionCall:
     mask: torch.Tensor | None
     scaling: float
     dropout: float = 0.0
+    softcap: float | None = None
 
 
 AttentionRule = Callable[[AttentionCall], tuple[torch.Tensor, torch.Tensor]]
@@ -90,14 +91,19 @@ def attention_softmax(scores: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.softmax(scores, dim=-1, dtype=torch.float32).to(dtype)
 
 
+def softcapped(scores: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """``tanh(scores / cap) * cap`` (logit soft-capping; ``scores`` unchanged when ``cap`` is ``None``)."""
+    return scores if cap is None else torch.tanh(scores / cap) * cap
+
+
 def eager_attention(
     call: AttentionCall, on_probs: Callable[[torch.Tensor], torch.Tensor] | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``softmax(Q K^T * scaling + mask) V`` as ``eager_attention_forward`` computes it (e.g.
-    ``transformers/models/llama/modeling_llama.py``) -> ``([B, N, H, d], [B, H, N, M])``;
+    """``softmax(cap(Q K^T * scaling) + mask) V`` as ``eager_attention_forward`` computes it (e.g.
+    ``transformers/models/gemma2/modeling_gemma2.py``) -> ``([B, N, H, d], [B, H, N, M])``;
     ``on_probs`` may replace the probabilities before they weight the values."""
     key, value = repeat_kv(call.key, call.value, call.query.shape[1])
-    scores = torch.matmul(call.query, key.transpose(-1, -2)) * call.scaling
+    scores = softcapped(torch.matmul(call.query, key.transpose(-1, -2)) * call.scaling, call.softcap)
     if call.mask is not None:
         scores = scores + call.mask
     probs = attention_softmax(scores, call.query.dtype)
@@ -115,11 +121,14 @@ def heedful_attention(
     attention_mask: torch.Tensor | None,
     scaling: float | None = None,
     dropout: float = 0.0,
+    softcap: float | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``"heedful"`` attention implementation: :func:`eager_attention`, handed to the open
-    interception that hooked ``module``'s layer. Same contract as ``eager_attention_forward``."""
-    call = AttentionCall(module, -1, query, key, value, attention_mask, query.shape[-1] ** -0.5 if scaling is None else scaling, dropout)
+    interception that hooked ``module``'s layer. Same contract as ``eager_attention_forward``
+    (a sliding window is in ``attention_mask`` already)."""
+    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    call = AttentionCall(module, -1, query, key, value, attention_mask, scaling, dropout, softcap)
     for hooks in reversed(_ACTIVE.get()):
         if hooks.hooks_attention_of(module):
             return hooks.attention(call)
@@ -347,8 +356,7 @@ class Interception:
         return (new, *output[1:]) if isinstance(output, tuple) else new
 
     def _read(self, site: Site, value: torch.Tensor) -> torch.Tensor:
-        if site.columns is not None:
-            value = value[..., site.columns[0] : site.columns[1]]
+        value = site.take(value)
         if site.layout is not None:
             value = value.view(*self._tokens[id(site.layout)], *value.shape[1:])
         return value
@@ -359,10 +367,7 @@ class Interception:
             raise ValueError(f"a replacement at {type(site.module).__name__} has shape {tuple(new.shape)}, not {tuple(seen.shape)}")
         if site.layout is not None:
             new = new.flatten(0, 1)
-        if site.columns is not None:
-            start, stop = site.columns
-            new = torch.cat([value[..., :start], new, value[..., stop:]], dim=-1)
-        return new
+        return site.put(value, new)
 
     def _track_tokens(self, module: nn.Module) -> None:
         """Keep ``[B, N]`` of ``module``'s first input for sites that see flattened tokens."""

@@ -85,7 +85,9 @@ class Site:
     module ``transformers`` passes to ``ALL_ATTENTION_FUNCTIONS``.
 
     ``columns``: only features ``[start, stop)`` of the last dimension (GPT-2's fused QKV
-    projection). ``heads``: the last dimension holds that many heads, head-major
+    projection); with ``stride``, features ``[start, stop)`` of every group of ``stride``
+    features (GPT-NeoX's fused projection keeps query, key and value side by side per head:
+    ``[..., H, 3 * d]``, the query is ``[0, d)`` of each group of ``3 * d``). ``heads``: the last dimension holds that many heads, head-major
     (``[..., H * d]``, as ``transformers`` splits it with ``view(..., H, d)``). ``layout``: the module
     sees the tokens flattened to ``[B * N, ...]`` (OPT's MLP); ``layout``'s first input is
     ``[B, N, D]`` and gives ``B`` and ``N``. ``first_call_within``: only the first call of
@@ -99,6 +101,30 @@ class Site:
     heads: int | None = None
     layout: nn.Module | None = None
     first_call_within: nn.Module | None = None
+    stride: int | None = None
+
+    def take(self, t: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        """The features of ``t`` along ``dim`` this site keeps (all without ``columns``): the
+        site's slice of a module output ``[..., out]``, or of its weight ``[out, in]`` (``dim=0``)
+        and bias ``[out]``."""
+        if self.columns is None:
+            return t
+        start, stop = self.columns
+        if self.stride is None:
+            return t.narrow(dim, start, stop - start)
+        dim = dim % t.dim()
+        grouped = t.unflatten(dim, (-1, self.stride))
+        return grouped.narrow(dim + 1, start, stop - start).flatten(dim, dim + 1)
+
+    def put(self, t: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+        """``t`` ``[..., out]`` with this site's features (:meth:`take`) replaced by ``new``."""
+        if self.columns is None:
+            return new
+        start, stop = self.columns
+        if self.stride is None:
+            return torch.cat([t[..., :start], new, t[..., stop:]], dim=-1)
+        grouped, parts = t.unflatten(-1, (-1, self.stride)), new.unflatten(-1, (-1, stop - start))
+        return torch.cat([grouped[..., :start], parts, grouped[..., stop:]], dim=-1).flatten(-2)
 
 
 # ---------------------------------------------------------------------- operations (LRP view)
@@ -127,17 +153,26 @@ class NormSite:
     """A normalisation module ``[..., D] -> [..., D]`` on its first input.
 
     ``kind``: ``"layernorm"`` (``(x - mean) / sqrt(var + eps) * w + b``) or ``"rmsnorm"``
-    (``x / sqrt(mean(x^2) + eps) * w``); ``eps`` its stabiliser; ``layout`` as in :class:`Site`.
+    (``x / sqrt(mean(x^2) + eps) * w``); ``eps`` its stabiliser; ``layout`` as in :class:`Site`;
+    ``offset``: the gain is ``offset + w`` (Gemma's norms scale by ``1 + w``).
     """
 
     module: nn.Module
     kind: str
     eps: float
     layout: nn.Module | None = None
+    offset: float = 0.0
 
     def __post_init__(self) -> None:
         if self.kind not in ("layernorm", "rmsnorm"):
             raise ValueError(f"unknown norm kind {self.kind!r}")
+
+    def gain(self) -> torch.Tensor | None:
+        """The elementwise gain ``[D]`` the normalised vector is multiplied by (``None``: none)."""
+        weight = getattr(self.module, "weight", None)
+        if weight is None or not self.offset:
+            return weight
+        return weight + self.offset
 
     @property
     def output(self) -> Site:
@@ -148,19 +183,26 @@ class NormSite:
 class ResidualSite:
     """A residual addition ``s = branch(...) + r``: ``branch`` is the module whose output is the
     added branch term; ``source`` is a module whose first input *is* the residual term ``r``
-    (the same tensor object), and which runs before ``branch``."""
+    (the same tensor object), and which runs before ``branch``. ``also``: modules whose outputs
+    are further terms of the same sum, run before ``branch`` (a parallel block's attention:
+    ``s = mlp(...) + attn(...) + r``)."""
 
     branch: nn.Module
     source: nn.Module
+    also: tuple[nn.Module, ...] = ()
+    attention: int | None = None
+    """Which term of ``(branch, *also)`` is the attention sub-layer's (``None``: none is)."""
 
 
 @dataclass(frozen=True)
 class ProductSite:
     """A gated product ``p = gate_out * up_out`` consumed as the first input of ``consumer``
-    (e.g. a gated MLP: ``down(act(gate(x)) * up(x))`` with ``gate`` = the activation module)."""
+    (e.g. a gated MLP: ``down(act(gate(x)) * up(x))`` with ``gate`` = the activation module);
+    ``up`` is a :class:`Site`, so that it can be a column range of a fused projection (Phi-3's
+    ``gate_up_proj``)."""
 
     gate: nn.Module
-    up: nn.Module
+    up: Site
     consumer: nn.Module
 
 
@@ -190,8 +232,10 @@ class LRPBlock:
     """One transformer block as relevance propagation sees it: its operations.
 
     ``attention`` is the module the model passes to its attention implementation (the first
-    argument of ``eager_attention_forward``); ``rotary`` are the projections whose outputs are
-    rotated (rotary position embeddings) before they reach the attention implementation.
+    argument of ``eager_attention_forward``); ``rotary`` are the sites (a projection's output,
+    a column range of a fused one, or a query / key norm's output) whose values are rotated
+    (rotary position embeddings) before they reach the attention implementation, with nothing
+    but the rotation in between.
     """
 
     attention: nn.Module
@@ -200,7 +244,7 @@ class LRPBlock:
     activations: list[nn.Module]
     residuals: list[ResidualSite]
     products: list[ProductSite] = field(default_factory=list)
-    rotary: list[nn.Module] = field(default_factory=list)
+    rotary: list[Site] = field(default_factory=list)
 
 
 @dataclass
@@ -248,6 +292,16 @@ def linear_sites(*modules: nn.Module | None, transposed: bool = False) -> list[L
 
 
 # ---------------------------------------------------------------------- named roles
+MISSING: dict[str, str] = {
+    "mlp_gate": "no gated MLP",
+    "mlp_up": "a mixture of experts: no single MLP",
+    "mlp_act": "a mixture of experts: no single MLP",
+    "attn_norm": "no norm before its attention",
+    "mlp_norm": "no norm before its MLP",
+}
+"""Why a block may lack a role (the error :meth:`BlockRoles.site` gives)."""
+
+
 @dataclass(frozen=True)
 class BlockRoles:
     """One block's named roles (see the module docstring for each tensor and its shape).
@@ -257,8 +311,19 @@ class BlockRoles:
     probabilities inline (DeBERTa-v2). The projection roles (``query`` ... ``mlp_out``) are outputs
     of linear modules, except ``context`` and ``mlp_in`` (inputs); ``transposed``: those linear
     modules store ``W^T`` (GPT-2's ``Conv1D``). ``rotary``: query and key are rotated (rotary
-    position embeddings) between their projection and the attention implementation.
+    position embeddings) between their projection (and ``query_norm`` / ``key_norm``) and the
+    attention implementation.
     ``mlp_gate``: the gate projection of a gated MLP, ``act(gate(x)) * up(x)``; ``None`` otherwise.
+
+    Beyond the plain pre-LN (``x + f(norm(x))``) and post-LN (``norm(x + f(x))``) block:
+    ``attn_norm`` / ``mlp_norm`` ``None``: the sub-layer reads the stream without a norm (OLMo 2,
+    ModernBERT's first block); ``attn_post_norm`` / ``mlp_post_norm``: a norm on the sub-layer's
+    output before the residual addition (``x + norm(f(...))``: Gemma 2 and 3's sandwich norms,
+    OLMo 2); ``query_norm`` / ``key_norm``: norms on the query and key projections before the
+    rotation (Qwen3, Gemma 3, OLMo 2); ``parallel``: attention and MLP both read the block
+    input, ``x + attn(n1(x)) + mlp(n2(x))`` (GPT-NeoX / Pythia); ``experts``: the MLP is a
+    sparse mixture of experts (this module, ``mlp_in`` its input and ``mlp_out`` its output;
+    ``mlp_up`` and ``mlp_act`` ``None``: Mixtral, Qwen3-MoE).
     """
 
     block: nn.Module
@@ -269,16 +334,22 @@ class BlockRoles:
     probs: Site
     context: Site
     attn_out: Site
-    attn_norm: NormSite
+    attn_norm: NormSite | None
     mlp_in: Site
-    mlp_up: Site
-    mlp_act: Site
+    mlp_up: Site | None
+    mlp_act: Site | None
     mlp_out: Site
-    mlp_norm: NormSite
+    mlp_norm: NormSite | None
     pre_ln: bool
     mlp_gate: Site | None = None
     transposed: bool = False
     rotary: bool = False
+    attn_post_norm: NormSite | None = None
+    mlp_post_norm: NormSite | None = None
+    query_norm: NormSite | None = None
+    key_norm: NormSite | None = None
+    parallel: bool = False
+    experts: nn.Module | None = None
 
     def site(self, role: str) -> Site:
         """Where ``role`` (one of :data:`ROLES`) passes in this block."""
@@ -290,25 +361,57 @@ class BlockRoles:
             raise ValueError(f"unknown role {role!r}; the roles are: {', '.join(ROLES)}")
         found = getattr(self, role)
         if found is None:
-            raise UnsupportedModelError(f"this block has no {role!r} (no gated MLP)")
+            raise UnsupportedModelError(f"this block has no {role!r} ({MISSING.get(role, 'not mapped')})")
         return found.output if isinstance(found, NormSite) else found
 
+    def has(self, role: str) -> bool:
+        """Whether this block has ``role`` (one of :data:`ROLES`)."""
+        return role in ("block_in", "block_out") or getattr(self, role) is not None
+
+    def unplain(self) -> list[str]:
+        """What this block has beyond a plain pre-LN or post-LN block with one MLP (empty: a
+        plain block), in words, for refusals of methods that follow only plain blocks."""
+        found = {
+            "norms on the sub-layer outputs (sandwich norms)": self.attn_post_norm is not None or self.mlp_post_norm is not None,
+            "a sub-layer without a norm": self.attn_norm is None or self.mlp_norm is None,
+            "attention and MLP in parallel": self.parallel,
+            "a mixture of experts": self.experts is not None,
+        }
+        return [what for what, present in found.items() if present]
+
     def lrp(self) -> LRPBlock:
-        """The block's operations: every linear map (a fused projection once), both norms, the
-        activation, the two residual additions and, for a gated MLP, the gated product."""
+        """The block's operations: every linear map (a fused projection once), every norm, the
+        activation, the residual additions (one three-term addition in a parallel block) and,
+        for a gated MLP, the gated product; the rotated sites carry their column ranges."""
+        if self.experts is not None:
+            raise UnsupportedModelError(
+                "relevance propagation does not yet follow the experts a mixture-of-experts router chose "
+                "(the routing weights need a rule of their own)",
+                hint="explain this model with a gradient, perturbation or attention method",
+            )
         projections = (self.query, self.key, self.value, self.attn_out, self.mlp_gate, self.mlp_up, self.mlp_out)
         modules = dict.fromkeys(site.module for site in projections if site is not None)
-        # the residual term r is the first input of the norm (pre-LN) or of the sub-layer (post-LN)
-        sources = (self.attn_norm.module, self.mlp_norm.module) if self.pre_ln else (self.attention, self.mlp_in.module)
+        found = (self.attn_norm, self.mlp_norm, self.attn_post_norm, self.mlp_post_norm, self.query_norm, self.key_norm)
+        norms = list({id(n.module): n for n in found if n is not None}.values())  # a shared norm once (Phi)
+        # the residual term r is the first input of the norm (pre-LN) or of the sub-layer (post-LN, no norm)
+        attn_source = self.attn_norm.module if self.pre_ln and self.attn_norm is not None else self.attention
+        mlp_source = self.mlp_norm.module if self.pre_ln and self.mlp_norm is not None else self.mlp_in.module
+        attn_branch = (self.attn_post_norm or self.attn_out).module
+        mlp_branch = (self.mlp_post_norm or self.mlp_out).module
+        if self.parallel:  # x + attn(n1(x)) + mlp(n2(x)): one sum, the MLP's term computed last
+            residuals = [ResidualSite(mlp_branch, attn_source, also=(attn_branch,), attention=1)]
+        else:
+            residuals = [ResidualSite(attn_branch, attn_source, attention=0), ResidualSite(mlp_branch, mlp_source)]
         gated = self.mlp_gate is not None
+        rotated = [norm.output if norm is not None else site for site, norm in ((self.query, self.query_norm), (self.key, self.key_norm))]
         return LRPBlock(
             attention=self.attention,
             linears=linear_sites(*modules, transposed=self.transposed),
-            norms=[self.attn_norm, self.mlp_norm],
+            norms=norms,
             activations=[self.mlp_act.module],
-            residuals=[ResidualSite(self.attn_out.module, sources[0]), ResidualSite(self.mlp_out.module, sources[1])],
-            products=[ProductSite(self.mlp_act.module, self.mlp_up.module, self.mlp_out.module)] if gated else [],
-            rotary=[self.query.module, self.key.module] if self.rotary else [],
+            residuals=residuals,
+            products=[ProductSite(self.mlp_act.module, self.mlp_up, self.mlp_out.module)] if gated else [],
+            rotary=rotated if self.rotary else [],
         )
 
 
@@ -340,6 +443,16 @@ class ModelRoles:
     embedding_norms: list[NormSite] = field(default_factory=list)
     final_norm: NormSite | None = None
     head: HeadRoles = field(default_factory=HeadRoles)
+
+    def require_plain(self, method: str) -> None:
+        """Refuse, in one line, a ``method`` that follows only plain blocks
+        (:meth:`BlockRoles.unplain`) on blocks that are not."""
+        found = dict.fromkeys(what for block in self.blocks for what in block.unplain())
+        if found:
+            raise UnsupportedModelError(
+                f"{method} follows plain pre-LN and post-LN blocks; this model's blocks have {' and '.join(found)}",
+                hint="explain it with a gradient, perturbation, attention or relevance method (docs/extending.md)",
+            )
 
     def lrp(self) -> LRPRoles:
         """The operations relevance propagation attaches its rules to."""

@@ -187,6 +187,7 @@ def recordings(problem: Problem, method: str, states: float) -> Iterator[Recordi
     not fit."""
     adapter = problem.adapter
     roles = adapter.roles()
+    roles.require_plain(method)
     budget = Runner.for_problem(problem).max_memory - FLOAT_BYTES * TRANSIENT
     lengths = problem.batch.lengths
     longest = int(lengths.max())
@@ -224,10 +225,8 @@ def affine(site: Site | LinearSite | Projection, transposed: bool = False) -> tu
         module = site.module
         weight = LinearSite(module, site.transposed if isinstance(site, LinearSite) else transposed).weight()
         bias = getattr(module, "bias", None)
-        columns = site.columns if isinstance(site, Site) else None
-        if columns is not None:
-            weight = weight[columns[0] : columns[1]]
-            bias = None if bias is None else bias[columns[0] : columns[1]]
+        if isinstance(site, Site):  # only its columns of a fused projection
+            weight, bias = site.take(weight, 0), None if bias is None else site.take(bias)
     return working(weight), None if bias is None else working(bias)
 
 
@@ -249,7 +248,7 @@ def norm_linear(norm: NormSite, parts: torch.Tensor, scale: torch.Tensor) -> tor
     if norm.kind == "layernorm":
         parts = parts - parts.mean(dim=-1, keepdim=True)
     parts = parts * scale[..., None, :]
-    weight = getattr(norm.module, "weight", None)
+    weight = norm.gain()
     return parts if weight is None else parts * working(weight)
 
 

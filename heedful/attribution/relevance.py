@@ -254,7 +254,7 @@ def mask_lrp(
     if variant == "literal" and not reference_scale:
         raise InputError("reference_scale applies to variant='reference' only", hint="drop it, or pass variant='reference'")
     adapter = problem.adapter
-    adapter.lrp_roles()  # an unmapped family fails here, before any head statistics are computed
+    adapter.lrp_roles("chefer")  # an unmapped family fails here, before any head statistics are computed
     mask = default_head_mask(adapter, xi_synt=xi_synt, xi_pos=xi_pos) if head_mask is None else as_head_mask(head_mask)
     if ablation is not None:
         mask = ablate(mask, ablation, ablation_seed, corruption_rate)

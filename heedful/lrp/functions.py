@@ -68,27 +68,29 @@ class DualRule(Function):
 
 
 class ResidualSplit(Function):
-    """Marks the branch term ``a`` of a residual sum ``s = a + r``: returns ``a``.
+    """Marks the branch term ``a`` of a residual sum ``s = a + r`` (or ``s = a + o_1 + ... + r``
+    with further terms ``o_i``, computed before ``a``): returns ``a``.
 
-    ``s``'s relevance ``R`` reaches both ``a`` and ``r`` unchanged through the addition; in
-    ``"relevance"`` mode this function turns ``a``'s copy into ``R_a`` and sends ``R_r - R`` to
-    ``r``, so that ``r`` ends up with ``R_r`` from the addition -- ``(R_a, R_r) = rule(R, a, r)``.
+    ``s``'s relevance ``R`` reaches every term unchanged through the addition; in
+    ``"relevance"`` mode this function turns ``a``'s copy into ``R_a`` and sends ``R_t - R`` to
+    every other term ``t``, so that each ends up with its ``R_t`` --
+    ``(R_a, R_o1, ..., R_r) = rule(R, a, o_1, ..., r)``.
     """
 
     @staticmethod
-    def forward(ctx, state: ModeHolder, rule: Callable, a: torch.Tensor, r: torch.Tensor):
+    def forward(ctx, state: ModeHolder, rule: Callable, a: torch.Tensor, *others: torch.Tensor):
         ctx.state = state
         ctx.rule = rule
-        ctx.save_for_backward(a, r)
+        ctx.save_for_backward(a, *others)
         return a.view_as(a)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
+        count = len(ctx.saved_tensors) - 1
         if ctx.state.mode == GRADIENT:
-            return None, None, grad, None
-        a, r = ctx.saved_tensors
-        rel_a, rel_r = ctx.rule(grad, a, r)
-        return None, None, rel_a, rel_r - grad
+            return None, None, grad, *([None] * count)
+        rel_a, *rest = ctx.rule(grad, *ctx.saved_tensors)
+        return None, None, rel_a, *(r - grad for r in rest)
 
 
 class SegmentStart(Function):

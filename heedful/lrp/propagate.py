@@ -132,6 +132,8 @@ def explained_score(prepared: Prepared, adapter: ModelAdapter, target: ResolvedT
     bias = None if parts.bias is None else parts.bias[columns]
     with torch.enable_grad():
         logits = prepared.session.rules.project(prepared.session.state, feats, parts.weight[columns], bias)
+        if parts.softcap is not None:
+            logits = prepared.session.rules.cap(prepared.session.state, logits, parts.softcap)
     logits = logits.reshape(target.classes.shape)
     return (logits * target.weights.to(logits)).sum(dim=1)
 

@@ -44,6 +44,7 @@ from heedful.adapters.intercept import (
     attention_softmax,
     eager_attention,
     repeat_kv,
+    softcapped,
 )
 from heedful.adapters.roles import LinearSite, LRPRoles, Site
 from heedful.lrp.functions import (
@@ -151,25 +152,24 @@ def product_halves(rel: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tuple
     return half, half
 
 
-def add_z(rel: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Plain z-rule on ``a + b``: ``R_a = a R / (a + b)``, ``R_b = b R / (a + b)``."""
-    s = safe_divide(rel, a + b)
-    return a * s, b * s
+def add_z(rel: torch.Tensor, *terms: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Plain z-rule on a sum ``a + b (+ ...)``: ``R_a = a R / (a + b + ...)``, and so on."""
+    s = safe_divide(rel, sum(terms))
+    return tuple(t * s for t in terms)
 
 
-def add_renormalised(rel: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def add_renormalised(rel: torch.Tensor, *terms: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """Chefer Eq. 7-8: z-rule shares, then each rescaled so that, per example,
-    ``sum R_a = |sum R_a| / (|sum R_a| + |sum R_b|) * sum R`` (and likewise for ``b``).
+    ``sum R_a = |sum R_a| / (|sum R_a| + |sum R_b| + ...) * sum R`` (and likewise for every term;
+    two terms in the paper, three in a parallel block).
 
     The reference sums over the whole batch; here every sum is per example.
     """
-    ra, rb = add_z(rel, a, b)
+    shares = add_z(rel, *terms)
     dims = tuple(range(1, rel.dim()))
-    sa, sb, total = ra.sum(dims, keepdim=True), rb.sum(dims, keepdim=True), rel.sum(dims, keepdim=True)
-    share = sa.abs() + sb.abs()
-    fa = safe_divide(sa.abs(), share) * total
-    fb = safe_divide(sb.abs(), share) * total
-    return ra * safe_divide(fa, sa), rb * safe_divide(fb, sb)
+    sums = [r.sum(dims, keepdim=True) for r in shares]
+    total, spread_ = rel.sum(dims, keepdim=True), sum(s.abs() for s in sums)
+    return tuple(r * safe_divide(safe_divide(s.abs(), spread_) * total, s) for r, s in zip(shares, sums, strict=True))
 
 
 # ---------------------------------------------------------------------- rule sets
@@ -203,6 +203,11 @@ class RuleSet:
         out = torch.einsum("me,mke->mk", x, weight)
         return out if bias is None else out + bias
 
+    def cap(self, state: RelevanceState, z: torch.Tensor, softcap: float) -> torch.Tensor:
+        """Soft-capped logits ``tanh(z / c) * c`` under the identity rule (an element-wise
+        non-linearity, AttnLRP Eq. 9; Chefer et al.'s rules pass relevance through them too)."""
+        return IdentityRule.apply(z, softcapped(z, softcap))
+
 
 class CheferRules(RuleSet):
     """Chefer et al. 2021a relevance rules (``add="renormalised"``) or the original LRP rules of
@@ -224,13 +229,14 @@ class CheferRules(RuleSet):
         for act in roles.activations():
             hooks.at(Site(act), partial(_identity_rule, state))
         for layer, block in enumerate(roles.blocks):
-            for module in block.rotary:
-                hooks.at(Site(module), partial(_segment_start, state))
-            for k, site in enumerate(block.residuals):  # the first is the attention sub-layer's
+            for site in block.rotary:
+                hooks.at(site, partial(_segment_start, state))
+            for site in block.residuals:
                 residual = hooks.keep(Site(site.source, "input"))
-                hooks.at(Site(site.branch), partial(self._residual, state, residual, layer if k == 0 else None))
+                others = [hooks.keep(Site(module)) for module in site.also]
+                hooks.at(Site(site.branch), partial(self._residual, state, residual, others, layer, site.attention))
             for site in block.products:
-                gate, up = hooks.keep(Site(site.gate)), hooks.keep(Site(site.up))
+                gate, up = hooks.keep(Site(site.gate)), hooks.keep(site.up)
                 hooks.at(Site(site.consumer, "input"), partial(_product, state, gate, up))
 
     @staticmethod
@@ -238,9 +244,14 @@ class CheferRules(RuleSet):
         bias = getattr(site.module, "bias", None)
         return DualRule.apply(state, partial(linear_alpha1_beta0, weight=site.weight(), bias=bias), y, x, y)
 
-    def _residual(self, state: RelevanceState, residual: Kept, layer: int | None, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        rule = self.add if layer is None else partial(_attention_split, state, layer, self.add)
-        return ResidualSplit.apply(state, rule, y, residual.value)
+    def cap(self, state: RelevanceState, z: torch.Tensor, softcap: float) -> torch.Tensor:
+        return DualRule.apply(state, identity, softcapped(z, softcap), z)
+
+    def _residual(
+        self, state: RelevanceState, residual: Kept, others: list[Kept], layer: int, attention: int | None, x: torch.Tensor, y: torch.Tensor
+    ) -> torch.Tensor:
+        rule = self.add if attention is None else partial(_attention_split, state, layer, attention, self.add)
+        return ResidualSplit.apply(state, rule, y, *(k.value for k in others), residual.value)
 
     def attention(self, state, rotary, call):
         query, key = call.query, call.key
@@ -250,6 +261,8 @@ class CheferRules(RuleSet):
         key, value = repeat_kv(key, call.value, query.shape[1])
         key_t = key.transpose(-1, -2)
         scores = DualRule.apply(state, matmul_halves, (query @ key_t) * call.scaling, query, key_t)
+        if call.softcap is not None:  # an element-wise non-linearity: the identity rule
+            scores = DualRule.apply(state, identity, softcapped(scores, call.softcap), scores)
         if call.mask is not None:
             scores = scores + call.mask
         probs = DualRule.apply(state, identity, attention_softmax(scores, query.dtype), scores)
@@ -300,8 +313,7 @@ class AttnLRPRules(RuleSet):
 
     def attach_rules(self, hooks: Interception, state: RelevanceState, roles: LRPRoles) -> None:
         for norm in roles.norms(embeddings=True):
-            weight = getattr(norm.module, "weight", None)
-            hooks.at(norm.output, partial(_norm_identity, kind=norm.kind, eps=norm.eps, weight=weight))
+            hooks.at(norm.output, partial(_norm_identity, kind=norm.kind, eps=norm.eps, weight=norm.gain()))
         for act in roles.activations():
             hooks.at(Site(act), IdentityRule.apply)
         for block in roles.blocks:
@@ -315,16 +327,28 @@ class AttnLRPRules(RuleSet):
             key=ScaleGrad.apply(call.key, 0.25),
             value=ScaleGrad.apply(call.value, 0.5),
         )
-        return eager_attention(scaled)
+        if call.softcap is None:
+            return eager_attention(scaled)
+        # soft-capping is an element-wise non-linearity: the identity rule (Eq. 9) on it
+        key, value = repeat_kv(scaled.key, scaled.value, scaled.query.shape[1])
+        raw = (scaled.query @ key.transpose(-1, -2)) * call.scaling
+        scores = IdentityRule.apply(raw, softcapped(raw, call.softcap))
+        if call.mask is not None:
+            scores = scores + call.mask
+        probs = attention_softmax(scores, raw.dtype)
+        return (probs @ value).transpose(1, 2).contiguous(), probs
 
 
-def _attention_split(state: RelevanceState, layer: int, add, rel: torch.Tensor, a: torch.Tensor, r: torch.Tensor):
-    """The attention sub-layer's residual addition ``a + r``: ``add``'s split, except that a block
-    whose every head the literal Mask-LRP variant cuts sends all of ``R`` to the residual ``r``
-    (its attention branch could pass nothing on; Eq. 3 conservation)."""
-    if state.cuts_every_head(layer):
-        return torch.zeros_like(rel), rel
-    return add(rel, a, r)
+def _attention_split(state: RelevanceState, layer: int, attention: int, add, rel: torch.Tensor, *terms: torch.Tensor):
+    """The residual addition with the attention sub-layer's term ``terms[attention]``: ``add``'s
+    split, except that a block whose every head the literal Mask-LRP variant cuts splits ``R``
+    among the other terms only (its attention branch could pass nothing on; Eq. 3 conservation):
+    all of it to the residual in a sequential block."""
+    if not state.cuts_every_head(layer):
+        return add(rel, *terms)
+    rest = list(terms[:attention] + terms[attention + 1 :])
+    shares = list(add(rel, *rest)) if len(rest) > 1 else [rel]
+    return (*shares[:attention], torch.zeros_like(rel), *shares[attention:])
 
 
 def _identity_rule(state: RelevanceState, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

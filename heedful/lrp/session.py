@@ -71,7 +71,7 @@ class LRPSession:
         return self._last.value
 
     def __enter__(self) -> LRPSession:
-        roles = self.adapter.lrp_roles()
+        roles = self.adapter.lrp_roles(self.rules.name)
         hooks = Interception(self.adapter.hf_model, attention=[block.attention for block in roles.blocks])
         hooks.__enter__()
         try:
