@@ -204,7 +204,7 @@ def check_relevance(model: Model) -> None:
 
 def _refuses(model: Model, method: str, expected: str = "") -> None:
     """``method`` refuses ``model`` with an :class:`UnsupportedModelError` of one line (and a
-    hint) that says ``expected``, after at most the reference pass."""
+    hint) that says ``expected``, before any pass."""
     counter = model.adapter.counter
     before = counter.forward
     try:
@@ -213,7 +213,7 @@ def _refuses(model: Model, method: str, expected: str = "") -> None:
         message = str(exc).splitlines()[0]
         assert expected in message, f"{method} refused with {message!r}, not saying {expected!r}"
         assert exc.hint, f"{method} refused without a hint: {message!r}"
-        assert counter.forward - before <= 1, f"{method} refused after {counter.forward - before} forward passes"
+        assert counter.forward == before, f"{method} refused after {counter.forward - before} forward pass(es)"
         return
     raise AssertionError(f"{method} ran on a model whose family does not map it")
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from heedful.adapters.needs import check_needs, refusal
+from heedful.adapters.needs import check_needs
 from heedful.errors import InputError, MethodError
 from heedful.options import OptionSpec, bind_options, option_specs
 from heedful.precision import Tolerates, resolve_precision
@@ -93,11 +93,11 @@ class MethodInfo:
         return tuple(n for n in self.needs if not adapter.provides(n))
 
     def require(self, adapter: Any) -> None:
-        """Refuse (one line naming what is missing, :func:`heedful.adapters.needs.refusal`)
+        """Refuse (one line naming what is missing, :meth:`heedful.adapters.ModelAdapter.refusal`)
         before any work when ``adapter``'s model lacks something this method needs."""
         gone = self.missing(adapter)
         if gone:
-            raise refusal(self.name, gone, adapter.described)
+            raise adapter.refusal(self.name, gone)
 
     # ------------------------------------------------------------------ options
     @property

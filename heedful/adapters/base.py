@@ -25,7 +25,7 @@ from torch.utils.checkpoint import checkpoint as checkpoint_call
 from heedful.adapters.anchored import anchored_last_block, hooked
 from heedful.adapters.causal import CAUSAL_ATTENTION
 from heedful.adapters.intercept import Interception, intercepting
-from heedful.adapters.needs import NEEDS
+from heedful.adapters.needs import NEEDS, refusal
 from heedful.adapters.roles import BlockRoles, HeadRoles, LRPRoles, ModelRoles, NormSite
 from heedful.batch import Batch
 from heedful.errors import InputError, UnsupportedModelError
@@ -189,10 +189,26 @@ class ModelAdapter:
         """Whether the model gives a method what it ``need``s (one of
         :data:`~heedful.adapters.needs.NEEDS`): a mapped family gives everything but relevance
         rules where none was checked on its blocks (:attr:`relevance_rules`; a rule set it does
-        not map is refused by :meth:`lrp_roles`)."""
+        not map is refused by :meth:`lrp_roles`) and plain blocks where its roles describe more
+        (:meth:`~heedful.adapters.roles.BlockRoles.unplain`)."""
         if need not in NEEDS:
             raise ValueError(f"unknown need {need!r} (one of {', '.join(NEEDS)})")
-        return bool(self.relevance_rules) if need == "rules" else True
+        if need == "rules":
+            return bool(self.relevance_rules)
+        if need == "plain_blocks":
+            return not any(block.unplain() for block in self.roles().blocks)
+        return True
+
+    def refusal(self, method: str, missing: tuple[str, ...]) -> UnsupportedModelError:
+        """The one-line error refusing ``method`` for the ``missing`` needs: what the blocks have
+        where plain blocks are missing (:meth:`~heedful.adapters.roles.ModelRoles.require_plain`),
+        else what each need means (:func:`heedful.adapters.needs.refusal`)."""
+        if missing == ("plain_blocks",):
+            try:
+                self.roles().require_plain(method)
+            except UnsupportedModelError as exc:
+                return exc
+        return refusal(method, missing, self.described)
 
     # ------------------------------------------------------------------ roles (per family)
     @property

@@ -19,6 +19,7 @@ NEEDS: dict[str, str] = {
     "blocks": "the transformer blocks as one list of modules (to perturb the first block's input)",
     "head": "the head as a module applied to any token's representation (the logit lens)",
     "roles": "the block roles (where each block's query, key, value, attention output, norms and MLP live)",
+    "plain_blocks": "plain pre-LN or post-LN blocks (no query/key, sandwich or post norms, parallel sub-layers or experts)",
     "rules": "a relevance (LRP) rule set checked on the family's blocks",
 }
 """Every need a method can declare, and what it means (the refusal names it)."""

@@ -153,7 +153,7 @@ CONTRIBUTION_COST = "2 forwards + O(L N^2 H D) contributions; O(N^2 D) memory pe
 """The prediction's pass, one that records every block, and the per-layer contributions."""
 
 
-@register("alti", family="vector", cost=CONTRIBUTION_COST, needs=("roles",))
+@register("alti", family="vector", cost=CONTRIBUTION_COST, needs=("roles", "plain_blocks"))
 @torch.no_grad()
 def alti(problem: Problem, *, rollout: bool = True, layerwise: bool = False) -> torch.Tensor:
     """Aggregation of Layer-wise Token-to-token Interactions: L1-distance contributions, rolled out.
@@ -178,7 +178,7 @@ def alti(problem: Problem, *, rollout: bool = True, layerwise: bool = False) -> 
     return _rollout_scores(problem, "alti", layerwise, rollout)
 
 
-@register("globenc", family="vector", cost=CONTRIBUTION_COST, needs=("roles",))
+@register("globenc", family="vector", cost=CONTRIBUTION_COST, needs=("roles", "plain_blocks"))
 @torch.no_grad()
 def globenc(problem: Problem, *, rollout: bool = True, layerwise: bool = False) -> torch.Tensor:
     """Norm of each token's vector through attention, residual and both layer norms, rolled out.
@@ -257,7 +257,7 @@ def attention_logits(
     return _logit_lens(problem, rec, roles, vectors)
 
 
-@register("alti_logit", family="vector", cost=CONTRIBUTION_COST, quantities=("logit",), needs=("roles", "head"))
+@register("alti_logit", family="vector", cost=CONTRIBUTION_COST, quantities=("logit",), needs=("roles", "head", "plain_blocks"))
 @torch.no_grad()
 def alti_logit(problem: Problem, *, rollout: bool = True, layerwise: bool = False) -> torch.Tensor:
     """Each token's part of the target logit through every attention update, tracked by ALTI.

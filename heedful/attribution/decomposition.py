@@ -647,7 +647,7 @@ DECOMPX_COST = "2 forwards + O(L N^2 D (N + F)) decomposition; O(N^2 D) memory p
 """The prediction's pass, one that records every block, and the propagation."""
 
 
-@register("decompx", family="vector", cost=DECOMPX_COST, quantities=("logit",), needs=("roles", "head"))
+@register("decompx", family="vector", cost=DECOMPX_COST, quantities=("logit",), needs=("roles", "head", "plain_blocks"))
 @torch.no_grad()
 def decompx(
     problem: Problem,

@@ -209,7 +209,7 @@ VALUE_ZEROING_COST = (
 """The prediction's pass, one recording every block, and the blocks' rests (or one pass per zeroed token)."""
 
 
-@register("value_zeroing", family="vector", cost=VALUE_ZEROING_COST, needs=("roles",))
+@register("value_zeroing", family="vector", cost=VALUE_ZEROING_COST, needs=("roles", "plain_blocks"))
 @torch.no_grad()
 def value_zeroing(problem: Problem, *, rollout: bool = True, layerwise: bool = False) -> torch.Tensor:
     """Cosine distance of each token's block output when another token's value vectors are zeroed.
