@@ -36,7 +36,7 @@ from heedful.commands.console import (
     read_text_file,
 )
 from heedful.commands.options import options
-from heedful.errors import HeedfulError, Interrupted
+from heedful.errors import HeedfulError
 from heedful.memory import parse_memory
 from heedful.targets import TASKS
 
@@ -378,9 +378,6 @@ def main() -> None:
         except OSError as exc:  # a file or folder the system refuses, met during the work
             where = f" {exc.filename}" if exc.filename else ""
             _fail(caught, f"{exc.strerror or exc}{where}", "check the path and its permissions")
-        except Interrupted as exc:  # work that kept what it computed says what and how to resume
-            err.print(exc.message, highlight=False, markup=False, soft_wrap=True)
-            raise SystemExit(130) from None
         except (KeyboardInterrupt, typer.Abort):
             err.print("[yellow]interrupted[/]")
             raise SystemExit(130) from None

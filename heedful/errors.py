@@ -33,7 +33,7 @@ class MethodError(HeedfulError):
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C during work that keeps what it computed (``heedful bench``): ``message`` says what
     was kept and how to resume. A ``KeyboardInterrupt``, so code that stops on Ctrl-C still does;
-    the command line prints the message and exits 130."""
+    the command prints the message and exits 130."""
 
     def __init__(self, message: str) -> None:
         super().__init__(message)

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from heedful.commands.options import key_value
-from heedful.errors import HeedfulError
+from heedful.errors import HeedfulError, Interrupted
 from heedful.memory import parse_memory
 from heedful.precision import check_precision
 
@@ -145,7 +145,11 @@ def bench(
         lm_word=lm_word,
     )
     runner = _engine(engine, address, workers, threads, model, budget)
-    result = run_bench(spec, console=err_console, engine=runner)
+    try:
+        result = run_bench(spec, console=err_console, engine=runner)
+    except Interrupted as exc:  # Ctrl-C: what the store kept, and how to resume
+        err_console.print(exc.message, highlight=False, markup=False, soft_wrap=True)
+        raise typer.Exit(130) from None
     files = write_report(result)
     extra = result.engine.lines() if result.engine is not None and engine == "ray" else []
     _print_result(result, files, out_console, err_console, "computed", extra)
