@@ -596,8 +596,8 @@ def kept(store: ResultsStore, plan: Plan) -> str:
         partial.append(f"{len(done)} of {len(ids)} examples of {_label(run)}{more}")
     written = store.written
     parts = [
-        "interrupted: kept " + ", ".join(partial),
-        *([f"{', '.join(complete)} complete"] if complete else []),
+        "interrupted: kept " + ", ".join(partial) if partial else "interrupted: every example is stored",
+        *([f"{', '.join(complete)} complete"] if complete and partial else []),
         f"this run stored {written['explanations']} explanations and {written['metrics']} metric values",
         "run the same command to resume",
     ]
