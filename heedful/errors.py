@@ -46,3 +46,13 @@ class InputError(HeedfulError):
 
 class MethodError(HeedfulError):
     """Unknown method, or a method that does not support the model's task."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during work that keeps what it computed (``heedful bench``): ``message`` says what
+    was kept and how to resume. A ``KeyboardInterrupt``, so code that stops on Ctrl-C still does;
+    the command prints the message and exits 130."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message

@@ -108,6 +108,8 @@ def test_resume_computes_nothing_twice(tiny, data_csv, tmp_path):
 
 
 def test_interrupted_run_resumes_where_it_stopped(tiny, data_csv, tmp_path):
+    from heedful.errors import Interrupted
+
     model = tiny("bert")
     seen = []
 
@@ -117,12 +119,16 @@ def test_interrupted_run_resumes_where_it_stopped(tiny, data_csv, tmp_path):
             raise KeyboardInterrupt
 
     spec = _spec(model, data_csv, tmp_path, methods=["saliency"], batch_size=1)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(Interrupted) as info:
         run_bench(spec, progress=False, on_batch=stop)
-    # the first task (4 examples: four batches of 1) was explained, evaluated and stored whole
-    assert seen == [("explain", 4), ("evaluate", 4)]
+    # the first task (4 examples) stored each model batch (of 1) as it came: four explained, one evaluated
+    assert seen == [("explain", 1)] * 4 + [("evaluate", 1)]
+    assert info.value.message == (
+        "interrupted: kept 1 of 5 examples of saliency (4 explained); this run stored 4 explanations and 3 metric values;"
+        " run the same command to resume"
+    )
     resumed = run_bench(_spec(model, data_csv, tmp_path, methods=["saliency"], batch_size=1), progress=False)
-    assert resumed.computed == {"explanations": 1, "measurements": 2 * 1, "metrics": 3 * 1}
+    assert resumed.computed == {"explanations": 1, "measurements": 2 * 4, "metrics": 3 * 4}
 
 
 def test_gold_label_protocol_explains_gold_class(tiny, data_csv, tmp_path):
@@ -189,7 +195,7 @@ def test_explaining_without_evaluating_stores_the_bench_tasks_explanations(tiny,
             store.put_explanations(run.key, [(inputs[2].id, model.explain(inputs[2].text, "saliency"))])
         bench._explain_missing(model, store, run, inputs, spec, on_batch=lambda stage, n: seen.append(n))
         assert store.explanation_ids(run.key) == {i.id for i in inputs}
-    assert seen == [2, 1, 1]  # chunks {0, 1}, {2, 3} (2 stored), {4}
+    assert seen == [1, 1, 1, 1]  # chunks {0, 1}, {2, 3} (2 stored), {4}: a transaction per model batch (of 1)
     counter = Counting(model)
     try:
         result = run_bench(spec, progress=False)

@@ -13,7 +13,7 @@ from rich.markup import escape
 
 from heedful.commands.console import announce
 from heedful.commands.options import key_value
-from heedful.errors import HeedfulError, install_hint
+from heedful.errors import HeedfulError, Interrupted, install_hint
 from heedful.memory import parse_memory
 from heedful.precision import check_precision, strict_precision
 
@@ -148,8 +148,12 @@ def bench(
         lm_word=lm_word,
     )
     runner = _engine(engine, address, workers, threads, model, budget)
-    with strict_precision(strict):
-        result = run_bench(spec, console=err_console, engine=runner, on_plan=lambda plan: announce(plan.work, "explanations"))
+    try:
+        with strict_precision(strict):
+            result = run_bench(spec, console=err_console, engine=runner, on_plan=lambda plan: announce(plan.work, "explanations"))
+    except Interrupted as exc:  # Ctrl-C: what the store kept, and how to resume
+        err_console.print(exc.message, highlight=False, markup=False, soft_wrap=True)
+        raise typer.Exit(130) from None
     files = write_report(result)
     extra = result.engine.lines() if result.engine is not None and engine == "ray" else []
     _print_result(result, files, out_console, err_console, "computed", extra)

@@ -13,14 +13,19 @@ method version, other weights or edited data are computed afresh, and ``BenchRes
 why. :mod:`heedful.evaluate.report` turns the stored results into tables and plots.
 
 The work is planned as tasks -- a run on a chunk of examples (:func:`plan_bench`) -- computed by
-:func:`heedful.evaluate.tasks.compute_part` and stored one transaction each, by an engine: the
-:class:`LocalEngine` (this process, the default) or
-:class:`heedful.evaluate.ray_engine.RayEngine` (Ray worker actors; the driver alone writes).
-Both compute the same tasks the same way, so their stores are equal.
+an engine: the :class:`LocalEngine` (this process, the default), which stores every step of a
+task (a model batch explained or evaluated, :func:`heedful.evaluate.tasks.compute_steps`) in its
+own transaction, or :class:`heedful.evaluate.ray_engine.RayEngine` (Ray worker actors; the driver
+alone writes, a task per transaction). Both compute the same batches the same way, so their
+stores are equal. Ctrl-C stops a bench with what it stored kept (:class:`~heedful.errors.Interrupted`
+says how much). Several benches may write one store at once: the local engine claims a task
+before computing it and takes tasks no live process claims first, and every write keeps rows
+another writer stored (:mod:`heedful.evaluate.store`).
 """
 
 from __future__ import annotations
 
+import os
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -32,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from heedful.errors import HeedfulError, InputError
+from heedful.errors import HeedfulError, InputError, Interrupted
 from heedful.evaluate.context import SharedAblations
 from heedful.evaluate.evaluation import (
     ModelInput,
@@ -51,7 +56,7 @@ from heedful.evaluate.metrics import (
 )
 from heedful.evaluate.protocol import Protocol, get_protocol
 from heedful.evaluate.store import ResultsStore, RunKey, Subject, run_key, subject
-from heedful.evaluate.tasks import Part, PartResult, Settings, compute_part, write_part
+from heedful.evaluate.tasks import Part, PartResult, Settings, compute_steps, write_part
 from heedful.model import Model
 from heedful.workload import NOTHING, Work, check
 
@@ -271,6 +276,19 @@ class Plan:
     def by_id(self) -> dict[str, ModelInput]:
         return {i.id: i for i in self.inputs}
 
+    def refresh(self, task: Task, store: ResultsStore) -> Task | None:
+        """``task`` as the store holds it now (another writer may have stored some of it since the
+        plan was made); ``None`` when nothing of it is missing."""
+        run, names, phash = self.runs[task.run], self.settings.metrics, self.settings.protocol_hash
+        explained = store.explanation_ids(run.key, task.ids)
+        have = {name: store.metric_ids(run.key, name, phash, task.ids) for name in names}
+        explain = [i for i in task.ids if i not in explained]
+        evaluate = [i for i in task.ids if any(i not in have[name] for name in names)]
+        if not explain and not evaluate:
+            return None
+        measured = any(store.measurement_ids(run.key, s, phash, evaluate) for s in sources_for(names)) if evaluate else False
+        return Task(task.index, task.run, task.ids, explain, evaluate, have, measured)
+
     def part(self, task: Task, store: ResultsStore) -> Part:
         """``task`` with what the store holds for it (read just before it is computed)."""
         run = self.runs[task.run]
@@ -414,12 +432,14 @@ def list_tasks(
 class EngineReport:
     """What an engine did: ``tasks`` computed, ``stored`` (found in the store), ``retries`` (tasks
     sent again after their worker died), ``restarts`` (worker processes replaced), ``rows``
-    written, wall ``seconds``, ``write_seconds`` the driver spent writing the store, and per
-    worker: tasks, explanations, examples evaluated, busy seconds (``workers``: label -> counts)."""
+    written, wall ``seconds``, ``write_seconds`` the driver spent writing the store, ``others``
+    (tasks another process writing the store finished meanwhile), and per worker: tasks,
+    explanations, examples evaluated, busy seconds (``workers``: label -> counts)."""
 
     engine: str
     tasks: int = 0
     stored: int = 0
+    others: int = 0
     retries: int = 0
     restarts: int = 0
     rows: int = 0
@@ -433,15 +453,24 @@ class EngineReport:
         write_part(store, part, result, settings)
         self.write_seconds += time.perf_counter() - began
 
-    def add(self, worker: str, result: PartResult) -> None:
-        """Count ``result``, computed by ``worker``."""
-        self.tasks += 1
+    def add(self, worker: str, result: PartResult, finished: bool = True) -> None:
+        """Count ``result`` (a task, or a step of one: ``finished`` for a whole task), computed by
+        ``worker``."""
         self.rows += result.rows
-        counts = self.workers.setdefault(worker, {"tasks": 0, "explanations": 0, "evaluated": 0, "seconds": 0.0})
-        counts["tasks"] += 1
+        counts = self._worker(worker)
+        if finished:
+            self.finish(worker)
         counts["explanations"] += len(result.explanations)
-        counts["evaluated"] += max((len(r) for r in result.metrics.values()), default=0)
+        counts["evaluated"] += len(result.evaluated)
         counts["seconds"] += result.seconds
+
+    def finish(self, worker: str) -> None:
+        """Count a task ``worker`` finished."""
+        self.tasks += 1
+        self._worker(worker)["tasks"] += 1
+
+    def _worker(self, worker: str) -> dict[str, float]:
+        return self.workers.setdefault(worker, {"tasks": 0, "explanations": 0, "evaluated": 0, "seconds": 0.0})
 
     def lines(self) -> list[str]:
         """The summary: tasks, retries, then throughput per worker."""
@@ -461,22 +490,66 @@ class EngineReport:
 
 
 class LocalEngine:
-    """The default engine: the plan's tasks one after another in this process, on ``spec.model``."""
+    """The default engine: the plan's tasks one after another in this process, on ``spec.model``,
+    each step stored as it is computed. A task is claimed in the store first; one another live
+    process claims is left for later (and found done, or taken over when that process is gone),
+    so two benches writing one store share its work."""
 
     name = "local"
 
-    def run(self, plan: Plan, store: ResultsStore, advance: Callable[[Part, PartResult], None]) -> EngineReport:
+    def run(self, plan: Plan, store: ResultsStore, advance: Callable[[Part, PartResult | None], None]) -> EngineReport:
+        """``advance(part, result)`` after each stored step (``None`` for a task another process
+        finished)."""
         report = EngineReport(self.name, stored=plan.stored)
         began = time.perf_counter()
         shared = SharedAblations()  # the methods share the random source ablations of an example
-        for task in plan.tasks:
-            part = plan.part(task, store)
-            result = compute_part(plan.spec.model, part, plan.settings, shared)
-            report.write(store, part, result, plan.settings)
-            report.add(f"pid {result.pid}", result)
-            report.seconds = time.perf_counter() - began
-            advance(part, result)
+        pending, pause = list(plan.tasks), 0.05
+        while pending:
+            waiting = []
+            for task in pending:
+                fresh = plan.refresh(task, store)
+                if fresh is None:  # another process stored it meanwhile
+                    report.others += 1
+                    advance(plan.part(Task(task.index, task.run, task.ids, [], []), store), None)
+                    continue
+                claim = (plan.runs[task.run].key.digest, task.ids[0])
+                if not store.claim(*claim):
+                    waiting.append(task)
+                    continue
+                try:
+                    self._compute(plan, store, fresh, shared, claim, report, advance)
+                finally:
+                    store.release(*claim)
+                report.seconds = time.perf_counter() - began
+            if len(waiting) == len(pending):  # all held by other processes: wait for them
+                time.sleep(pause)
+                pause = min(2 * pause, 2.0)
+            pending = waiting
+        report.seconds = time.perf_counter() - began
         return report
+
+    @staticmethod
+    def _compute(plan: Plan, store: ResultsStore, task: Task, shared, claim: tuple[str, str], report: EngineReport, advance) -> None:
+        """Compute ``task`` and store each step, keeping ``claim`` alive."""
+        part = plan.part(task, store)
+        worker = f"pid {os.getpid()}"
+        for step in compute_steps(plan.spec.model, part, plan.settings, shared, lambda ids: store.explanation_texts(part.key, ids)):
+            with store.transaction():
+                report.write(store, part, step, plan.settings)
+                store.touch(*claim)
+            report.add(worker, step, finished=False)
+            advance(part, step)
+        report.finish(worker)
+
+
+def progress_share(part: Part, result: PartResult | None) -> float:
+    """The share of task ``part`` that ``result`` (a step or the whole task) stored: examples
+    explained and evaluated in it over those the task had to; ``None`` (done by another
+    process): the whole task."""
+    todo = len(part.explain) + len(part.evaluate)
+    if result is None or not todo:
+        return 1.0
+    return (len(result.explanations) + len(result.evaluated)) / todo
 
 
 def run_bench(
@@ -488,11 +561,13 @@ def run_bench(
     on_plan: Callable[[Plan], None] | None = None,
 ) -> BenchResult:
     """Run (or resume) a benchmark; see the module docstring. ``on_batch(stage, n)`` is called
-    after each stored task (``stage`` is ``"explain"`` or ``"evaluate"``, ``n`` the examples it
-    explained / evaluated). ``engine``: :class:`LocalEngine` (default) or a
-    :class:`heedful.evaluate.ray_engine.RayEngine`; ``BenchResult.engine`` reports what it did.
-    ``on_plan(plan)``: called once the bench is planned, before any work (the command line says
-    how long the explanations will take, :attr:`Plan.work`)."""
+    after each stored step (the local engine: a model batch) or task (the Ray engine): ``stage``
+    is ``"explain"`` or ``"evaluate"``, ``n`` the examples it explained / evaluated. ``engine``:
+    :class:`LocalEngine` (default) or a :class:`heedful.evaluate.ray_engine.RayEngine`;
+    ``BenchResult.engine`` reports what it did. ``on_plan(plan)``: called once the bench is
+    planned, before any work (the command line says how long the explanations will take,
+    :attr:`Plan.work`). Ctrl-C (``KeyboardInterrupt``) raises :class:`~heedful.errors.Interrupted`,
+    whose message says what the store kept."""
     opened: list[ResultsStore] = []
 
     def open_store() -> ResultsStore:
@@ -507,17 +582,21 @@ def run_bench(
         with bar if bar is not None else nullcontext():
             task_id = bar.add_task("bench tasks (method x chunk)", total=plan.total, completed=plan.stored) if bar else None
 
-            def advance(part: Part, result: PartResult) -> None:
+            def advance(part: Part, result: PartResult | None) -> None:
                 if bar is not None:
-                    bar.advance(task_id, 1)
-                if on_batch is not None:
+                    bar.advance(task_id, progress_share(part, result))
+                if on_batch is not None and result is not None:
                     if result.explanations:
                         on_batch("explain", len(result.explanations))
-                    if part.evaluate:
-                        on_batch("evaluate", len(part.evaluate))
+                    if result.evaluated:
+                        on_batch("evaluate", len(result.evaluated))
 
-            report = (engine or LocalEngine()).run(plan, store, advance)
+            try:
+                report = (engine or LocalEngine()).run(plan, store, advance)
+            except KeyboardInterrupt:
+                raise Interrupted(kept(store, plan)) from None
         ids = [i.id for i in plan.inputs]
+        plan.notes.extend(writer_notes(store, report))
         groups, x = collect(store, plan.runs, ids, list(plan.settings.metrics), spec.protocol)
     finally:
         for each in opened:
@@ -537,6 +616,44 @@ def run_bench(
         notes=plan.notes,
         engine=report,
     )
+
+
+def kept(store: ResultsStore, plan: Plan) -> str:
+    """What an interrupted bench kept, per run, and how to resume: ``kept 37 of 200 examples of
+    integrated_gradients (52 explained); saliency complete; run the same command to resume``
+    (an example is kept when its explanation and every metric value are stored)."""
+    ids = [i.id for i in plan.inputs]
+    names, phash = plan.settings.metrics, plan.settings.protocol_hash
+    partial, complete = [], []
+    for run in plan.runs:
+        explained = store.explanation_ids(run.key, ids)
+        done = explained.intersection(*(store.metric_ids(run.key, name, phash, ids) for name in names))
+        if len(done) == len(ids):
+            complete.append(_label(run))
+            continue
+        more = f" ({len(explained)} explained)" if len(explained) > len(done) else ""
+        partial.append(f"{len(done)} of {len(ids)} examples of {_label(run)}{more}")
+    written = store.written
+    parts = [
+        "interrupted: kept " + ", ".join(partial) if partial else "interrupted: every example is stored",
+        *([f"{', '.join(complete)} complete"] if complete and partial else []),
+        f"this run stored {written['explanations']} explanations and {written['metrics']} metric values",
+        "run the same command to resume",
+    ]
+    return "; ".join(parts)
+
+
+def writer_notes(store: ResultsStore, report: EngineReport | None) -> list[str]:
+    """Notes on other writers of the store: tasks they finished while this bench ran, and rows
+    this bench computed again that differ from the ones they stored (kept as stored)."""
+    notes = []
+    if report is not None and report.others:
+        notes.append(f"{report.others} tasks were stored by another process writing {store.path} while this bench ran")
+    differing = {t: n for t, n in store.differing.items() if n}
+    if differing:
+        rows = ", ".join(f"{n} {t}" for t, n in differing.items())
+        notes.append(f"{rows} computed again by this bench differ from the ones another process stored first (kept as stored)")
+    return notes
 
 
 def _check_spans(model: Model, methods: Sequence[str], inputs: Sequence[ModelInput]) -> None:
@@ -572,16 +689,16 @@ def _explain_missing(model, store: ResultsStore, run: Run, inputs: list[ModelInp
     """Explain and store (no evaluation) the ``inputs`` ``run`` has no stored explanation of:
     the bench's own tasks (:func:`list_tasks`, chunks of ``spec.chunk`` examples cut from all of
     ``inputs``, so an example is batched with the same neighbours as in a bench), one
-    transaction each."""
+    transaction per model batch."""
     settings = Settings(spec.protocol, (), spec.batch_size)
     by_id = {i.id: i for i in inputs}
     tasks, _ = list_tasks(store, [run], list(by_id), settings, spec.chunk)
     for task in tasks:
         part = Part(task.index, run.key, run.method, run.options, [by_id[i] for i in task.ids], list(task.explain), [])
-        result = compute_part(model, part, settings)
-        write_part(store, part, result, settings)
-        if on_batch is not None:
-            on_batch("explain", len(task.explain))
+        for step in compute_steps(model, part, settings):
+            write_part(store, part, step, settings)
+            if on_batch is not None:
+                on_batch("explain", len(step.explanations))
 
 
 # ---------------------------------------------------------------------------- collecting

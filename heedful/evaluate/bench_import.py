@@ -48,6 +48,7 @@ from heedful.evaluate.bench import (
     collect,
     list_tasks,
     make_runs,
+    progress_share,
     select_inputs,
     spec_subject,
 )
@@ -410,7 +411,7 @@ def run_import(spec: ImportSpec, console=None, progress: bool = True) -> BenchRe
     bar = _progress(console) if progress else None
     with bar if bar is not None else nullcontext():
         task_id = bar.add_task("explain and evaluate (method x chunk)", total=plan.total, completed=done) if bar else None
-        LocalEngine().run(plan, store, lambda part, result: bar.advance(task_id, 1) if bar is not None else None)
+        LocalEngine().run(plan, store, lambda part, result: bar.advance(task_id, progress_share(part, result)) if bar is not None else None)
     groups, x = collect(store, runs, ids, names, protocol)
     store.close()
     shown = replace(bench, protocol=protocol, methods=list(groups), dataset=about.dataset if spec.dataset is None else spec.dataset)

@@ -19,17 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from heedful.errors import HeedfulError
-from heedful.evaluate.store import FILE_NAME, SCHEMA_VERSION, ResultsStore
+from heedful.evaluate.store import FILE_NAME, ROW_VALUES, SCHEMA_VERSION, ResultsStore
 
-TABLES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    # table: (key columns, values compared: SQL of a row ``{r}``); an explanation's wall seconds
-    # vary from one computation of it to the next
-    "explanations": (("run", "example_id"), ("json_remove({r}.explanation, '$.cost.seconds')",)),
-    "measurements": (("run", "source", "protocol_hash", "example_id"), ("{r}.data",)),
-    "metrics": (("run", "metric", "protocol_hash", "example_id"), ("{r}.value", "{r}.curve", "{r}.extra")),
-    "protocols": (("protocol_hash",), ("{r}.fields",)),
-}
-"""The tables whose rows must agree across stores, by key."""
+TABLES = ROW_VALUES
+"""The tables whose rows must agree across stores, by key (the same check as two writers of one store)."""
 
 
 @dataclass

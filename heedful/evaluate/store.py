@@ -32,12 +32,29 @@ Tables
     accumulated over the interrupted runs of that key only.
 ``protocols``
     protocol_hash -> the protocol's fields (JSON), for reading a store without heedful's presets.
+``claims``
+    (run, chunk) -> the process computing that bench task now (pid, host, when it last stored a
+    step), so that another bench writing the store takes other tasks first; a claim whose process
+    is gone (or silent for :data:`CLAIM_STALE` seconds) is taken over. Rows last only while a task
+    runs; results never depend on them.
 
 A store of schema 1 (heedful before method versions and fingerprints) opens without error: its
 tables are kept, renamed ``schema1_*``, and never read (:attr:`ResultsStore.legacy` counts their
 rows). Every write commits at once (WAL journal), and :meth:`ResultsStore.transaction` groups
-the writes of one bench task into one commit, so a run killed at any point loses at most the task
-in flight, never part of one, and the next run computes only what is missing.
+the writes of one step of a bench task (a model batch explained or evaluated) into one commit, so
+a run killed at any point loses at most the step in flight, never part of one, and the next run
+computes only what is missing.
+
+Several writers
+---------------
+Processes may write one store at once (two ``heedful bench`` runs on one ``--out``). A write
+transaction takes the write lock when it begins (``BEGIN IMMEDIATE``), waiting for another
+writer's commit (SQLite's busy timeout, then retries with backoff, :data:`LOCK_WAIT` seconds in
+all) instead of failing with "database is locked"; readers never wait (WAL). Writes are
+idempotent: a row whose key is stored is not replaced (``INSERT OR IGNORE``), it is compared with
+the stored one on the values of :data:`ROW_VALUES` (what ``heedful bench merge`` compares too),
+and ``written`` counts only the rows this object added (``differing``: rows whose stored copy
+differs, kept as stored). A cost record adds up only the explanations a write added.
 """
 
 from __future__ import annotations
@@ -45,6 +62,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
+import socket
 import sqlite3
 import time
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
@@ -84,7 +103,29 @@ CREATE TABLE IF NOT EXISTS metrics (
 CREATE TABLE IF NOT EXISTS costs (
     run TEXT PRIMARY KEY, examples INTEGER, seconds REAL, forward REAL, backward REAL, peak_mb REAL);
 CREATE TABLE IF NOT EXISTS protocols (protocol_hash TEXT PRIMARY KEY, name TEXT, fields TEXT);
+CREATE TABLE IF NOT EXISTS claims (run TEXT, chunk TEXT, pid INTEGER, host TEXT, seen REAL, PRIMARY KEY (run, chunk));
 """
+
+ROW_VALUES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    # table: (key columns, values compared: SQL of a row ``{r}``); an explanation's wall seconds
+    # vary from one computation of it to the next
+    "explanations": (
+        ("run", "example_id"),
+        ("CASE WHEN json_valid({r}.explanation) THEN json_remove({r}.explanation, '$.cost.seconds') ELSE {r}.explanation END",),
+    ),
+    "measurements": (("run", "source", "protocol_hash", "example_id"), ("{r}.data",)),
+    "metrics": (("run", "metric", "protocol_hash", "example_id"), ("{r}.value", "{r}.curve", "{r}.extra")),
+    "protocols": (("protocol_hash",), ("{r}.fields",)),
+}
+"""The tables whose rows must agree wherever their key is written twice (two writers of one
+store, or two stores merged), by key."""
+
+CLAIM_STALE = 600.0
+"""Seconds after which a claim on a task that stored nothing is taken over even when its
+process seems alive (a process on another host, or a hung one)."""
+
+LOCK_WAIT = 600.0
+"""Seconds a write waits in all for other writers of the store before a one-line error."""
 
 _SCHEMA1_TABLES = ("explanations", "measurements", "metrics", "costs")
 """Tables whose rows schema 2 keys differently (a schema-1 store keeps them as ``schema1_<name>``)."""
@@ -285,9 +326,10 @@ class ResultsStore:
     set()
     """
 
-    def __init__(self, path: str | Path, timeout: float = 60.0) -> None:
-        """``timeout``: seconds to wait for another process's write lock before a one-line
-        :class:`~heedful.HeedfulError` (as are a corrupt file and another program's database)."""
+    def __init__(self, path: str | Path, timeout: float = LOCK_WAIT) -> None:
+        """``timeout``: seconds a write waits in all for other processes' write locks before a
+        one-line :class:`~heedful.HeedfulError` (as are a corrupt file and another program's
+        database)."""
         path = Path(path)
         try:
             if path.suffix not in (".sqlite", ".db"):
@@ -299,13 +341,14 @@ class ResultsStore:
             raise HeedfulError(
                 f"cannot create the results store folder {path}: {exc.strerror or exc}", hint="give a folder you can write to"
             ) from None
-        self.path = path
+        self.path, self.timeout = path, timeout
         if path.is_dir():
             raise HeedfulError(f"the results store {path} is a directory", hint="give the folder that holds it, or a new folder")
         try:
-            self.db = sqlite3.connect(path, timeout=timeout)
+            # autocommit: every transaction is begun explicitly, taking the write lock at once
+            self.db = sqlite3.connect(path, timeout=min(timeout, 30.0), isolation_level=None)
             _check_database(self.db, path)
-            self.db.execute("PRAGMA journal_mode=WAL")
+            self._waiting("PRAGMA journal_mode=WAL")
             self._open_schema()
         except sqlite3.OperationalError as exc:
             raise _store_error(path, exc) from None
@@ -313,13 +356,14 @@ class ResultsStore:
             raise HeedfulError(f"cannot open the results store {path}: {exc}", hint="use a new --out folder") from None
         self.legacy = self._legacy_counts()
         self.written = {"explanations": 0, "measurements": 0, "metrics": 0}
+        self.differing = {"explanations": 0, "measurements": 0, "metrics": 0}
         self._registered: set[tuple[str, str, str]] = set()
         self._in_transaction = False
 
     def _open_schema(self) -> None:
         """Create schema 2; a schema-1 store's tables are renamed ``schema1_*`` first (one
         transaction, so two processes opening it at once migrate it once)."""
-        self.db.execute("BEGIN IMMEDIATE")
+        self._waiting("BEGIN IMMEDIATE")
         self.db.execute("CREATE TABLE IF NOT EXISTS info (key TEXT PRIMARY KEY, value TEXT)")
         row = self.db.execute("SELECT value FROM info WHERE key='schema'").fetchone()
         found = SCHEMA_VERSION if row is None else int(row[0])
@@ -368,20 +412,37 @@ class ResultsStore:
         if self._in_transaction:
             yield self
             return
-        registered, written = set(self._registered), dict(self.written)
+        registered, written, differing = set(self._registered), dict(self.written), dict(self.differing)
+        self._waiting("BEGIN IMMEDIATE")
         self._in_transaction = True
         try:
-            with self.db:
-                yield self
+            yield self
+            self.db.execute("COMMIT")
         except BaseException:
-            self._registered, self.written = registered, written
+            if self.db.in_transaction:
+                self.db.execute("ROLLBACK")
+            self._registered, self.written, self.differing = registered, written, differing
             raise
         finally:
             self._in_transaction = False
 
     def _writing(self):
-        """The context of one write: its own commit, or the open :meth:`transaction`'s."""
-        return nullcontext() if self._in_transaction else self.db
+        """The context of one write: its own transaction, or the open :meth:`transaction`'s."""
+        return nullcontext() if self._in_transaction else self.transaction()
+
+    def _waiting(self, statement: str) -> None:
+        """Run ``statement`` (one that takes a lock), waiting for other writers: SQLite's busy
+        timeout, then retries with a growing pause, ``timeout`` seconds in all."""
+        deadline, pause = time.monotonic() + self.timeout, 0.05
+        while True:
+            try:
+                self.db.execute(statement)
+                return
+            except sqlite3.OperationalError as exc:
+                if not _is_locked(exc) or time.monotonic() + pause > deadline:
+                    raise _store_error(self.path, exc) from None
+                time.sleep(pause)
+                pause = min(2 * pause, 2.0)
 
     def __enter__(self) -> ResultsStore:
         return self
@@ -458,27 +519,41 @@ class ResultsStore:
         wanted = None if ids is None else set(ids)
         return [row for row in rows if wanted is None or row[0] in wanted]
 
-    def _insert(self, table: str, key: RunKey, rows: list[tuple]) -> None:
-        """Write ``(run, example_id, ...)`` rows of ``table`` in one transaction (replacing rows of
-        the same key) and count them."""
+    def _insert(self, table: str, key: RunKey, rows: list[tuple]) -> int:
+        """Write ``(run, example_id, ...)`` rows of ``table`` in one transaction, keeping a row
+        whose key is stored (another writer's); count the rows added and the stored ones that
+        differ on :data:`ROW_VALUES`. Returns the rows added."""
         self._register(key)
-        if rows:
-            marks = ",".join("?" * len(rows[0]))
-            with self._writing():
-                self.db.executemany(f"INSERT OR REPLACE INTO {table} VALUES ({marks})", rows)
-        self.written[table] += len(rows)
+        if not rows:
+            return 0
+        keys, values = ROW_VALUES[table]
+        on = " AND ".join(f"a.{k} = b.{k}" for k in keys)
+        differs = " OR ".join(f"{v.format(r='a')} IS NOT {v.format(r='b')}" for v in values)
+        with self._writing():
+            self.db.execute(f"CREATE TEMP TABLE IF NOT EXISTS incoming_{table} AS SELECT * FROM main.{table} WHERE 0")
+            self.db.executemany(f"INSERT INTO temp.incoming_{table} VALUES ({','.join('?' * len(rows[0]))})", rows)
+            present, differing = self.db.execute(
+                f"SELECT COUNT(*), COALESCE(SUM({differs}), 0) FROM temp.incoming_{table} a JOIN main.{table} b ON {on}"
+            ).fetchone()
+            self.db.execute(f"INSERT OR IGNORE INTO main.{table} SELECT * FROM temp.incoming_{table}")
+            self.db.execute(f"DELETE FROM temp.incoming_{table}")
+            self.written[table] += len(rows) - present
+            self.differing[table] += differing
+        return len(rows) - present
 
     # ------------------------------------------------------------------ explanations
-    def explanation_ids(self, key: RunKey) -> set[str]:
-        return {row[0] for row in self._select("explanations", "", key)}
+    def explanation_ids(self, key: RunKey, ids: Sequence[str] | None = None) -> set[str]:
+        """Ids explained under ``key`` (of ``ids`` only, when given)."""
+        return {row[0] for row in self._select("explanations", "", key, ids)}
 
-    def put_explanations(self, key: RunKey, items: Iterable[tuple[str, Explanation]]) -> None:
-        self.put_explanation_texts(key, [(ident, expl.to_json()) for ident, expl in items])
+    def put_explanations(self, key: RunKey, items: Iterable[tuple[str, Explanation]]) -> int:
+        return self.put_explanation_texts(key, [(ident, expl.to_json()) for ident, expl in items])
 
-    def put_explanation_texts(self, key: RunKey, items: Iterable[tuple[str, str]]) -> None:
-        """Store ``(example_id, Explanation.to_json())`` rows (made elsewhere, e.g. by a worker)."""
+    def put_explanation_texts(self, key: RunKey, items: Iterable[tuple[str, str]]) -> int:
+        """Store ``(example_id, Explanation.to_json())`` rows (made elsewhere, e.g. by a worker);
+        returns how many were not stored before."""
         now = time.time()
-        self._insert("explanations", key, [(key.digest, ident, text, now) for ident, text in items])
+        return self._insert("explanations", key, [(key.digest, ident, text, now) for ident, text in items])
 
     def explanation_texts(self, key: RunKey, ids: Sequence[str] | None = None) -> dict[str, str]:
         """``example_id -> Explanation.to_json()`` as stored (for sending to another process)."""
@@ -489,8 +564,8 @@ class ResultsStore:
         return {ident: Explanation.from_dict(json.loads(text)) for ident, text in rows}
 
     # ------------------------------------------------------------------ raw measurements
-    def measurement_ids(self, key: RunKey, source: str, protocol_hash: str) -> set[str]:
-        return {row[0] for row in self._select("measurements", "", key, source=source, protocol_hash=protocol_hash)}
+    def measurement_ids(self, key: RunKey, source: str, protocol_hash: str, ids: Sequence[str] | None = None) -> set[str]:
+        return {row[0] for row in self._select("measurements", "", key, ids, source=source, protocol_hash=protocol_hash)}
 
     def put_measurements(self, key: RunKey, source: str, protocol_hash: str, items: Iterable[tuple[str, dict]]) -> None:
         now = time.time()
@@ -502,8 +577,8 @@ class ResultsStore:
         return {ident: {k: _nan(v) for k, v in json.loads(text).items()} for ident, text in rows}
 
     # ------------------------------------------------------------------ metric values
-    def metric_ids(self, key: RunKey, metric: str, protocol_hash: str) -> set[str]:
-        return {row[0] for row in self._select("metrics", "", key, metric=metric, protocol_hash=protocol_hash)}
+    def metric_ids(self, key: RunKey, metric: str, protocol_hash: str, ids: Sequence[str] | None = None) -> set[str]:
+        return {row[0] for row in self._select("metrics", "", key, ids, metric=metric, protocol_hash=protocol_hash)}
 
     def put_metrics(
         self,
@@ -542,17 +617,28 @@ class ResultsStore:
 
     def record_explained(self, key: RunKey, items: Sequence[tuple[str, Explanation]], seconds: float, peak_mb: float) -> None:
         """Store freshly computed explanations and add what they cost: ``seconds`` of wall time,
-        their forward and backward passes, and the process's peak memory ``peak_mb``."""
-        self.put_explanations(key, items)
-        self.add_cost(
-            key, len(items), seconds, sum(e.cost.forward_passes for _, e in items),
-            sum(e.cost.backward_passes for _, e in items), peak_mb,
-        )
+        their forward and backward passes, and the process's peak memory ``peak_mb`` (the share
+        of those another writer had not stored already)."""
+        with self.transaction():
+            added = self.put_explanations(key, items)
+            self.add_cost(
+                key, len(items), seconds, sum(e.cost.forward_passes for _, e in items),
+                sum(e.cost.backward_passes for _, e in items), peak_mb, added,
+            )
 
     # ------------------------------------------------------------------ costs and protocols
-    def add_cost(self, key: RunKey, examples: int, seconds: float, forward: float, backward: float, peak_mb: float) -> None:
+    def add_cost(
+        self, key: RunKey, examples: int, seconds: float, forward: float, backward: float, peak_mb: float, added: int | None = None
+    ) -> None:
         """Add to ``key``'s cost record (interrupted runs of one key add up; another key -- a
-        recomputation -- starts its own record)."""
+        recomputation -- starts its own record) what ``examples`` explanations cost, or the share
+        of it of the ``added`` ones a write stored (the others were stored by another writer, who
+        counted them)."""
+        if added is not None and added < examples:
+            if not added:
+                return
+            share = added / examples
+            examples, seconds, forward, backward = added, seconds * share, forward * share, backward * share
         self._register(key)
         with self._writing():
             self.db.execute(
@@ -590,9 +676,30 @@ class ResultsStore:
         row = self.db.execute("SELECT name, fields FROM protocols WHERE protocol_hash=?", (protocol_hash,)).fetchone()
         return None if row is None else (row[0], json.loads(row[1]))
 
+    # ------------------------------------------------------------------ claims of bench tasks
+    def claim(self, run: str, chunk: str) -> bool:
+        """Claim the task of run digest ``run`` on the chunk starting at example ``chunk`` for this
+        process: ``False`` when another process holds it (see ``claims`` in the module docstring)."""
+        with self.transaction():
+            row = self.db.execute("SELECT pid, host, seen FROM claims WHERE run=? AND chunk=?", (run, chunk)).fetchone()
+            if row is not None and _claim_alive(*row):
+                return False
+            self.db.execute("INSERT OR REPLACE INTO claims VALUES (?,?,?,?,?)", (run, chunk, os.getpid(), _HOST, time.time()))
+        return True
+
+    def touch(self, run: str, chunk: str) -> None:
+        """Mark this process's claim on a task as alive (after each stored step)."""
+        with self._writing():
+            self.db.execute("UPDATE claims SET seen=? WHERE run=? AND chunk=? AND pid=? AND host=?", (time.time(), run, chunk, os.getpid(), _HOST))
+
+    def release(self, run: str, chunk: str) -> None:
+        """Drop this process's claim on a task (done, or given up)."""
+        with self._writing():
+            self.db.execute("DELETE FROM claims WHERE run=? AND chunk=? AND pid=? AND host=?", (run, chunk, os.getpid(), _HOST))
+
     def put_protocol(self, protocol_hash: str, name: str, fields: dict) -> None:
         with self._writing():
-            self.db.execute("INSERT OR REPLACE INTO protocols VALUES (?,?,?)", (protocol_hash, name, _json(fields)))
+            self.db.execute("INSERT OR IGNORE INTO protocols VALUES (?,?,?)", (protocol_hash, name, _json(fields)))
 
 
 def _check_database(db: sqlite3.Connection, path: Path) -> None:
@@ -610,11 +717,40 @@ def _check_database(db: sqlite3.Connection, path: Path) -> None:
         )
 
 
+_HOST = socket.gethostname()
+
+
+def _claim_alive(pid: int, host: str, seen: float) -> bool:
+    """Whether a claim is held by a live process: one that stored a step within
+    :data:`CLAIM_STALE` seconds and, on this host, is running and not this process (whose own
+    claims at a check are left over by an earlier process of the same id)."""
+    if time.time() - seen > CLAIM_STALE:
+        return False
+    if host != _HOST:
+        return True
+    if pid == os.getpid():
+        return False
+    if os.name == "nt":  # os.kill would end the process there
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _is_locked(exc: sqlite3.OperationalError) -> bool:
+    text = str(exc)
+    return "locked" in text or "busy" in text
+
+
 def _store_error(path: Path, exc: sqlite3.OperationalError) -> HeedfulError:
     """A one-line error for SQLite's operational failures: a lock held by another run, a
     read-only or vanished file."""
     text = str(exc)
-    if "locked" in text or "busy" in text:
+    if _is_locked(exc):
         return HeedfulError(f"the results store {path} is locked by another process", hint="wait for the other run to finish, or use another --out / --store folder")
     if "readonly" in text or "read-only" in text or "unable to open" in text:
         return HeedfulError(f"cannot write the results store {path} ({text})", hint="give a folder you can write to")

@@ -4,18 +4,24 @@ engine.
 A :class:`Part` is everything a task needs and nothing of the store: the method and its options,
 the chunk's :class:`~heedful.evaluate.evaluation.ModelInput`\\ s, which of them to explain and to
 evaluate, and what the store already holds for them (explanations, raw measurements, which
-metric values). :func:`compute_part` turns it into a :class:`PartResult` -- explanations as the
-JSON the store keeps, raw measurements and per-example metric values -- with the model alone, so
-it runs unchanged in the driver (the local engine) or in a worker process (the Ray engine,
-:mod:`heedful.evaluate.ray_engine`). :func:`write_part` stores a result in one transaction, so a
-task is stored whole or not at all; only the driver writes.
+metric values). :func:`compute_steps` turns it into :class:`PartResult`\\ s -- explanations as the
+JSON the store keeps, raw measurements and per-example metric values -- one per step: each model
+batch explained, then each model batch evaluated, in the batches one call on the whole chunk
+makes (so an example has the same neighbours however the task is stored). It needs the model
+alone, so it runs unchanged in the driver (the local engine, which stores every step as it comes:
+an interrupt loses at most the step in flight) or in a worker process (the Ray engine,
+:mod:`heedful.evaluate.ray_engine`, which sends the whole task back: :func:`compute_part`).
+:func:`write_part` stores a result in one transaction, so a step (or a task) is stored whole or
+not at all; only the driver writes.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,8 +79,9 @@ class Part:
 class PartResult:
     """What task ``index`` computed: ``explanations`` (id, JSON) with the wall ``explain_seconds``,
     forward / backward passes and peak memory of explaining them; new raw ``measurements``
-    (source -> [(id, record)]) and ``metrics`` (metric -> [(id, value, curve, extra)]);
-    ``seconds``: the whole task's wall time; ``pid``: the process that computed it."""
+    (source -> [(id, record)]) and ``metrics`` (metric -> [(id, value, curve, extra)]) of the
+    ``evaluated`` ids; ``seconds``: the wall time of the step (or task); ``pid``: the process
+    that computed it."""
 
     index: int
     explanations: list[tuple[str, str]]
@@ -86,6 +93,7 @@ class PartResult:
     metrics: dict[str, list[tuple[str, float, list[float] | None, dict | None]]]
     seconds: float
     pid: int
+    evaluated: list[str] = field(default_factory=list)
 
     @property
     def rows(self) -> int:
@@ -101,33 +109,35 @@ def _target_key(target) -> str:
     return "predicted" if target is None else repr(target)
 
 
-def explain_part(
+def explain_batches(
     model: Model, method: str, options: dict[str, Any], inputs: list[ModelInput], batch_size: int, max_length: int | None
-) -> list[Explanation]:
-    """``method``'s explanations of ``inputs`` (in order): one batched call per target and
-    sources (context data: per example)."""
+) -> Iterator[tuple[list[int], list[Explanation]]]:
+    """``method``'s explanations of ``inputs``, one model batch at a time: ``(positions in
+    inputs, explanations)``. Inputs of one target and sources (context data: per example) are
+    batched together, ``batch_size`` consecutive ones per call -- the batches of one
+    :meth:`heedful.Model.explain` call on all of them."""
     groups: dict[tuple, list[int]] = {}
     for k, item in enumerate(inputs):
         groups.setdefault((_target_key(item.target), item.sources), []).append(k)
-    found: dict[int, Explanation] = {}
     for members in groups.values():
-        items = [inputs[k] for k in members]
-        pairs = [i.text_pair for i in items]
-        explained = model.explain(
-            [i.text for i in items],
-            method,
-            items[0].target,
-            text_pair=pairs if any(p is not None for p in pairs) else None,
-            batch_size=batch_size,
-            max_length=max_length,
-            sources=None if items[0].sources is None else list(items[0].sources),
-            **options,
-        )
-        found.update(zip(members, explained, strict=True))
-    return [found[k] for k in range(len(inputs))]
+        for start in range(0, len(members), batch_size):
+            batch = members[start : start + batch_size]
+            items = [inputs[k] for k in batch]
+            pairs = [i.text_pair for i in items]
+            explained = model.explain(
+                [i.text for i in items],
+                method,
+                items[0].target,
+                text_pair=pairs if any(p is not None for p in pairs) else None,
+                batch_size=batch_size,
+                max_length=max_length,
+                sources=None if items[0].sources is None else list(items[0].sources),
+                **options,
+            )
+            yield batch, list(explained)
 
 
-def evaluate_part(
+def evaluate_batches(
     model: Model,
     ids: list[str],
     explanations: dict[str, Explanation],
@@ -136,33 +146,35 @@ def evaluate_part(
     stored: dict[str, dict[str, dict]],
     have: dict[str, set[str]],
     shared=None,
-) -> tuple[dict[str, list[tuple[str, dict]]], dict[str, list[tuple[str, float, list[float] | None, dict | None]]]]:
-    """Raw measurements and metric values of ``ids`` in batches of ``settings.batch_size``:
-    sources whose records are ``stored`` (source -> id -> record) for a whole batch are read, not
-    measured; only values missing from ``have`` (metric -> ids) are returned. ``shared``: a
+) -> Iterator[tuple[list[str], dict[str, list[tuple[str, dict]]], dict[str, list[tuple[str, float, list[float] | None, dict | None]]]]]:
+    """Raw measurements and metric values of ``ids``, one batch of ``settings.batch_size`` at a
+    time: ``(the batch's ids, new records, values)``. Sources whose records are ``stored``
+    (source -> id -> record) for a whole batch are read, not measured; only values missing from
+    ``have`` (metric -> ids) are returned. ``shared``: a
     :class:`~heedful.evaluate.context.SharedAblations` the methods share."""
     protocol, names = settings.protocol, list(settings.metrics)
     sources = sources_for(names)
-    new_records: dict[str, list[tuple[str, dict]]] = {s: [] for s in sources}
-    values: dict[str, list[tuple[str, float, list[float] | None, dict | None]]] = {name: [] for name in names}
     known = {s: dict(stored.get(s, {})) for s in sources}
     for start in range(0, len(ids), settings.batch_size):
         part = ids[start : start + settings.batch_size]
         batch = [explanations[i] for i in part]
         to_measure = [s for s in sources if any(i not in known[s] for i in part)]
         records: dict[str, list[dict]] = {}
+        new_records: dict[str, list[tuple[str, dict]]] = {}
         if to_measure:
             fresh = measure(model.adapter, batch, protocol, to_measure, shared=shared)
             for s in to_measure:
                 records[s] = to_records(fresh, s)
                 new = [(i, r) for i, r in zip(part, records[s], strict=True) if i not in known[s]]
-                new_records[s] += new
+                if new:
+                    new_records[s] = new
                 known[s].update(new)
         for s in sources:
             if s not in records:
                 records[s] = [known[s][i] for i in part]
         m = from_records(protocol, records, len(part)) if records else Measurements(protocol, len(part), x=protocol.curve_ratios)
         attach_references(m, batch, [inputs[i] for i in part], model.adapter.task)
+        values: dict[str, list[tuple[str, float, list[float] | None, dict | None]]] = {name: [] for name in names}
         for name in names:
             per = METRICS[name].compute(m)
             for b, ident in enumerate(part):
@@ -171,7 +183,7 @@ def evaluate_part(
                 curve = None if per.curves is None else per.curves[b].tolist()
                 extra = None if per.extras is None else per.extras[b]
                 values[name].append((ident, float(per.values[b]), curve, extra))
-    return {s: r for s, r in new_records.items() if r}, values
+        yield part, new_records, values
 
 
 def _loaded(text: str) -> Explanation:
@@ -180,45 +192,74 @@ def _loaded(text: str) -> Explanation:
     return Explanation.from_dict(json.loads(text))
 
 
-def compute_part(model: Model, part: Part, settings: Settings, shared=None) -> PartResult:
-    """Explain and evaluate one task (see the module docstring)."""
-    began = time.perf_counter()
+def compute_steps(
+    model: Model, part: Part, settings: Settings, shared=None, stored_texts: Callable[[list[str]], dict[str, str]] | None = None
+) -> Iterator[PartResult]:
+    """Explain and evaluate one task step by step (see the module docstring): a result per model
+    batch explained, then per model batch evaluated. ``stored_texts``: the explanations of ids as
+    the store holds them, read before evaluating when the caller stores each step (another writer
+    of the store may have stored an example first: its values are computed from the stored one)."""
     by_id = {i.id: i for i in part.inputs}
     texts: dict[str, str] = dict(part.explanations)
-    made: list[tuple[str, str]] = []
-    forward = backward = 0.0
-    explain_seconds, peak = 0.0, float("nan")
     if part.explain:
-        reset_peak_rss()
         todo = [by_id[i] for i in part.explain]
-        explained = explain_part(model, part.method, part.options, todo, settings.batch_size, settings.protocol.max_length)
-        explain_seconds, peak = time.perf_counter() - began, peak_rss_mb()
-        forward = sum(e.cost.forward_passes for e in explained)
-        backward = sum(e.cost.backward_passes for e in explained)
-        made = [(i.id, e.to_json()) for i, e in zip(todo, explained, strict=True)]
-        texts.update(made)
-    measurements: dict[str, list[tuple[str, dict]]] = {}
-    metrics: dict[str, list] = {}
+        batches = explain_batches(model, part.method, part.options, todo, settings.batch_size, settings.protocol.max_length)
+        reset_peak_rss()  # once per task (it collects garbage, which takes a while): the peak of the task so far
+        while True:
+            began = time.perf_counter()
+            found = next(batches, None)
+            if found is None:
+                break
+            seconds, peak = time.perf_counter() - began, peak_rss_mb()
+            positions, explained = found
+            made = [(todo[k].id, e.to_json()) for k, e in zip(positions, explained, strict=True)]
+            texts.update(made)
+            forward = sum(e.cost.forward_passes for e in explained)
+            backward = sum(e.cost.backward_passes for e in explained)
+            yield PartResult(part.index, made, seconds, forward, backward, peak, {}, {}, seconds, os.getpid())
     if part.evaluate:
+        if stored_texts is not None:
+            texts.update(stored_texts(part.evaluate))
         loaded = {i: _loaded(texts[i]) for i in part.evaluate}
-        measurements, metrics = evaluate_part(
-            model, part.evaluate, loaded, by_id, settings, part.measurements, part.have, shared
-        )
-    return PartResult(
-        part.index, made, explain_seconds, forward, backward, peak, measurements, metrics,
-        time.perf_counter() - began, os.getpid(),
-    )
+        steps = evaluate_batches(model, part.evaluate, loaded, by_id, settings, part.measurements, part.have, shared)
+        while True:
+            began = time.perf_counter()
+            found = next(steps, None)
+            if found is None:
+                break
+            ids, measurements, metrics = found
+            seconds = time.perf_counter() - began
+            yield PartResult(part.index, [], 0.0, 0.0, 0.0, math.nan, measurements, metrics, seconds, os.getpid(), list(ids))
+
+
+def compute_part(model: Model, part: Part, settings: Settings, shared=None) -> PartResult:
+    """Explain and evaluate one task (see the module docstring): its steps in one result."""
+    whole = PartResult(part.index, [], 0.0, 0.0, 0.0, math.nan, {}, {}, 0.0, os.getpid())
+    for step in compute_steps(model, part, settings, shared):
+        whole.explanations += step.explanations
+        whole.explain_seconds += step.explain_seconds
+        whole.forward += step.forward
+        whole.backward += step.backward
+        whole.peak_mb = max(whole.peak_mb, step.peak_mb) if not math.isnan(whole.peak_mb) else step.peak_mb
+        for source, rows in step.measurements.items():
+            whole.measurements.setdefault(source, []).extend(rows)
+        for name, rows in step.metrics.items():
+            whole.metrics.setdefault(name, []).extend(rows)
+        whole.evaluated += step.evaluated
+        whole.seconds += step.seconds
+    return whole
 
 
 def write_part(store: ResultsStore, part: Part, result: PartResult, settings: Settings) -> None:
     """Store ``result`` of ``part`` in one transaction: all of its rows, or none when the writer
-    is killed on the way."""
+    is killed on the way. Rows another writer stored first are kept, and so is the cost record of
+    their explanations."""
     key, phash = part.key, settings.protocol_hash
     with store.transaction():
         if result.explanations:
-            store.put_explanation_texts(key, result.explanations)
+            added = store.put_explanation_texts(key, result.explanations)
             store.add_cost(
-                key, len(result.explanations), result.explain_seconds, result.forward, result.backward, result.peak_mb
+                key, len(result.explanations), result.explain_seconds, result.forward, result.backward, result.peak_mb, added
             )
         for source, rows in result.measurements.items():
             store.put_measurements(key, source, phash, rows)
