@@ -39,6 +39,7 @@ from heedful.memory import (
     release_heap,
 )
 from heedful.precision import active_precision, lowered_model
+from heedful.readable import readable_tokens
 
 
 @dataclass
@@ -615,11 +616,18 @@ class ModelAdapter:
         raise InputError(f"a {self.task} model has no classes to choose from")
 
     def output_name(self, index: int) -> str:
+        """The name of output column ``index`` as people read it: a class label, ``"value"``, or
+        a vocabulary token decoded (:func:`heedful.readable.readable_tokens`)."""
         if self.task == "classification":
             return self.labels[index]
         if self.task == "regression":
             return "value"
-        return self.tokenizer.convert_ids_to_tokens(int(index))
+        return self.readable_tokens([int(index)])[0]
+
+    def readable_tokens(self, ids: Sequence[int], raw: Sequence[str] | None = None) -> list[str]:
+        """The tokens ``ids`` as people read them (``raw``: their tokenizer symbols, when known)."""
+        raw = self.tokenizer.convert_ids_to_tokens([int(i) for i in ids]) if raw is None else raw
+        return readable_tokens(self.tokenizer, ids, raw)
 
     # ------------------------------------------------------------------ precision
     def at_precision(self, precision: str) -> ModelAdapter:

@@ -86,7 +86,7 @@ def layer_map(
     scores = cp.interest_scores(fit.sigma, content, real)
     return LayerMap(
         text=text,
-        tokens=batch.tokens[0],
+        tokens=adapter.readable_tokens(batch.input_ids[0, :n].tolist(), batch.tokens[0]),
         special=batch.special_mask[0, :n].tolist(),
         layers=keys,
         scores=scores[:, :n].numpy().astype(np.float64),
@@ -173,7 +173,7 @@ def lambda_sweep(
     dist = expected_distortion(problem, fit.sigma, key, eval_samples, seed, settings.space, settings.output)
     return LambdaSweep(
         text=text,
-        tokens=batch.tokens[0],
+        tokens=adapter.readable_tokens(batch.input_ids[0, :n].tolist(), batch.tokens[0]),
         words=list(words),
         lams=[float(x) for x in lams],
         interest=scores[:, positions].numpy().astype(np.float64),
