@@ -12,7 +12,14 @@ from transformers import AutoConfig, AutoTokenizer
 
 from heedful.adapters import FAMILIES, adapter_for
 from heedful.adapters.heads import TASKS, head_of_class, head_of_task
-from heedful.errors import HeedfulError, InputError, UnsupportedModelError
+from heedful.errors import (
+    HeedfulError,
+    Hint,
+    InputError,
+    UnsupportedModelError,
+    close_matches,
+    did_you_mean,
+)
 from heedful.memory import parse_memory
 from heedful.model import Model
 from heedful.quiet import quiet_transformers
@@ -45,6 +52,9 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+ON_CPU = Hint("pass device='cpu'", "use --device cpu")
+
+
 def check_device(device: str | torch.device) -> torch.device:
     """``device`` as a :class:`torch.device`, or an :class:`InputError` if it is not one or is
     not available here (no CUDA, no such GPU, no MPS)."""
@@ -56,10 +66,10 @@ def check_device(device: str | torch.device) -> torch.device:
     if found.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if found.index is not None and found.index >= count or not count:
-            raise InputError(f"device {device!r} is not available ({count} CUDA device(s) here)", hint="use --device cpu")
+            raise InputError(f"device {device!r} is not available ({count} CUDA device(s) here)", hint=ON_CPU)
     elif found.type == "mps":
         if not torch.backends.mps.is_available():
-            raise InputError(f"device {device!r} is not available here", hint="use --device cpu")
+            raise InputError(f"device {device!r} is not available here", hint=ON_CPU)
     elif found.type != "cpu":
         raise InputError(f"heedful does not run on {device!r}", hint=hint)
     return found
@@ -118,9 +128,11 @@ def load(
     except OSError as exc:
         if local:
             raise HeedfulError(f"{name} has no readable config.json ({_first_line(exc)})", hint=hint) from None
+        close = close_matches(name, zoo.zoo_names())
         raise HeedfulError(
             f"{name!r} is neither a zoo model nor a model directory, and is not in the local Hugging Face cache",
-            hint=hint + " (heedful downloads nothing from a hub: fetch it first, e.g. `hf download " + name + "`)",
+            hint=did_you_mean(name, close, "zoo model") if close
+            else hint + " (heedful downloads nothing from a hub: fetch it first, e.g. `hf download " + name + "`)",
         ) from None
     except ValueError as exc:  # no or an unknown model_type
         raise UnsupportedModelError(f"cannot read the model in {name}: {_first_line(exc)}", hint="supported families: " + ", ".join(sorted(FAMILIES))) from None

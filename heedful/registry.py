@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from heedful.errors import InputError, MethodError
+from heedful.errors import InputError, MethodError, did_you_mean
 from heedful.options import OptionSpec, bind_options, option_specs
 from heedful.targets import QUANTITIES, TASKS
 
@@ -252,7 +252,7 @@ def find(name: str, task: str | None = None) -> MethodInfo:
     if info is None:
         raise MethodError(
             f"unknown method {name!r}",
-            hint="available methods: " + ", ".join(sorted(_REGISTRY)),
+            hint=did_you_mean(name, sorted(_REGISTRY), "method", listing="available methods: " + ", ".join(sorted(_REGISTRY))),
         )
     if task is not None and not info.supports(task):
         raise MethodError(

@@ -27,7 +27,7 @@ from heedful.adapters.causal import CAUSAL_ATTENTION
 from heedful.adapters.intercept import Interception, intercepting
 from heedful.adapters.roles import BlockRoles, HeadRoles, LRPRoles, ModelRoles, NormSite
 from heedful.batch import Batch
-from heedful.errors import InputError, UnsupportedModelError
+from heedful.errors import InputError, UnsupportedModelError, did_you_mean
 from heedful.memory import (
     FORWARD,
     Fit,
@@ -593,7 +593,7 @@ class ModelAdapter:
             if value.lower() not in folded:
                 raise InputError(
                     f"unknown label {value!r}",
-                    hint=f"the model's labels are: {', '.join(labels)}",
+                    hint=did_you_mean(value, labels, "label", listing=f"the model's labels are: {', '.join(labels)}"),
                 )
             return folded[value.lower()]
         if self.task in ("masked_lm", "causal_lm"):
