@@ -23,8 +23,9 @@ from heedful.evaluate.store import FILE_NAME, SCHEMA_VERSION, ResultsStore
 
 TABLES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     # table: (key columns, values compared: SQL of a row ``{r}``); an explanation's wall seconds
-    # vary from one computation of it to the next
-    "explanations": (("run", "example_id"), ("json_remove({r}.explanation, '$.cost.seconds')",)),
+    # vary from one computation of it to the next, and how its tokens are written changed when
+    # raw_tokens were kept apart (the tokenizer, fingerprinted in the key, decides them)
+    "explanations": (("run", "example_id"), ("json_remove({r}.explanation, '$.cost.seconds', '$.tokens', '$.raw_tokens')",)),
     "measurements": (("run", "source", "protocol_hash", "example_id"), ("{r}.data",)),
     "metrics": (("run", "metric", "protocol_hash", "example_id"), ("{r}.value", "{r}.curve", "{r}.extra")),
     "protocols": (("protocol_hash",), ("{r}.fields",)),
