@@ -25,7 +25,7 @@ import torch
 
 from heedful.adapters import Forward, ModelAdapter
 from heedful.batch import Batch
-from heedful.errors import InputError
+from heedful.errors import Hint, InputError
 from heedful.problem import Problem, prepare, reference_pass
 from heedful.registry import MethodInfo
 from heedful.runner import keeps_graph
@@ -64,7 +64,7 @@ def generate(
     """
     _check_causal(adapter)
     if max_new_tokens < 1:
-        raise InputError(f"max_new_tokens must be at least 1, got {max_new_tokens}", hint="e.g. --generate 12")
+        raise InputError(f"max_new_tokens must be at least 1, got {max_new_tokens}", hint=Hint("e.g. max_new_tokens=12", "e.g. --generate 12"))
     tokenizer = adapter.tokenizer
     lengths = prompts.lengths.tolist()
     width = prompts.seq_len

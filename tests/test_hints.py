@@ -89,3 +89,13 @@ def test_the_documented_csv_example_scores_plausibility(tiny, tmp_path):
     )
     result = run_bench(_spec(tiny("bert"), str(data), tmp_path / "out"), progress=False)
     assert result.computed["metrics"] > 0
+
+
+def test_python_callers_are_told_the_python_fix(tiny):
+    lm = tiny("gpt2", "causal_lm")
+    assert _error(lambda: lm.explain_generation("the cat", "saliency", max_new_tokens=0)).hint == "e.g. max_new_tokens=12"
+    error = _error(lambda: lm.explain("the cat " * 40, "saliency", truncation=False))
+    assert "truncation=True" in error.hint and "--no-truncate" not in str(error) and "--no-truncate" in error.cli_hint
+    from heedful.interest.steer import decoding_modes
+
+    assert _error(lambda: decoding_modes(8, beams=1)).hint == "e.g. beams=3 (the paper's)"

@@ -27,7 +27,7 @@ from heedful.adapters.causal import CAUSAL_ATTENTION
 from heedful.adapters.intercept import Interception, intercepting
 from heedful.adapters.roles import BlockRoles, HeadRoles, LRPRoles, ModelRoles, NormSite
 from heedful.batch import Batch
-from heedful.errors import InputError, UnsupportedModelError, did_you_mean
+from heedful.errors import Hint, InputError, UnsupportedModelError, did_you_mean
 from heedful.memory import (
     FORWARD,
     Fit,
@@ -488,7 +488,7 @@ class ModelAdapter:
         if too_long and not truncation:
             raise InputError(
                 f"text {too_long[0]} has {lengths[too_long[0]]} tokens; the model accepts at most {limit}",
-                hint="shorten the text, or allow truncation (drop --no-truncate)",
+                hint=Hint("shorten the text, or allow truncation (truncation=True)", "shorten the text, or allow truncation (drop --no-truncate)"),
             )
         if too_long:
             warnings.warn(

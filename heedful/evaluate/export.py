@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from heedful.errors import HeedfulError, InputError
+from heedful.errors import HeedfulError, Hint, InputError
 from heedful.evaluate.store import FILE_NAME, ResultsStore, RunKey
 from heedful.explanation import Explanation
 from heedful.version import __version__
@@ -118,7 +118,7 @@ def require_pyarrow():
     except ImportError as exc:
         raise HeedfulError(
             "Parquet needs pyarrow, which is not installed",
-            hint="pip install 'heedful[parquet]', or use --format csv",
+            hint=Hint("pip install 'heedful[parquet]', or pass format='csv'", "pip install 'heedful[parquet]', or use --format csv"),
         ) from exc
     return pa, pq
 
