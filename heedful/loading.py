@@ -17,7 +17,6 @@ from heedful.errors import (
     Hint,
     InputError,
     UnsupportedModelError,
-    close_matches,
     did_you_mean,
 )
 from heedful.memory import parse_memory
@@ -128,11 +127,12 @@ def load(
     except OSError as exc:
         if local:
             raise HeedfulError(f"{name} has no readable config.json ({_first_line(exc)})", hint=hint) from None
-        close = close_matches(name, zoo.zoo_names())
         raise HeedfulError(
             f"{name!r} is neither a zoo model nor a model directory, and is not in the local Hugging Face cache",
-            hint=did_you_mean(name, close, "zoo model") if close
-            else hint + " (heedful downloads nothing from a hub: fetch it first, e.g. `hf download " + name + "`)",
+            hint=did_you_mean(
+                name, zoo.zoo_names(), "zoo model",
+                listing=hint + " (heedful downloads nothing from a hub: fetch it first, e.g. `hf download " + name + "`)",
+            ),
         ) from None
     except ValueError as exc:  # no or an unknown model_type
         raise UnsupportedModelError(f"cannot read the model in {name}: {_first_line(exc)}", hint="supported families: " + ", ".join(sorted(FAMILIES))) from None

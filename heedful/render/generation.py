@@ -123,7 +123,12 @@ class GenerationMatrix:
                 used = 0
             found[-1].append(c)
             used += w + 1
-        return found if found[0] else []
+        if not found[0]:
+            return []
+        per = -(-len(widths) // len(found))  # as many bands, evened out where they still fit
+        even = [list(range(start, min(start + per, len(widths)))) for start in range(0, len(widths), per)]
+        fits = len(even) == len(found) and all(sum(widths[c] + 1 for c in band) <= room or len(band) == 1 for band in even)
+        return even if fits else found
 
     def __rich_console__(self, console, options):
         expl = self.expl
