@@ -40,7 +40,7 @@ from heedful.commands.console import (
     read_text_file,
 )
 from heedful.commands.options import options
-from heedful.errors import HeedfulError
+from heedful.errors import HeedfulError, did_you_mean
 from heedful.memory import parse_memory
 from heedful.targets import TASKS
 
@@ -282,7 +282,10 @@ def _method_options(infos, extra: dict[str, Any], seed: int | None, layerwise: b
         who = infos[0].name if len(infos) == 1 else "none of " + ", ".join(info.name for info in infos)
         raise HeedfulError(
             f"{who} {'does not take' if len(infos) == 1 else 'takes'} the option(s) {', '.join(unused)}",
-            hint="see `heedful methods METHOD` for a method's options",
+            hint=did_you_mean(
+                unused[0], sorted({o.name for info in infos for o in info.options}), "option",
+                listing="see `heedful methods METHOD` for a method's options",
+            ),
         )
     found = []
     for info in infos:
@@ -454,7 +457,7 @@ def main() -> None:
         try:
             code = app(standalone_mode=False)
         except HeedfulError as exc:
-            _fail(caught, exc.message, exc.hint or f"see `{_command_path()} --help`")
+            _fail(caught, exc.message, exc.cli_hint or f"see `{_command_path()} --help`")
         except click.NoArgsIsHelpError as exc:
             exc.show()
             raise SystemExit(exc.exit_code) from None

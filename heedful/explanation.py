@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from heedful.readable import marked
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -122,8 +124,11 @@ class Views:
 class Explanation(Views):
     """Token attributions for one text.
 
-    ``tokens`` are exactly the tokenizer's tokens for the text (special tokens included and
-    flagged in ``special``); ``scores`` ``[N]`` (or ``[L, N]`` for layer-wise methods, layers
+    ``tokens`` are the tokenizer's tokens for the text as people read them (each decoded alone,
+    line breaks and whitespace-only tokens marked, :mod:`heedful.readable`; special tokens
+    included and flagged in ``special``); ``raw_tokens`` the tokenizer's own symbols
+    (``'ĠParis'``; equal to ``tokens`` when not given, as in explanations stored before they
+    were kept apart); ``scores`` ``[N]`` (or ``[L, N]`` for layer-wise methods, layers
     1..L) give one score per token. ``offsets[i]`` is the character span of token ``i`` in
     ``text`` (or in ``text_pair`` where ``segments[i] == 1``), ``None`` for special tokens;
     ``word_ids[i]`` groups sub-word tokens into words. ``sources``: the character spans of the
@@ -156,6 +161,11 @@ class Explanation(Views):
     truncated: bool = False
     sources: list[tuple[int, int]] | None = None
     details: dict[str, Any] = field(default_factory=dict)
+    raw_tokens: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.raw_tokens:
+            self.raw_tokens = list(self.tokens)
 
     # ------------------------------------------------------------------ views
     @property
@@ -169,7 +179,7 @@ class Explanation(Views):
         """Aggregate sub-word scores to words with ``agg`` in sum, mean, max, first, last.
 
         Special tokens are left out. Word text is the span of the original text covered by
-        its tokens.
+        its tokens, marked as tokens are (:func:`heedful.readable.marked`: a line break is ``⏎``).
         """
         if agg not in AGGREGATIONS:
             raise ValueError(f"agg must be one of {AGGREGATIONS}, got {agg!r}")
@@ -189,7 +199,7 @@ class Explanation(Views):
         for w in order:
             idx = groups[w]
             start, end = self.offsets[idx[0]][0], self.offsets[idx[-1]][1]
-            words.append(self.source_text(self.segments[idx[0]])[start:end])
+            words.append(marked(self.source_text(self.segments[idx[0]])[start:end]))
             spans.append((start, end))
             token_lists.append(idx)
             columns.append(reducers[agg](self.scores[..., idx]))
@@ -237,14 +247,16 @@ class Explanation(Views):
         return cls(**data)
 
     def to_pandas(self) -> pd.DataFrame:
-        """One row per token: token, position, word id, special flag, offsets and score
-        (one ``layer_k`` column per layer for layer-wise scores)."""
+        """One row per token: position, token (as people read it), raw token (the
+        tokenizer's symbol), word id, special flag, offsets and score (one ``layer_k`` column per
+        layer for layer-wise scores)."""
         import pandas as pd
 
         frame = pd.DataFrame(
             {
                 "position": range(len(self.tokens)),
                 "token": self.tokens,
+                "raw_token": self.raw_tokens,
                 "word_id": self.word_ids,
                 "special": self.special,
                 "start": [o[0] if o else None for o in self.offsets],

@@ -13,10 +13,12 @@ import torch
 
 from heedful.batch import Batch
 from heedful.explanation import Cost, Views
+from heedful.readable import marked
 
 if TYPE_CHECKING:
     import pandas as pd
 
+    from heedful.adapters.base import ModelAdapter
     from heedful.generation import Generation
 
 
@@ -24,7 +26,8 @@ if TYPE_CHECKING:
 class GenerationExplanation(Views):
     """One prompt's generation, explained step by step.
 
-    ``tokens`` (``S = P + T``), ``offsets`` (into ``text``, the prompt and continuation
+    ``tokens`` (``S = P + T``, as people read them, :mod:`heedful.readable`; ``raw_tokens``:
+    the tokenizer's symbols, equal to ``tokens`` when not given), ``offsets`` (into ``text``, the prompt and continuation
     joined), ``word_ids`` and ``special`` describe every token; the first ``prompt_length``
     (``P``) are the prompt's. ``scores`` ``[T, S]``: row ``t`` explains generated token
     ``tokens[P + t]`` (its ``quantity``, ``"log_prob"`` or ``"logit"``) over the tokens before
@@ -56,6 +59,11 @@ class GenerationExplanation(Views):
     cost: Cost = field(default_factory=lambda: Cost(0.0, 0.0, 0.0))
     generation_seconds: float = 0.0
     model: str = ""
+    raw_tokens: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.raw_tokens:
+            self.raw_tokens = list(self.tokens)
 
     # ------------------------------------------------------------------ reading
     @property
@@ -106,7 +114,8 @@ class GenerationExplanation(Views):
         labels, columns = [], []
         for idx in groups:
             start, end = self.offsets[idx[0]][0], self.offsets[idx[-1]][1]
-            labels.append(self.text[start:end].strip())
+            words = self.text[start:end]
+            labels.append(marked(words.strip() or words))
             block = self.scores[:, idx]
             written = ~np.isnan(block).all(axis=1)
             if agg == "sum":
@@ -130,7 +139,8 @@ class GenerationExplanation(Views):
     # ------------------------------------------------------------------ export
     def to_pandas(self) -> pd.DataFrame:
         """One row per (generated step, earlier token): ``step``, ``generated``, ``probability``,
-        ``position``, ``token``, ``in_prompt``, ``special``, ``score``."""
+        ``position``, ``token``, ``raw_token`` (the tokenizer's symbol), ``in_prompt``,
+        ``special``, ``score``."""
         rows = []
         for t, generated in enumerate(self.generated_tokens):
             for j in range(self.prompt_length + t):
@@ -141,6 +151,7 @@ class GenerationExplanation(Views):
                         "probability": float(self.probabilities[t]),
                         "position": j,
                         "token": self.tokens[j],
+                        "raw_token": self.raw_tokens[j],
                         "in_prompt": j < self.prompt_length,
                         "special": self.special[j],
                         "score": float(self.scores[t, j]),
@@ -182,6 +193,7 @@ class GenerationExplanation(Views):
 
 
 def assemble_generation(
+    adapter: ModelAdapter,
     generation: Generation,
     example: torch.Tensor,
     step: torch.Tensor,
@@ -195,7 +207,7 @@ def assemble_generation(
 ) -> list[GenerationExplanation]:
     """One :class:`GenerationExplanation` per prompt from the step rows' ``scores`` ``[R, W]``
     and ``probabilities`` ``[R]`` (rows ``(example[r], step[r])``, see
-    :func:`heedful.generation.step_rows`)."""
+    :func:`heedful.generation.step_rows`); ``adapter`` reads the tokens as people do."""
     batch = generation.batch
     values = scores.float().cpu().numpy().astype(np.float64)
     probs = probabilities.float().cpu().numpy().astype(np.float64)
@@ -212,7 +224,7 @@ def assemble_generation(
             GenerationExplanation(
                 prompt=generation.prompts[b] if generation.prompts is not None else batch.texts[b][: _prompt_chars(batch, b, prompt)],
                 text=batch.texts[b],
-                tokens=batch.tokens[b],
+                tokens=adapter.readable_tokens(batch.input_ids[b, :n].tolist(), batch.tokens[b]),
                 offsets=batch.offsets[b],
                 word_ids=batch.word_ids[b],
                 special=batch.special_mask[b, :n].tolist(),
@@ -226,6 +238,7 @@ def assemble_generation(
                 cost=cost,
                 generation_seconds=generation.seconds / max(len(generation.steps), 1),
                 model=model,
+                raw_tokens=list(batch.tokens[b]),
             )
         )
     return found

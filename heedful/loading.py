@@ -13,7 +13,14 @@ from transformers import AutoConfig, AutoTokenizer
 
 from heedful.adapters import GenericAdapter, adapter_for
 from heedful.adapters.heads import TASKS, head_of_class, head_of_task
-from heedful.errors import HeedfulError, InputError, UnsupportedModelError
+from heedful.errors import (
+    HeedfulError,
+    Hint,
+    InputError,
+    UnsupportedModelError,
+    close_matches,
+    did_you_mean,
+)
 from heedful.memory import parse_memory
 from heedful.model import Model
 from heedful.quiet import quiet_transformers
@@ -46,6 +53,9 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+ON_CPU = Hint("pass device='cpu'", "use --device cpu")
+
+
 def check_device(device: str | torch.device) -> torch.device:
     """``device`` as a :class:`torch.device`, or an :class:`InputError` if it is not one or is
     not available here (no CUDA, no such GPU, no MPS)."""
@@ -57,10 +67,10 @@ def check_device(device: str | torch.device) -> torch.device:
     if found.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if found.index is not None and found.index >= count or not count:
-            raise InputError(f"device {device!r} is not available ({count} CUDA device(s) here)", hint="use --device cpu")
+            raise InputError(f"device {device!r} is not available ({count} CUDA device(s) here)", hint=ON_CPU)
     elif found.type == "mps":
         if not torch.backends.mps.is_available():
-            raise InputError(f"device {device!r} is not available here", hint="use --device cpu")
+            raise InputError(f"device {device!r} is not available here", hint=ON_CPU)
     elif found.type != "cpu":
         raise InputError(f"heedful does not run on {device!r}", hint=hint)
     return found
@@ -117,10 +127,14 @@ def load(
     else:
         path = Path(name).expanduser()
         if not path.is_dir():
-            if path.exists() or name.startswith((".", "/", "~")) or not hub.is_repo_id(name):
+            close = "/" not in name and close_matches(name, zoo.zoo_names())
+            if path.exists() or name.startswith((".", "/", "~")) or not hub.is_repo_id(name) or close:
                 raise HeedfulError(
-                    f"{name} is not a model directory",
-                    hint="give a zoo name (see `heedful models`), a Hugging Face model directory, or a hub id",
+                    f"{name} is not a zoo model or a model directory",
+                    hint=did_you_mean(
+                        name, zoo.zoo_names(), "zoo model",
+                        listing="give a zoo name (see `heedful models`), a Hugging Face model directory, or a hub id",
+                    ),
                 )
             path = hub.fetch(name, revision, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code, progress=progress)
     source = str(path)

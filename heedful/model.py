@@ -29,6 +29,7 @@ from heedful.generation_explanation import GenerationExplanation, assemble_gener
 from heedful.memory import parse_memory
 from heedful.options import jsonable
 from heedful.problem import Problem, contrast_spans, prepare, span_request
+from heedful.readable import marked
 from heedful.registry import MethodInfo
 from heedful.sources import SourceSpec
 from heedful.targets import ResolvedTarget, Target
@@ -430,7 +431,7 @@ class Model:
                 Explanation(
                     text=batch.texts[b],
                     text_pair=batch.text_pairs[b],
-                    tokens=batch.tokens[b],
+                    tokens=self.adapter.readable_tokens(batch.input_ids[b, :n].tolist(), batch.tokens[b]),
                     offsets=batch.offsets[b],
                     word_ids=batch.word_ids[b],
                     special=batch.special_mask[b, :n].tolist(),
@@ -452,6 +453,7 @@ class Model:
                     truncated=bool(batch.truncated[b]) if batch.truncated else False,
                     sources=None if problem.sources is None else list(problem.sources.spans[b]),
                     details={key: values[b] for key, values in problem.details.items()},
+                    raw_tokens=list(batch.tokens[b]),
                 )
             )
         return found
@@ -525,7 +527,7 @@ class Model:
         >>> lm = heedful.load("smollm2-135m")                                       # doctest: +SKIP
         >>> g = lm.explain_generation("The capital of France is", max_new_tokens=4)  # doctest: +SKIP
         >>> g.generated_tokens, g.scores.shape                                      # doctest: +SKIP
-        (['ĠParis', '.', 'ĠThe', 'Ġcapital'], (4, 9))
+        ([' Paris', '.', ' The', ' capital'], (4, 9))
         """
         info = self.method(method)
         bound = info.bind(options, self.adapter.device)
@@ -548,7 +550,7 @@ class Model:
         cost = Cost(*((a + b) / rows for a, b in zip(shared, own, strict=True)))
         probs = replace(problem.target, quantity="logit").score(torch.softmax(problem.reference.logits.detach().float(), dim=-1))
         found = assemble_generation(
-            generation, example, step, scores, probs, info.name, jsonable(bound), quantity, cost, self.name
+            self.adapter, generation, example, step, scores, probs, info.name, jsonable(bound), quantity, cost, self.name
         )
         return found[0] if single else found
 
@@ -662,7 +664,7 @@ class Model:
 def _contrast_label(spec: Target) -> str:
     """``"A vs B"`` as the user wrote it (a foil given a leading space by the parse keeps one)."""
     foil = str(spec.foil)
-    return f"{spec.value} vs{foil}" if foil.startswith(" ") else f"{spec.value} vs {foil}"
+    return marked(f"{spec.value} vs{foil}" if foil.startswith(" ") else f"{spec.value} vs {foil}")
 
 
 def _pairs(text_pair, count: int, single: bool) -> list[str] | None:

@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from heedful.errors import InputError
+from heedful.errors import Hint, InputError, did_you_mean
 
 _NONE = type(None)
 
@@ -219,7 +219,11 @@ def bind_options(method: str, specs: tuple[OptionSpec, ...], given: Mapping[str,
     if unknown:
         raise InputError(
             f"{method} does not take the option(s) {', '.join(unknown)}",
-            hint=f"{method}'s options: {', '.join(known) or 'none'} (see `heedful methods {method}`)",
+            hint=did_you_mean(
+                unknown[0], known, "option",
+                listing=Hint(f"{method}'s options: {', '.join(known) or 'none'} (see heedful.get_method({method!r}).options)",
+                             f"{method}'s options: {', '.join(known) or 'none'} (see `heedful methods {method}`)"),
+            ),
         )
     return {name: (spec.check(method, given[name]) if name in given else spec.default) for name, spec in known.items()}
 

@@ -27,6 +27,7 @@ from heedful.batch import Batch
 from heedful.chunks import length_chunks
 from heedful.errors import InputError
 from heedful.memory import Fit, Need, estimate, kept_bytes, refusal
+from heedful.readable import marked
 from heedful.sequences import continue_batch, span_ids
 from heedful.sources import SourceMap, SourceSpec, Span, map_sources
 from heedful.targets import QUANTITIES, Columns, ResolvedTarget, Target, resolve_target
@@ -294,7 +295,7 @@ def prepare(
         text = request.value
         classes = torch.tensor([span] * len(batch), dtype=torch.long)
         resolved = ResolvedTarget(
-            anchor, anchor_kind, classes, torch.ones(len(span)), [text] * len(batch), adapter.task, positions=positions
+            anchor, anchor_kind, classes, torch.ones(len(span)), [marked(text)] * len(batch), adapter.task, positions=positions
         )
     else:
         resolved = resolve_target(request, adapter, anchor, anchor_kind, forward.logits.detach())

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from heedful.adapters.needs import check_needs
-from heedful.errors import InputError, MethodError
+from heedful.errors import InputError, MethodError, did_you_mean
 from heedful.options import OptionSpec, bind_options, option_specs
 from heedful.precision import Tolerates, resolve_precision
 from heedful.targets import QUANTITIES, TASKS
@@ -304,7 +304,7 @@ def find(name: str, task: str | None = None) -> MethodInfo:
     if info is None:
         raise MethodError(
             f"unknown method {name!r}",
-            hint="available methods: " + ", ".join(sorted(_REGISTRY)),
+            hint=did_you_mean(name, sorted(_REGISTRY), "method", listing="available methods: " + ", ".join(sorted(_REGISTRY))),
         )
     if task is not None and not info.supports(task):
         raise MethodError(

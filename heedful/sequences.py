@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from heedful.batch import Batch
-from heedful.errors import InputError
+from heedful.errors import Hint, InputError
 
 if TYPE_CHECKING:
     from heedful.adapters.base import ModelAdapter
@@ -37,9 +37,9 @@ def span_ids(adapter: ModelAdapter, text: str) -> list[int]:
 def check_new_tokens(max_new_tokens: int) -> None:
     """An :class:`InputError` unless ``max_new_tokens`` is a whole number of at least 1."""
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
-        raise InputError(f"max_new_tokens must be a whole number, got {max_new_tokens!r}", hint="e.g. --generate 12")
+        raise InputError(f"max_new_tokens must be a whole number, got {max_new_tokens!r}", hint=Hint("e.g. max_new_tokens=12", "e.g. --generate 12"))
     if max_new_tokens < 1:
-        raise InputError(f"max_new_tokens must be at least 1, got {max_new_tokens}", hint="e.g. --generate 12")
+        raise InputError(f"max_new_tokens must be at least 1, got {max_new_tokens}", hint=Hint("e.g. max_new_tokens=12", "e.g. --generate 12"))
 
 
 def check_positions(adapter: ModelAdapter, lengths: Sequence[int], added: Sequence[int], generated: bool = False) -> None:

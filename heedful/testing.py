@@ -583,13 +583,13 @@ def _check_special_tokens(case: _Case) -> None:
     tokenizer = case.model.tokenizer
     for text, e in zip(case.texts, case.together, strict=True):
         encoded = tokenizer(text, return_special_tokens_mask=True)
-        assert e.tokens == tokenizer.convert_ids_to_tokens(encoded["input_ids"]), f"tokens of {text!r}: {e.tokens}"
+        assert e.raw_tokens == tokenizer.convert_ids_to_tokens(encoded["input_ids"]), f"tokens of {text!r}: {e.raw_tokens}"
         expected = [bool(s) for s in encoded["special_tokens_mask"]]
         assert e.special == expected, f"special flags of {text!r}: {e.special}, the tokenizer's {expected}"
     if case.model.task != "masked_lm":
         return
     for e in case.together:
-        assert e.tokens[e.target.anchor] == tokenizer.mask_token, f"anchor {e.target.anchor} is {e.tokens[e.target.anchor]!r}"
+        assert e.raw_tokens[e.target.anchor] == tokenizer.mask_token, f"anchor {e.target.anchor} is {e.raw_tokens[e.target.anchor]!r}"
     passes = case.raw.passes
     assert passes.replaced == 0, f"{passes.replaced} sequence(s) run with the [MASK] anchor replaced, their output read there"
     if case.info.family == "perturbation" and passes.edited:

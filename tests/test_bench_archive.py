@@ -62,7 +62,7 @@ def test_a_dumped_folder_loads_elsewhere_with_every_row_and_file(folder, tmp_pat
     for rel in ("results.sqlite", "stability/results.sqlite"):
         assert _tables(tmp_path / "elsewhere" / rel) == _tables(results / rel)
     lines = [line for p in (tmp_path / "archive").rglob(DUMP_NAME) for line in p.read_text(encoding="utf-8").splitlines()]
-    assert dumped.rows == len(lines)
+    assert dumped.rows + dumped.bookkeeping == len(lines)
     assert loaded.rows == sum(any(f'"table": "{t}"' in line for t in ("explanations", "measurements", "metrics")) for line in lines)
     np.testing.assert_array_equal(np.load(tmp_path / "elsewhere" / "stability" / "unit-0.npz")["scores"], np.arange(6.0))
     again = run_bench(_spec(model, data, tmp_path / "elsewhere", ["grad_x_input"]), progress=False)
@@ -129,3 +129,20 @@ def test_dump_and_load_commands_and_their_bad_input(folder, tmp_path, monkeypatc
     dump.write_text(lines[0].replace('"key": "schema", "value": "2"', '"key": "schema", "value": "9"') + "\n", encoding="utf-8")
     code, _, err = run_cli(monkeypatch, capsys, "bench", "load", str(tmp_path / "archive"), str(tmp_path / "there"))
     assert code == 2 and "is not a results store of schema 2 (found 9)" in err, err
+
+
+def test_dump_and_load_count_the_same_rows_and_say_what_they_count(folder, tmp_path, monkeypatch, capsys):
+    _, _, results = folder
+    dumped = dump_folder(results, tmp_path / "archive")
+    loaded = load_archive(tmp_path / "archive", tmp_path / "elsewhere")
+    assert dumped.rows == loaded.rows > 0 and dumped.tables == loaded.tables and loaded.present == 0
+    with sqlite3.connect(results / "results.sqlite") as db:
+        own = {t: db.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in ("explanations", "measurements", "metrics")}
+    with sqlite3.connect(results / "stability" / "results.sqlite") as db:
+        nested = {t: db.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in own}
+    assert dumped.tables == {t: own[t] + nested[t] for t in own}
+    code, _, dump_line = run_cli(monkeypatch, capsys, "bench", "dump", str(results), str(tmp_path / "again"))
+    code, _, load_line = run_cli(monkeypatch, capsys, "bench", "load", str(tmp_path / "again"), str(tmp_path / "there"))
+    said = f"{dumped.rows} result rows"
+    assert said in dump_line and f"{said} added" in load_line and "0 already present" in load_line, (dump_line, load_line)
+    assert f"{dumped.tables['explanations']} explanations" in dump_line and f"{dumped.bookkeeping} rows of runs" in dump_line

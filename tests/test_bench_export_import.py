@@ -390,7 +390,7 @@ def test_captum_attributions_are_imported_unchanged(bench, tmp_path):
     explained = from_captum(model, attr, enc["input_ids"], attention_mask=enc["attention_mask"], target=1, texts=texts)
     for b, expl in enumerate(explained):
         n = int(enc["attention_mask"][b].sum())
-        assert expl.tokens == model.tokenizer.convert_ids_to_tokens(enc["input_ids"][b, :n].tolist())
+        assert expl.raw_tokens == model.tokenizer.convert_ids_to_tokens(enc["input_ids"][b, :n].tolist())
         assert np.allclose(expl.scores, summed[b, :n].numpy(), rtol=0, atol=1e-6)
         assert expl.target.indices == [1] and expl.details["aligned_by"] == "token ids"
     decoded = from_captum(model, attr.sum(-1), enc["input_ids"], target=[1, 1, 1])  # no mask, no texts: decoded, pads dropped
@@ -435,7 +435,7 @@ def test_inseq_saved_output_is_imported_per_generated_token(tmp_path):
         j = int(step or 0)
         position = seq.attr_pos_start + j
         scores = seq.target_attributions[:position, j].sum(-1)  # granular: summed over the hidden size
-        assert expl.tokens == tokenizer.convert_ids_to_tokens([t.id for t in seq.target[:position]])
+        assert expl.raw_tokens == tokenizer.convert_ids_to_tokens([t.id for t in seq.target[:position]])
         assert np.allclose(expl.scores, scores.double().numpy(), rtol=0, atol=1e-7)
         assert expl.target.indices == [seq.target[position].id]
     assert explained[0].text == prompts[0] and explained[expected.index("1")].text == prompts[1]

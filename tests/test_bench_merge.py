@@ -101,3 +101,21 @@ def test_merge_command(shards, tmp_path, monkeypatch, capsys):
     assert code == 2 and "no results store at" in err and "Traceback" not in err
     code, _, err = run_cli(monkeypatch, capsys, "bench", "merge", str(out), str(out))
     assert code == 2 and "is the merged store itself" in err
+
+
+def test_explanations_stored_before_raw_tokens_merge_with_later_ones(shards, tmp_path):
+    """A store written before explanations kept ``raw_tokens`` apart (its ``tokens`` the raw
+    symbols) merges with one written after: the same rows, not a clash."""
+    import json
+
+    _, root, _ = shards
+    old = tmp_path / "old"
+    shutil.copytree(root / "a", old)
+    with sqlite3.connect(old / "results.sqlite") as db:
+        for run, ident, text in db.execute("SELECT run, example_id, explanation FROM explanations").fetchall():
+            data = json.loads(text)
+            data["tokens"] = data.pop("raw_tokens")
+            db.execute("UPDATE explanations SET explanation = ? WHERE run = ? AND example_id = ?", (json.dumps(data), run, ident))
+    merge_stores(tmp_path / "merged", [root / "a"])
+    report = merge_stores(tmp_path / "merged", [old])
+    assert report.present["explanations"] == 6 and report.added["explanations"] == 0

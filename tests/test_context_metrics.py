@@ -149,7 +149,7 @@ def test_ablations_against_a_plain_forward_per_text(lm):
     found = measure_ablations(lm.adapter, explanations, protocol)
     tokenizer = lm.adapter.tokenizer
     for b, e in enumerate(explanations):
-        ids = tokenizer.convert_tokens_to_ids(e.tokens)
+        ids = tokenizer.convert_tokens_to_ids(e.raw_tokens)
         token = e.target.indices[0]
         owners = np.array(token_sources(e.offsets, e.sources))
         assert found.original[b] == pytest.approx(_log_prob(lm, ids, len(ids) - 1, token), abs=1e-5)
@@ -175,7 +175,7 @@ def test_span_targets_sum_the_span_log_probabilities(lm):
     expl = lm.explain(item.text, "saliency", item.target, sources=list(item.sources))
     assert expl.target.positions is not None and len(expl.target.indices) > 1
     found = measure_ablations(lm.adapter, [expl], get_protocol("default", source_ks=(1,), lds_ablations=3))
-    ids = lm.adapter.tokenizer.convert_tokens_to_ids(expl.tokens)
+    ids = lm.adapter.tokenizer.convert_tokens_to_ids(expl.raw_tokens)
     owners = np.array(token_sources(expl.offsets, expl.sources))
     top = int(np.argmax(expl.source_scores().scores))
     kept = [i for i, (t, o) in enumerate(zip(ids, owners, strict=True)) if o != top]

@@ -43,7 +43,7 @@ def test_held_out_accuracy_meets_target_measured_here(model):
 def test_default_sentence_is_positive_and_normxlogit_credits_the_sentiment_words(model):
     e = model.explain(SENTENCE)
     assert e.prediction["label"] == "POSITIVE" and e.target.label == "POSITIVE"
-    assert e.tokens == model.tokenizer.convert_ids_to_tokens(model.tokenizer(SENTENCE)["input_ids"])
+    assert e.raw_tokens == model.tokenizer.convert_ids_to_tokens(model.tokenizer(SENTENCE)["input_ids"])
     top_words = [w for w, _ in e.top(3)]
     assert "charming" in top_words
 

@@ -53,7 +53,7 @@ def test_three_steps_equal_a_loop_of_single_positions(tiny, family, method, opti
     lm = tiny(family, "causal_lm")
     found = lm.explain_generation(PROMPTS, method, max_new_tokens=3, **options)
     for g, prompt in zip(found, PROMPTS, strict=True):
-        generated = lm.tokenizer.convert_tokens_to_ids(g.generated_tokens)
+        generated = lm.tokenizer.convert_tokens_to_ids(g.raw_tokens[g.prompt_length :])
         assert g.steps == 3 and g.scores.shape == (3, g.prompt_length + 3)
         for t in range(3):
             problem = _prefix_problem(lm, prompt, generated[: t + 1], "log_prob")
@@ -79,10 +79,10 @@ def test_forced_continuation_keeps_its_own_ids_and_offsets(tiny):
     lm = tiny("gpt2", "causal_lm")
     g = lm.explain_generation("the cat", "grad_x_input", continuation=" sat on the mat")
     expected = lm.tokenizer(" sat on the mat", add_special_tokens=False)["input_ids"]
-    assert lm.tokenizer.convert_tokens_to_ids(g.generated_tokens) == expected
+    assert lm.tokenizer.convert_tokens_to_ids(g.raw_tokens[g.prompt_length :]) == expected
     assert g.forced and g.text == "the cat sat on the mat" and g.continuation == " sat on the mat"
     for token, offset in zip(g.generated_tokens, g.offsets[g.prompt_length :], strict=True):
-        assert g.text[offset[0] : offset[1]].strip() == lm.tokenizer.convert_tokens_to_string([token]).strip()
+        assert g.text[offset[0] : offset[1]].strip() == token.replace("␣", " ").strip()
     words, matrix = g.words()
     assert words == ["the", "cat", "sat", "on", "the", "mat"]
     assert matrix.shape == (g.steps, 6) and np.isnan(matrix[0, 3:]).all()
@@ -244,7 +244,7 @@ def test_generation_faithfulness_equals_a_hand_computation(tiny):
     found = lm.explain_generation(["the cat sat on the mat today", "a dog ran far away"], "grad_x_input", max_new_tokens=3)
     result = generation_faithfulness(lm.adapter, found, ratios=(0.2, 0.5))
     for g, expl in enumerate(found):
-        ids = lm.tokenizer.convert_tokens_to_ids(expl.tokens)
+        ids = lm.tokenizer.convert_tokens_to_ids(expl.raw_tokens)
         prompt, continuation = ids[: expl.prompt_length], ids[expl.prompt_length :]
         content = [j for j in range(expl.prompt_length) if not expl.special[j]]
         totals = np.nansum(expl.scores, axis=0)
@@ -330,7 +330,7 @@ def test_chat_template_tokens_are_special(tiny, monkeypatch):
     monkeypatch.setattr(lm.tokenizer, "chat_template", template, raising=False)
     g = lm.explain_generation("the cat sat", "grad_x_input", max_new_tokens=2, chat=True)
     assert g.prompt.startswith("<|im_start|>user\\nthe cat sat<|im_end|>")
-    content = [t for t, s in zip(g.tokens[: g.prompt_length], g.special[: g.prompt_length], strict=True) if not s]
+    content = [t for t, s in zip(g.raw_tokens[: g.prompt_length], g.special[: g.prompt_length], strict=True) if not s]
     assert lm.tokenizer.convert_tokens_to_string(content).strip() == "the cat sat"
     words, _ = g.words()
     assert words[:3] == ["the", "cat", "sat"]
@@ -453,3 +453,40 @@ def test_bootstrap_interval_equals_a_plain_resampling_loop():
     means.sort()
     low, high = np.percentile(means, [2.5, 97.5])
     assert bootstrap_mean(values, n_boot=400, seed=3) == pytest.approx((values.mean(), low, high), abs=1e-12)
+
+
+def _matrix_rows(printed: str, steps: int) -> dict[int, list[float]]:
+    """Each step's printed scores, read band after band (a row's blank future cells end it)."""
+    rows: dict[int, list[float]] = {t: [] for t in range(steps)}
+    for line in printed.splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and parts[0].isdigit() and int(parts[0]) < steps and parts[1].isalpha():
+            rows[int(parts[0])].extend(float(v) for v in parts[3:])
+    return rows
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e-3])
+def test_terminal_matrix_prints_every_score_right_within_80_columns(scale):
+    from rich.console import Console
+
+    prompt, steps = 30, 4
+    tokens = [" the", " capital", " of", " France", " is", "⏎"] * 6
+    scores = np.full((steps, prompt + steps), np.nan)
+    rng = np.random.default_rng(0)
+    for t in range(steps):
+        scores[t, : prompt + t] = rng.normal(size=prompt + t) * scale
+    scores[0, 3] = 10.3878 * scale
+    g = heedful.GenerationExplanation(
+        prompt="p", text="p", tokens=tokens[: prompt + steps], offsets=[None] * (prompt + steps), word_ids=[None] * (prompt + steps),
+        special=[False] * (prompt + steps), prompt_length=prompt, scores=scores, probabilities=np.full(steps, 0.5),
+        method="integrated_gradients", model="m",
+    )
+    console = Console(width=80, record=True, color_system=None)
+    console.print(g)
+    printed = console.export_text()
+    assert max(len(line.rstrip()) for line in printed.splitlines()) <= 80
+    decimals = 2 if scale == 1.0 else 3  # the largest score (.0104) keeps two significant digits
+    for t, values in _matrix_rows(printed, steps).items():
+        wanted = scores[t, : prompt + t]
+        assert len(values) == len(wanted), (t, values)
+        np.testing.assert_allclose(values, wanted, rtol=0, atol=0.5 * 10**-decimals + 1e-12)

@@ -280,7 +280,7 @@ def test_json_round_trip_of_a_text_pair():
 def test_to_pandas(subword_explanation):
     e = subword_explanation
     frame = e.to_pandas()
-    assert list(frame.columns) == ["position", "token", "word_id", "special", "start", "end", "score"]
+    assert list(frame.columns) == ["position", "token", "raw_token", "word_id", "special", "start", "end", "score"]
     assert len(frame) == len(e.tokens)
     assert frame["token"].tolist() == e.tokens
     np.testing.assert_array_equal(frame["score"].to_numpy(), e.scores)

@@ -40,3 +40,20 @@ def test_user_text_is_escaped_in_the_list_view(tiny):
     many = tiny("bert").explain(["<b>dull</b> & long", "fine"], "grad_x_input")
     html = many._repr_html_()
     assert "<b>dull" not in html and "&lt;" in html and "&amp;" in html
+
+
+def _selectors(html: str) -> list[str]:
+    import re
+
+    styles = "".join(re.findall(r"<style>(.*?)</style>", html, flags=re.S))
+    return [sel.strip() for rule in re.findall(r"([^{}]+)\{", styles) for sel in rule.split(",")]
+
+
+def test_notebook_fragments_style_only_their_own_elements(tiny):
+    """A notebook cell's HTML must not restyle the notebook: no ``body { margin: 2rem }``."""
+    expl = tiny("bert").explain("a charming journey", "grad_x_input")
+    generation = tiny("gpt2", "causal_lm").explain_generation("the cat", "grad_x_input", max_new_tokens=2)
+    for html in (expl._repr_html_(), heedful.Explanations([expl])._repr_html_(), generation._repr_html_()):
+        selectors = _selectors(html)
+        assert selectors and all(s.startswith((".hf-", "table.hf-")) for s in selectors), selectors
+    assert "body" in _selectors(expl.to_html())[0]  # a page of its own still sets its margins

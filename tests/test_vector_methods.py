@@ -188,7 +188,7 @@ def test_normxlogit_with_the_lm_head(family, task):
     norms = hs[0][0].norm(dim=-1).numpy()
     e = model.explain(text, "normxlogit")
     assert e.target.indices == [predicted] and e.target.anchor == anchor
-    assert e.target.label == model.tokenizer.convert_ids_to_tokens(predicted)
+    assert e.target.label == model.adapter.readable_tokens([predicted])[0]
     assert_scores(e.scores, norms * logits[:, predicted].numpy())
     given = model.explain(text, "normxlogit", target=second)
     assert_scores(given.scores, norms * logits[:, second].numpy())

@@ -28,7 +28,7 @@ from heedful.adapters.intercept import Interception, intercepting
 from heedful.adapters.needs import NEEDS, refusal
 from heedful.adapters.roles import BlockRoles, HeadRoles, LRPRoles, ModelRoles, NormSite
 from heedful.batch import Batch
-from heedful.errors import InputError, UnsupportedModelError
+from heedful.errors import Hint, InputError, UnsupportedModelError, did_you_mean
 from heedful.memory import (
     FORWARD,
     Fit,
@@ -40,6 +40,7 @@ from heedful.memory import (
     release_heap,
 )
 from heedful.precision import active_precision, lowered_model
+from heedful.readable import readable_tokens
 
 
 @dataclass
@@ -531,7 +532,7 @@ class ModelAdapter:
         if too_long and not truncation:
             raise InputError(
                 f"text {too_long[0]} has {lengths[too_long[0]]} tokens; the model accepts at most {limit}",
-                hint="shorten the text, or allow truncation (drop --no-truncate)",
+                hint=Hint("shorten the text, or allow truncation (truncation=True)", "shorten the text, or allow truncation (drop --no-truncate)"),
             )
         if too_long:
             warnings.warn(
@@ -636,7 +637,7 @@ class ModelAdapter:
             if value.lower() not in folded:
                 raise InputError(
                     f"unknown label {value!r}",
-                    hint=f"the model's labels are: {', '.join(labels)}",
+                    hint=did_you_mean(value, labels, "label", listing=f"the model's labels are: {', '.join(labels)}"),
                 )
             return folded[value.lower()]
         if self.task in ("masked_lm", "causal_lm"):
@@ -659,11 +660,18 @@ class ModelAdapter:
         raise InputError(f"a {self.task} model has no classes to choose from")
 
     def output_name(self, index: int) -> str:
+        """The name of output column ``index`` as people read it: a class label, ``"value"``, or
+        a vocabulary token decoded (:func:`heedful.readable.readable_tokens`)."""
         if self.task == "classification":
             return self.labels[index]
         if self.task == "regression":
             return "value"
-        return self.tokenizer.convert_ids_to_tokens(int(index))
+        return self.readable_tokens([int(index)])[0]
+
+    def readable_tokens(self, ids: Sequence[int], raw: Sequence[str] | None = None) -> list[str]:
+        """The tokens ``ids`` as people read them (``raw``: their tokenizer symbols, when known)."""
+        raw = self.tokenizer.convert_ids_to_tokens([int(i) for i in ids]) if raw is None else raw
+        return readable_tokens(self.tokenizer, ids, raw)
 
     # ------------------------------------------------------------------ precision
     def at_precision(self, precision: str) -> ModelAdapter:

@@ -26,7 +26,7 @@ from typing import Any
 
 from heedful.datasets import agreement, context, evidence, planted, user, vader
 from heedful.datasets.examples import Dataset, Example
-from heedful.errors import InputError
+from heedful.errors import InputError, did_you_mean
 
 SENTIMENT_LABELS = ("NEGATIVE", "POSITIVE")
 """Names of the snippet sets' label indices 0 and 1 (the zoo models' labels)."""
@@ -166,5 +166,5 @@ def _only(options: dict[str, Any], allowed: set[str], name: str) -> None:
     if extra:
         raise InputError(
             f"dataset {name!r} takes no option {extra[0]!r}",
-            hint=f"its options: {', '.join(sorted(allowed)) or 'none'}",
+            hint=did_you_mean(extra[0], sorted(allowed), "option", listing=f"its options: {', '.join(sorted(allowed)) or 'none'}"),
         )

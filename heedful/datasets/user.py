@@ -34,7 +34,7 @@ import pandas as pd
 
 from heedful.datasets.evidence import word_spans
 from heedful.datasets.examples import Dataset, Example, Span
-from heedful.errors import InputError
+from heedful.errors import InputError, close_matches
 
 SUFFIXES = (".csv", ".tsv", ".jsonl", ".json", ".ndjson")
 
@@ -107,11 +107,41 @@ def _evidence(value: Any, text: str, pair: str | None, row: int) -> tuple[tuple[
     words = tuple(str(w) for w in items)
     spans = word_spans(text, words, 0) + (word_spans(pair, words, 1) if pair else ())
     if words and not spans:
+        commas = any("," in w or ";" in w for w in words)
         raise InputError(
             f"row {row}: none of the evidence words {list(words)} occurs in the text",
-            hint="evidence words must appear in the text as whole words",
+            hint="separate evidence words with | (dull|boring), not commas" if commas
+            else "evidence words must appear in the text as whole words",
         )
     return words, spans
+
+
+EVIDENCE_FORMAT = {
+    "csv": "an 'evidence' column of words separated by | (dull|boring) or a JSON list ([\"dull\", \"boring\"])",
+    "json": "an 'evidence' key: a list of words ([\"dull\", \"boring\"]) or of [start, end] character spans of text",
+}
+"""How evidence is written, per kind of file (docs/bench.md, "Your data")."""
+
+EVIDENCE_LIKE = ("rationale", "rationales", "highlight", "highlights", "annotation", "annotations", "evidence_words")
+"""Column names other datasets give evidence (ERASER's rationales, e-SNLI's highlights)."""
+
+
+def evidence_hint(path: str | Path) -> str:
+    """How to give plausibility evidence in the file ``path``: the column and its format for
+    the file's kind, the file's columns (a column named like ``evidence`` called out)."""
+    path = Path(path).expanduser()
+    kind = "csv" if path.suffix.lower() in (".csv", ".tsv") else "json"
+    try:
+        columns = [str(c) for c in read_table(path).columns]
+    except InputError:
+        columns = []
+    hint = f"add {EVIDENCE_FORMAT[kind]}"
+    close = [c for c in columns if c.lower() in EVIDENCE_LIKE] or close_matches("evidence", [c for c in columns if c != "evidence"])
+    if close:
+        hint += f"; rename {close[0]!r} to 'evidence' if it holds them"
+    elif columns:
+        hint += f" (its columns: {', '.join(columns)})"
+    return hint + "; see docs/bench.md, 'Your data'"
 
 
 def rows_of_split(frame: pd.DataFrame, split: str | None, path: Path) -> pd.DataFrame:

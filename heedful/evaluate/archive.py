@@ -13,10 +13,16 @@ present on both sides must be identical, else nothing of that store is merged), 
 other files that the folder lacks; a file the folder already holds with other content is kept and
 counted. Both are idempotent: loading an archive twice adds nothing the second time.
 
+Both count the same rows: **result rows**, those of the explanations, measurements and metrics
+tables (per table in ``tables``) -- dumped, or added by the load (``present``: those the
+destination held already). A dump also writes the bookkeeping tables' rows (``info``, ``runs``,
+``costs``, ``protocols``: ``bookkeeping``), which a load merges without counting them as
+results; so a folder dumped and loaded into an empty one reports the same number twice.
+
 >>> dump_folder("results/", "archive/")                                      # doctest: +SKIP
-ArchiveReport(stores=1, rows=5310, files=2, kept=0)
->>> load_archive("archive/", "elsewhere/")        # rows: explanations, measurements, metrics added  # doctest: +SKIP
-ArchiveReport(stores=1, rows=5200, files=2, kept=0)
+ArchiveReport(stores=1, rows=5200, files=2, kept=0, tables={'explanations': 1600, ...}, bookkeeping=110, present=None)
+>>> load_archive("archive/", "elsewhere/")                                   # doctest: +SKIP
+ArchiveReport(stores=1, rows=5200, files=2, kept=0, tables={'explanations': 1600, ...}, bookkeeping=0, present=0)
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import shutil
 import sqlite3
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from heedful.atomic import PART_SUFFIX, atomic_file
@@ -54,21 +60,45 @@ _STORE_FILES = (FILE_NAME, FILE_NAME + "-wal", FILE_NAME + "-shm", FILE_NAME + "
 _PARTIAL = (PART_SUFFIX, ".tmp")  # ".tmp": files of writers from before heedful.atomic
 
 
+RESULTS = ("explanations", "measurements", "metrics")
+"""The tables whose rows a dump and a load count (see the module docstring)."""
+
+
 @dataclass
 class ArchiveReport:
-    """What one dump or load did: ``stores`` dumped or merged, their ``rows`` (written, or added
-    by the merge), other ``files`` copied, and files ``kept`` because the destination already held
-    other content under their name."""
+    """What one dump or load did: ``stores`` dumped or merged, their result ``rows`` (dumped, or
+    added by the merge; per table in ``tables``), other ``files`` copied, and files ``kept``
+    because the destination already held other content under their name. A dump's
+    ``bookkeeping``: rows of the other tables it wrote; a load's ``present``: result rows the
+    destination held already (``None`` for a dump)."""
 
     stores: int = 0
     rows: int = 0
     files: int = 0
     kept: int = 0
+    tables: dict[str, int] = field(default_factory=lambda: dict.fromkeys(RESULTS, 0))
+    bookkeeping: int = 0
+    present: int | None = None
+
+    def count(self, table: str, rows: int) -> None:
+        if table in RESULTS:
+            self.tables[table] += rows
+            self.rows += rows
+        else:
+            self.bookkeeping += rows
 
     def line(self, verb: str, source: Path, dest: Path) -> str:
-        """``dumped results/ into archive/: 1 store (5310 rows), 2 files copied, 0 kept``."""
+        """``dumped results/ into archive/: 1 store, 5200 result rows (1600 explanations, ...;
+        110 rows of runs, costs and protocols besides), 2 files copied``."""
+        each = ", ".join(f"{n} {t}" for t, n in self.tables.items())
+        besides = f"; {self.bookkeeping} rows of runs, costs and protocols besides" if self.bookkeeping else ""
+        known = f"; {self.present} already present" if self.present is not None else ""
+        added = " added" if self.present is not None else ""
         kept = f", {self.kept} kept (the destination's differ)" if self.kept else ""
-        return f"{verb} {source} into {dest}: {self.stores} store{'s' * (self.stores != 1)} ({self.rows} rows), {self.files} files copied{kept}"
+        return (
+            f"{verb} {source} into {dest}: {self.stores} store{'s' * (self.stores != 1)}, {self.rows} result rows{added}"
+            f" ({each}{known}{besides}), {self.files} files copied{kept}"
+        )
 
 
 def dump_folder(folder: str | Path, archive: str | Path) -> ArchiveReport:
@@ -78,7 +108,8 @@ def dump_folder(folder: str | Path, archive: str | Path) -> ArchiveReport:
     report = ArchiveReport()
     for path, rel in _walk(folder, "results folder", archive):
         if path.name == FILE_NAME:
-            report.rows += _dump_store(path, archive / rel.parent / DUMP_NAME)
+            for table, rows in _dump_store(path, archive / rel.parent / DUMP_NAME).items():
+                report.count(table, rows)
             report.stores += 1
         elif path.name not in _STORE_FILES:
             report.files += _copy(path, archive / rel, replace=True)
@@ -89,13 +120,15 @@ def load_archive(archive: str | Path, folder: str | Path) -> ArchiveReport:
     """Merge every dumped store of ``archive`` into the store at the same relative folder of
     ``folder`` (created when missing) and copy the files ``folder`` lacks; see the module docstring."""
     folder = Path(folder)
-    report = ArchiveReport()
+    report = ArchiveReport(present=0)
     for path, rel in _walk(archive, "archive", folder):
         if path.name == DUMP_NAME:
             with tempfile.TemporaryDirectory(prefix="heedful-load-") as tmp:
                 _read_dump(path, Path(tmp) / FILE_NAME)
                 merged = merge_stores(folder / rel.parent, [Path(tmp) / FILE_NAME])
-            report.rows += sum(merged.added.values())
+            for table in RESULTS:
+                report.count(table, merged.added[table])
+            report.present += sum(merged.present.values())
             report.stores += 1
         else:
             copied = _copy(path, folder / rel, replace=False)
@@ -128,12 +161,13 @@ def _copy(source: Path, dest: Path, replace: bool) -> bool:
     return True
 
 
-def _dump_store(store: Path, dest: Path) -> int:
-    """Rows of ``store`` as sorted JSON lines into ``dest`` (written whole, then renamed); the row count."""
+def _dump_store(store: Path, dest: Path) -> dict[str, int]:
+    """Rows of ``store`` as sorted JSON lines into ``dest`` (written whole, then renamed); the
+    rows written per table."""
     db = sqlite3.connect(store, timeout=60)
     try:
         require_schema(db, "main", store)
-        rows = 0
+        rows = dict.fromkeys(KEYS, 0)
         with atomic_file(dest) as part, db, open(part, "w", encoding="utf-8", newline="\n") as fh:  # one read transaction: a consistent snapshot
             db.execute("BEGIN")
             for table, keys in KEYS.items():
@@ -141,7 +175,7 @@ def _dump_store(store: Path, dest: Path) -> int:
                 columns = [c[0] for c in cursor.description]
                 for values in cursor:
                     fh.write(json.dumps({"table": table, "row": dict(zip(columns, values, strict=True))}, sort_keys=True, ensure_ascii=False) + "\n")
-                    rows += 1
+                    rows[table] += 1
         return rows
     finally:
         db.close()

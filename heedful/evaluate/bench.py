@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from heedful.errors import HeedfulError, InputError, Interrupted
+from heedful.errors import HeedfulError, InputError, Interrupted, did_you_mean
 from heedful.evaluate.context import SharedAblations
 from heedful.evaluate.evaluation import (
     ModelInput,
@@ -149,7 +149,7 @@ def check_options(methods: Sequence[str], method_options: dict[str, dict[str, An
         if name not in infos:
             raise InputError(
                 f"options are given for {owner!r}, which is not a method of this run",
-                hint=f"this run's methods: {', '.join(infos)} (an option is METHOD.key=value)",
+                hint=did_you_mean(name, infos, "method", listing=f"this run's methods: {', '.join(infos)} (an option is METHOD.key=value)"),
             )
         found[name] = dict(options)
     for name, info in infos.items():
@@ -342,6 +342,13 @@ def plan_bench(spec: BenchSpec, open_store: Callable[[], ResultsStore]) -> tuple
     skipped: dict[str, int] = {}
     inputs, data = select_inputs(spec.model, spec, skipped)
     if any(METRICS[n].family == "plausibility" for n in names) and not any(i.evidence_spans for i in inputs):
+        if isinstance(spec.dataset, str) and Path(spec.dataset).expanduser().is_file():
+            from heedful.datasets.user import evidence_hint
+
+            raise HeedfulError(
+                f"{spec.dataset} has no evidence (no 'evidence' column, or an empty one), so plausibility metrics are undefined",
+                hint=evidence_hint(spec.dataset) + ", or drop the plausibility metrics",
+            )
         raise HeedfulError(
             f"{spec.dataset} has no evidence, so plausibility metrics are undefined",
             hint="drop the plausibility metrics or use data with evidence",

@@ -165,7 +165,7 @@ class SharedAblations:
     def key(expl: Explanation, protocol: Protocol, removal: int | None) -> tuple:
         target = expl.target
         return (
-            expl.text, tuple(expl.tokens), tuple(target.indices), tuple(target.positions or ()), tuple(expl.sources or ()),
+            expl.text, tuple(expl.raw_tokens), tuple(target.indices), tuple(target.positions or ()), tuple(expl.sources or ()),
             protocol.lds_ablations, protocol.lds_keep, removal,
         )
 
@@ -181,13 +181,13 @@ def _explained_batch(adapter: ModelAdapter, explanations: Sequence[Explanation])
     mask = torch.zeros(len(explanations), width, dtype=torch.long)
     special = torch.zeros(len(explanations), width, dtype=torch.bool)
     for b, e in enumerate(explanations):
-        ids[b, : lengths[b]] = torch.tensor(tokenizer.convert_tokens_to_ids(e.tokens), dtype=torch.long)
+        ids[b, : lengths[b]] = torch.tensor(tokenizer.convert_tokens_to_ids(e.raw_tokens), dtype=torch.long)
         mask[b, : lengths[b]] = 1
         special[b, : lengths[b]] = torch.tensor(e.special, dtype=torch.bool)
     batch = Batch(
         input_ids=ids, attention_mask=mask, token_type_ids=None, special_mask=special,
         texts=[e.text for e in explanations], text_pairs=[e.text_pair for e in explanations],
-        tokens=[list(e.tokens) for e in explanations], offsets=[list(e.offsets) for e in explanations],
+        tokens=[list(e.raw_tokens) for e in explanations], offsets=[list(e.offsets) for e in explanations],
         word_ids=[list(e.word_ids) for e in explanations], sequence_ids=[list(e.segments) for e in explanations],
     )
     spans = {e.target.positions is not None for e in explanations}

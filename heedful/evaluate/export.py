@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from heedful.errors import HeedfulError, InputError, install_hint
+from heedful.errors import HeedfulError, Hint, InputError, install_hint
 from heedful.evaluate.store import FILE_NAME, ResultsStore, RunKey
 from heedful.explanation import Explanation
 from heedful.version import __version__
@@ -62,7 +62,8 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("target", "string", "label of the explained output (class name or token)"),
     ("target_indices", "list<int64>", "output column(s) explained (one, or target and foil of a contrast)"),
     ("truncated", "bool", "whether the text was cut to max_length"),
-    ("tokens", "list<string>", "the model's tokens, special tokens included"),
+    ("tokens", "list<string>", "the model's tokens as people read them (decoded; line breaks as ⏎, whitespace-only tokens as ␣), special tokens included"),
+    ("raw_tokens", "list<string>", "the same tokens as the tokenizer's symbols (e.g. 'ĠParis'; an explanation stored before raw tokens were kept: equal to tokens)"),
     ("offsets", "list<list<int64>>", "character [start, end] of each token in text (or text_pair); null for special tokens"),
     ("special", "list<bool>", "whether each token is a special token"),
     ("scores", "list<double>", "one score per token (a layer-wise method: its last layer, the one the metrics rank)"),
@@ -117,7 +118,7 @@ def require_pyarrow():
     except ImportError as exc:
         raise HeedfulError(
             "Parquet needs pyarrow, which is not installed",
-            hint=f"{install_hint('parquet')}, or use --format csv",
+            hint=Hint(f"{install_hint('parquet')}, or pass format='csv'", f"{install_hint('parquet')}, or use --format csv"),
         ) from exc
     return pa, pq
 
@@ -150,6 +151,7 @@ def _explanation_columns(expl: Explanation) -> dict[str, Any]:
         "target_indices": [int(i) for i in expl.target.indices],
         "truncated": bool(expl.truncated),
         "tokens": list(expl.tokens),
+        "raw_tokens": list(expl.raw_tokens),
         "offsets": [None if o is None else [int(o[0]), int(o[1])] for o in expl.offsets],
         "special": [bool(s) for s in expl.special],
         "scores": _floats(last),

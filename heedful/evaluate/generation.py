@@ -85,7 +85,7 @@ def generation_faithfulness(
     owners: list[tuple[int, list[int]]] = []  # (explanation, its continuation ids)
     sizes = np.zeros((len(explanations), len(ratios)), dtype=int)
     for g, expl in enumerate(explanations):
-        ids = tokenizer.convert_tokens_to_ids(expl.tokens)
+        ids = tokenizer.convert_tokens_to_ids(expl.raw_tokens)
         prompt, continuation = ids[: expl.prompt_length], ids[expl.prompt_length : expl.prompt_length + expl.steps]
         eligible = [j for j in range(expl.prompt_length) if not expl.special[j]]
         keeps_one = len(eligible) < expl.prompt_length  # a special token (BOS) stays in every edited prompt

@@ -60,6 +60,7 @@ FIELDS: dict[str, str] = {
     "id": "example id (also 'example_id'; default: the record's position)",
     "text_pair": "second segment of a text pair",
     "tokens": "the tokens the scores belong to",
+    "raw_tokens": "the tokenizer's symbols of those tokens (heedful's own files): read instead of 'tokens' when given",
     "token_ids": "their vocabulary ids (also 'input_ids'): aligned one to one when given",
     "offsets": "character [start, end] of each token in text (null for special tokens)",
     "segments": "with text_pair and offsets: 0 when a token's offsets are in text, 1 in text_pair",
@@ -152,7 +153,8 @@ def record(data: Mapping[str, Any], index: int = 0) -> Record:
         raise InputError(f"{where} has no text", hint="every record needs a non-empty 'text'")
     layers = data.get("layer_scores")
     scores = _scores(layers if not _missing(layers) and _list(layers, "layer_scores", where) else data.get("scores"), where)
-    tokens = _list(data.get("tokens"), "tokens", where)
+    raw = data.get("raw_tokens")
+    tokens = _list(data.get("tokens") if _missing(raw) else raw, "tokens", where)
     ids = _list(data.get("token_ids", data.get("input_ids")), "token_ids", where)
     offsets = _list(data.get("offsets"), "offsets", where)
     segments = _list(data.get("segments"), "segments", where)

@@ -207,7 +207,7 @@ def prepare(
     pairs = [e.text_pair for e in explanations]
     batch = adapter.encode(texts, pairs if any(p is not None for p in pairs) else None, True, protocol.max_length)
     for b, expl in enumerate(explanations):
-        if batch.tokens[b] != list(expl.tokens):
+        if batch.tokens[b] != list(expl.raw_tokens):
             raise HeedfulError(
                 f"explanation {b} ({expl.method}) has {len(expl.tokens)} tokens but the text encodes to "
                 f"{len(batch.tokens[b])} here",

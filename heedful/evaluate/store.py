@@ -108,10 +108,14 @@ CREATE TABLE IF NOT EXISTS claims (run TEXT, chunk TEXT, pid INTEGER, host TEXT,
 
 ROW_VALUES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     # table: (key columns, values compared: SQL of a row ``{r}``); an explanation's wall seconds
-    # vary from one computation of it to the next
+    # vary from one computation of it to the next, and how its tokens are written changed when
+    # raw_tokens were kept apart (the tokenizer, fingerprinted in the key, decides them)
     "explanations": (
         ("run", "example_id"),
-        ("CASE WHEN json_valid({r}.explanation) THEN json_remove({r}.explanation, '$.cost.seconds') ELSE {r}.explanation END",),
+        (
+            "CASE WHEN json_valid({r}.explanation) THEN json_remove({r}.explanation, '$.cost.seconds', '$.tokens', '$.raw_tokens') "
+            "ELSE {r}.explanation END",
+        ),
     ),
     "measurements": (("run", "source", "protocol_hash", "example_id"), ("{r}.data",)),
     "metrics": (("run", "metric", "protocol_hash", "example_id"), ("{r}.value", "{r}.curve", "{r}.extra")),

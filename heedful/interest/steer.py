@@ -50,7 +50,7 @@ from heedful.adapters import ModelAdapter
 from heedful.attribution import coperturbation as cp
 from heedful.attribution.noise import HEAD, SCALE_FACTOR, NoiseProbe
 from heedful.batch import Batch
-from heedful.errors import InputError
+from heedful.errors import Hint, InputError
 from heedful.interest.studies import settings_from
 from heedful.interest.suppress import downweight
 from heedful.model import Model
@@ -120,7 +120,7 @@ def phrase_positions(batch: Batch, phrases: Sequence[str], example: int = 0) -> 
     text = batch.texts[example]
     phrases = [p.strip() for p in phrases]
     if not phrases or not all(phrases):
-        raise InputError("no words to suppress given", hint='name words of the prompt, e.g. --suppress "in recent years"')
+        raise InputError("no words to suppress given", hint=Hint('name words of the prompt, e.g. words=["in recent years"]', 'name words of the prompt, e.g. --suppress "in recent years"'))
     offsets = batch.offsets[example]
     hit = torch.zeros(batch.seq_len, dtype=torch.bool)
     for phrase in phrases:
@@ -140,7 +140,7 @@ def phrase_positions(batch: Batch, phrases: Sequence[str], example: int = 0) -> 
 def decoding_modes(max_new_tokens: int, beams: int = PAPER_BEAMS) -> dict[str, dict]:
     """``generate`` arguments of the two decoding modes: greedy and beam search (paper: 3 beams)."""
     if beams < 2:
-        raise InputError(f"beam search needs at least 2 beams, got {beams}", hint="e.g. --beams 3 (the paper's)")
+        raise InputError(f"beam search needs at least 2 beams, got {beams}", hint=Hint("e.g. beams=3 (the paper's)", "e.g. --beams 3 (the paper's)"))
     common = {"max_new_tokens": max_new_tokens, "do_sample": False, "num_beam_groups": 1}
     return {"greedy": {**common, "num_beams": 1}, "beam": {**common, "num_beams": int(beams)}}
 
@@ -190,7 +190,7 @@ def steer(
     if adapter.task != "causal_lm":
         raise InputError(
             f"steering needs a causal language model; {model.name} is a {adapter.task} model",
-            hint="use a causal LM, e.g. --model smollm2-135m",
+            hint=Hint('use a causal LM, e.g. heedful.load("smollm2-135m")', "use a causal LM, e.g. --model smollm2-135m"),
         )
     weight = float(weight)
     if not np.isfinite(weight):

@@ -12,7 +12,7 @@ from rich.text import Text
 
 from heedful.interest.steer import Steering
 from heedful.render.colors import NEGATIVE, POSITIVE
-from heedful.render.html import CSS
+from heedful.render.html import PAGE_CSS
 
 BEFORE, AFTER = NEGATIVE, POSITIVE
 EIGHTHS = " ▏▎▍▌▋▊▉"
@@ -144,7 +144,7 @@ def steering_page(s: Steering, title: str = "heedful steer") -> str:
     )
     return (
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
-        f"<title>{esc(title)}</title><style>{CSS}{STEER_CSS}</style></head><body>"
+        f"<title>{esc(title)}</title><style>{PAGE_CSS}{STEER_CSS}</style></head><body>"
         f"<h2>{esc(title)}</h2>{head}<div class='hf-expl'>{gens}</div>"
         f"<h3>Interest over the prompt</h3><div class='hf-expl'>{bars}</div>{legend}</body></html>"
     )

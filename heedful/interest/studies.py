@@ -17,7 +17,7 @@ import torch
 from heedful.attribution import coperturbation as cp
 from heedful.attribution.noise import NoiseProbe, resolve_layer
 from heedful.batch import Batch
-from heedful.errors import InputError
+from heedful.errors import Hint, InputError
 from heedful.model import Model
 from heedful.problem import Problem
 
@@ -86,7 +86,7 @@ def layer_map(
     scores = cp.interest_scores(fit.sigma, content, real)
     return LayerMap(
         text=text,
-        tokens=batch.tokens[0],
+        tokens=adapter.readable_tokens(batch.input_ids[0, :n].tolist(), batch.tokens[0]),
         special=batch.special_mask[0, :n].tolist(),
         layers=keys,
         scores=scores[:, :n].numpy().astype(np.float64),
@@ -158,7 +158,7 @@ def lambda_sweep(
     0.2, ..., 1.0; the paper's Figure 4 marks 0.6), all lambdas optimised together."""
     lams = list(lams) if lams else [round(0.1 * k, 1) for k in range(1, 11)]
     if not words:
-        raise InputError("no words given", hint="name at least one word of the text, e.g. --words charming")
+        raise InputError("no words given", hint=Hint('name at least one word of the text, e.g. words=["charming"]', "name at least one word of the text, e.g. --words charming"))
     adapter = model.adapter
     problem = model.prepare([text], target, hidden_states=True)
     batch, resolved = problem.batch, problem.target
@@ -173,7 +173,7 @@ def lambda_sweep(
     dist = expected_distortion(problem, fit.sigma, key, eval_samples, seed, settings.space, settings.output)
     return LambdaSweep(
         text=text,
-        tokens=batch.tokens[0],
+        tokens=adapter.readable_tokens(batch.input_ids[0, :n].tolist(), batch.tokens[0]),
         words=list(words),
         lams=[float(x) for x in lams],
         interest=scores[:, positions].numpy().astype(np.float64),

@@ -15,7 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from heedful.render.colors import Scale, scaled_positions
-from heedful.render.html import CSS
+from heedful.render.html import CSS, PAGE_CSS
 from heedful.render.terminal import _style
 
 if TYPE_CHECKING:  # render reads explanations as plain data
@@ -31,42 +31,134 @@ def _row_scale(row: np.ndarray, special: Sequence[bool], sinks: bool = True) -> 
     return Scale.fit(row, scaled_positions(special, sinks))
 
 
-def generation_table(expl: GenerationExplanation, strongest: int = 3, specials: bool = False, sinks: bool = True) -> Table:
-    """Rows: generated steps (token, probability); columns: the prompt and generated tokens
-    (special tokens -- template markers, BOS -- only with ``specials``). Each row is coloured on
-    its own scale (``sinks``: without the first token, :func:`~heedful.render.colors.scaled_positions`);
-    its ``strongest`` sources are underlined."""
-    width = expl.prompt_length + max(expl.steps - 1, 0)
-    shown = [j for j in range(width) if specials or not expl.special[j]]
-    hidden = width - len(shown)
-    title = (
-        f"{expl.method} · {expl.model} · {expl.quantity} of each generated token"
-        f" ({'forced' if expl.forced else 'generated'}, {expl.steps} steps"
-        f"{f'; {hidden} special tokens not shown' if hidden else ''})"
-    )
-    table = Table(title=title, show_lines=False, pad_edge=False, title_justify="left", box=None, padding=(0, 1, 0, 0))
-    table.add_column("step", justify="right", style="dim", min_width=2, no_wrap=True)
-    table.add_column("generated", style="bold", no_wrap=True)
-    table.add_column("p", justify="right", style="dim", min_width=4, no_wrap=True)
-    for j in shown:
-        table.add_column(_visible(expl.tokens[j]), justify="right", no_wrap=True, style="dim" if j >= expl.prompt_length else None)
-    for t, token in enumerate(expl.generated_tokens):
-        row = expl.scores[t, :width]
-        scale = _row_scale(row, expl.special[:width], sinks)
-        ranked = sorted((j for j in shown if np.isfinite(row[j]) and not expl.special[j]), key=lambda j: -abs(row[j]))
-        top = set(ranked[:strongest])
-        cells = []
-        for j in shown:
-            v = row[j]
-            if not np.isfinite(v):
-                cells.append(Text(""))
-                continue
-            style = _style(scale, float(v), expl.special[j])
-            if j in top:
-                style = style + Style(underline=True, bold=True)
-            cells.append(Text(f"{v:.2f}".replace("0.", ".", 1), style=style))
-        table.add_row(str(t), _visible(token), f"{expl.probabilities[t]:.2f}", *cells)
-    return table
+LABEL_WIDTH = 10
+"""Characters of a token shown as a column or row label (longer ones end in an ellipsis)."""
+
+
+def _label(token: str) -> str:
+    """A token as a column or row label: without its edge spaces (the column, not the space,
+    identifies it; a whitespace-only token is already marked), cut to ``LABEL_WIDTH``."""
+    shown = token.strip() or token
+    return shown if len(shown) <= LABEL_WIDTH else shown[: LABEL_WIDTH - 1] + "…"
+
+
+def score_decimals(scores: np.ndarray) -> int:
+    """Decimals that give the largest finite ``|score|`` at least two significant digits: 2 for
+    scores of 0.1 and more, up to 4 for smaller ones."""
+    finite = np.abs(scores[np.isfinite(scores)])
+    top = float(finite.max()) if finite.size else 0.0
+    return 2 if top == 0.0 else int(min(4, max(2, 1 - np.floor(np.log10(top)))))
+
+
+def score_text(value: float, decimals: int) -> str:
+    """``value`` with ``decimals`` decimals and no leading zero before the point (``.39``,
+    ``-.05``; ``10.39`` stays ``10.39``)."""
+    text = f"{value:.{decimals}f}"
+    if text.startswith("0."):
+        return text[1:]
+    if text.startswith("-0."):
+        return "-" + text[2:]
+    return text
+
+
+class GenerationMatrix:
+    """The terminal view of a generation explanation: rows are the generated steps (token,
+    probability), columns every earlier token, each row coloured on its own scale with its
+    ``strongest`` sources underlined (``sinks``: its scale without the first token). Columns that do not fit the console's width wrap into
+    bands below one another, each repeating the step labels, so every score is shown at any
+    width (a band holds as many columns as fit: about 10 at 80 characters) and a column reads
+    the same in every band."""
+
+    def __init__(self, expl: GenerationExplanation, strongest: int = 3, specials: bool = False, sinks: bool = True):
+        self.expl = expl
+        self.strongest = strongest
+        self.sinks = sinks
+        width = expl.prompt_length + max(expl.steps - 1, 0)
+        self.shown = [j for j in range(width) if specials or not expl.special[j]]
+        self.hidden = width - len(self.shown)
+        self.decimals = score_decimals(expl.scores[:, self.shown]) if self.shown else 2
+
+    def title(self) -> str:
+        expl = self.expl
+        return (
+            f"{expl.method} · {expl.model} · {expl.quantity} of each generated token"
+            f" ({'forced' if expl.forced else 'generated'}, {expl.steps} steps"
+            f"{f'; {self.hidden} special tokens not shown' if self.hidden else ''})"
+        )
+
+    def cells(self) -> list[list[Text]]:
+        """``[T][len(shown)]`` the score cells, styled (blank where a token was not written yet)."""
+        expl, found = self.expl, []
+        width = expl.prompt_length + max(expl.steps - 1, 0)
+        for t in range(expl.steps):
+            row = expl.scores[t, :width]
+            scale = _row_scale(row, expl.special[:width], self.sinks)
+            ranked = sorted((j for j in self.shown if np.isfinite(row[j]) and not expl.special[j]), key=lambda j: -abs(row[j]))
+            top = set(ranked[: self.strongest])
+            line = []
+            for j in self.shown:
+                v = row[j]
+                if not np.isfinite(v):
+                    line.append(Text(""))
+                    continue
+                style = _style(scale, float(v), expl.special[j])
+                if j in top:
+                    style = style + Style(underline=True, bold=True)
+                line.append(Text(score_text(float(v), self.decimals), style=style))
+            found.append(line)
+        return found
+
+    def bands(self, width: int, cells: list[list[Text]]) -> list[list[int]]:
+        """Indices into ``shown`` of each band's columns (``cells``: :meth:`cells`), filling
+        ``width`` characters."""
+        expl = self.expl
+        labels = [_label(expl.tokens[j]) for j in self.shown]
+        widths = [max([len(labels[c])] + [len(row[c].plain) for row in cells]) for c in range(len(self.shown))]
+        generated = max([len("generated")] + [len(_label(t)) for t in expl.generated_tokens])
+        room = width - (max(len("step"), len(str(expl.steps - 1))) + 1 + generated + 1 + 4 + 1)
+        found: list[list[int]] = [[]]
+        used = 0
+        for c, w in enumerate(widths):
+            if found[-1] and used + w + 1 > room:
+                found.append([])
+                used = 0
+            found[-1].append(c)
+            used += w + 1
+        if not found[0]:
+            return []
+        per = -(-len(widths) // len(found))  # as many bands, evened out where they still fit
+        even = [list(range(start, min(start + per, len(widths)))) for start in range(0, len(widths), per)]
+        fits = len(even) == len(found) and all(sum(widths[c] + 1 for c in band) <= room or len(band) == 1 for band in even)
+        return even if fits else found
+
+    def __rich_console__(self, console, options):
+        expl = self.expl
+        cells = self.cells()
+        yield Text(self.title())
+        bands = self.bands(options.max_width, cells)
+        for b, band in enumerate(bands or [[]]):
+            table = Table(show_lines=False, pad_edge=False, box=None, padding=(0, 1, 0, 0))
+            table.add_column("step", justify="right", style="dim", min_width=2, no_wrap=True)
+            table.add_column("generated", style="bold", no_wrap=True)
+            table.add_column("p", justify="right", style="dim", min_width=4, no_wrap=True)
+            for c in band:
+                j = self.shown[c]
+                table.add_column(_label(expl.tokens[j]), justify="right", no_wrap=True, style="dim" if j >= expl.prompt_length else None)
+            for t, token in enumerate(expl.generated_tokens):
+                table.add_row(str(t), _label(token), f"{expl.probabilities[t]:.2f}", *(cells[t][c] for c in band))
+            if len(bands) > 1:
+                first, last = self.shown[band[0]], self.shown[band[-1]]
+                yield Text(f"tokens {first}–{last} of {len(expl.tokens)}", style="dim")
+            yield table
+            if b < len(bands) - 1:
+                yield Text("")
+
+
+def generation_table(expl: GenerationExplanation, strongest: int = 3, specials: bool = False, sinks: bool = True) -> GenerationMatrix:
+    """The step x token matrix of ``expl`` for the terminal (:class:`GenerationMatrix`; special
+    tokens -- template markers, BOS -- only with ``specials``; ``sinks``: each row's colour scale
+    leaves the first token out, :func:`~heedful.render.colors.scaled_positions`)."""
+    return GenerationMatrix(expl, strongest, specials, sinks)
 
 
 GENERATION_CSS = """
@@ -156,6 +248,6 @@ def generation_page(explanations: Sequence[GenerationExplanation], title: str = 
     )
     return (
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
-        f"<title>{html.escape(title)}</title><style>{CSS}{GENERATION_CSS}</style></head><body>"
+        f"<title>{html.escape(title)}</title><style>{PAGE_CSS}{GENERATION_CSS}</style></head><body>"
         f"<h2>{html.escape(title)}</h2>{blocks}{legend}<script>{SCRIPT}</script></body></html>"
     )

@@ -9,15 +9,16 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from heedful.render.colors import Scale, scaled_positions
-from heedful.render.layout import pieces
+from heedful.render.layout import pieces, prediction_said, shown_label
 from heedful.render.sources import sources_html
 
 if TYPE_CHECKING:  # render reads explanations as plain data; heedful.explanation imports render
     from heedful.explanation import Explanation
 
 
-CSS = """
-body { font-family: system-ui, -apple-system, 'Segoe UI', sans-serif; margin: 2rem; color: #222; }
+_FONT = "font-family: system-ui, -apple-system, 'Segoe UI', sans-serif; color: #222;"
+
+CSS = f"\n.hf-expl, .hf-many, .hf-gen, .hf-legend {{ {_FONT} }}" + """
 .hf-expl { margin: 0 0 1.6rem 0; }
 .hf-head { font-size: 0.85rem; color: #555; margin-bottom: 0.35rem; }
 .hf-head b { color: #111; }
@@ -33,6 +34,11 @@ table.hf-cmp td { vertical-align: top; padding: 0.4rem 0.8rem; }
 .hf-outside { color: #777; }
 table.hf-ranking { font-size: 0.85rem; margin-bottom: 0.8rem; }
 """
+"""The style of heedful's HTML, every rule scoped to its own ``hf-`` classes: a fragment (a
+notebook's ``_repr_html_``) carries it without restyling the page around it."""
+
+PAGE_CSS = f"body {{ {_FONT} margin: 2rem; }}\n" + CSS
+""":data:`CSS` and the page's own body style, for heedful's complete pages only."""
 
 
 def _span(text: str, score: float, scale: Scale, title: str, special: bool) -> str:
@@ -76,15 +82,11 @@ def layer_grid_html(expl: Explanation, words: bool = False, sinks: bool = True) 
 
 
 def _header_html(expl: Explanation) -> str:
-    pred = expl.prediction
-    said = ""
-    if "probability" in pred:
-        said = f" · predicted {html.escape(str(pred['label']))} ({pred['probability']:.2f})"
-    elif "value" in pred:
-        said = f" · predicted value {pred['value']:.3f}"
+    said = prediction_said(expl)
+    said = f" · {html.escape(said)}" if said else ""
     return (
         f'<div class="hf-head"><b>{html.escape(expl.method)}</b> · {html.escape(expl.model)} · '
-        f"explaining {html.escape(expl.target.label)}{said} · {expl.cost.seconds:.3f} s</div>"
+        f"explaining {html.escape(shown_label(expl.target.label))}{said} · {expl.cost.seconds:.3f} s</div>"
     )
 
 
@@ -125,6 +127,6 @@ def explanation_page(
     )
     return (
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
-        f"<title>{html.escape(title)}</title><style>{CSS}</style></head><body>"
+        f"<title>{html.escape(title)}</title><style>{PAGE_CSS}</style></head><body>"
         f"<h2>{html.escape(title)}</h2>{''.join(blocks)}{legend}</body></html>"
     )

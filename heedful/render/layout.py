@@ -67,3 +67,26 @@ def pieces(expl: Explanation, words: bool = False, layer: int = -1, show_special
             out.append(Piece(source[start:end], s, title=title))
         cursor[segment] = max(pos, end)
     return out
+
+
+def shown_label(label: str) -> str:
+    """A target's label in a header: quoted when whitespace at its edges is part of it (the token
+    ``" Paris"`` is not ``"Paris"``)."""
+    return f'"{label}"' if label != label.strip() else label
+
+
+def prediction_said(expl: Explanation) -> str:
+    """What the model said about the explained output, for a header: its prediction and
+    probability, a regression value, a span's log-probability (a span is given, not predicted:
+    its probability is the product over its tokens) or a contrast of spans' difference; ``""``
+    when the explanation records none."""
+    pred = expl.prediction
+    if "log_probability_difference" in pred:
+        return f"log p difference {pred['log_probability_difference']:+.3f}"
+    if "log_probability" in pred:
+        return f"log p {pred['log_probability']:.3f} (p = {pred['probability']:.3g})"
+    if "probability" in pred:
+        return f"predicted {shown_label(str(pred['label']))} ({pred['probability']:.2f})"
+    if "value" in pred:
+        return f"predicted value {pred['value']:.3f}"
+    return ""

@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from heedful.render.colors import Scale, scaled_positions
-from heedful.render.layout import pieces
+from heedful.render.layout import pieces, prediction_said, shown_label
 from heedful.render.sources import sources_renderable
 
 if TYPE_CHECKING:  # render reads explanations as plain data; heedful.explanation imports render
@@ -41,16 +41,10 @@ def heatmap_text(expl: Explanation, words: bool = False, layer: int = -1, sinks:
 
 def header(expl: Explanation) -> Text:
     """``method · model · target (prediction)``."""
-    pred = expl.prediction
-    if "probability" in pred:
-        said = f"predicted {pred['label']} ({pred['probability']:.2f})"
-    elif "value" in pred:
-        said = f"predicted value {pred['value']:.3f}"
-    else:
-        said = ""
+    said = prediction_said(expl)
     head = Text()
     head.append(expl.method, style="bold")
-    head.append(f"  ·  {expl.model}  ·  explaining {expl.target.label}", style="dim")
+    head.append(f"  ·  {expl.model}  ·  explaining {shown_label(expl.target.label)}", style="dim")
     if said:
         head.append(f"  ·  {said}", style="dim")
     if expl.truncated:
@@ -115,7 +109,7 @@ def print_explanations(
         elif len(group) > 1:
             first = group[0]
             console.print(
-                Text(f"{first.model}  ·  explaining {first.target.label}", style="dim"),
+                Text(f"{first.model}  ·  explaining {shown_label(first.target.label)}", style="dim"),
             )
             console.print(comparison_table(group, words, sinks))
         else:

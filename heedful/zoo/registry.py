@@ -23,7 +23,7 @@ from typing import Literal
 
 from heedful.atomic import atomic_folder, remove_leftovers
 from heedful.cache import heedful_home
-from heedful.errors import HeedfulError
+from heedful.errors import HeedfulError, did_you_mean
 
 Task = Literal["classification", "regression", "causal_lm"]
 
@@ -105,7 +105,7 @@ def get_entry(name: str) -> ZooEntry:
     except (KeyError, TypeError):
         raise HeedfulError(
             f"unknown zoo model {name!r}",
-            hint=f"known zoo models: {', '.join(ENTRIES)}",
+            hint=did_you_mean(str(name), list(ENTRIES), "zoo model", listing=f"known zoo models: {', '.join(ENTRIES)}"),
         ) from None
 
 
