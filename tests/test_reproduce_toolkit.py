@@ -119,3 +119,29 @@ def test_legend_names_the_five_words_and_helpers():
     assert interval_text(0.5, math.nan, math.nan, 2) == "0.50" and interval_text(math.nan, 0, 1) == "–"
     assert spearman([1, 2, 3, 4], [10, 20, 40, 30]) == pytest.approx(0.8)
     assert math.isnan(spearman([1, 1, 1], [1, 2, 3])) and math.isnan(spearman([1.0], [2.0]))
+
+
+def test_bench_difference_pairs_the_stored_per_example_values(tiny, tmp_path):
+    import csv
+
+    from heedful.evaluate import ResultsStore, get_protocol
+    from heedful.evaluate.bench import BenchSpec, per_example_from_store, run_bench
+    from heedful.reproduce.toolkit import bench_difference
+
+    data = tmp_path / "d.csv"
+    with open(data, "w", newline="", encoding="utf-8") as fh:
+        csv.writer(fh).writerows([("text", "label"), ("a charming and often affecting journey", "POSITIVE"),
+                                  ("the movie was dull and far too long", "NEGATIVE"), ("what a waste of a talented cast", "NEGATIVE"),
+                                  ("an intelligent , funny and moving film", "POSITIVE")])
+    protocol = get_protocol("normxlogit", random_seeds=2)
+    result = run_bench(BenchSpec(model=tiny("bert"), dataset=str(data), methods=["random", "saliency"], metrics=["aopc"],
+                                 protocol=protocol, out=tmp_path / "store", batch_size=2, model_label="tiny-bert"), progress=False)
+    assert len(result.ids) == result.n_examples == 4
+    with ResultsStore(result.store_path) as store:
+        per = {r.key: per_example_from_store(store, r.key, "aopc", protocol.hash(), result.ids).values for r in result.runs}
+    saliency = next(per[r.key] for r in result.runs if r.group == "saliency")
+    random = np.mean([per[r.key] for r in result.runs if r.group == "random"], axis=0)  # the mean over the seeds
+    assert bench_difference(result, "saliency", "random", "aopc") == pytest.approx(bootstrap_paired_difference(saliency, random))
+    assert bench_difference(result, "saliency", "random", "aopc")[0] == pytest.approx(
+        result.groups["saliency"].summaries["aopc"].value - result.groups["random"].summaries["aopc"].value)
+    assert all(math.isnan(v) for v in bench_difference(result, "saliency", "lime", "aopc"))  # a row the bench has not

@@ -1436,7 +1436,8 @@ def _claims(found: Found) -> list[str]:
     if found.steering is not None:
         rows += found.steering.claims
     else:
-        rows.append(("Steering generation by suppressing interest (5.4.2, Figure 9)", "not run", "`--option steering=off`"))
+        rows.append(("Steering generation by suppressing interest (5.4.2, Figure 9)", CANNOT_BE_TESTED,
+                     "not run in this report (`--option steering=off`)"))
     lines = ["## Claims", "", LEGEND, "", "| claim of the paper | verdict here | number (this run) |", "|---|---|---|"]
     lines += [f"| {a} | {b} | {n} |" for a, b, n in rows]
     return lines + [""]
