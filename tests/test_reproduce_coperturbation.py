@@ -209,3 +209,36 @@ def test_grid_is_a_markdown_table_with_a_corner():
         "| 0.1 | 1% | 2% |",
         "| 0.2 | 3% | 4% |",
     ]
+
+
+def _fixing(fixed_per_ratio: list[int], ratios=(0.1, 0.25, 0.5), errors: int = 40) -> MethodGain:
+    """A method whose top tokens fix the first ``fixed_per_ratio[r]`` errors at ratio ``r``."""
+    predictions = np.ones((errors, len(ratios)), int)
+    for r, k in enumerate(fixed_per_ratio):
+        predictions[:k, r] = 0  # gold is 0
+    fixed = np.array(fixed_per_ratio)
+    return MethodGain("m", {}, predictions, fixed, fixed, np.ones(len(ratios)), 0.0)
+
+
+def test_claims_use_the_five_verdicts_with_paired_intervals():
+    from heedful.reproduce.toolkit import VERDICTS
+
+    ratios = [0.1, 0.25, 0.5]
+    apart = Rectification("m", "movies", "test", ratios, 100, 60, [str(i) for i in range(40)], np.zeros(40, int), np.ones(40, int))
+    apart.methods = {"coperturbation": _fixing([10, 20, 18]), "random": _fixing([1, 2, 3])}
+    tied = Rectification("d", "movies", "test", ratios, 100, 60, [str(i) for i in range(40)], np.zeros(40, int), np.ones(40, int))
+    tied.methods = {"coperturbation (linearized)": _fixing([5, 8, 6]), "random": _fixing([5, 8, 6])}
+    rng = np.random.default_rng(0)
+    low = rng.uniform(0.2, 0.3, 50)
+    found = cp.Found(notes=[], rect={"apart": apart, "tied": tied},
+                     layer_study={"concentration": np.stack([low, low + 0.1 + rng.normal(0, 0.01, 50)], 1), "layers": [1, 6]})
+    text = "\n".join(cp._claims(found))
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ")[1] for line in text.splitlines() if line.startswith("| ") and " | " in line}
+    assert all(any(v.startswith(word) for word in VERDICTS) for v in list(rows.values())[1:]), rows
+    assert rows["Suppressing the highest-interest tokens of misclassified sentences fixes more errors than chance (5.4.1, Tables 1/3) -- apart"] == "holds"
+    assert rows["Suppressing the highest-interest tokens of misclassified sentences fixes more errors than chance (5.4.1, Tables 1/3) -- tied"] == "not separated"
+    assert rows["Error-set gains of 1.1-44.3 % on SST-2 (Table 3) -- apart"].startswith("not comparable (the paper's error set is the intersection")
+    assert rows["The gain peaks near r = 0.2 (Figure 8) -- apart"] == "holds"
+    assert rows["... and collapses with more erasure, towards r = 0.9 (Figure 8) -- apart"] == "cannot be tested here (the r grid stops at 0.5)"
+    assert rows["Higher layers concentrate interest on fewer, more relevant words (5.3, Figure 5)"] == "holds"
+    assert "paired difference" in text and "**not separated**" in text and "**not comparable**" in text

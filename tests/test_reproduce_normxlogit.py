@@ -142,6 +142,13 @@ def test_lens_quality_is_the_logit_lens_at_the_anchor():
 
 def test_adjacent_intervals_and_claim_verdicts():
     from heedful.evaluate.metrics import Summary
+    from heedful.reproduce.toolkit import (
+        DOES_NOT_HOLD,
+        HOLDS,
+        NOT_SEPARATED,
+        WRONG_DIRECTION,
+        Verdict,
+    )
 
     intervals = {"a": (0.5, 0.7), "b": (0.45, 0.6), "c": (0.1, 0.3)}
     order = ["a", "b", "c"]
@@ -149,13 +156,13 @@ def test_adjacent_intervals_and_claim_verdicts():
     assert nx.ordering_chain(order, intervals) == "a ≈ b > c"
     assert nx.ordering_chain(["a", "d"], {**intervals, "d": (float("nan"), float("nan"))}) == "a >? d"
     hi, mid, lo = Summary(0.6, 0, 9, None, 0.55, 0.65), Summary(0.5, 0, 9, None, 0.45, 0.58), Summary(0.2, 0, 9, None, 0.1, 0.3)
-    assert nx._cmp_verdict(hi, lo, True) == nx.HOLDS
-    assert nx._cmp_verdict(hi, mid, True) == nx.OVERLAP
-    assert nx._cmp_verdict(mid, hi, True) == nx.AGAINST
-    assert nx._cmp_verdict(lo, hi, True) == nx.FAILS
-    assert nx._cmp_verdict(lo, hi, False) == nx.HOLDS  # lower is better
-    assert nx._layers_verdict(24, 30, 30) == nx.HOLDS and nx._layers_verdict(3, 25, 30) == nx.OVERLAP
-    assert nx._layers_verdict(3, 5, 30) == nx.FAILS
+    assert nx._cmp_verdict(hi, lo, True) == Verdict(HOLDS)
+    assert nx._cmp_verdict(hi, mid, True) == Verdict(NOT_SEPARATED)
+    assert nx._cmp_verdict(mid, hi, True) == Verdict(NOT_SEPARATED, WRONG_DIRECTION)
+    assert nx._cmp_verdict(lo, hi, True) == Verdict(DOES_NOT_HOLD)
+    assert nx._cmp_verdict(lo, hi, False) == Verdict(HOLDS)  # lower is better
+    assert nx._layers_verdict(24, 30, 30) == Verdict(HOLDS) and nx._layers_verdict(3, 25, 30) == Verdict(NOT_SEPARATED)
+    assert nx._layers_verdict(3, 5, 30) == Verdict(DOES_NOT_HOLD)
 
 
 @pytest.mark.slow

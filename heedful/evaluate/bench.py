@@ -117,7 +117,8 @@ class GroupResult:
 class BenchResult:
     """What :func:`run_bench` did and found. ``notes``: what the store held that this run could
     not use, and why (``integrated_gradients: 200 explanations recomputed (default n_steps 50 ->
-    40)``)."""
+    40)``). ``ids``: the examples' ids in the order of the store's per-example values (what a
+    paired comparison of two methods reads back)."""
 
     spec: BenchSpec
     model_name: str
@@ -133,6 +134,7 @@ class BenchResult:
     notes: list[str] = field(default_factory=list)
     files: list[Path] = field(default_factory=list)
     engine: EngineReport | None = None
+    ids: list[str] = field(default_factory=list)
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -622,6 +624,7 @@ def run_bench(
         evidence_source=getattr(plan.data, "evidence_source", None),
         notes=plan.notes,
         engine=report,
+        ids=ids,
     )
 
 

@@ -428,6 +428,7 @@ def run_import(spec: ImportSpec, console=None, progress: bool = True) -> BenchRe
         store_path=store.path,
         evidence_source=getattr(data, "evidence_source", None),
         notes=notes,
+        ids=list(ids),
     )
 
 

@@ -39,3 +39,20 @@ def percentile_interval(statistics: np.ndarray) -> tuple[float, float]:
         return (math.nan, math.nan)
     low, high = np.percentile(finite, [2.5, 97.5])
     return float(low), float(high)
+
+
+def bootstrap_paired_difference(a: np.ndarray, b: np.ndarray, n_boot: int = 1000, seed: int = 0) -> tuple[float, float, float]:
+    """The mean per-example difference ``a - b`` of two methods scored on the same examples and
+    its 95 % percentile bootstrap interval: each resample draws examples (the same ones for both
+    methods, from :func:`bootstrap_indices`), so the interval is of the paired difference, not
+    of two marginal means. ``a``, ``b``: ``[n]`` aligned by example; pairs with a non-finite
+    side are left out.
+
+    >>> bootstrap_paired_difference(np.array([1.0, 2.0, 3.0]), np.array([0.0, 1.0, 2.0]))
+    (1.0, 1.0, 1.0)
+    """
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if a.shape != b.shape:
+        raise ValueError(f"paired values differ in shape: {a.shape} vs {b.shape}")
+    keep = np.isfinite(a) & np.isfinite(b)
+    return bootstrap_mean(a[keep] - b[keep], n_boot=n_boot, seed=seed)

@@ -244,10 +244,9 @@ def write_csv(result: BenchResult, summary_path: Path, curves_path: Path) -> Non
 
 def plot_curves(result: BenchResult, metric: str, path: Path) -> Path:
     """PNG of ``metric`` against the perturbation ratio, one line per method."""
-    import matplotlib
+    from heedful.render.figures import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     style = "seaborn-v0_8" if "seaborn-v0_8" in plt.style.available else "ggplot"
     with plt.style.context(style):

@@ -7,21 +7,13 @@ from pathlib import Path
 import numpy as np
 
 from heedful.interest.studies import LambdaSweep, LayerMap
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+from heedful.render.figures import pyplot
 
 
 def plot_layer_map(result: LayerMap, out: str | Path, show_special: bool = True) -> Path:
     """Layer x token heatmap of interest (the paper's Figure 5): one row per layer, one column
     per token, colour = normalised ``rho`` within the layer."""
-    plt = _pyplot()
+    plt = pyplot()
     cols = [i for i, sp in enumerate(result.special) if show_special or not sp]
     data = result.scores[:, cols]
     labels = [result.tokens[i] for i in cols]
@@ -41,7 +33,7 @@ def plot_layer_map(result: LayerMap, out: str | Path, show_special: bool = True)
 def plot_lambda_sweep(result: LambdaSweep, out: str | Path, mark: float | None = 0.6) -> Path:
     """Two panels (the paper's Figure 4): (a) interest of the chosen words against lambda;
     (b) the distortion (MLE) term at the estimated noise against lambda."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
     lams = np.asarray(result.lams)
     for w, word in enumerate(result.words):

@@ -420,9 +420,9 @@ def write_csv(result: Rectification, path: str | Path) -> Path:
 def plot_sweep(result: Rectification, path: str | Path, title: str | None = None) -> Path:
     """The paper's Figure 8 for every method: (a) share of the errors fixed and (b) accuracy
     gain on the whole split (only errors modified), against the erasure ratio."""
-    from heedful.interest.plots import _pyplot
+    from heedful.render.figures import pyplot
 
-    plt = _pyplot()
+    plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     x = np.asarray(result.ratios)
     markers = "osD^vP*Xph"

@@ -336,10 +336,9 @@ def head_statistics(
 # ---------------------------------------------------------------------- figure
 def plot_head_map(mask: HeadMask, path: str | Path, title: str | None = None) -> Path:
     """The layer x head map of syntactic and positional heads (the paper's Figure 5) as a PNG."""
-    import matplotlib
+    from heedful.render.figures import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     from matplotlib.colors import ListedColormap
     from matplotlib.patches import Patch
 

@@ -55,7 +55,22 @@ import numpy as np
 
 from heedful.errors import HeedfulError
 from heedful.evaluate.share import EVERY, Share
+from heedful.render.figures import pyplot
 from heedful.reproduce import ReportSettings
+from heedful.reproduce.toolkit import (
+    CANNOT_BE_TESTED,
+    DOES_NOT_HOLD,
+    HOLDS,
+    LEGEND,
+    NOT_COMPARABLE,
+    Verdict,
+    all_of,
+    bench_difference,
+    difference_verdict,
+    interval_text,
+    interval_verdict,
+    paired_verdict,
+)
 
 NAME = "coperturbation"
 DATASET = "movies"
@@ -76,6 +91,8 @@ the Jacobian norm ``||J_j||_F`` (no ties at the ceiling)."""
 N_COMPARE = 200
 """Test sentences on which the linearized and the optimised solutions are compared."""
 N_BENCH = 500
+COLLAPSE_RATIO = 0.9
+"""The erasure ratio Figure 8 reaches: the collapse after the peak is tested only on a grid that gets there."""
 """Test sentences of the faithfulness benchmark of every method (the comparison's N_COMPARE are
 their first)."""
 N_STUDY = 100
@@ -644,7 +661,7 @@ def _uniformity(bench, store: Path, model) -> dict[str, tuple]:
 def _plot_lambda_study(study: dict, path: Path) -> Path:
     from heedful.reproduce import coperturbation_studies as st
 
-    plt = _pyplot()
+    plt = pyplot()
     lams = study["lams"]
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     for key, label in (("measured", "measured (4 draws)"), ("predicted", "first-order prediction")):
@@ -670,7 +687,7 @@ def _plot_lambda_study(study: dict, path: Path) -> Path:
 def _plot_layer_study(study: dict, path: Path) -> Path:
     from heedful.reproduce import coperturbation_studies as st
 
-    plt = _pyplot()
+    plt = pyplot()
     layers = study["layers"]
     fig, ax = plt.subplots(figsize=(6, 3.6))
     for key, label in (("concentration", "interest on the top 20 % tokens"), ("spearman_to_head", "Spearman with the head's interest")):
@@ -683,15 +700,6 @@ def _plot_layer_study(study: dict, path: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 # ----------------------------------------------------------------------------- progress
@@ -825,11 +833,7 @@ def _iv(values, digits: int = 2) -> str:
 
 
 def _iv_of(mean: float, low: float, high: float, digits: int = 3) -> str:
-    if not np.isfinite(mean):
-        return "–"
-    if not (np.isfinite(low) and np.isfinite(high)):
-        return f"{mean:.{digits}f}"
-    return f"{mean:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
+    return interval_text(mean, low, high, digits)
 
 
 def overlap_sentence(rows: list[tuple[str, float, float, float]], higher_better: bool = True) -> str:
@@ -852,12 +856,28 @@ def _summary_row(res, metric: str) -> tuple[float, float, float]:
     return s.value, s.low, s.high
 
 
+def _fixed(result, method: str, r: int) -> np.ndarray:
+    """``[n_errors]``: 1 where suppressing ``method``'s top tokens at ratio index ``r`` gives the gold label."""
+    return (result.methods[method].predictions[:, r] == result.gold).astype(float)
+
+
+def _ahead(bench, a: str, b: str, metric: str) -> tuple[Verdict, tuple[float, float, float]]:
+    """"``a`` is ahead of ``b``" on a bench metric: from the paired interval of the difference where the
+    store holds both rows' per-example values, else from the two marginal intervals."""
+    from heedful.evaluate.metrics import METRICS
+
+    higher = METRICS[metric].higher_is_better
+    d = bench_difference(bench, a, b, metric)
+    if np.isfinite(d[1]):
+        return difference_verdict(d, higher), d
+    return interval_verdict(_summary_row(bench.groups[a], metric), _summary_row(bench.groups[b], metric), higher), d
+
+
 def _fixed_interval(result, method: str, r: int) -> tuple[float, float, float, int]:
     """Share of the errors fixed at ratio index ``r`` with its bootstrap interval over errors."""
     from heedful.reproduce.coperturbation_studies import interval
 
-    gain = result.methods[method]
-    return interval((gain.predictions[:, r] == result.gold).astype(float).tolist())
+    return interval(_fixed(result, method, r).tolist())
 
 
 def _markdown(run: Plan, found: Found, longest: dict[str, float]) -> str:
@@ -1312,21 +1332,21 @@ def _claims(found: Found) -> list[str]:
         groups = dict(bench.groups)
         aopc = {g: _summary_row(r, "aopc") for g, r in groups.items()}
         cpv = aopc["coperturbation"]
-        others = {g: v for g, v in aopc.items() if g not in ("coperturbation", "random")}
-        above = [g for g, v in others.items() if v[1] > cpv[2]]
-        below = [g for g, v in others.items() if v[2] < cpv[1]]
-        verdict = "holds" if len(below) == len(others) else ("does not hold" if above else "not resolved (intervals overlap)")
+        versus = {g: _ahead(bench, "coperturbation", g, "aopc") for g in aopc if g not in ("coperturbation", "random")}
+        above = [g for g, (v, _) in versus.items() if v.word == DOES_NOT_HOLD]
+        below = [g for g, (v, _) in versus.items() if v.word == HOLDS]
         rows.append((
             "Co-perturbation estimates interest better than LIME, SHAP, RISE, LRP, TDD and individual perturbation (5.2, Figure 3; shown by heatmaps)",
-            verdict,
-            f"AOPC {_iv_of(*cpv)}; baselines above it with intervals apart: {', '.join(above) or 'none'}; below, apart: {', '.join(below) or 'none'} (n = {bench.n_examples})",
+            str(all_of(v for v, _ in versus.values())),
+            f"AOPC {_iv_of(*cpv)}; baselines above it with paired intervals apart: {', '.join(above) or 'none'}; below, apart: {', '.join(below) or 'none'} (n = {bench.n_examples})",
         ))
         ip = aopc.get("individual_perturbation")
         if ip is not None:
+            verdict, d = versus["individual_perturbation"]
             rows.append((
                 "Co-perturbation beats word-by-word (individual) perturbation (4.1, 5.2)",
-                "holds" if cpv[1] > ip[2] else ("does not hold" if cpv[2] < ip[1] else "not resolved (intervals overlap)"),
-                f"AOPC {cpv[0]:.3f} against {ip[0]:.3f}",
+                str(verdict),
+                f"AOPC {cpv[0]:.3f} against {ip[0]:.3f}" + (f"; paired difference {_iv_of(*d)}" if np.isfinite(d[1]) else ""),
             ))
         uni = found.uniformity
         flat = [g for g in ("lrp", "tdd") if g in uni]
@@ -1364,37 +1384,46 @@ def _claims(found: Found) -> list[str]:
     if found.layer_study:
         ly = found.layer_study
         first, last = interval(ly["concentration"][:, 0]), interval(ly["concentration"][:, -1])
+        verdict, d = paired_verdict(np.asarray(ly["concentration"][:, -1]), np.asarray(ly["concentration"][:, 0]))
         rows.append((
             "Higher layers concentrate interest on fewer, more relevant words (5.3, Figure 5)",
-            "holds" if last[1] > first[2] else ("does not hold" if last[2] < first[1] else "not resolved (intervals overlap)"),
-            f"concentration layer 1 {_iv_of(*first[:3], 2)}, layer {ly['layers'][-1]} {_iv_of(*last[:3], 2)} (n = {first[3]}, linearized)",
+            str(verdict),
+            f"concentration layer 1 {_iv_of(*first[:3], 2)}, layer {ly['layers'][-1]} {_iv_of(*last[:3], 2)} (n = {first[3]}, linearized); "
+            f"paired difference {_iv_of(*d, 2)}",
         ))
     for name, result in found.rect.items():
         m = "coperturbation" if "coperturbation" in result.methods else "coperturbation (linearized)"
         r = result.best(m)
         fi, fr = _fixed_interval(result, m, r), _fixed_interval(result, "random", r) if "random" in result.methods else None
         if fr is None:
-            verdict = "holds" if fi[0] > 0 else "does not hold"
-        else:
-            verdict = "holds" if fi[1] > fr[2] else ("does not hold" if fi[2] < fr[1] else "not resolved (overlaps random scores)")
+            verdict, d = Verdict(CANNOT_BE_TESTED, "no random-scores row in this run"), None
+        else:  # the same errors under both scores: the paired difference of "fixed"
+            verdict, d = paired_verdict(_fixed(result, m, r), _fixed(result, "random", r))
         rows.append((
             f"Suppressing the highest-interest tokens of misclassified sentences fixes more errors than chance (5.4.1, Tables 1/3) -- {name}",
-            verdict,
+            str(verdict),
             f"`{m}` fixes {_iv_of(*fi[:3], 3)} of {result.n_errors} errors at r = {result.ratios[r]:g}"
-            + (f"; random scores {_iv_of(*fr[:3], 3)} ({'apart' if fi[1] > fr[2] else 'overlapping'})" if fr else ""),
+            + (f"; random scores {_iv_of(*fr[:3], 3)}; paired difference {_iv_of(*d, 3)}" if fr else ""),
         ))
         if m == "coperturbation":
             cp = result.error_gain(m)
             rows.append((
-                f"The gain peaks near r = 0.2 and collapses with more erasure (Figure 8) -- {name}",
-                "holds" if abs(result.ratios[r] - 0.2) <= 0.1 and cp[-1] < 0.5 * cp[r] else "does not hold",
-                f"peak at r = {result.ratios[r]:g} ({_pct(cp[r])}), {_pct(cp[-1])} at r = {result.ratios[-1]:g}",
+                f"The gain peaks near r = 0.2 (Figure 8) -- {name}",
+                "holds" if abs(result.ratios[r] - 0.2) <= 0.1 else "does not hold",
+                f"peak at r = {result.ratios[r]:g} ({_pct(cp[r])})",
             ))
-            lo, hi = min(p[3] for p in PAPER_SST2), max(p[3] for p in PAPER_SST2)
+            top = result.ratios[-1]
+            rows.append((
+                f"... and collapses with more erasure, towards r = 0.9 (Figure 8) -- {name}",
+                str(Verdict(CANNOT_BE_TESTED, f"the r grid stops at {top:g}")) if top < COLLAPSE_RATIO
+                else ("holds" if cp[-1] < 0.5 * cp[r] else "does not hold"),
+                f"{_pct(cp[-1])} at r = {top:g} (peak {_pct(cp[r])}); collapse read as below half the peak",
+            ))
             rows.append((
                 f"Error-set gains of 1.1-44.3 % on SST-2 (Table 3) -- {name}",
-                "holds" if lo <= cp[r] <= hi else "does not hold",
-                f"{_pct(cp[r])} (our error set: the model's own errors, not an intersection)",
+                str(Verdict(NOT_COMPARABLE, "the paper's error set is the intersection of the errors of all its models; ours is "
+                                            "this model's own errors")),
+                f"{_pct(cp[r])}",
             ))
     rows.append(("Larger models gain more from rectification (5.4.1, Tables 1/3)", "cannot be tested here", "two zoo classifiers of different families (section 7)"))
     if c:
@@ -1407,8 +1436,9 @@ def _claims(found: Found) -> list[str]:
     if found.steering is not None:
         rows += found.steering.claims
     else:
-        rows.append(("Steering generation by suppressing interest (5.4.2, Figure 9)", "not run", "`--option steering=off`"))
-    lines = ["## Claims", "", "| claim of the paper | verdict here | number (this run) |", "|---|---|---|"]
+        rows.append(("Steering generation by suppressing interest (5.4.2, Figure 9)", CANNOT_BE_TESTED,
+                     "not run in this report (`--option steering=off`)"))
+    lines = ["## Claims", "", LEGEND, "", "| claim of the paper | verdict here | number (this run) |", "|---|---|---|"]
     lines += [f"| {a} | {b} | {n} |" for a, b, n in rows]
     return lines + [""]
 

@@ -43,6 +43,7 @@ from heedful.atomic import atomic_file
 from heedful.attribution import coperturbation as cp
 from heedful.evaluate.share import EVERY, Share
 from heedful.reproduce.coperturbation_studies import interval
+from heedful.reproduce.toolkit import interval_text, spearman
 
 DEV_SEED = 20261123
 """Seed of the permutation of the movies train split whose first sentences form the dev split."""
@@ -287,14 +288,6 @@ def _content_scores(rows: dict, rule: str, i: int) -> np.ndarray:
     return scores[keep]
 
 
-def _spearman(a: np.ndarray, b: np.ndarray) -> float:
-    from scipy.stats import spearmanr
-
-    if a.size < 2 or np.ptp(a) == 0 or np.ptp(b) == 0:
-        return math.nan
-    return float(spearmanr(a, b).statistic)
-
-
 def steps_to_level(history: np.ndarray, level: float, window: int = LEVEL_WINDOW) -> float:
     """The first step ``t >= window`` at which the mean of ``J`` over steps ``t - window + 1 .. t``
     is at most ``level`` (NaN if never)."""
@@ -349,7 +342,7 @@ def summarise(folder: Path, n_seed: int, n_warm: int) -> Stability:
         if a is None or b is None:
             continue
         n = min(len(a["tokens"]), len(b["tokens"]), n_seed)
-        rhos = [_spearman(_content_scores(a, s.keep, i), _content_scores(b, s.keep, i)) for i in range(n)]
+        rhos = [spearman(_content_scores(a, s.keep, i), _content_scores(b, s.keep, i)) for i in range(n)]
         cost = _cost_per_sentence(a)
         row = {
             "setting": s, "n": n, "spearman": rhos, "cost": cost,
@@ -416,7 +409,7 @@ def _warm_summary(runs: dict, n_warm: int) -> dict[str, Any] | None:
     if lin is not None and len(lin["tokens"]) >= n:
         pairs |= {"cold_linearized": (cold, "best", lin, "best"), "warm_linearized": (warm, "best", lin, "best")}
     found["agreement"] = {
-        key: [_spearman(_content_scores(a, ka, i), _content_scores(b, kb, i)) for i in range(n)]
+        key: [spearman(_content_scores(a, ka, i), _content_scores(b, kb, i)) for i in range(n)]
         for key, (a, ka, b, kb) in pairs.items()
     }
     return found
@@ -429,7 +422,7 @@ def _first_order_summary(runs: dict, limit: int) -> dict[str, Any] | None:
     if cold is None or lin is None:
         return None
     n = min(len(cold["tokens"]), len(lin["tokens"]), limit)
-    rhos = [_spearman(_content_scores(lin, "best", i), _content_scores(cold, "best", i)) for i in range(n)]
+    rhos = [spearman(_content_scores(lin, "best", i), _content_scores(cold, "best", i)) for i in range(n)]
     found = {
         "n": n, "spearman": rhos, "cost": {"linearized": _cost_per_sentence(lin), "optimised": _cost_per_sentence(cold)},
     }
@@ -477,12 +470,7 @@ def _paired(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float
 
 # ------------------------------------------------------------------------------ markdown
 def _iv(values: Sequence[float], digits: int = 3) -> str:
-    mean, low, high, _ = interval(values)
-    if not math.isfinite(mean):
-        return "–"
-    if not (math.isfinite(low) and math.isfinite(high)):
-        return f"{mean:.{digits}f}"
-    return f"{mean:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
+    return interval_text(*interval(values)[:3], digits)
 
 
 def section(found: Stability, n_seed: int, n_warm: int, heading: str = "##") -> list[str]:

@@ -78,10 +78,9 @@ def suppressed_share(s: Steering) -> tuple[float, float]:
 
 def plot_interest(s: Steering, out: Path) -> Path:
     """Interest bars over the prompt before and after suppression (the paper's Figure 9a)."""
-    import matplotlib
+    from heedful.render.figures import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     labels = [lab + (" (x)" if hit else "") for lab, hit in zip(s.labels, s.suppressed, strict=True)]
     x = np.arange(len(labels))

@@ -28,6 +28,7 @@ from heedful.attribution.noise import HEAD, NoiseProbe
 from heedful.evaluate.intervals import bootstrap_mean
 from heedful.explanation import Explanation
 from heedful.model import Model
+from heedful.reproduce.toolkit import spearman
 
 TOP_SHARE = 0.2
 """Share of a sentence's content tokens counted as its top tokens (overlap, concentration)."""
@@ -48,14 +49,6 @@ def interval(values: Sequence[float]) -> tuple[float, float, float, int]:
     return (mean, low, high, int(arr.size))
 
 
-def _spearman(a: np.ndarray, b: np.ndarray) -> float:
-    from scipy.stats import spearmanr
-
-    if a.size < 2 or np.ptp(a) == 0 or np.ptp(b) == 0:
-        return math.nan
-    return float(spearmanr(a, b).statistic)
-
-
 def _top(scores: np.ndarray, share: float = TOP_SHARE) -> set[int]:
     k = max(1, math.ceil(share * scores.size))
     return set(np.argsort(-scores, kind="stable")[:k].tolist())
@@ -67,7 +60,7 @@ def rank_agreement(a: Explanation, b: Explanation) -> tuple[float, float]:
     keep = ~np.asarray(a.special)
     sa, sb = np.asarray(a.scores)[keep], np.asarray(b.scores)[keep]
     top_a, top_b = _top(sa), _top(sb)
-    return _spearman(sa, sb), len(top_a & top_b) / len(top_a)
+    return spearman(sa, sb), len(top_a & top_b) / len(top_a)
 
 
 def constant(e: Explanation) -> bool:
@@ -157,7 +150,7 @@ def lambda_study(
         for b in range(bsz):
             keep = content[b].numpy()
             rows = scores[b][:, keep].numpy()
-            agree.append([_spearman(rows[j], rows[ref]) for j in range(k)])
+            agree.append([spearman(rows[j], rows[ref]) for j in range(k)])
     return {
         "lams": np.asarray(lams),
         "measured": np.concatenate(measured),
@@ -189,7 +182,7 @@ def layer_study(model: Model, texts: Sequence[str], probes: int = cp.Settings.pr
         for b in range(bsz):
             rows = scores[b][:, content[b]].numpy()
             conc.append([_concentration(rows[j]) for j in range(len(layers))])
-            agree.append([_spearman(rows[j], rows[0]) for j in range(1, len(layers))])
+            agree.append([spearman(rows[j], rows[0]) for j in range(1, len(layers))])
     conc_arr = np.asarray(conc)
     return {
         "layers": np.arange(1, n_layers + 1),
@@ -217,7 +210,7 @@ def probe_stability(
                 fit, _ = cp.estimate_interest(problem, layers=[layer], settings=cp.Settings(solver="linearized", probes=probes), seed=seed)
                 runs.append(_content_scores(fit.sigma, problem, torch.arange(len(chunk))))
             for b in range(len(chunk)):
-                rhos.append(_spearman(runs[0][b, content[b]].numpy(), runs[1][b, content[b]].numpy()))
+                rhos.append(spearman(runs[0][b, content[b]].numpy(), runs[1][b, content[b]].numpy()))
         seconds = (time.perf_counter() - began) / max(1, len(texts)) / len(seeds)
         found[int(probes)] = {"spearman": rhos, "seconds": seconds}
     return found

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from heedful.reproduce import ReportSettings
+from heedful.reproduce.toolkit import LEGEND, all_of, difference_verdict, interval_text, spearman
 
 NAME = "mask-lrp"
 DEFAULT_N = 500
@@ -651,14 +652,11 @@ def _planted_section(plan: _Plan, run: _PlantedRun) -> list[str]:
         }
         intervals[group] = found
 
-        def cell(v: tuple[float, float, float]) -> str:
-            return f"{_fmt(v[0])} [{_fmt(v[1])}, {_fmt(v[2])}]"
-
         paper = PAPER_ROWS.get(group, "")
         name = f"**{group}**" if group == "mask_lrp" else group
         lines.append(
-            f"| {name} | {paper} | {cell(found['all'])} | {cell(found['answered'])} | {_fmt(run.code_ratio.get(group))} | "
-            f"{cell(found['top1'])} | {cell(found['top3'])} |"
+            f"| {name} | {paper} | {_ci(found['all'])} | {_ci(found['answered'])} | {_fmt(run.code_ratio.get(group))} | "
+            f"{_ci(found['top1'])} | {_ci(found['top3'])} |"
         )
     best = max(intervals, key=lambda g: intervals[g]["all"][0] if math.isfinite(intervals[g]["all"][0]) else -math.inf)
     pairs = overlapping({g: (v["all"][1], v["all"][2]) for g, v in intervals.items()})
@@ -735,22 +733,17 @@ def _interval(run: _DatasetRun, method: str, metric: str) -> tuple[float, float,
 
 
 def _difference(run: _DatasetRun, a: str, b: str, metric: str) -> tuple[float, float, float]:
-    """Mean per-example difference ``a - b`` and its 95 % bootstrap interval."""
-    from heedful.evaluate.intervals import bootstrap_mean
+    """Mean per-example difference ``a - b`` and its 95 % paired bootstrap interval."""
+    from heedful.evaluate.intervals import bootstrap_paired_difference
 
     va, vb = _values(run, a, metric), _values(run, b, metric)
     if va is None or vb is None:
         return (float("nan"),) * 3
-    d = va - vb
-    return bootstrap_mean(d[np.isfinite(d)])
+    return bootstrap_paired_difference(va, vb)
 
 
 def _ci(value: tuple[float, float, float], digits: int = 3, sign: bool = False) -> str:
-    mean, low, high = value
-    if not math.isfinite(mean):
-        return "–"
-    f = f"+.{digits}f" if sign else f".{digits}f"
-    return f"{mean:{f}} [{low:{f}}, {high:{f}}]"
+    return interval_text(*value, digits=digits, sign=sign)
 
 
 def _excludes_zero(value: tuple[float, float, float]) -> bool:
@@ -794,9 +787,7 @@ def _spearman(a: dict[str, float], b: dict[str, float]) -> float:
     keys = [k for k in a if k in b and math.isfinite(a[k]) and math.isfinite(b[k])]
     if len(keys) < 3:
         return float("nan")
-    from scipy.stats import spearmanr
-
-    return float(spearmanr([a[k] for k in keys], [b[k] for k in keys]).statistic)
+    return spearman([a[k] for k in keys], [b[k] for k in keys])
 
 
 def _concordance(a: dict[str, float], b: dict[str, float]) -> tuple[int, int]:
@@ -849,10 +840,9 @@ def _label(method: str) -> str:
 
 def _plot_curves(run: _DatasetRun, methods: list[str], path: Path) -> Path:
     """AOPC and LOdds against k, one line per method (random-mask band: +- one std over seeds)."""
-    import matplotlib
+    from heedful.render.figures import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     x = 100 * np.asarray(run.result.x, dtype=float)
     fig, axes = plt.subplots(1, 2, figsize=(15, 6), facecolor="white")
@@ -881,10 +871,9 @@ def _plot_curves(run: _DatasetRun, methods: list[str], path: Path) -> Path:
 
 def _plot_deletion(runs: list[_DatasetRun], methods: list[str], path: Path) -> Path:
     """Mean gold-label probability as the top-k tokens are replaced (k = 0 is the intact input)."""
-    import matplotlib
+    from heedful.render.figures import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, len(runs), figsize=(7.5 * len(runs), 5.5), facecolor="white", squeeze=False)
     for ax, run in zip(axes[0], runs, strict=True):
@@ -917,10 +906,9 @@ def _plot_ablation(runs: list[_DatasetRun], path: Path) -> Path:
     """Mean AOPC and LOdds of each random head mask (points, one per seed) against the selected
     mask (solid line) and all heads (``chefer``, dotted), per data set and variant, with the
     selected mask's 95 % bootstrap interval (shaded)."""
-    import matplotlib
+    from heedful.render.figures import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     cases = [(run, real, rand) for run in runs for real, rand in (("mask_lrp", RANDOM_MASK), (REFERENCE, RANDOM_REFERENCE))]
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.8), facecolor="white")
@@ -961,10 +949,9 @@ def _corruption_points(run: _DatasetRun, metric: str) -> list[tuple[float, tuple
 
 def _plot_corruption(run: _DatasetRun, path: Path) -> Path:
     """Figure 4: AOPC and LOdds against the corruption rate with 95 % bootstrap bands."""
-    import matplotlib
+    from heedful.render.figures import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), facecolor="white")
     for ax, metric, ylabel in zip(axes, ("aopc", "log_odds"), ("mean AOPC (higher is better)", "mean LOdds (lower is better)"), strict=True):
@@ -1530,9 +1517,7 @@ def _claims_section(runs: list[_DatasetRun], mask, planted: _PlantedRun | None, 
         rank = order.index("mask_lrp") + 1
         runner = order[1] if order[0] == "mask_lrp" else order[0]
         d = _difference(run, "mask_lrp", runner, metric)
-        ok = rank == 1 and (d[1] > 0 if higher else d[2] < 0)
-        verdict = "holds" if ok else ("holds, not separated" if rank == 1 else "does not hold")
-        return verdict, f"rank {rank} of {len(order)}; Mask-LRP − {runner} {_ci(d, sign=True)}"
+        return str(difference_verdict(d, higher)), f"rank {rank} of {len(order)}; Mask-LRP − {runner} {_ci(d, sign=True)}"
 
     rows.append(("Mask-LRP has the highest AOPC of the paper's methods (Table 1)", *per_dataset(lambda r: best(r, "aopc", True))))
     rows.append(("Mask-LRP has the lowest LOdds of the paper's methods (Table 1)", *per_dataset(lambda r: best(r, "log_odds", False))))
@@ -1554,9 +1539,8 @@ def _claims_section(runs: list[_DatasetRun], mask, planted: _PlantedRun | None, 
 
     def beats(a: str, b: str):
         def fn(run: _DatasetRun):
-            text, da, dl = _verdict(run, a, b)
-            verdict = "holds" if text.startswith("better on both") else "does not hold"
-            return verdict, f"AOPC {_ci(da, sign=True)}, LOdds {_ci(dl, sign=True)}"
+            _, da, dl = _verdict(run, a, b)
+            return str(all_of([difference_verdict(da, True), difference_verdict(dl, False)])), f"AOPC {_ci(da, sign=True)}, LOdds {_ci(dl, sign=True)}"
         return fn
 
     rows.append(("The selected heads beat random heads of the same rate (Table 1 \"Random\", Sec. 5.4 Q1)", *per_dataset(beats("mask_lrp", RANDOM_MASK))))
@@ -1616,19 +1600,18 @@ def _claims_section(runs: list[_DatasetRun], mask, planted: _PlantedRun | None, 
             f"{ref['input']:.3f} of 1 (largest per-block change {ref['worst']:.3f})",
         ))
     if planted is not None and "mask_lrp" in planted.values:
-        from heedful.evaluate.intervals import bootstrap_mean
+        from heedful.evaluate.intervals import bootstrap_paired_difference
 
-        parts, ok = [], True
+        parts, found = [], []
         for other in ("rollout", "raw_attention", "attcat"):
             if other not in planted.values:
                 continue
-            d = planted.values["mask_lrp"]["precision_at_k"] - planted.values[other]["precision_at_k"]
-            ci = bootstrap_mean(d[np.isfinite(d)])
-            ok &= ci[1] > 0
+            ci = bootstrap_paired_difference(planted.values["mask_lrp"]["precision_at_k"], planted.values[other]["precision_at_k"])
+            found.append(difference_verdict(ci, True))
             parts.append(f"− {other} {_ci(ci, sign=True)}")
         rows.append((
             "Higher precision@20 than Rollout, RawAtt and AttCAT on QA (Table 2)",
-            ("holds" if ok else "does not hold") + " on the planted proxy (not SQuAD)",
+            f"{all_of(found)} on the planted proxy (not SQuAD)",
             f"{planted.dataset}, n = {len(planted.ids)}: Mask-LRP " + ", ".join(parts),
         ))
     else:
@@ -1640,9 +1623,8 @@ def _claims_section(runs: list[_DatasetRun], mask, planted: _PlantedRun | None, 
     lines = [
         "## Claims of the paper against this run",
         "",
-        "Verdicts use the 95 % bootstrap intervals of paired differences over the examples: \"holds\" needs the interval "
-        "on the paper's side of 0 (on both metrics where the claim names both); \"holds, not separated\": the ordering "
-        "agrees but the interval includes 0. Ours = `mask_lrp` with Eq. 10 as written unless the row says otherwise.",
+        LEGEND + " A claim naming both metrics holds when both do and does not hold when either does not. Ours = "
+        "`mask_lrp` with Eq. 10 as written unless the row says otherwise.",
         "",
         "| claim (paper) | verdict | numbers (this run) |",
         "|---|---|---|",

@@ -42,6 +42,19 @@ import numpy as np
 
 from heedful.evaluate.report import fmt
 from heedful.reproduce import ReportSettings
+from heedful.reproduce.toolkit import (
+    CANNOT_BE_TESTED,
+    DOES_NOT_HOLD,
+    HOLDS,
+    LEGEND,
+    NOT_SEPARATED,
+    Verdict,
+    all_of,
+    bench_difference,
+    difference_verdict,
+    interval_text,
+    interval_verdict,
+)
 
 PAPER = "Abbasi et al., *NormXLogit: The Head-on-Top Never Lies*"
 METHODS = (
@@ -269,6 +282,7 @@ def run_case(case: Case, settings: ReportSettings, out_dir: Path, n: int, ig_ste
             {v.method: {**options.get(v.method, {}), **dict(v.options)} for v in variants},
         )
         result.groups.update({v.key: extra.groups[v.method] for v in variants})
+        result.runs += [replace(r, group=v.key) for v in variants for r in extra.runs if r.group == v.method]
     wall = time.perf_counter() - began
     plots = []
     stem = "normxlogit-quick-" if settings.quick else "normxlogit-"
@@ -292,7 +306,7 @@ def rows_of(result: Any) -> list[str]:
 
 def interval_cell(s: Any, seeds: int = 1) -> str:
     """``value ± std over seeds [low, high]`` of a summary (the interval where there is one)."""
-    return fmt(s.value, s.std if seeds > 1 else None) + (f" [{fmt(s.low)}, {fmt(s.high)}]" if s.has_interval else "")
+    return interval_text(s.value, s.low, s.high, std=s.std if seeds > 1 else None)
 
 
 def ordering_chain(order: list[str], intervals: dict[str, tuple[float, float]]) -> str:
@@ -816,10 +830,9 @@ def lens_summary(lens: dict[str, list[np.ndarray]], evidence: list[np.ndarray]) 
 
 def plot_alignment(al: Alignment, path: Path) -> Path:
     """Layer x method heatmaps of dot product and average precision (the paper's Figures 4-5)."""
-    import matplotlib
+    from heedful.render.figures import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     labels = [EXP2_NAMES[m] for m in EXP2_METHODS]
     fig, axes = plt.subplots(2, 1, figsize=(max(10, 0.55 * al.layers + 3), 7.5), facecolor="white")
@@ -855,8 +868,8 @@ def alignment_cell(al: Alignment, key: str, row: int, layer: int) -> str:
     the random row also ``± std over seeds``."""
     values, std = getattr(al, key), getattr(al, f"{key}_std")
     low, high = getattr(al, f"{key}_low"), getattr(al, f"{key}_high")
-    text = fmt(values[row, layer], std[row, layer] if EXP2_METHODS[row] == "random" else None)
-    return text + (f" [{fmt(low[row, layer])}, {fmt(high[row, layer])}]" if low is not None and high is not None else "")
+    bounds = (low[row, layer], high[row, layer]) if low is not None and high is not None else (math.nan, math.nan)
+    return interval_text(values[row, layer], *bounds, std=std[row, layer] if EXP2_METHODS[row] == "random" else None)
 
 
 def alignment_section(al: Alignment, plot: Path) -> list[str]:
@@ -938,10 +951,9 @@ def plot_lens(al: Alignment, path: Path) -> Path:
     """Per layer: the logit lens's share of pairs preferring the target over the foil, the share
     whose LogAt(target) top is the first token, LogAt(target)'s and random's dot product, and
     KL(final || layer) on a second axis."""
-    import matplotlib
+    from heedful.render.figures import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     lens = al.lens or {}
     x = np.arange(1, al.layers + 1)
@@ -1232,27 +1244,25 @@ def experiments_section() -> list[str]:
 
 
 # ---------------------------------------------------------------------------- claims
-HOLDS, OVERLAP, AGAINST, FAILS, UNTESTED = (
-    "holds", "same direction, intervals overlap", "opposite direction, intervals overlap", "does not hold",
-    "cannot be tested here",
-)
+SIGNED_NOT_COMPARABLE = "the paper's gradient rows are L1-aggregated; it never ran signed sums"
 
 
-def _cmp_verdict(a: Any, b: Any, higher: bool) -> str:
-    """The claim "``a`` is ahead of ``b``": holds (ahead, separated 95 % intervals), same / opposite
-    direction with overlapping intervals, or does not hold (behind, separated)."""
-    ahead, separated = better(a, b, higher)
-    if ahead:
-        return HOLDS if separated else OVERLAP
-    return FAILS if separated else AGAINST
+def _cmp_verdict(a: Any, b: Any, higher: bool, difference: tuple[float, float, float] | None = None,
+                 not_comparable: str | None = None) -> Verdict:
+    """The claim "``a`` is ahead of ``b``" (summaries): from the 95 % paired interval of the
+    difference ``a - b`` where there is one (the two scored on the same examples), else from the
+    two marginal intervals."""
+    if difference is not None and all(math.isfinite(v) for v in difference):
+        return difference_verdict(difference, higher, not_comparable=not_comparable)
+    return interval_verdict((a.value, a.low, a.high), (b.value, b.low, b.high), higher, not_comparable=not_comparable)
 
 
-def _layers_verdict(separated: int, ahead: int, layers: int, share: float = 0.8) -> str:
+def _layers_verdict(separated: int, ahead: int, layers: int, share: float = 0.8) -> Verdict:
     """A claim over layers ("almost all"): holds when ``separated`` layers reach ``share`` of them,
-    the direction only when ``ahead`` layers do, else does not hold."""
+    not separated when only the direction does, else does not hold."""
     if separated >= share * layers:
-        return HOLDS
-    return OVERLAP if ahead >= share * layers else FAILS
+        return Verdict(HOLDS)
+    return Verdict(NOT_SEPARATED) if ahead >= share * layers else Verdict(DOES_NOT_HOLD)
 
 
 def _headline(result: Any) -> str:
@@ -1263,13 +1273,18 @@ def _cell(result: Any, key: str, metric: str) -> str:
     return f"{NAMES[key]} {interval_cell(result.groups[key].summaries[metric], result.groups[key].seeds)}"
 
 
-def _versus(result: Any, metric: str, where: str, claim: str, a: str, b: str, prefix: str = "") -> tuple[str, str, str, str]:
-    """The claim "``a`` is ahead of ``b``" on ``metric``: (claim, where, both cells, verdict)."""
+def _versus(result: Any, metric: str, where: str, claim: str, a: str, b: str, prefix: str = "",
+            not_comparable: str | None = None) -> tuple[str, str, str, Verdict]:
+    """The claim "``a`` is ahead of ``b``" on ``metric``: (claim, where, both cells and their paired
+    difference, verdict)."""
     from heedful.evaluate.metrics import METRICS
 
     sa, sb = result.groups[a].summaries[metric], result.groups[b].summaries[metric]
+    difference = bench_difference(result, a, b, metric)
     number = f"{_cell(result, a, metric)} vs {prefix}{_cell(result, b, metric)}"
-    return claim, where, number, _cmp_verdict(sa, sb, METRICS[metric].higher_is_better)
+    if all(math.isfinite(v) for v in difference):
+        number += f"; paired difference {interval_text(*difference, sign=True)}"
+    return claim, where, number, _cmp_verdict(sa, sb, METRICS[metric].higher_is_better, difference, not_comparable)
 
 
 def _claims_exp1(results: dict[str, Any]) -> list[tuple[str, str, str, str]]:
@@ -1283,10 +1298,17 @@ def _claims_exp1(results: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         s = {k: g.summaries[metric] for k, g in result.groups.items()}
         where = f"`{key}`, {metric}"
         grads = [k for k in GRADIENT_ROWS if k in s]
-        best = ordering({k: s[k].value for k in grads}, higher)[0]
+        l1 = [k for k in GRADIENT_METHODS if k in s]
+        signed = [k for k in GRADIENT_ROWS if k in s and k not in GRADIENT_METHODS]
         vs = [
             ("NormXLogit is more faithful than the gradient-based methods (abstract, §4.2, conclusion)",
-             "normxlogit", best, "best gradient row "),
+             "normxlogit", ordering({k: s[k].value for k in l1}, higher)[0], "best L1 gradient row (the paper's) "),
+        ]
+        if signed:
+            vs.append(("… against the signed-sum gradient rows (not the paper's)", "normxlogit",
+                       ordering({k: s[k].value for k in signed}, higher)[0], "best signed gradient row ",
+                       SIGNED_NOT_COMPARABLE))
+        vs += [
             ("Weighting LogAt by the embedding norm makes it more faithful (§3.4)", "normxlogit", "logat", ""),
             ("The norm of the word embeddings identifies important tokens (§3.2; better than random)",
              "embedding_norm", "random", ""),
@@ -1310,7 +1332,7 @@ def _claims_exp1(results: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             rows.append(("Llama 2: NormXLogit has a higher AOPC than the gradient methods and random at every "
                          "perturbation ratio (§4.2, Figure 2)", where,
                          f"ahead at {sum(ahead)} of {len(ahead)} ratios (means over examples)",
-                         HOLDS if all(ahead) else FAILS))
+                         Verdict(HOLDS if all(ahead) else DOES_NOT_HOLD)))
     return rows
 
 
@@ -1323,21 +1345,21 @@ def _claims_cost(results: dict[str, Any], timing: Timing | None) -> list[tuple[s
         rows.append(("NormXLogit needs a single forward pass and no backward pass (§4.2)",
                      f"`{first.model_name}`, Experiment 1",
                      f"{fmt(cost['forward'], digits=2)} forward and {fmt(cost['backward'], digits=2)} backward passes per example",
-                     HOLDS if ok else FAILS))
+                     Verdict(HOLDS if ok else DOES_NOT_HOLD)))
     if timing is not None:
         long = [n for n in sorted(timing.repeats) if n >= 360]
         others = [m for m in TIMING_METHODS if m != "normxlogit"]
         for what, table, unit in (("faster", timing.seconds, "time"), ("more memory-efficient", timing.peak_mb, "peak memory")):
             if not long:
                 rows.append((f"For inputs of 360 tokens or more NormXLogit is {what} than its counterparts (§4.2, Tables 4-5)",
-                             "cost section", "no input of 360 tokens or more in this run", UNTESTED))
+                             "cost section", "no input of 360 tokens or more in this run", Verdict(CANNOT_BE_TESTED)))
                 continue
             ratios = {n: min(table[(m, n)] / max(table[("normxlogit", n)], 1e-9) for m in others) for n in long}
             rows.append((f"For inputs of 360 tokens or more NormXLogit is {what} than its counterparts (§4.2, Tables 4-5)",
                          f"`{timing.model_name}`, cost section",
                          "; ".join(f"{timing.tokens.get(n, n)} tokens: the closest other method takes {r:.1f}× its {unit}"
                                    for n, r in ratios.items()),
-                         HOLDS if all(r > 1 for r in ratios.values()) else FAILS))
+                         Verdict(HOLDS if all(r > 1 for r in ratios.values()) else DOES_NOT_HOLD)))
     return rows
 
 
@@ -1363,9 +1385,20 @@ def _claims_exp2(al: Alignment | None) -> list[tuple[str, str, str, str]]:
     third = max(1, al.layers // 3)
     rise = float(np.mean(ap[t, -third:]) - np.mean(ap[t, :third]))
     fall = float(np.mean(ap[f, -third:]) - np.mean(ap[f, :third]))
+    first, last = 0, al.layers - 1
+    if low is not None and high is not None:
+        def at(row: int, layer: int) -> tuple[float, float, float]:
+            return float(ap[row, layer]), float(low[row, layer]), float(high[row, layer])
+
+        depth = all_of([interval_verdict(at(t, last), at(t, first)), interval_verdict(at(f, first), at(f, last))])
+    else:
+        depth = Verdict(CANNOT_BE_TESTED, "no per-layer intervals")
     rows.append(("With depth the target's alignment rises and the foil's drops (§5.2)", where,
-                 f"last third minus first third of layers: LogAt(target) {rise:+.3f}, LogAt(foil) {fall:+.3f}",
-                 HOLDS if rise > 0 > fall else FAILS))
+                 f"last third minus first third of layers: LogAt(target) {rise:+.3f}, LogAt(foil) {fall:+.3f}; "
+                 f"layer {last + 1} vs layer {first + 1} (intervals): LogAt(target) {alignment_cell(al, 'ap', t, last)} vs "
+                 f"{alignment_cell(al, 'ap', t, first)}, LogAt(foil) {alignment_cell(al, 'ap', f, last)} vs "
+                 f"{alignment_cell(al, 'ap', f, first)}",
+                 depth))
     p = idx["logat_plural"]
     if np.isfinite(ap[p]).any():
         rest = [idx[m] for m in EXP2_METHODS if m not in ("logat_plural", "random")]
@@ -1373,12 +1406,14 @@ def _claims_exp2(al: Alignment | None) -> list[tuple[str, str, str, str]]:
         flat = ap[rest]
         br, bl = (int(v) for v in np.unravel_index(np.nanargmax(flat), flat.shape))
         other = rest[br]
-        ahead_p = bool(ap[p, pl] > flat[br, bl])
-        sep_p = low is not None and high is not None and bool(low[p, pl] > high[other, bl])
+        if low is not None and high is not None:
+            plural = interval_verdict((ap[p, pl], low[p, pl], high[p, pl]), (flat[br, bl], low[other, bl], high[other, bl]))
+        else:
+            plural = Verdict(CANNOT_BE_TESTED, "no per-layer intervals")
         rows.append(('LogAt of the word "plural" outperforms all other methods by a notable margin (§5.2, A.3)', where,
                      f"best LogAt(plural) {alignment_cell(al, 'ap', p, pl)} at layer {pl + 1} vs best other "
                      f"{EXP2_NAMES[EXP2_METHODS[other]]} {alignment_cell(al, 'ap', other, bl)} at layer {bl + 1}",
-                     (HOLDS if sep_p else OVERLAP) if ahead_p else FAILS))
+                     plural))
     return rows
 
 
@@ -1395,20 +1430,18 @@ UNTESTABLE = (
 def claims_section(results: dict[str, Any], al: Alignment | None, timing: Timing | None) -> list[str]:
     """Markdown: every claim of the paper with this run's number and a verdict."""
     rows = _claims_exp1(results) + _claims_cost(results, timing) + _claims_exp2(al)
-    rows += [(claim, "–", why, UNTESTED) for claim, why in UNTESTABLE]
+    rows += [(claim, "–", why, Verdict(CANNOT_BE_TESTED)) for claim, why in UNTESTABLE]
     lines = [
         "## The paper's claims against this run",
         "",
-        "Verdicts: **holds** -- the claimed direction with separated 95 % intervals; **same direction, intervals "
-        "overlap** -- the claimed direction, not separated at this sample size; **opposite direction, intervals "
-        "overlap**; **does not hold** -- the opposite direction with separated intervals (claims over layers or "
-        "ratios: counted as stated in the row); **cannot be tested here**. Every number below is computed in this run (Experiment 1: on our "
-        "analogue models and data, so a verdict speaks for them, not for the paper's models).",
+        LEGEND + " Claims over layers or ratios: counted as stated in the row. Every number below is computed in this "
+        "run (Experiment 1: on our analogue models and data, so a verdict speaks for them, not for the paper's models).",
         "",
         "| claim (paper) | where tested | our number | verdict |",
         "|---|---|---|---|",
     ]
-    lines += [f"| {claim} | {where} | {number} | **{verdict}** |" for claim, where, number, verdict in rows]
+    lines += [f"| {claim} | {where} | {number} | **{verdict.word}**{f' ({verdict.reason})' if verdict.reason else ''} |"
+              for claim, where, number, verdict in rows]
     return lines + [""]
 
 

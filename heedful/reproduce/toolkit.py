@@ -1,0 +1,203 @@
+"""What every reproduction report shares: the verdict vocabulary and the functions that decide a
+claim's verdict from 95 % intervals, interval text, Spearman correlation.
+
+A claim "A is ahead of B" gets one of five verdicts (:data:`VERDICTS`):
+
+- **holds**: the intervals are apart, in the claimed direction;
+- **not separated**: the intervals overlap (the claimed direction or not: the data do not tell
+  A from B at this sample size; an estimate on the wrong side of 0 is said in brackets);
+- **does not hold**: the intervals are apart, in the wrong direction;
+- **not comparable**: our number and the paper's measure different things (another population,
+  error set or protocol; the caller says which);
+- **cannot be tested here**: something the test needs is missing (the caller says what).
+
+Where A and B are scored on the same examples the interval is of their paired difference
+(:func:`paired_verdict`, :func:`~heedful.evaluate.intervals.bootstrap_paired_difference`),
+not two marginal intervals: the examples' shared difficulty cancels in the difference.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from heedful.evaluate.intervals import bootstrap_paired_difference
+
+HOLDS = "holds"
+NOT_SEPARATED = "not separated"
+DOES_NOT_HOLD = "does not hold"
+NOT_COMPARABLE = "not comparable"
+CANNOT_BE_TESTED = "cannot be tested here"
+VERDICTS = (HOLDS, NOT_SEPARATED, DOES_NOT_HOLD, NOT_COMPARABLE, CANNOT_BE_TESTED)
+
+WRONG_DIRECTION = "wrong direction"
+
+LEGEND = (
+    "Verdicts: **holds** -- 95 % intervals apart, in the claimed direction; **not separated** -- the intervals "
+    "overlap (\"wrong direction\" when the point estimate is on the other side); **does not hold** -- intervals apart, "
+    "in the wrong direction; **not comparable** -- our number measures another population, error set or protocol "
+    "than the paper's (said in the row); **cannot be tested here** -- what the test needs is missing (said in the row). "
+    "Where two methods are scored on the same examples the interval is of their paired difference (bootstrap over "
+    "examples, 1000 resamples)."
+)
+"""The legend every claims table prints above itself."""
+
+Interval = tuple[float, float, float]
+"""(estimate, low, high) of a 95 % interval."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A verdict word of :data:`VERDICTS` and, where there is one, why (what is not comparable or
+    missing; ``wrong direction`` for a not-separated claim whose estimate points the other way).
+    ``str()`` gives ``word (reason)``."""
+
+    word: str
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        if self.word not in VERDICTS:
+            raise ValueError(f"unknown verdict {self.word!r}; one of {', '.join(VERDICTS)}")
+
+    def __str__(self) -> str:
+        return f"{self.word} ({self.reason})" if self.reason else self.word
+
+
+def _guard(not_comparable: str | None, missing: str | None) -> Verdict | None:
+    if missing:
+        return Verdict(CANNOT_BE_TESTED, missing)
+    if not_comparable:
+        return Verdict(NOT_COMPARABLE, not_comparable)
+    return None
+
+
+def difference_verdict(difference: Interval, higher_is_better: bool = True, *, not_comparable: str | None = None,
+                       missing: str | None = None) -> Verdict:
+    """The claim "A is ahead of B" from the interval of the difference A − B (ahead = above 0 when
+    ``higher_is_better``, below 0 otherwise). ``not_comparable``: why our A − B is not the paper's
+    (another population, error set or protocol); ``missing``: what the test lacks. A non-finite
+    interval cannot test anything."""
+    guard = _guard(not_comparable, missing)
+    if guard is not None:
+        return guard
+    estimate, low, high = difference
+    if not all(math.isfinite(v) for v in (estimate, low, high)):
+        return Verdict(CANNOT_BE_TESTED, "no interval")
+    sign = 1.0 if higher_is_better else -1.0
+    low, high = sorted((sign * low, sign * high))
+    if low > 0:
+        return Verdict(HOLDS)
+    if high < 0:
+        return Verdict(DOES_NOT_HOLD)
+    return Verdict(NOT_SEPARATED, WRONG_DIRECTION if sign * estimate < 0 else "")
+
+
+def interval_verdict(a: Interval, b: Interval, higher_is_better: bool = True, *, not_comparable: str | None = None,
+                     missing: str | None = None) -> Verdict:
+    """The claim "A is ahead of B" from two intervals of different examples (populations that
+    cannot be paired): apart when they do not overlap. Scored on the same examples, use
+    :func:`paired_verdict` instead."""
+    guard = _guard(not_comparable, missing)
+    if guard is not None:
+        return guard
+    if not all(math.isfinite(v) for v in (*a, *b)):
+        return Verdict(CANNOT_BE_TESTED, "no interval")
+    sign = 1.0 if higher_is_better else -1.0
+    behind = sign * (a[0] - b[0]) < 0
+    a_low, a_high = sorted((sign * a[1], sign * a[2]))
+    b_low, b_high = sorted((sign * b[1], sign * b[2]))
+    if a_low > b_high:
+        return Verdict(HOLDS)
+    if a_high < b_low:
+        return Verdict(DOES_NOT_HOLD)
+    return Verdict(NOT_SEPARATED, WRONG_DIRECTION if behind else "")
+
+
+def paired_verdict(a: np.ndarray, b: np.ndarray, higher_is_better: bool = True, *, not_comparable: str | None = None,
+                   missing: str | None = None) -> tuple[Verdict, Interval]:
+    """The claim "A is ahead of B" for two methods scored on the same examples: per-example
+    values ``a``, ``b`` ``[n]`` (aligned by example) -> the verdict from the 95 % paired
+    bootstrap interval of A − B, and that interval."""
+    difference = bootstrap_paired_difference(a, b)
+    return difference_verdict(difference, higher_is_better, not_comparable=not_comparable, missing=missing), difference
+
+
+def all_of(verdicts: Iterable[Verdict]) -> Verdict:
+    """A claim made of parts that must all hold (e.g. "better on both metrics"): the first part
+    that cannot be tested or is not comparable decides; else does not hold if any part does
+    not, holds if all do, not separated otherwise."""
+    found = list(verdicts)
+    for word in (CANNOT_BE_TESTED, NOT_COMPARABLE, DOES_NOT_HOLD):
+        hit = next((v for v in found if v.word == word), None)
+        if hit is not None:
+            return hit
+    if found and all(v.word == HOLDS for v in found):
+        return Verdict(HOLDS)
+    if not found:
+        return Verdict(CANNOT_BE_TESTED, "nothing to test")
+    wrong = any(v.reason == WRONG_DIRECTION for v in found)
+    return Verdict(NOT_SEPARATED, WRONG_DIRECTION if wrong else "")
+
+
+# ---------------------------------------------------------------------------- numbers as text
+def interval_text(estimate: float, low: float, high: float, digits: int = 3, sign: bool = False,
+                  std: float | None = None) -> str:
+    """``0.812 [0.780, 0.844]`` (``+``-signed with ``sign``; ``0.812 ± 0.004 [...]`` with a
+    finite ``std`` over seeds); the estimate alone when the interval is not finite; ``–`` when
+    the estimate is not."""
+    if estimate is None or not math.isfinite(estimate):
+        return "–"
+    f = f"+.{digits}f" if sign else f".{digits}f"
+    text = f"{estimate:{f}}" + (f" ± {std:.{digits}f}" if std is not None and math.isfinite(std) else "")
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return text
+    return f"{text} [{low:{f}}, {high:{f}}]"
+
+
+def spearman(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray) -> float:
+    """Spearman's rank correlation of ``a`` and ``b`` (aligned ``[n]``); NaN with fewer than two
+    values or when either side is constant."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if a.size < 2 or np.ptp(a) == 0 or np.ptp(b) == 0:
+        return math.nan
+    from scipy.stats import spearmanr
+
+    return float(spearmanr(a, b).statistic)
+
+
+# ---------------------------------------------------------------------------- paired bench rows
+def bench_difference(result: Any, a: str, b: str, metric: str) -> Interval:
+    """The difference A − B of two method groups of one bench ``result``
+    (:class:`~heedful.evaluate.bench.BenchResult`) on ``metric`` with its 95 % paired bootstrap
+    interval, from the per-example values in the results store (a seeded method: the mean over
+    its seeds per example). A mean metric: :func:`~heedful.evaluate.intervals.bootstrap_paired_difference`;
+    a metric computed over the examples (Pearson): the difference on each of its resamples,
+    which line up across methods. NaNs when the store does not hold both rows."""
+    from heedful.evaluate.bench import per_example_from_store
+    from heedful.evaluate.intervals import percentile_interval
+    from heedful.evaluate.metrics import METRICS
+    from heedful.evaluate.store import ResultsStore
+
+    nothing = (math.nan, math.nan, math.nan)
+    runs = {g: [r for r in result.runs if r.group == g] for g in (a, b)}
+    if not result.ids or not runs[a] or not runs[b]:
+        return nothing
+    protocol, spec = result.spec.protocol, METRICS[metric]
+    with ResultsStore(result.store_path) as store:
+        per = {g: [per_example_from_store(store, r.key, metric, protocol.hash(), result.ids) for r in rs]
+               for g, rs in runs.items()}
+    if spec.resamples is not None:
+        boots = {g: [spec.resamples(p, protocol) for p in ps] for g, ps in per.items()}
+        if any(x.size == 0 for bs in boots.values() for x in bs):
+            return nothing
+        low, high = percentile_interval(np.mean(boots[a], axis=0) - np.mean(boots[b], axis=0))
+        return (result.groups[a].summaries[metric].value - result.groups[b].summaries[metric].value, low, high)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        means = {g: np.nanmean([p.values for p in ps], axis=0) for g, ps in per.items()}
+    return bootstrap_paired_difference(means[a], means[b])
