@@ -69,8 +69,8 @@ def test_turns_are_found_after_a_default_system_prompt_and_the_template_is_speci
     assert [found.text[s:e] for s, e in found.turns] == ["You are", "a helpful assistant"]
     assert found.text.startswith("<|system|>You are a helpful assistant\n<|user|>You are")
     e = planted.explain(CONVERSATION, "saliency")
-    kept = [t for t, special in zip(e.tokens, e.special, strict=True) if not special]
-    assert "".join(kept).replace("Ġ", " ") == "".join(m["content"] for m in CONVERSATION)
+    kept = [t for t, special in zip(e.raw_tokens, e.special, strict=True) if not special]
+    assert planted.tokenizer.convert_tokens_to_string(kept) == "".join(m["content"] for m in CONVERSATION)
 
 
 @pytest.mark.parametrize("method", ["source_loo", "context_cite"])
