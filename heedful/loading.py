@@ -234,4 +234,5 @@ def loader(
     """
     where = Path(name_or_path).expanduser()
     name = str(where.resolve()) if where.exists() else str(name_or_path)
-    return functools.partial(load, name, max_memory=max_memory, progress=False, revision=revision)
+    pinned = {} if revision is None else {"revision": revision}
+    return functools.partial(load, name, max_memory=max_memory, progress=False, **pinned)
