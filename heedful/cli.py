@@ -38,7 +38,6 @@ from heedful.commands.console import (
 from heedful.commands.options import options
 from heedful.errors import HeedfulError
 from heedful.memory import parse_memory
-from heedful.targets import TASKS
 
 app = typer.Typer(
     name="heedful",
@@ -266,27 +265,28 @@ def methods(
 ) -> None:
     """List the attribution methods with their family, tasks, cost and source; with NAME, that
     method's options (defaults, choices, ranges)."""
-    import heedful
+    from heedful.catalog import entries
     from heedful.render.methods import method_table
 
+    catalog = entries()  # the registry's table without importing torch
     if name is not None:
-        info = heedful.get_method(name)
+        info = catalog.find(name)
         table = Table(title=f"{info.name}: {escape(info.summary)}", caption=escape(info.citation))
         for col in ("option", "default", "accepts"):
             table.add_column(col, overflow="fold")
         for spec in info.options:
-            table.add_row(spec.name, escape(repr(spec.default)), escape(spec.describe()) + (" (runtime)" if spec.runtime else ""))
+            table.add_row(spec.name, escape(spec.default), escape(spec.accepts) + (" (runtime)" if spec.runtime else ""))
         out.print(table)
         return
     if markdown:
-        print(method_table(heedful.methods()))
+        print(method_table(catalog.methods))
         return
     table = Table(title="heedful methods", show_lines=False)
     table.add_column("method", no_wrap=True, style="bold")
     for col in ("family", "tasks", "cost per example", "source"):
         table.add_column(col, overflow="fold")
-    for info in heedful.methods():
-        tasks = "all" if set(info.tasks) == set(TASKS) else ", ".join(info.tasks)
+    for info in catalog.methods:
+        tasks = "all" if set(info.tasks) == set(catalog.tasks) else ", ".join(info.tasks)
         table.add_row(info.name, info.family, tasks, escape(info.cost), escape(info.citation))
     out.print(table)
 

@@ -13,7 +13,6 @@ import typer
 from heedful.commands.options import key_value
 from heedful.errors import HeedfulError
 from heedful.memory import parse_memory
-from heedful.precision import check_precision
 
 
 def _split_list(raw: str, what: str) -> list[str]:
@@ -114,6 +113,8 @@ def bench(
     metrics = metrics or "aopc,sufficiency,accuracy"
     if random_seeds is not None:
         protocol_changes["random_seeds"] = random_seeds
+    from heedful.precision import check_precision  # imports torch: only when a bench runs
+
     if check_precision(precision) != "fp32":
         protocol_changes.setdefault("precision", precision)
     protocol = get_protocol(preset, **protocol_changes)
