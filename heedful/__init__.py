@@ -45,7 +45,14 @@ _SUBPACKAGES = frozenset({"datasets", "evaluate", "render", "testing", "zoo"})
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
     from heedful.attribution import get_method, methods
-    from heedful.explanation import Cost, Explanation, Explanations, SourceScores, TargetInfo, WordScores
+    from heedful.explanation import (
+        Cost,
+        Explanation,
+        Explanations,
+        SourceScores,
+        TargetInfo,
+        WordScores,
+    )
     from heedful.generation import Generation
     from heedful.generation_explanation import GenerationExplanation
     from heedful.loading import from_pretrained_objects, load
