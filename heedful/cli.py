@@ -27,6 +27,7 @@ from heedful.commands import reproduce as reproduce_command
 from heedful.commands import serve as serve_command
 from heedful.commands import steer as steer_command
 from heedful.commands.console import (
+    bars,
     check_writable,
     err,
     load_model,
@@ -46,6 +47,26 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+PROGRESS_FLAGS = ("--quiet", "--progress")
+"""Options of every command, wherever they stand on the command line (see :func:`main`)."""
+
+
+@app.callback()
+def _everywhere(
+    quiet: Annotated[bool, typer.Option("--quiet", help="No progress bars (also HEEDFUL_PROGRESS=never).")] = False,
+    show_progress: Annotated[
+        bool, typer.Option("--progress", help="Progress even where stderr is no terminal: a line per tenth of a task (also HEEDFUL_PROGRESS=always).")
+    ] = False,
+) -> None:
+    """Which input tokens did a transformer rely on, and how far can that answer be trusted?
+
+    Long work shows progress bars with an estimate of the time left on stderr, on a terminal."""
+    if quiet and show_progress:
+        raise HeedfulError("--quiet and --progress contradict each other", hint="give one of them")
+    if quiet or show_progress:
+        bars.configure("never" if quiet else "always")
+
+
 models_app = typer.Typer(help="List zoo models, or build one.", invoke_without_command=True)
 app.add_typer(models_app, name="models")
 
@@ -359,7 +380,16 @@ def main() -> None:
     except ImportError:  # pragma: no cover  (older typer: click itself)
         from click import exceptions as click
 
-    with warnings.catch_warnings(record=True) as caught:
+    from heedful.progress import reporting
+    from heedful.render.progress import MODES
+
+    mode = os.environ.get("HEEDFUL_PROGRESS", "auto")
+    if mode not in MODES:
+        print_error(f"HEEDFUL_PROGRESS must be one of {', '.join(MODES)}, got {mode!r}", "unset it, or use --quiet / --progress")
+        raise SystemExit(2)
+    bars.configure(mode)
+    sys.argv[1:] = _progress_flags_first(sys.argv[1:])
+    with warnings.catch_warnings(record=True) as caught, reporting(bars):
         warnings.simplefilter("always")
         try:
             code = app(standalone_mode=False)
@@ -385,6 +415,15 @@ def main() -> None:
             _flush_warnings(caught)
     if isinstance(code, int) and code:
         raise SystemExit(code)
+
+
+def _progress_flags_first(args: list[str]) -> list[str]:
+    """``args`` with ``--quiet`` / ``--progress`` moved to the front, where the command line's
+    own options are parsed, so that ``heedful interest layers TEXT --quiet`` works as users type
+    it (up to a ``--``, after which everything is an argument)."""
+    end = args.index("--") if "--" in args else len(args)
+    flags = [a for a in args[:end] if a in PROGRESS_FLAGS]
+    return flags + [a for a in args[:end] if a not in PROGRESS_FLAGS] + args[end:]
 
 
 def _command_path() -> str:
