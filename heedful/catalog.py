@@ -3,16 +3,16 @@ summary, options) stored as JSON beside the package, so that ``heedful methods``
 ``heedful --help`` answer without importing torch (which alone takes seconds to import).
 
 The registry stays the one place a method is declared (:func:`heedful.registry.register`):
-``heedful/methods.json`` is generated from it (``python -m heedful.catalog``) and carries a
-fingerprint of the source files that declare the methods. Where the fingerprint does not match
-the files installed (a method edited, the catalog not regenerated), :func:`entries` reads the
-live registry instead -- slower, never wrong -- and ``tests/test_catalog.py`` fails until the
-catalog is regenerated.
+``heedful/methods.json`` is generated from it (``python -m heedful.catalog``), and
+``tests/test_startup.py`` fails while the two differ (a method added, renamed or re-described
+without regenerating the catalog). Where the file is missing or unreadable, :func:`entries`
+reads the live registry instead -- slower, never wrong. Only the tables read the catalog:
+explaining, ``heedful methods NAME`` of a name not in it, and :func:`heedful.methods` use the
+registry itself.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,23 +21,6 @@ from typing import Any
 PACKAGE = Path(__file__).resolve().parent
 CATALOG = PACKAGE / "methods.json"
 """Where the generated catalog lives (package data)."""
-
-
-def _sources() -> list[Path]:
-    """The files whose text decides the built-in methods' metadata: every method module, the
-    registry, the option reader and the tasks."""
-    return sorted((PACKAGE / "attribution").glob("*.py")) + [
-        PACKAGE / name for name in ("registry.py", "options.py", "targets.py")
-    ]
-
-
-def fingerprint() -> str:
-    """sha256 over the declaring files' texts (line endings normalised, paths relative)."""
-    digest = hashlib.sha256()
-    for path in _sources():
-        digest.update(path.relative_to(PACKAGE).as_posix().encode())
-        digest.update(path.read_bytes().replace(b"\r\n", b"\n"))
-    return digest.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -97,9 +80,8 @@ def from_registry() -> Catalog:
 
 
 def as_json(catalog: Catalog) -> str:
-    """The text of ``methods.json`` for ``catalog``, with the current :func:`fingerprint`."""
+    """The text of ``methods.json`` for ``catalog``."""
     data = {
-        "fingerprint": fingerprint(),
         "tasks": list(catalog.tasks),
         "methods": [
             {
@@ -113,10 +95,8 @@ def as_json(catalog: Catalog) -> str:
     return json.dumps(data, indent=1, ensure_ascii=False) + "\n"
 
 
-def _read(text: str) -> Catalog | None:
+def _read(text: str) -> Catalog:
     data = json.loads(text)
-    if data.get("fingerprint") != fingerprint():
-        return None
     methods = tuple(
         MethodEntry(
             m["name"], m["family"], tuple(m["tasks"]), m["cost"], m["citation"], m["summary"],
@@ -128,13 +108,12 @@ def _read(text: str) -> Catalog | None:
 
 
 def entries() -> Catalog:
-    """The built-in methods: from ``methods.json`` when it matches the installed method
-    modules (milliseconds), else from the registry (seconds: torch is imported)."""
+    """The built-in methods: from ``methods.json`` (milliseconds), or where it is missing or
+    unreadable from the registry (seconds: torch is imported)."""
     try:
-        found = _read(CATALOG.read_text(encoding="utf-8"))
+        return _read(CATALOG.read_text(encoding="utf-8"))
     except (OSError, ValueError, KeyError, TypeError):
-        found = None
-    return found if found is not None else from_registry()
+        return from_registry()
 
 
 def write(path: Path = CATALOG) -> Path:
