@@ -14,11 +14,16 @@ if TYPE_CHECKING:
 _LAZY = {"explanation_page": "heedful.render.html", "print_explanations": "heedful.render.terminal"}
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
+_SUBMODULES = frozenset({"colors", "generation", "html", "layout", "methods", "progress", "sources", "terminal"})
 
+
+def __getattr__(name: str):
+    import importlib
+
+    if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
+    if name in _SUBMODULES:  # heedful.render.progress.show_progress after a bare import heedful
+        return importlib.import_module(f"heedful.render.{name}")
     raise AttributeError(f"module 'heedful.render' has no attribute {name!r}")
 
 
