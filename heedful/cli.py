@@ -31,6 +31,7 @@ from heedful.commands import serve as serve_command
 from heedful.commands import steer as steer_command
 from heedful.commands.console import (
     announce,
+    bars,
     check_writable,
     err,
     load_model,
@@ -42,7 +43,6 @@ from heedful.commands.console import (
 from heedful.commands.options import options
 from heedful.errors import HeedfulError, did_you_mean
 from heedful.memory import parse_memory
-from heedful.targets import TASKS
 
 app = typer.Typer(
     name="heedful",
@@ -51,6 +51,26 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+PROGRESS_FLAGS = ("--quiet", "--progress")
+"""Options of every command, wherever they stand on the command line (see :func:`main`)."""
+
+
+@app.callback()
+def _everywhere(
+    quiet: Annotated[bool, typer.Option("--quiet", help="No progress bars (also HEEDFUL_PROGRESS=never).")] = False,
+    show_progress: Annotated[
+        bool, typer.Option("--progress", help="Progress even where stderr is no terminal: a line per tenth of a task (also HEEDFUL_PROGRESS=always).")
+    ] = False,
+) -> None:
+    """Which input tokens did a transformer rely on, and how far can that answer be trusted?
+
+    Long work shows progress bars with an estimate of the time left on stderr, on a terminal."""
+    if quiet and show_progress:
+        raise HeedfulError("--quiet and --progress contradict each other", hint="give one of them")
+    if quiet or show_progress:
+        bars.configure("never" if quiet else "always")
+
+
 models_app = typer.Typer(help="List zoo models, or build one.", invoke_without_command=True)
 app.add_typer(models_app, name="models")
 
@@ -318,30 +338,33 @@ def methods(
 ) -> None:
     """List the attribution methods with their family, tasks, cost and source; with NAME, that
     method's options (defaults, choices, ranges); with --model, the methods that model allows."""
-    import heedful
+    from heedful.catalog import entries
     from heedful.render.methods import method_table
 
     if model is not None:
+        import heedful
+
         _model_methods(heedful.load(model))
         return
+    catalog = entries()  # the registry's table without importing torch
     if name is not None:
-        info = heedful.get_method(name)
+        info = catalog.find(name)
         table = Table(title=f"{info.name}: {escape(info.summary)}", caption=escape(info.citation))
         for col in ("option", "default", "accepts"):
             table.add_column(col, overflow="fold")
         for spec in info.options:
-            table.add_row(spec.name, escape(repr(spec.default)), escape(spec.describe()) + (" (runtime)" if spec.runtime else ""))
+            table.add_row(spec.name, escape(spec.default), escape(spec.accepts) + (" (runtime)" if spec.runtime else ""))
         out.print(table)
         return
     if markdown:
-        print(method_table(heedful.methods()))
+        print(method_table(catalog.methods))
         return
     table = Table(title="heedful methods", show_lines=False)
     table.add_column("method", no_wrap=True, style="bold")
     for col in ("family", "tasks", "cost per example", "source"):
         table.add_column(col, overflow="fold")
-    for info in heedful.methods():
-        tasks = "all" if set(info.tasks) == set(TASKS) else ", ".join(info.tasks)
+    for info in catalog.methods:
+        tasks = "all" if set(info.tasks) == set(catalog.tasks) else ", ".join(info.tasks)
         table.add_row(info.name, info.family, tasks, escape(info.cost), escape(info.citation))
     out.print(table)
 
@@ -452,7 +475,16 @@ def main() -> None:
     except ImportError:  # pragma: no cover  (older typer: click itself)
         from click import exceptions as click
 
-    with warnings.catch_warnings(record=True) as caught:
+    from heedful.progress import reporting
+    from heedful.render.progress import MODES
+
+    mode = os.environ.get("HEEDFUL_PROGRESS", "auto")
+    if mode not in MODES:
+        print_error(f"HEEDFUL_PROGRESS must be one of {', '.join(MODES)}, got {mode!r}", "unset it, or use --quiet / --progress")
+        raise SystemExit(2)
+    bars.configure(mode)
+    sys.argv[1:] = _progress_flags_first(sys.argv[1:])
+    with warnings.catch_warnings(record=True) as caught, reporting(bars):
         warnings.simplefilter("always")
         try:
             code = app(standalone_mode=False)
@@ -478,6 +510,15 @@ def main() -> None:
             _flush_warnings(caught)
     if isinstance(code, int) and code:
         raise SystemExit(code)
+
+
+def _progress_flags_first(args: list[str]) -> list[str]:
+    """``args`` with ``--quiet`` / ``--progress`` moved to the front, where the command line's
+    own options are parsed, so that ``heedful interest layers TEXT --quiet`` works as users type
+    it (up to a ``--``, after which everything is an argument)."""
+    end = args.index("--") if "--" in args else len(args)
+    flags = [a for a in args[:end] if a in PROGRESS_FLAGS]
+    return flags + [a for a in args[:end] if a not in PROGRESS_FLAGS] + args[end:]
 
 
 def _command_path() -> str:

@@ -27,6 +27,7 @@ from heedful.chunks import TOKEN_BUDGET
 from heedful.memory import Need, estimate
 from heedful.perturb import Perturbed, remove_from_examples
 from heedful.problem import Problem
+from heedful.progress import task
 from heedful.runner import Copies, Runner
 
 PASS_POSITIONS = 32
@@ -167,15 +168,17 @@ def _reused(
     chunks = prefix_chunks(start, lengths, budget or 1 << 62, fits)
     if rows is not None:
         chunks = [part for c in chunks for part in c.split(rows)]
-    for members in chunks:
-        shared = int(start[members].min())
-        width = int(lengths[members].max())
-        local = target.select(members)
-        local = local.with_anchor(local.anchor - shared)
-        mask = perturbed.attention_mask[members, :width]
-        prefix = {"prefix": (states, example[members], shared)} if shared > 0 else {}
-        fwd = adapter.forward(
-            batch, local.read_at, input_ids=perturbed.input_ids[members, shared:width], attention_mask=mask, **prefix
-        )
-        values[members] = local.output(fwd.logits, output).float().cpu()
+    with task(f"passes over {len(example)} copies (cache reused)", total=len(example), shown=len(chunks) > 1) as done:
+        for members in chunks:
+            shared = int(start[members].min())
+            width = int(lengths[members].max())
+            local = target.select(members)
+            local = local.with_anchor(local.anchor - shared)
+            mask = perturbed.attention_mask[members, :width]
+            prefix = {"prefix": (states, example[members], shared)} if shared > 0 else {}
+            fwd = adapter.forward(
+                batch, local.read_at, input_ids=perturbed.input_ids[members, shared:width], attention_mask=mask, **prefix
+            )
+            values[members] = local.output(fwd.logits, output).float().cpu()
+            done.advance(len(members))
     return values

@@ -31,6 +31,7 @@ from heedful.batch import Batch
 from heedful.chunks import CHUNK_OVERHEAD, TOKEN_BUDGET, length_chunks
 from heedful.memory import FORWARD, Fit, Need, estimate, fit, near_budget, together
 from heedful.perturb import Perturbed
+from heedful.progress import task
 from heedful.targets import ResolvedTarget
 
 __all__ = ["CHUNK_OVERHEAD", "TOKEN_BUDGET", "Chunk", "Copies", "Runner", "keeps_graph", "length_chunks"]
@@ -204,27 +205,30 @@ class Runner:
         planned = self.plan(lengths, need=need, bounded=True, mask=copies.attention_mask)
         fits: dict[int, Fit] = {}
         shape = self.adapter.shape
-        for rows, width in planned:
-            if width not in fits:
-                fits[width] = self.fit(width, need)
-            release = need.grad != "none" and near_budget(estimate(shape, len(rows), width, fits[width].need), self.max_memory)
-            example = copies.example[rows]
-            target = self.target.select(example)
-            if copies.anchor is not None:
-                target = target.with_anchor(copies.anchor[rows])
-            if copies.input_ids is not None:
-                types = copies.token_type_ids
-                inputs = {
-                    "input_ids": copies.input_ids[rows, :width],
-                    "attention_mask": copies.attention_mask[rows, :width],
-                    "token_type_ids": None if types is None else types[rows, :width],
-                }
-            else:
-                inputs = batch.cut(example, width)
-                if copies.embeds is not None:
-                    del inputs["input_ids"]
-            self.passes += 1
-            yield Chunk(rows, example, width, target, inputs, fits[width].need, release)
+        # a sign of life per chunk where there are several (an ablation chunk, a group of steps)
+        with task(f"passes over {len(copies)} copies", total=len(copies), shown=len(planned) > 1) as done:
+            for rows, width in planned:
+                if width not in fits:
+                    fits[width] = self.fit(width, need)
+                release = need.grad != "none" and near_budget(estimate(shape, len(rows), width, fits[width].need), self.max_memory)
+                example = copies.example[rows]
+                target = self.target.select(example)
+                if copies.anchor is not None:
+                    target = target.with_anchor(copies.anchor[rows])
+                if copies.input_ids is not None:
+                    types = copies.token_type_ids
+                    inputs = {
+                        "input_ids": copies.input_ids[rows, :width],
+                        "attention_mask": copies.attention_mask[rows, :width],
+                        "token_type_ids": None if types is None else types[rows, :width],
+                    }
+                else:
+                    inputs = batch.cut(example, width)
+                    if copies.embeds is not None:
+                        del inputs["input_ids"]
+                self.passes += 1
+                yield Chunk(rows, example, width, target, inputs, fits[width].need, release)
+                done.advance(len(rows))
 
     def forward(self, chunk: Chunk, **kwargs) -> Forward:
         """The chunk's forward pass (``kwargs``: ``inputs_embeds``, ``hidden_states``, ...), with

@@ -19,7 +19,6 @@ exactly there.
 from __future__ import annotations
 
 import torch
-from torch.nn.attention.bias import causal_lower_right
 from transformers import AttentionInterface
 
 CAUSAL_ATTENTION = "heedful_causal"
@@ -44,6 +43,9 @@ def causal_attention(
     if attention_mask is not None:
         raise ValueError(f"{CAUSAL_ATTENTION!r} attention takes no mask; it is selected only for causal passes")
     q, k = query.shape[2], key.shape[2]
+    # imported here: torch.nn.attention.bias loads torch._dynamo (~1.3 s of start-up)
+    from torch.nn.attention.bias import causal_lower_right
+
     out = torch.nn.functional.scaled_dot_product_attention(
         query,
         key,

@@ -144,6 +144,7 @@ from heedful.errors import InputError
 from heedful.memory import Need
 from heedful.options import AT_LEAST_ONE, KEYED_WHEN_SET, NON_NEGATIVE, POSITIVE, RUNTIME
 from heedful.problem import Problem
+from heedful.progress import task
 from heedful.registry import register
 from heedful.runner import Runner
 from heedful.seeding import example_generators
@@ -391,39 +392,42 @@ def fit_interest(
     # noised passes keep their graph, run inside an interception (eager attention) and read hidden states
     need = Need(grad="saved", hidden_states=True, eager=True)
 
-    for t in range(1, settings.max_steps + 1):
-        act = active.nonzero().flatten()
-        grad = torch.zeros(act.shape[0], seq, device=adapter.device)
-        j_now = torch.zeros(act.shape[0], device=adapter.device)
-        dist_now = torch.zeros(act.shape[0], device=adapter.device)
-        for idx, width in runner.plan(lengths[act], row_cells=samples, need=need):
-            probs = act[idx]
-            z = _step_noise(gens, probs, lengths, samples, width, dim, settings.antithetic, common)
-            th = theta[probs, :width].clone().requires_grad_(True)
-            with torch.enable_grad():
-                j, dist = _objective(
-                    probe, example[probs], key[probs], lam[probs], th, z, real[probs, :width], scale[probs],
-                    settings.objective,
-                )
-                (g_th,) = torch.autograd.grad(j.sum(), th)
-            adapter.counter.backward += probs.shape[0] * samples
-            grad[idx, :width], j_now[idx], dist_now[idx] = g_th, j.detach(), dist.detach()
-        history[t - 1, act] = j_now
-        last_dist[act] = dist_now
-        better = j_now < best_j[act]  # the state that produced J (before the step) is kept
-        keep = act[better]
-        best_j[keep], best_dist[keep], best_theta[keep] = j_now[better], dist_now[better], theta[keep]
-        recent[(t - 1) % settings.window, act] = theta[act]
-        lr = learning_rate(settings.lr, t, settings.max_steps, settings.schedule)
-        theta[act], adam_m[act], adam_v[act] = _adam(theta[act], grad, adam_m[act], adam_v[act], t, lr)
-        steps[act] = t
-        elapsed[t - 1, 0], elapsed[t - 1, 1] = time.perf_counter() - began, time.process_time() - began_cpu
-        if settings.tol > 0 and t % settings.window == 0 and t >= 2 * settings.window:
-            done = _flat(history[t - 2 * settings.window : t, act], settings.window, settings.tol)
-            converged[act[done]] = True
-            active[act[done]] = False
-        if not active.any():
-            break
+    # at most max_steps; the bar ends early when every problem has converged
+    with task(f"co-perturbation solver steps ({n_problems} texts)", total=settings.max_steps) as solver:
+        for t in range(1, settings.max_steps + 1):
+            act = active.nonzero().flatten()
+            grad = torch.zeros(act.shape[0], seq, device=adapter.device)
+            j_now = torch.zeros(act.shape[0], device=adapter.device)
+            dist_now = torch.zeros(act.shape[0], device=adapter.device)
+            for idx, width in runner.plan(lengths[act], row_cells=samples, need=need):
+                probs = act[idx]
+                z = _step_noise(gens, probs, lengths, samples, width, dim, settings.antithetic, common)
+                th = theta[probs, :width].clone().requires_grad_(True)
+                with torch.enable_grad():
+                    j, dist = _objective(
+                        probe, example[probs], key[probs], lam[probs], th, z, real[probs, :width], scale[probs],
+                        settings.objective,
+                    )
+                    (g_th,) = torch.autograd.grad(j.sum(), th)
+                adapter.counter.backward += probs.shape[0] * samples
+                grad[idx, :width], j_now[idx], dist_now[idx] = g_th, j.detach(), dist.detach()
+            history[t - 1, act] = j_now
+            last_dist[act] = dist_now
+            better = j_now < best_j[act]  # the state that produced J (before the step) is kept
+            keep = act[better]
+            best_j[keep], best_dist[keep], best_theta[keep] = j_now[better], dist_now[better], theta[keep]
+            recent[(t - 1) % settings.window, act] = theta[act]
+            lr = learning_rate(settings.lr, t, settings.max_steps, settings.schedule)
+            theta[act], adam_m[act], adam_v[act] = _adam(theta[act], grad, adam_m[act], adam_v[act], t, lr)
+            steps[act] = t
+            elapsed[t - 1, 0], elapsed[t - 1, 1] = time.perf_counter() - began, time.process_time() - began_cpu
+            if settings.tol > 0 and t % settings.window == 0 and t >= 2 * settings.window:
+                done = _flat(history[t - 2 * settings.window : t, act], settings.window, settings.tol)
+                converged[act[done]] = True
+                active[act[done]] = False
+            solver.advance()
+            if not active.any():
+                break
     mean_theta, mean_j = _averaged(recent, history, steps, settings.window)
     states = {"best": best_theta, "last": theta, "average": mean_theta}
     if settings.keep == "last":

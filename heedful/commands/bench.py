@@ -15,7 +15,6 @@ from heedful.commands.console import announce
 from heedful.commands.options import key_value
 from heedful.errors import HeedfulError, Interrupted, install_hint
 from heedful.memory import parse_memory
-from heedful.precision import check_precision, strict_precision
 
 
 def _split_list(raw: str, what: str) -> list[str]:
@@ -117,6 +116,8 @@ def bench(
     metrics = metrics or "aopc,sufficiency,accuracy"
     if random_seeds is not None:
         protocol_changes["random_seeds"] = random_seeds
+    from heedful.precision import check_precision, strict_precision  # imports torch: only when a bench runs
+
     if check_precision(precision, auto=True) != "fp32":
         protocol_changes.setdefault("precision", precision)
     protocol = get_protocol(preset, **protocol_changes)

@@ -1,4 +1,4 @@
-"""What every command shares: the two consoles, the progress bar, and loading a model with a
+"""What every command shares: the two consoles, the progress bars, and loading a model with a
 spinner."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from heedful.render.progress import LoggedProgress, progress_bar
+from heedful.render.progress import Bars
 
 out = Console()
 """Results (tables, heatmaps, JSON) go to stdout."""
@@ -15,9 +15,16 @@ err = Console(stderr=True)
 """Status, progress, warnings and errors go to stderr."""
 
 
-def progress() -> LoggedProgress:
-    """A transient progress bar on stderr."""
-    return progress_bar(err)
+bars = Bars(err)
+"""The one progress display of a command (on stderr): the command's own bars and every task
+the library reports (:mod:`heedful.progress`; :func:`heedful.cli.main` installs it). On a
+terminal by default; ``--quiet`` or ``HEEDFUL_PROGRESS=never`` silence it, ``--progress`` or
+``HEEDFUL_PROGRESS=always`` log its lines where stderr is no terminal (CI, ``nohup``)."""
+
+
+def progress() -> Bars:
+    """The command's progress display, to open with ``with`` and add bars to."""
+    return bars
 
 
 def announce(work, what: str | None = None) -> None:

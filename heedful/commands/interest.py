@@ -80,8 +80,7 @@ def layers_command(
     settings = settings_options(option, lam=lam, max_steps=max_steps, samples=samples)
     check_run(seed, out)
     loaded = load_model(model)
-    with err.status("estimating interest at every layer …"):
-        result = layer_map(loaded, text, target=target, layers=wanted, seed=seed, **settings)
+    result = layer_map(loaded, text, target=target, layers=wanted, seed=seed, **settings)  # the solver's steps show as a bar
     path = plot_layer_map(result, out)
     _print_map(console, result)
     err.print(f"wrote {path}")
@@ -127,8 +126,7 @@ def lambda_sweep_command(
         settings_from({**settings, "lam": value}).check()
     check_run(seed, out)
     loaded = load_model(model)
-    with err.status(f"estimating interest for {len(values)} lambdas …"):
-        result = lambda_sweep(loaded, text, words, values, target=target, layer=layer, word_token=word_token, seed=seed, **settings)
+    result = lambda_sweep(loaded, text, words, values, target=target, layer=layer, word_token=word_token, seed=seed, **settings)
     path = plot_lambda_sweep(result, out)
     from rich.table import Table
 

@@ -80,7 +80,6 @@ def rectify(
 
     import heedful
     from heedful.interest import rectify as rect
-    from heedful.render.progress import progress_bar
 
     out_console, err_console = Console(), Console(stderr=True)
     names = _methods(method)
@@ -91,19 +90,10 @@ def rectify(
     _check_run(wanted, n, batch_size, seed, max_length, out if sweep or out != Path("results") else None, store)
     with err_console.status(f"loading {model} …"):
         loaded = heedful.load(model)
-    bar = progress_bar(err_console)
-    tasks: dict[str, Any] = {}
-
-    def advance(name: str, k: int, total: int) -> None:
-        if name not in tasks:
-            tasks[name] = bar.add_task(f"explain errors  {name}", total=total)
-        bar.advance(tasks[name], k)
-
-    with bar:
-        result = rect.rectify(
-            loaded, dataset, names, wanted, split=split, n=n, seed=seed, method_options=options,
-            batch_size=batch_size, max_length=max_length, store=store, progress=advance,
-        )
+    result = rect.rectify(  # its progress shows in the command's bars (heedful.progress)
+        loaded, dataset, names, wanted, split=split, n=n, seed=seed, method_options=options,
+        batch_size=batch_size, max_length=max_length, store=store,
+    )
     out_console.print(summary_table(result))
     for note in result.notes:
         err_console.print(note, highlight=False, markup=False)

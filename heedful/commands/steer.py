@@ -44,10 +44,9 @@ def steer(
     settings = settings_options(option)
     check_run(seed, html)
     loaded = load_model(model)
-    with err.status("estimating interest, generating with and without suppression …"):
-        result = run_steer(
-            loaded, prompt, suppress, weight=weight, max_new_tokens=max_new_tokens, beams=beams, seed=seed, **settings
-        )
+    result = run_steer(  # the solver's steps and the generations show as bars (heedful.progress)
+        loaded, prompt, suppress, weight=weight, max_new_tokens=max_new_tokens, beams=beams, seed=seed, **settings
+    )
     out.print(steering_renderable(result))
     if html is not None:
         html.write_text(steering_page(result), encoding="utf-8")

@@ -686,9 +686,13 @@ def _check_spans(model: Model, methods: Sequence[str], inputs: Sequence[ModelInp
 
 
 def _progress(console):
-    from heedful.render.progress import progress_bar
+    """The bench's bars: in the display of the running command where there is one (its
+    :class:`~heedful.render.progress.Bars`, which also shows the library's own tasks)."""
+    from heedful.progress import current
+    from heedful.render.progress import Bars, progress_bar
 
-    return progress_bar(console, transient=False, remaining=True)
+    shared = current()
+    return shared if isinstance(shared, Bars) else progress_bar(console, transient=False, remaining=True)
 
 
 def _label(run: Run) -> str:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,16 +41,13 @@ from heedful.errors import HeedfulError, InputError
 from heedful.explanation import Explanation
 from heedful.interest.suppress import suppress
 from heedful.model import Model
+from heedful.progress import task
 from heedful.runner import Copies, Runner
 
 SWEEP_RATIOS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5)
 """Erasure ratios of a sweep (the paper's Figure 8 runs up to about half the tokens)."""
 DEFAULT_RATIO = 0.2
 """Single-ratio default: where the paper's Figure 8 peaks for GPT-2 124M."""
-
-Progress = Callable[[str, int, int], None]
-"""``progress(method, k, total)``: ``k`` more of ``total`` error examples done for ``method``."""
-
 
 @dataclass
 class MethodGain:
@@ -128,10 +125,12 @@ def classify(model: Model, texts: Sequence[str], pairs: Sequence[str | None] | N
     """Predicted class of each text ``[T]``, in batches of ``batch_size`` (inputs truncated to
     ``max_length`` tokens, as the explanations are)."""
     found: list[np.ndarray] = []
-    for start in range(0, len(texts), batch_size):
-        part = pairs[start : start + batch_size] if pairs is not None else None
-        problem = model.prepare(_encode(model, texts[start : start + batch_size], part, max_length))
-        found.append(problem.target.classes[:, 0].numpy())
+    with task("classify", total=len(texts), shown=len(texts) > batch_size) as done:
+        for start in range(0, len(texts), batch_size):
+            part = pairs[start : start + batch_size] if pairs is not None else None
+            problem = model.prepare(_encode(model, texts[start : start + batch_size], part, max_length))
+            found.append(problem.target.classes[:, 0].numpy())
+            done.advance(len(texts[start : start + batch_size]))
     return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
 
 
@@ -204,7 +203,6 @@ def rectify(
     max_length: int | None = None,
     store: Path | str | None = None,
     model_label: str | None = None,
-    progress: Progress | None = None,
 ) -> Rectification:
     """Rectify ``model``'s errors on the first ``n`` examples of ``dataset``'s ``split`` by
     erasing the top ``ratios`` of tokens by each of ``methods`` (see the module docstring).
@@ -214,8 +212,8 @@ def rectify(
     read from it and new ones written to it, under the keys :func:`~heedful.evaluate.bench.
     run_bench` uses for the predicted label and ``max_length`` (``model_label``: how the model is
     named there and in the result; default its folder path or the name it was loaded by).
-    ``progress(method, k, total)`` is called after each batch of ``k`` of the ``total`` error
-    examples.
+    Progress -- the split classified, each method's error examples explained -- goes to the
+    current :mod:`heedful.progress` reporter.
     """
     from heedful import datasets
     from heedful.evaluate.evaluation import model_inputs
@@ -290,7 +288,7 @@ def rectify(
     try:
         for info in infos:
             result.methods[info.name] = _run_method(
-                loaded, info.name, options[info.name], errors, result, batch_size, results_store, keys.get(info.name), progress
+                loaded, info.name, options[info.name], errors, result, batch_size, results_store, keys.get(info.name)
             )
     finally:
         if results_store is not None:
@@ -308,7 +306,12 @@ def _open_store(store, model: Model, label: str, dataset: str, split: str, whole
     return ResultsStore(store), keys
 
 
-def _run_method(model, method, options, errors, result, batch_size, store, key, progress) -> MethodGain:
+def _run_method(model, method, options, errors, result, batch_size, store, key) -> MethodGain:
+    with task(f"explain errors  {method}", total=len(errors)) as explained:
+        return _explain_errors(model, method, options, errors, result, batch_size, store, key, explained)
+
+
+def _explain_errors(model, method, options, errors, result, batch_size, store, key, explained) -> MethodGain:
     rows = len(errors)
     predictions = np.zeros((rows, len(result.ratios)), dtype=np.int64)
     erased = np.zeros((rows, len(result.ratios)), dtype=np.int64)
@@ -352,8 +355,7 @@ def _run_method(model, method, options, errors, result, batch_size, store, key, 
         got, gone = predict_suppressed(model, batch, scores, result.ratios, result.removal)
         predictions[start : start + len(part)] = got
         erased[start : start + len(part)] = gone
-        if progress is not None:
-            progress(method, len(part), rows)
+        explained.advance(len(part))
     gold, before = result.gold[:, None], result.predicted[:, None]
     return MethodGain(
         method=method,

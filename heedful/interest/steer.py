@@ -55,6 +55,7 @@ from heedful.interest.studies import settings_from
 from heedful.interest.suppress import downweight
 from heedful.model import Model
 from heedful.sequences import check_new_tokens, check_positions
+from heedful.progress import task
 
 PAPER_MAX_LENGTH = 150
 """``generate(max_length=150)`` in the paper's Figure 9b: prompt and continuation together."""
@@ -221,13 +222,17 @@ def steer(
     seconds["interest"] = time.perf_counter() - began
 
     continuations = []
-    for mode, kwargs in modes.items():
-        began = time.perf_counter()
-        ids = [generate(adapter, embeds[row : row + 1], kwargs) for row in (0, 1)]
-        took = time.perf_counter() - began
-        seconds[mode] = took
-        texts = [adapter.tokenizer.decode(i, skip_special_tokens=True) for i in ids]
-        continuations.append(Continuation(mode, dict(kwargs), texts[0], texts[1], ids[0], ids[1], took))
+    with task("generations (as it is, suppressed)", total=2 * len(modes)) as done:
+        for mode, kwargs in modes.items():
+            began = time.perf_counter()
+            ids = []
+            for row in (0, 1):
+                ids.append(generate(adapter, embeds[row : row + 1], kwargs))
+                done.advance()
+            took = time.perf_counter() - began
+            seconds[mode] = took
+            texts = [adapter.tokenizer.decode(i, skip_special_tokens=True) for i in ids]
+            continuations.append(Continuation(mode, dict(kwargs), texts[0], texts[1], ids[0], ids[1], took))
 
     return Steering(
         model=model.name,

@@ -508,7 +508,7 @@ def _main_model(model, name: str, run: Plan, found: Found, out_dir: Path, say, p
 
     began = time.perf_counter()
     say(f"rectifying {name}'s errors")
-    found.rect[name] = _rectification(model, name, run, run.methods, out_dir, found, progress)
+    found.rect[name] = _rectification(model, name, run, run.methods, out_dir, found)
     run.timings.add(f"rectification {name}", began)
 
     if run.check > 0:
@@ -599,11 +599,11 @@ def _second_model(model, name: str, run: Plan, found: Found, out_dir: Path, say,
     """The second (larger) model: rectification with the linearized solver and random scores."""
     began = time.perf_counter()
     say(f"rectifying {name}'s errors (linearized co-perturbation and random scores)")
-    found.rect[name] = _rectification(model, name, run, ["coperturbation", "random"], out_dir, found, progress, linearized_only=True)
+    found.rect[name] = _rectification(model, name, run, ["coperturbation", "random"], out_dir, found, linearized_only=True)
     run.timings.add(f"rectification {name}", began)
 
 
-def _rectification(model, name: str, run: Plan, methods: list[str], out_dir: Path, found: Found, progress: bool, linearized_only: bool = False):
+def _rectification(model, name: str, run: Plan, methods: list[str], out_dir: Path, found: Found, linearized_only: bool = False):
     """Rectification of ``model``'s errors: every method at the run's options, and co-perturbation
     once more with the linearized solver (listed as ``coperturbation (linearized)``)."""
     rect = _rect()
@@ -614,13 +614,13 @@ def _rectification(model, name: str, run: Plan, methods: list[str], out_dir: Pat
     options = {m: dict(run.method_options.get(m, {})) for m in methods}
     if linearized_only:
         options["coperturbation"] = run.coperturbation(True)
-    result = rect.rectify(model, DATASET, methods, run.ratios, n=n, seed=run.seed, method_options=options, store=run.store, progress=_bar(progress))
+    result = rect.rectify(model, DATASET, methods, run.ratios, n=n, seed=run.seed, method_options=options, store=run.store)
     if linearized_only:
         result.methods = {("coperturbation (linearized)" if k == "coperturbation" else k): v for k, v in result.methods.items()}
     else:
         lin = rect.rectify(
             model, DATASET, ["coperturbation"], run.ratios, n=n, seed=run.seed,
-            method_options={"coperturbation": run.coperturbation(True)}, store=run.store, progress=_bar(progress),
+            method_options={"coperturbation": run.coperturbation(True)}, store=run.store,
         )
         result.methods = {
             "coperturbation": result.methods["coperturbation"], "coperturbation (linearized)": lin.methods["coperturbation"],
@@ -713,21 +713,6 @@ def _printer(show: bool):
             console.print(f"[bold]{NAME}[/] · {text}")
 
     return say
-
-
-def _bar(show: bool):
-    if not show:
-        return None
-    from rich.console import Console
-
-    console = Console(stderr=True)
-    done: dict[str, int] = {}
-
-    def progress(method: str, k: int, total: int) -> None:
-        done[method] = done.get(method, 0) + k
-        console.print(f"  explain errors  {method}: {done[method]} / {total}", highlight=False)
-
-    return progress
 
 
 # ----------------------------------------------------------------------------- the report
