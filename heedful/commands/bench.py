@@ -116,7 +116,10 @@ def bench(
     metrics = metrics or "aopc,sufficiency,accuracy"
     if random_seeds is not None:
         protocol_changes["random_seeds"] = random_seeds
-    from heedful.precision import check_precision, strict_precision  # imports torch: only when a bench runs
+    from heedful.precision import (  # imports torch: only when a bench runs
+        check_precision,
+        strict_precision,
+    )
 
     if check_precision(precision, auto=True) != "fp32":
         protocol_changes.setdefault("precision", precision)
