@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from heedful.render.colors import Scale
-from heedful.render.layout import pieces
+from heedful.render.layout import Piece, pieces
 from heedful.render.sources import sources_html
 
 if TYPE_CHECKING:  # render reads explanations as plain data; heedful.explanation imports render
@@ -35,13 +35,17 @@ table.hf-ranking { font-size: 0.85rem; margin-bottom: 0.8rem; }
 """
 
 
-def _span(text: str, score: float, scale: Scale, title: str, special: bool) -> str:
-    bg = "rgb({},{},{})".format(*scale.rgb(score))
-    fg = "rgb({},{},{})".format(*scale.text_rgb(score))
-    cls = "hf-tok hf-special" if special else "hf-tok"
+def _span(piece: Piece, scale: Scale) -> str:
+    """A scored piece: its text on its score's colour, the tooltip saying what it reads as and
+    its score, the tokenizer's raw token (when it is one) in ``data-token``. Every string escaped,
+    attributes quoted."""
+    bg = "rgb({},{},{})".format(*scale.rgb(piece.score))
+    fg = "rgb({},{},{})".format(*scale.text_rgb(piece.score))
+    cls = "hf-tok hf-special" if piece.special else "hf-tok"
+    token = f' data-token="{html.escape(piece.token)}"' if piece.token else ""
     return (
         f'<span class="{cls}" style="background:{bg};color:{fg}" '
-        f'title="{html.escape(title)}">{html.escape(text)}</span>'
+        f'title="{html.escape(piece.title)}"{token}>{html.escape(piece.text)}</span>'
     )
 
 
@@ -53,7 +57,7 @@ def heatmap_html(expl: Explanation, words: bool = False, layer: int = -1) -> str
         if piece.score is None:
             parts.append(html.escape(piece.text))
         else:
-            parts.append(_span(piece.text, piece.score, scale, piece.title, piece.special))
+            parts.append(_span(piece, scale))
     return f'<div class="hf-text">{"".join(parts)}</div>'
 
 
@@ -115,7 +119,7 @@ def explanation_page(explanations: Sequence[Explanation], words: bool = False, t
         blocks.append(f'<div class="hf-expl">{_header_html(expl)}{body}</div>')
     legend = (
         '<div class="hf-legend">Warm: the token pushes towards the explained output; cool: against it. '
-        "Hover a token for its score. Colours are scaled per explanation.</div>"
+        "Hover a token for what it reads as (␣ a space, ⏎ a line break) and its score. Colours are scaled per explanation.</div>"
     )
     return (
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
