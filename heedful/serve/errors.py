@@ -28,10 +28,12 @@ def too_long(what: str, length: int, limit: int, flag: str) -> ApiError:
     return ApiError(413, f"{what} is {length} characters, above this server's limit of {limit}", f"shorten it, or start heedful serve with {flag}")
 
 
-def busy(waiting: int) -> ApiError:
+def busy(waiting: int, seconds: float | None = None, timeout_s: float | None = None) -> ApiError:
+    """The queue is full, or (``seconds`` of work ahead) too long for the ``timeout_s`` limit."""
+    ahead = "" if seconds is None else f" (about {seconds:.0f} s of work ahead; this server's limit is {timeout_s:g} s)"
     return ApiError(
         429,
-        f"the server is busy: {waiting} request(s) are already waiting",
+        f"the server is busy: {waiting} request(s) are already waiting{ahead}",
         "try again in a moment (requests are computed one at a time, in order)",
     )
 
@@ -42,3 +44,7 @@ def timed_out(seconds: float) -> ApiError:
         f"the request took longer than this server's limit of {seconds:g} s",
         "use fewer methods or smaller n_steps / n_samples, or start heedful serve with a larger --timeout",
     )
+
+
+def shutting_down() -> ApiError:
+    return ApiError(503, "the server is shutting down", "start heedful serve again, then send the request again")
