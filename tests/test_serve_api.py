@@ -356,15 +356,37 @@ def test_stopping_answers_the_running_and_the_queued_jobs_503_at_once(models, wa
         assert error_of(client.post("/api/jobs", json=body), 503)["error"] == SHUTTING_DOWN
 
 
-def test_shutdown_answers_open_requests_instead_of_waiting_for_them(models, waiting):
-    """uvicorn's shutdown (what SIGTERM starts) with a job running for good and a request waiting
-    behind it: the waiting request answers 503 and the server is gone within seconds, instead of
-    uvicorn waiting for every open request before the application may stop its worker."""
-    import httpx
+def test_stopping_answers_a_job_that_cannot_be_interrupted_at_once():
+    """A running job that reaches no check for a long while (no model pass, no progress report)
+    is answered 503 as soon as the worker stops, not when its computation ends."""
+    from heedful.serve.errors import ApiError
+    from heedful.serve.work import Worker
 
+    worker = Worker(queue_size=8)
+    worker.start()
+    release = threading.Event()
+    job = worker.submit("explain", lambda job: release.wait(30), 60.0)
+    deadline = time.monotonic() + 10
+    while worker.current is not job and time.monotonic() < deadline:
+        time.sleep(0.01)
+    began = time.monotonic()
+    worker.stop(wait=0.5)
+    with pytest.raises(ApiError) as stopped:
+        job.future.result(2)
+    assert stopped.value.status == 503 and time.monotonic() - began < 2.5
+    assert [name for name, _ in job.events_from(0)] == ["error"]
+    release.set()
+    worker._thread.join(5)
+    assert [name for name, _ in job.events_from(0)] == ["error"]  # answered once
+
+
+@contextlib.contextmanager
+def live(models, **limits):
+    """``(base URL, app, uvicorn server, its thread)``: the real server (as ``heedful serve``
+    runs it) on a free loopback port, in a thread; stopped (bounded) at the end."""
     from heedful.serve.running import server
 
-    app = create_app(ServeSettings(models=[CLASSIFIER, LM], timeout_s=60), preloaded=models)
+    app = create_app(ServeSettings(models=[CLASSIFIER, LM], **limits), preloaded=models)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     served = server(app, log_level="warning")
@@ -373,23 +395,57 @@ def test_shutdown_answers_open_requests_instead_of_waiting_for_them(models, wait
     deadline = time.monotonic() + 10
     while not served.started and time.monotonic() < deadline:
         time.sleep(0.02)
-    base = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    body = {"text": TEXT, "methods": ["serve_test_wait"], "curve": False}
-    first = httpx.post(f"{base}/api/jobs", json={"kind": "explain", "request": body}).json()["id"]
-    _running(app.state.server.worker, first)
-    answers = []
-    waiter = threading.Thread(target=lambda: answers.append(httpx.post(f"{base}/api/explain", json=body, timeout=60)))
-    waiter.start()
-    while app.state.server.worker.waiting < 1 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    began = time.monotonic()
-    served.should_exit = True
-    thread.join(10)
-    waiter.join(10)
-    assert not thread.is_alive(), "the server still waits for its open requests"
-    assert time.monotonic() - began < 10
-    assert error_of(answers[0], 503)["error"] == SHUTTING_DOWN
-    sock.close()
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}", app, served, thread
+    finally:
+        served.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+WAIT_BODY = {"text": TEXT, "methods": ["serve_test_wait"], "curve": False}
+
+
+def test_shutdown_answers_open_requests_instead_of_waiting_for_them(models, waiting):
+    """uvicorn's shutdown (what SIGTERM starts) with a job running for good and a request waiting
+    behind it: the waiting request answers 503 and the server is gone within seconds, instead of
+    uvicorn waiting for every open request before the application may stop its worker."""
+    import httpx
+
+    with live(models, timeout_s=60) as (base, app, served, thread):
+        first = httpx.post(f"{base}/api/jobs", json={"kind": "explain", "request": WAIT_BODY}).json()["id"]
+        _running(app.state.server.worker, first)
+        answers = []
+        waiter = threading.Thread(target=lambda: answers.append(httpx.post(f"{base}/api/explain", json=WAIT_BODY, timeout=60)))
+        waiter.start()
+        deadline = time.monotonic() + 10
+        while app.state.server.worker.waiting < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        began = time.monotonic()
+        served.should_exit = True
+        thread.join(10)
+        waiter.join(10)
+        assert not thread.is_alive(), "the server still waits for its open requests"
+        assert time.monotonic() - began < 10
+        assert error_of(answers[0], 503)["error"] == SHUTTING_DOWN
+
+
+def test_a_client_that_leaves_cancels_its_job(models, waiting):
+    """A client that disconnects before its answer: its running job stops within a model pass
+    or two, and its queued one is never computed -- the worker is free for the next request."""
+    import httpx
+
+    with live(models, timeout_s=60) as (base, app, _, _):
+        worker = app.state.server.worker
+        for _ in range(2):  # the first runs, the second waits behind it; both clients leave
+            with contextlib.suppress(httpx.TimeoutException):
+                httpx.post(f"{base}/api/explain", json=WAIT_BODY, timeout=0.5)
+        deadline = time.monotonic() + 10
+        while (worker.current is not None or worker.waiting) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert worker.current is None and worker.waiting == 0, "the worker still computes for clients that left"
+        answer = httpx.post(f"{base}/api/explain", json={"text": TEXT, "methods": ["saliency"], "curve": False}, timeout=30)
+        assert answer.status_code == 200
 
 
 def test_sigterm_stops_the_server_with_status_0(tmp_path):

@@ -48,3 +48,9 @@ def timed_out(seconds: float) -> ApiError:
 
 def shutting_down() -> ApiError:
     return ApiError(503, "the server is shutting down", "start heedful serve again, then send the request again")
+
+
+def client_left() -> ApiError:
+    """What a route answers when its client disconnected before the answer (no one reads it;
+    499 as in nginx's logs)."""
+    return ApiError(499, "the client closed the connection before the answer", "nothing to do: the request was cancelled")

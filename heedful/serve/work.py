@@ -32,7 +32,7 @@ from heedful.serve.errors import ApiError, as_api_error, busy, shutting_down, ti
 log = logging.getLogger("heedful.serve")
 
 TYPICAL_OF = 16
-"""Jobs whose compute times make the typical job's (their median), for refusing requests that
+"""Jobs whose compute times make the typical job's (their mean), for refusing requests that
 would wait past their deadline."""
 KEPT_JOBS = 256
 """Finished jobs remembered for ``GET /api/jobs/{id}/events`` (the oldest are forgotten)."""
@@ -113,15 +113,24 @@ class Job:
         self.check()
         self._event("progress", {"done": done, "total": total, "stage": stage})
 
+    def _end(self, name: str, data: dict[str, Any]) -> bool:
+        """Record the job's one outcome event; ``False`` when it already has one (the first
+        outcome stands: a job answered 503 while stopping is not answered again later)."""
+        with self._lock:
+            if any(event in ("result", "error") for event, _ in self.events):
+                return False
+            self.events.append((name, data))
+            return True
+
     def succeed(self, result: Any) -> None:
-        self._event("result", result)
-        with contextlib.suppress(concurrent.futures.InvalidStateError):  # its waiter gave up
-            self.future.set_result(result)
+        if self._end("result", result):
+            with contextlib.suppress(concurrent.futures.InvalidStateError):  # its waiter gave up
+                self.future.set_result(result)
 
     def fail(self, error: ApiError) -> None:
-        self._event("error", error.payload())
-        with contextlib.suppress(concurrent.futures.InvalidStateError):
-            self.future.set_exception(error)
+        if self._end("error", error.payload()):
+            with contextlib.suppress(concurrent.futures.InvalidStateError):
+                self.future.set_exception(error)
 
     def events_from(self, start: int) -> list[tuple[str, dict[str, Any]]]:
         with self._lock:
@@ -153,14 +162,17 @@ class Worker:
         return self._stop.is_set()
 
     def stop(self, wait: float = 5.0) -> None:
-        """Stop taking jobs (a submit now answers 503): queued jobs answer 503 at once, the running
-        job stops at its next check and answers 503 too; waits up to ``wait`` s for the thread."""
+        """Stop taking jobs (a submit now answers 503): queued jobs and the running one answer 503
+        at once (the running computation stops at its next check: a model pass or a progress
+        report); waits up to ``wait`` s for the thread, once (a second stop only drains)."""
+        first = not self._stop.is_set()
         self._stop.set()
         self._drain()
         current = self.current
         if current is not None:
             current.cancel()
-        if self._started:
+            current.fail(shutting_down())
+        if self._started and first:
             self._thread.join(wait)
         self._drain()  # a job queued while the thread was finishing
 
@@ -175,9 +187,10 @@ class Worker:
     # ------------------------------------------------------------------ jobs
     @property
     def typical_seconds(self) -> float | None:
-        """The median time the last jobs took to compute (``None`` before the first)."""
+        """The mean time the last jobs took to compute (``None`` before the first): the mean, not
+        the median, as the wait behind ``k`` jobs is their sum, long ones included."""
         seconds = list(self._seconds)  # one atomic copy: the worker appends meanwhile
-        return statistics.median(seconds) if seconds else None
+        return statistics.fmean(seconds) if seconds else None
 
     def submit(self, kind: str, work: Callable[[Job], Any], timeout_s: float) -> Job:
         """Queue a job; an :class:`ApiError` 429 when the queue is full, or when the jobs ahead
