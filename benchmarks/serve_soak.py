@@ -533,7 +533,10 @@ def report(
         f"{'yes' if not unexpected else 'NO'}; memory growth after warm-up <= 10 % -- {'yes' if growth <= 0.10 else 'NO'}; "
         f"clean exit on SIGTERM -- {'yes' if clean_exit else 'NO'}; no traceback in the log -- {'yes' if tracebacks == 0 else 'NO'}.",
     ]
-    refusals = Counter(o.note for o in outcomes if o.expected and o.note and (o.status == 422 and o.kind not in ("malformed JSON",) or o.kind.startswith("progress")))
+    refusals = Counter(
+        o.note for o in outcomes
+        if o.expected and o.note and ((o.status == 422 and o.kind != "malformed JSON") or (o.status == 200 and o.kind.startswith("progress")))
+    )
     if refusals:
         lines += [
             "",
