@@ -10,6 +10,8 @@ import csv
 import importlib.util
 import json
 import math
+import socket
+import sys
 import threading
 import time
 
@@ -326,6 +328,231 @@ def test_a_request_past_the_timeout_answers_504_and_stops(models, waiting):
         assert explain(client, methods=["saliency"], curve=False).status_code == 200
 
 
+def _running(worker, ident: str) -> None:
+    deadline = time.monotonic() + 10
+    while (worker.current is None or worker.current.id != ident) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert worker.current is not None and worker.current.id == ident
+
+
+SHUTTING_DOWN = "the server is shutting down"
+
+
+def test_stopping_answers_the_running_and_the_queued_jobs_503_at_once(models, waiting):
+    """The worker's stop: the running job stops inside its forward passes and says the server is
+    stopping (not that it timed out), the queued one too, and nothing more is queued."""
+    body = {"kind": "explain", "request": {"text": TEXT, "methods": ["serve_test_wait"], "curve": False}}
+    with serving(models) as client:
+        worker = client.app.state.server.worker
+        first = client.post("/api/jobs", json=body).json()["id"]
+        _running(worker, first)
+        second = client.post("/api/jobs", json=body).json()["id"]
+        began = time.monotonic()
+        worker.stop()
+        assert time.monotonic() - began < 5
+        for ident in (first, second):
+            name, data = events(client, ident)[-1]
+            assert name == "error" and data["error"] == SHUTTING_DOWN
+        assert error_of(client.post("/api/jobs", json=body), 503)["error"] == SHUTTING_DOWN
+
+
+def test_stopping_answers_a_job_that_cannot_be_interrupted_at_once():
+    """A running job that reaches no check for a long while (no model pass, no progress report)
+    is answered 503 as soon as the worker stops, not when its computation ends."""
+    from heedful.serve.errors import ApiError
+    from heedful.serve.work import Worker
+
+    worker = Worker(queue_size=8)
+    worker.start()
+    release = threading.Event()
+    job = worker.submit("explain", lambda job: release.wait(30), 60.0)
+    deadline = time.monotonic() + 10
+    while worker.current is not job and time.monotonic() < deadline:
+        time.sleep(0.01)
+    began = time.monotonic()
+    worker.stop(wait=0.5)
+    with pytest.raises(ApiError) as stopped:
+        job.future.result(2)
+    assert stopped.value.status == 503 and time.monotonic() - began < 2.5
+    assert [name for name, _ in job.events_from(0)] == ["error"]
+    release.set()
+    worker._thread.join(5)
+    assert [name for name, _ in job.events_from(0)] == ["error"]  # answered once
+
+
+@contextlib.contextmanager
+def live(models, **limits):
+    """``(base URL, app, uvicorn server, its thread)``: the real server (as ``heedful serve``
+    runs it) on a free loopback port, in a thread; stopped (bounded) at the end."""
+    from heedful.serve.running import server
+
+    app = create_app(ServeSettings(models=[CLASSIFIER, LM], **limits), preloaded=models)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    served = server(app, log_level="warning")
+    thread = threading.Thread(target=served.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not served.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}", app, served, thread
+    finally:
+        served.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+WAIT_BODY = {"text": TEXT, "methods": ["serve_test_wait"], "curve": False}
+
+
+def test_shutdown_answers_open_requests_instead_of_waiting_for_them(models, waiting):
+    """uvicorn's shutdown (what SIGTERM starts) with a job running for good and a request waiting
+    behind it: the waiting request answers 503 and the server is gone within seconds, instead of
+    uvicorn waiting for every open request before the application may stop its worker."""
+    import httpx
+
+    with live(models, timeout_s=60) as (base, app, served, thread):
+        first = httpx.post(f"{base}/api/jobs", json={"kind": "explain", "request": WAIT_BODY}).json()["id"]
+        _running(app.state.server.worker, first)
+        answers = []
+        waiter = threading.Thread(target=lambda: answers.append(httpx.post(f"{base}/api/explain", json=WAIT_BODY, timeout=60)))
+        waiter.start()
+        deadline = time.monotonic() + 10
+        while app.state.server.worker.waiting < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        began = time.monotonic()
+        served.should_exit = True
+        thread.join(10)
+        waiter.join(10)
+        assert not thread.is_alive(), "the server still waits for its open requests"
+        assert time.monotonic() - began < 10
+        assert error_of(answers[0], 503)["error"] == SHUTTING_DOWN
+
+
+def test_a_client_that_leaves_cancels_its_job(models, waiting):
+    """A client that disconnects before its answer: its running job stops within a model pass
+    or two, and its queued one is never computed -- the worker is free for the next request."""
+    import httpx
+
+    with live(models, timeout_s=60) as (base, app, _, _):
+        worker = app.state.server.worker
+        for _ in range(2):  # the first runs, the second waits behind it; both clients leave
+            with contextlib.suppress(httpx.TimeoutException):
+                httpx.post(f"{base}/api/explain", json=WAIT_BODY, timeout=0.5)
+        deadline = time.monotonic() + 10
+        while (worker.current is not None or worker.waiting) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert worker.current is None and worker.waiting == 0, "the worker still computes for clients that left"
+        answer = httpx.post(f"{base}/api/explain", json={"text": TEXT, "methods": ["saliency"], "curve": False}, timeout=30)
+        assert answer.status_code == 200
+
+
+def test_sigterm_stops_the_server_with_status_0(tmp_path):
+    """``heedful serve`` on SIGTERM with jobs queued: a clean exit, status 0, within seconds
+    (uvicorn alone re-raises the signal: the process ended killed by it)."""
+    import signal
+    import subprocess
+    import sys
+
+    import httpx
+
+    folder = saved_tiny(tmp_path / "tiny", "bert", "classification")
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    command = [sys.executable, "-m", "heedful", "serve", "--model", folder, "--port", str(port)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline, ready = time.monotonic() + 120, False
+        while not ready and time.monotonic() < deadline:
+            assert process.poll() is None, process.communicate()
+            with contextlib.suppress(httpx.TransportError):
+                ready = httpx.get(f"http://127.0.0.1:{port}/api/models", timeout=2).status_code == 200
+            time.sleep(0.2)
+        assert ready, "heedful serve did not start within 120 s"
+        request = {"text": TEXT, "methods": ["integrated_gradients"], "options": {"integrated_gradients": {"n_steps": 64}}}
+        for _ in range(4):
+            httpx.post(f"http://127.0.0.1:{port}/api/jobs", json={"kind": "explain", "request": request})
+        began = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 0, err
+    assert time.monotonic() - began < 30
+    assert "Traceback" not in err
+
+
+def test_a_request_that_would_wait_past_the_timeout_is_refused_at_once():
+    """Jobs typically take 1 s and the limit is 2.5 s: with one running and one waiting, a third
+    would wait about 2 s and need 1 more -- refused with 429 now, not answered 504 later."""
+    from heedful.serve.errors import ApiError
+    from heedful.serve.work import Worker
+
+    worker = Worker(queue_size=8)
+    worker.start()
+    release = threading.Event()
+    try:
+        worker.submit("explain", lambda job: time.sleep(1.0), 2.5).future.result(10)
+        assert worker.typical_seconds == pytest.approx(1.0, abs=0.5)
+        running = worker.submit("explain", lambda job: release.wait(10), 2.5)
+        deadline = time.monotonic() + 10
+        while worker.current is not running and time.monotonic() < deadline:
+            time.sleep(0.01)
+        worker.submit("explain", lambda job: None, 2.5)  # the first to wait: always queued
+        with pytest.raises(ApiError) as refused:
+            worker.submit("explain", lambda job: None, 2.5)
+        assert refused.value.status == 429 and refused.value.message.startswith("the server is busy: 1 request(s) are already waiting")
+        assert "limit is 2.5 s" in refused.value.message
+        assert worker.submit("explain", lambda job: None, 60.0).kind == "explain"  # a longer limit: room enough
+    finally:
+        release.set()
+        worker.stop()
+
+
+def _resident_mb() -> float:
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS in /proc/self/status")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's heap and /proc: Linux")
+def test_a_finished_job_hands_the_memory_it_freed_back(models):
+    """A job whose temporaries leave the heap fragmented (256 MB freed under one block still in
+    use, as a method's many tensors do): once it is answered, the server's resident memory is
+    back near where it was, not 256 MB higher for good."""
+    kept = []
+
+    @heedful.register("serve_test_fragment", family="baseline", cost="no pass of its own")
+    def serve_test_fragment(problem) -> torch.Tensor:
+        """Allocates 256 MB in 64 KB blocks, keeps one block made after them, frees the rest,
+        and scores every token 0 ``[B, N]``.
+
+        Source: tests/test_serve_api.py (fragments the worker thread's heap).
+        """
+        blocks = [bytearray(64 * 1024) for _ in range(4096)]
+        kept.append(bytearray(64 * 1024))
+        del blocks
+        return torch.zeros(len(problem), problem.batch.seq_len)
+
+    try:
+        with serving(models) as client:
+            assert explain(client, methods=["saliency"], curve=False).status_code == 200
+            before = _resident_mb()
+            assert explain(client, methods=["serve_test_fragment"], curve=False).status_code == 200
+            deadline = time.monotonic() + 5  # the worker releases memory just after answering
+            while _resident_mb() - before > 64 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert _resident_mb() - before < 64
+    finally:
+        unregister("serve_test_fragment")
+
+
 def test_loading_a_model_is_not_counted_against_the_timeout(models, monkeypatch):
     loads = []
 
@@ -417,10 +644,10 @@ def test_a_loopback_server_answers_only_loopback_host_names(models):
 
 # ---------------------------------------------------------------------------- the command
 def test_serve_command(monkeypatch, capsys, tmp_path):
-    import uvicorn
+    from heedful.serve import running
 
     calls = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: calls.append((app, kw)))
+    monkeypatch.setattr(running, "run", lambda app, host, port: calls.append((app, {"host": host, "port": port})))
     folder = saved_tiny(tmp_path / "tiny", "bert", "classification")
     code, out, err = run_cli(monkeypatch, capsys, "serve", "--model", folder, "--port", "9999")
     assert code == 0 and "http://127.0.0.1:9999" in out and "warning" not in err

@@ -21,6 +21,7 @@ import pytest
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
 MODEL = "tiny-bert"
+LM = "tiny-gpt2"
 TEXT = "the plot is predictable yet the actors are wonderful"
 METHODS = ("grad_x_input", "leave_one_out")
 WAIT_S = 30.0
@@ -56,7 +57,7 @@ def served(tiny):
     from heedful.serve import ServeSettings, create_app
 
     model = tiny("bert")
-    app = create_app(ServeSettings(models=[MODEL]), preloaded={MODEL: model})
+    app = create_app(ServeSettings(models=[MODEL, LM]), preloaded={MODEL: model, LM: tiny("gpt2", "causal_lm")})
     sock = _free_port()
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
@@ -127,14 +128,13 @@ def _wait(driver, condition, what: str):
 
 
 def _shown_tokens(driver, method: str) -> list[tuple[str, float]]:
-    """``(token, score)`` of every scored piece of ``method``'s token heatmap, read from the
-    renderer's ``title="token: +score"``."""
-    titles = driver.execute_script(
-        "return Array.from(document.querySelectorAll(arguments[0])).map(function (s) { return s.title; });",
+    """``(token, score)`` of every scored piece of ``method``'s token heatmap: the raw token from
+    the renderer's ``data-token``, the score from its tooltip ``title="reads as: +score"``."""
+    pieces = driver.execute_script(
+        "return Array.from(document.querySelectorAll(arguments[0])).map(function (s) { return [s.dataset.token, s.title]; });",
         f'#heatmaps .heatmap[data-method="{method}"] .hm-tokens .hf-tok',
     )
-    pairs = [title.rsplit(": ", 1) for title in titles]
-    return [(token, float(score)) for token, score in pairs]
+    return [(token, float(title.rsplit(": ", 1)[1])) for token, title in pieces]
 
 
 def test_page_shows_the_apis_heatmaps_and_aopc(served, browser, tmp_path):
@@ -243,3 +243,130 @@ def test_the_page_asks_before_long_work(served, browser, monkeypatch):
             assert "confirm" in browser.find_element(By.ID, "error").text
         asked = browser.execute_script("return window.asked;")
         assert len(asked) == 1 and asked[0].startswith("This will take about ") and "forward" in asked[0]
+# ---------------------------------------------------------------------------- hostile text
+PWNED = "window.__pwned=1"
+IMG = '"><img src=x onerror=alert(1)>'
+SCRIPT = f"</script><script>{PWNED}</script>"
+REOPEN = "<!--<script>"
+"""Markup a text may carry: an attribute break-out with an image whose error handler runs, a
+script element closed and reopened, and ``<!--<script>`` (after which ``</script>`` no longer
+ends a script element). Each fits the tiny models' 64 positions with room to spare."""
+
+
+def _no_script_ran(driver, where: str) -> None:
+    """No alert is open, ``window.__pwned`` is unset and no ``<img src=x>`` (whose ``onerror``
+    would fire) was made."""
+    from selenium.common.exceptions import NoAlertPresentException
+
+    try:
+        alert = driver.switch_to.alert
+    except NoAlertPresentException:
+        pass
+    else:
+        said = alert.text
+        alert.dismiss()
+        pytest.fail(f"{where}: a script from the text ran (alert {said!r})")
+    assert driver.execute_script("return typeof window.__pwned") == "undefined", f"{where}: a script from the text ran"
+    assert driver.execute_script("return document.querySelectorAll('img[src=\"x\"]').length") == 0, f"{where}: an <img> from the text"
+
+
+def _generation_view_works(driver, where: str) -> None:
+    """Every generation view's data block parsed and its script ran (the step label is set):
+    nothing in the data closed or reopened the script element."""
+    steps = driver.execute_script(
+        "return Array.from(document.querySelectorAll('.hf-gen')).map(function (box) {"
+        " JSON.parse(box.querySelector('script[type=\"application/json\"]').textContent);"
+        " return box.querySelector('.hf-step').textContent; });"
+    )
+    assert steps and all(step.startswith("step 0: ") for step in steps), f"{where}: the generation view did not run ({steps})"
+
+
+def test_hostile_text_runs_no_script_in_the_export_or_the_notebook(browser, tiny, tmp_path):
+    """The HTML export of an explanation, of several and of generations whose prompts and
+    generated tokens carry markup, and a notebook-like page embedding their ``_repr_html_``:
+    the markup is shown as text and nothing in it runs."""
+    import heedful
+
+    bert, gpt = tiny("bert"), tiny("gpt2", "causal_lm")
+    expl = bert.explain(f"a {IMG} b", "grad_x_input")
+    several = heedful.Explanations([expl, bert.explain(f"a {SCRIPT} b", "grad_x_input")])
+    generations = [
+        gpt.explain_generation(IMG, "saliency", continuation=" " + IMG),
+        gpt.explain_generation("say", "saliency", continuation=REOPEN + SCRIPT),
+    ]
+    assert "<img" in generations[0].continuation and REOPEN in generations[1].continuation  # generated tokens carry markup
+    assert not any(e.truncated for e in several)
+    pages = {
+        "export.html": expl.to_html(),
+        "several.html": several.to_html(),
+        "generation-0.html": generations[0].to_html(),
+        "generation-1.html": generations[1].to_html(),
+        "notebook.html": "<!DOCTYPE html><html><head><meta charset='utf-8'></head><body>"
+        + "".join(f"<div class='output'>{item._repr_html_()}</div>" for item in (expl, several, *generations))
+        + "</body></html>",
+    }
+    for name, page in pages.items():
+        path = tmp_path / name
+        path.write_text(page, encoding="utf-8")
+        browser.get(path.as_uri())
+        _wait(browser, lambda d: d.execute_script("return document.readyState") == "complete", name)
+        _no_script_ran(browser, name)
+        shown = browser.execute_script("return document.body.textContent")
+        assert ("onerror=alert(1)>" in shown) != (name == "generation-1.html"), f"{name}: the text is not shown"
+        if name in ("several.html", "generation-1.html", "notebook.html"):
+            assert PWNED in shown, f"{name}: the text is not shown"
+        if name.startswith("generation") or name == "notebook.html":
+            _generation_view_works(browser, name)
+
+
+def _pick_model(driver, name: str) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    Select(driver.find_element(By.ID, "model")).select_by_value(name)
+    script = "return !!document.getElementById('method-saliency') && document.getElementById('generate-box').hidden === arguments[0];"
+    _wait(driver, lambda d: d.execute_script(script, name != LM), f"{name}'s methods")
+
+
+def _type(driver, text: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    box = driver.find_element(By.ID, "text")
+    box.clear()
+    box.send_keys(text)
+
+
+def test_hostile_text_runs_no_script_on_the_served_page(served, browser):
+    """The page after explanations (both models) and a generation of texts carrying markup: the
+    markup is shown as text, nothing in it runs, and the tooltips read the decoded tokens (a
+    space visible as ␣, no byte-level ``Ġ``) while ``data-token`` keeps the raw one."""
+    from selenium.webdriver.common.by import By
+
+    base, _ = served
+    browser.get(f"{base}/")
+    _wait(browser, lambda d: d.execute_script("return document.body.dataset.ready === 'true'"), "its form")
+    for model, text, shown in ((MODEL, f"a {IMG} b", "onerror=alert(1)>"), (LM, f"the movie was {SCRIPT}", PWNED)):
+        _pick_model(browser, model)
+        _type(browser, text)
+        box = browser.find_element(By.ID, "method-saliency")
+        if not box.is_selected():
+            box.click()
+        browser.execute_script("document.getElementById('heatmaps').replaceChildren();")
+        browser.find_element(By.ID, "explain").click()
+        _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#heatmaps .hf-tok[data-token]"), f"{model}'s heatmap")
+        _no_script_ran(browser, f"the page after explaining with {model}")
+        assert shown in browser.execute_script("return document.getElementById('heatmaps').textContent")
+    pieces = browser.execute_script(
+        "return Array.from(document.querySelectorAll('#heatmaps .hf-tok[data-token]')).map(function (s) { return [s.dataset.token, s.title]; });"
+    )
+    assert any(token.startswith("Ġ") for token, _ in pieces), "the language model's heatmap is not shown"
+    assert not any("Ġ" in title for _, title in pieces)
+    assert any(title.startswith("␣") for _, title in pieces)
+
+    _type(browser, REOPEN + SCRIPT)
+    browser.find_element(By.ID, "max-new-tokens").clear()
+    browser.find_element(By.ID, "max-new-tokens").send_keys("3")
+    browser.find_element(By.ID, "generate").click()
+    _wait(browser, lambda d: d.find_element(By.ID, "generation").is_displayed() and d.find_elements(By.CSS_SELECTOR, "#generation-html .hf-gen"), "the generation")
+    _no_script_ran(browser, "the page after a generation")
+    assert PWNED in browser.execute_script("return document.getElementById('generation-html').textContent")

@@ -37,9 +37,8 @@ def serve(
     missing = [name for name in ("fastapi", "uvicorn") if importlib.util.find_spec(name) is None]
     if missing:
         raise HeedfulError(f"heedful serve needs {' and '.join(missing)}, which is not installed", hint=install_hint("serve"))
-    import uvicorn
-
     from heedful.serve import ServeSettings, create_app
+    from heedful.serve.running import run
     from heedful.serve.settings import LOOPBACK
 
     if not 0 <= port <= 65535:
@@ -63,4 +62,4 @@ def serve(
             server.worker.watch(server.catalog.get(name))
     shown = f"[{host}]" if ":" in host else host
     out.print(f"heedful serve: http://{shown}:{port}  (API docs: /docs; stop with Ctrl+C)")
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    run(app, host, port)

@@ -194,6 +194,17 @@ document.querySelectorAll('.hf-gen').forEach(function (box) {
 """
 
 
+SCRIPT_SAFE = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026"})
+"""JSON escapes for the characters that could end or re-open a ``<script>`` element's text."""
+
+
+def script_json(data: object) -> str:
+    """``data`` as JSON to place inside ``<script type="application/json">``: no ``<``, ``>`` or
+    ``&`` appears raw, so no text in it (``</script>``, ``<!--<script>``) can close the element
+    or change how the HTML parser reads the rest of the page; ``JSON.parse`` reads it back as is."""
+    return json.dumps(data).translate(SCRIPT_SAFE)
+
+
 def generation_fragment(expl: GenerationExplanation, index: int = 0, sinks: bool = True) -> str:
     """One generation: the whole text as tokens (hover a generated token to colour every token
     by its score for that step) and the data it needs, inline (``sinks`` as in
@@ -224,7 +235,7 @@ def generation_fragment(expl: GenerationExplanation, index: int = 0, sinks: bool
         f"{html.escape(expl.quantity)} of each {'forced' if expl.forced else 'generated'} token · "
         f"{expl.steps} steps · {expl.cost.seconds * expl.steps:.3f} s · <span class='hf-step'></span></div>"
     )
-    payload = json.dumps(data).replace("</", "<\\/")
+    payload = script_json(data)
     return (
         f'<div class="hf-gen" id="hf-gen-{index}">{head}'
         f'<div class="hf-text hf-src">{source}</div>'

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from heedful.render.colors import Scale, scaled_positions
-from heedful.render.layout import pieces, prediction_said, shown_label
+from heedful.render.layout import Piece, pieces, prediction_said, shown_label
 from heedful.render.sources import sources_html
 
 if TYPE_CHECKING:  # render reads explanations as plain data; heedful.explanation imports render
@@ -41,13 +41,17 @@ PAGE_CSS = f"body {{ {_FONT} margin: 2rem; }}\n" + CSS
 """:data:`CSS` and the page's own body style, for heedful's complete pages only."""
 
 
-def _span(text: str, score: float, scale: Scale, title: str, special: bool) -> str:
-    bg = "rgb({},{},{})".format(*scale.rgb(score))
-    fg = "rgb({},{},{})".format(*scale.text_rgb(score))
-    cls = "hf-tok hf-special" if special else "hf-tok"
+def _span(piece: Piece, scale: Scale) -> str:
+    """A scored piece: its text on its score's colour, the tooltip saying what it reads as and
+    its score, the tokenizer's raw token (when it is one) in ``data-token``. Every string escaped,
+    attributes quoted."""
+    bg = "rgb({},{},{})".format(*scale.rgb(piece.score))
+    fg = "rgb({},{},{})".format(*scale.text_rgb(piece.score))
+    cls = "hf-tok hf-special" if piece.special else "hf-tok"
+    token = f' data-token="{html.escape(piece.token)}"' if piece.token else ""
     return (
         f'<span class="{cls}" style="background:{bg};color:{fg}" '
-        f'title="{html.escape(title)}">{html.escape(text)}</span>'
+        f'title="{html.escape(piece.title)}"{token}>{html.escape(piece.text)}</span>'
     )
 
 
@@ -59,7 +63,7 @@ def heatmap_html(expl: Explanation, words: bool = False, layer: int = -1, sinks:
         if piece.score is None:
             parts.append(html.escape(piece.text))
         else:
-            parts.append(_span(piece.text, piece.score, scale, piece.title, piece.special))
+            parts.append(_span(piece, scale))
     return f'<div class="hf-text">{"".join(parts)}</div>'
 
 
@@ -121,7 +125,7 @@ def explanation_page(
         blocks.append(f'<div class="hf-expl">{_header_html(expl)}{body}</div>')
     legend = (
         '<div class="hf-legend">Warm: the token pushes towards the explained output; cool: against it. '
-        "Hover a token for its score. Colours are scaled per explanation"
+        "Hover a token for what it reads as (␣ a space, ⏎ a line break) and its score. Colours are scaled per explanation"
         + (", without the special tokens and the first token (an attention sink in many decoders)" if sinks else ", without the special tokens")
         + ".</div>"
     )

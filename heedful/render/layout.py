@@ -10,14 +10,41 @@ if TYPE_CHECKING:  # render reads explanations as plain data; heedful.explanatio
     from heedful.explanation import Explanation
 
 
+VISIBLE = str.maketrans({" ": "␣", "\n": "⏎", "\t": "⇥", "\r": "␍", "\u00a0": "⍽"})
+"""Whitespace drawn as a sign, so a tooltip shows where a token's spaces and line breaks are."""
+
+
+def reads_as(text: str) -> str:
+    """What a stretch of text reads as in a tooltip: the characters themselves, whitespace
+    visible (``" </"`` -> ``"␣</"``)."""
+    return text.translate(VISIBLE)
+
+
 @dataclass
 class Piece:
-    """A fragment to draw: ``score`` is ``None`` for plain text between scored pieces."""
+    """A fragment to draw: ``score`` is ``None`` for plain text between scored pieces.
+    ``title``: the tooltip (what the token reads as, and its score); ``token``: the tokenizer's
+    own token (byte-level symbols and all), empty for words and plain text."""
 
     text: str
     score: float | None
     special: bool = False
     title: str = ""
+    token: str = ""
+
+
+SPACE_MARKERS = ("Ġ", "▁")
+"""How byte-level BPE and SentencePiece tokens say they begin with a space."""
+
+
+def _token_text(source: str, token: str, span: tuple[int, int]) -> str:
+    """The stretch of ``source`` a token stands for: its offsets' text (decoded, unlike the raw
+    token: ``Ġ</`` is `` </``), with the space its marker says it carries when the tokenizer
+    trimmed that space from the offsets (``trim_offsets``)."""
+    start, end = span
+    if token[:1] in SPACE_MARKERS and start > 0 and source[start - 1].isspace() and not source[start:end][:1].isspace():
+        start -= 1
+    return source[start:end]
 
 
 def pieces(expl: Explanation, words: bool = False, layer: int = -1, show_special: bool = True) -> list[Piece]:
@@ -30,7 +57,7 @@ def pieces(expl: Explanation, words: bool = False, layer: int = -1, show_special
         ws = expl.words("sum")
         row = ws.scores[layer] if ws.scores.ndim == 2 else ws.scores
         units = [
-            (expl.segments[idx[0]], span, float(s), f"{w}: {s:+.4g}")
+            (expl.segments[idx[0]], span, float(s), f"{w}: {s:+.4g}", "")
             for w, span, idx, s in zip(ws.words, ws.spans, ws.token_indices, row, strict=True)
         ]
         specials: list[tuple[int, str, float]] = []
@@ -41,7 +68,8 @@ def pieces(expl: Explanation, words: bool = False, layer: int = -1, show_special
             if off is None:
                 specials.append((i, tok, float(scores[i])))
             else:
-                units.append((expl.segments[i], off, float(scores[i]), f"{tok}: {scores[i]:+.4g}"))
+                reading = reads_as(_token_text(expl.source_text(expl.segments[i]), tok, off))
+                units.append((expl.segments[i], off, float(scores[i]), f"{reading}: {scores[i]:+.4g}", tok))
     special_at = {i: (tok, s) for i, tok, s in specials}
     cursor: dict[int | None, int] = {0: 0, 1: 0}
     unit_iter = iter(units)
@@ -56,15 +84,15 @@ def pieces(expl: Explanation, words: bool = False, layer: int = -1, show_special
         if kind == "special":
             if show_special:
                 tok, s = item
-                out.append(Piece(f" {tok} ", s, special=True, title=f"{tok}: {s:+.4g}"))
+                out.append(Piece(f" {tok} ", s, special=True, title=f"{tok}: {s:+.4g}", token=tok))
             continue
-        segment, (start, end), s, title = item
+        segment, (start, end), s, title, token = item
         source = expl.source_text(segment)
         pos = cursor.get(segment, 0)
         if start > pos:
             out.append(Piece(source[pos:start], None))
         if end > start:
-            out.append(Piece(source[start:end], s, title=title))
+            out.append(Piece(source[start:end], s, title=title, token=token))
         cursor[segment] = max(pos, end)
     return out
 

@@ -21,13 +21,21 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.datastructures import MutableHeaders
 
 from heedful.errors import HeedfulError
 from heedful.model import Model
 from heedful.serve import compute
 from heedful.serve import runs as stored
 from heedful.serve.catalog import Catalog, bind_methods, method_rows
-from heedful.serve.errors import ApiError, as_api_error, timed_out, too_long, unconfirmed
+from heedful.serve.errors import (
+    ApiError,
+    as_api_error,
+    client_left,
+    timed_out,
+    too_long,
+    unconfirmed,
+)
 from heedful.serve.settings import ServeSettings
 from heedful.serve.work import Job, Worker
 from heedful.version import __version__
@@ -234,16 +242,35 @@ def create_app(settings: ServeSettings | None = None, preloaded: Mapping[str, Mo
     _errors(app)
     _routes(app, server)
 
-    @app.middleware("http")
-    async def headers(request: Request, call_next):
-        response = await call_next(request)
-        response.headers.setdefault("X-Content-Type-Options", "nosniff")  # answers are what they say
-        response.headers.setdefault("X-Frame-Options", "DENY")  # the page is not framed elsewhere
-        return response
+    app.add_middleware(SafetyHeaders)
 
     if STATIC.is_dir():
         app.mount("/static", StaticFiles(directory=STATIC), name="static")
     return app
+
+
+class SafetyHeaders:
+    """Adds ``X-Content-Type-Options: nosniff`` (answers are what they say) and
+    ``X-Frame-Options: DENY`` (the page is not framed elsewhere) to every answer. Plain ASGI,
+    not ``@app.middleware("http")``: Starlette's ``BaseHTTPMiddleware`` hides a client's
+    disconnect from the routes, which then compute for no one."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def sending(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                headers.setdefault("X-Content-Type-Options", "nosniff")
+                headers.setdefault("X-Frame-Options", "DENY")
+            await send(message)
+
+        await self.app(scope, receive, sending)
 
 
 # ---------------------------------------------------------------------------- errors
@@ -277,9 +304,14 @@ def validation_error(errors: Any) -> ApiError:
 
 
 # ---------------------------------------------------------------------------- routes
-async def answer(job: Job) -> Any:
+LEFT_POLL_S = 0.25
+"""How often a waiting route checks whether its client has gone."""
+
+
+async def answer(job: Job, request: Request) -> Any:
     """The job's result once the worker has computed it; 504 at the job's deadline (which
-    moves once, when the job's model has been loaded)."""
+    moves once, when the job's model has been loaded). A client that disconnects cancels its
+    job: a queued one is skipped, a running one stops at its next model pass."""
     done = asyncio.wrap_future(job.future)
     while True:
         wait = job.deadline - time.monotonic() + 1.0  # the worker's own 504 comes first
@@ -287,9 +319,11 @@ async def answer(job: Job) -> Any:
             job.cancel()
             raise timed_out(job.timeout_s)
         try:
-            return await asyncio.wait_for(asyncio.shield(done), timeout=wait)
+            return await asyncio.wait_for(asyncio.shield(done), timeout=min(wait, LEFT_POLL_S))
         except TimeoutError:
-            continue
+            if await request.is_disconnected():
+                job.cancel()
+                raise client_left() from None
 
 
 def _routes(app: FastAPI, server: Server) -> None:
@@ -314,20 +348,20 @@ def _routes(app: FastAPI, server: Server) -> None:
         return method_rows(heedful.methods(), catalog.task(name), settings)
 
     @app.post("/api/explain", summary="Explain a text with one or more methods")
-    async def explain(body: ExplainBody) -> dict[str, Any]:
-        return await answer(server.job("explain", body))
+    async def explain(body: ExplainBody, request: Request) -> dict[str, Any]:
+        return await answer(server.job("explain", body), request)
 
     @app.post("/api/compare", summary="Explain a text with several methods, side by side (as /api/explain)")
-    async def compare(body: ExplainBody) -> dict[str, Any]:
-        return await answer(server.job("compare", body))
+    async def compare(body: ExplainBody, request: Request) -> dict[str, Any]:
+        return await answer(server.job("compare", body), request)
 
     @app.post("/api/curve", summary="One method's deletion curve, AOPC and sufficiency on a text")
-    async def curve(body: CurveBody) -> dict[str, Any]:
-        return await answer(server.job("curve", body))
+    async def curve(body: CurveBody, request: Request) -> dict[str, Any]:
+        return await answer(server.job("curve", body), request)
 
     @app.post("/api/generate", summary="Generate after a prompt and explain every generated token")
-    async def generate(body: GenerateBody) -> dict[str, Any]:
-        return await answer(server.job("generate", body))
+    async def generate(body: GenerateBody, request: Request) -> dict[str, Any]:
+        return await answer(server.job("generate", body), request)
 
     @app.get("/api/runs", summary="The bench runs of this server's results store (--store)")
     def runs() -> list[dict[str, Any]]:

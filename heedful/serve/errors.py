@@ -44,10 +44,12 @@ def unconfirmed(work: Work) -> ApiError:
     )
 
 
-def busy(waiting: int) -> ApiError:
+def busy(waiting: int, seconds: float | None = None, timeout_s: float | None = None) -> ApiError:
+    """The queue is full, or (``seconds`` of work ahead) too long for the ``timeout_s`` limit."""
+    ahead = "" if seconds is None else f" (about {seconds:.0f} s of work ahead; this server's limit is {timeout_s:g} s)"
     return ApiError(
         429,
-        f"the server is busy: {waiting} request(s) are already waiting",
+        f"the server is busy: {waiting} request(s) are already waiting{ahead}",
         "try again in a moment (requests are computed one at a time, in order)",
     )
 
@@ -58,3 +60,13 @@ def timed_out(seconds: float) -> ApiError:
         f"the request took longer than this server's limit of {seconds:g} s",
         "use fewer methods or smaller n_steps / n_samples, or start heedful serve with a larger --timeout",
     )
+
+
+def shutting_down() -> ApiError:
+    return ApiError(503, "the server is shutting down", "start heedful serve again, then send the request again")
+
+
+def client_left() -> ApiError:
+    """What a route answers when its client disconnected before the answer (no one reads it;
+    499 as in nginx's logs)."""
+    return ApiError(499, "the client closed the connection before the answer", "nothing to do: the request was cancelled")

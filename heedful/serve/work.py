@@ -12,23 +12,51 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import ctypes
+import functools
 import logging
 import queue
+import statistics
+import sys
 import threading
 import time
 import uuid
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any
 
 from heedful.errors import HeedfulError
 from heedful.model import Model
-from heedful.serve.errors import ApiError, as_api_error, busy, timed_out
+from heedful.serve.errors import ApiError, as_api_error, busy, shutting_down, timed_out
 
 log = logging.getLogger("heedful.serve")
 
+TYPICAL_OF = 16
+"""Jobs whose compute times make the typical job's (their mean), for refusing requests that
+would wait past their deadline."""
 KEPT_JOBS = 256
 """Finished jobs remembered for ``GET /api/jobs/{id}/events`` (the oldest are forgotten)."""
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim`` (``None`` elsewhere: other allocators, other systems)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+def release_memory() -> None:
+    """Hand the memory a finished job freed back to the system. glibc keeps freed heap pages
+    (a job's many temporary tensors leave its arenas fragmented), so without this the server's
+    resident memory climbs towards the sum of the largest requests it has seen (measured by
+    ``benchmarks/serve_soak.py``); ``malloc_trim(0)`` returns every free page (milliseconds)."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 class Cancelled(Exception):
@@ -46,6 +74,7 @@ class Job:
         self.timeout_s = timeout_s
         self.created = time.monotonic()
         self.deadline = self.created + timeout_s
+        self.started = self.created  # when its clock started (again, once its model was loaded)
         self.future: concurrent.futures.Future = concurrent.futures.Future()
         self.events: list[tuple[str, dict[str, Any]]] = []
         self._cancelled = threading.Event()
@@ -63,7 +92,8 @@ class Job:
     def restart_clock(self) -> None:
         """Give the job its whole timeout again from now (once its model is loaded: loading,
         and building a zoo model on first use, do not count against a request's time)."""
-        self.deadline = time.monotonic() + self.timeout_s
+        self.started = time.monotonic()
+        self.deadline = self.started + self.timeout_s
 
     def should_stop(self) -> bool:
         return self._cancelled.is_set() or self.future.cancelled() or time.monotonic() > self.deadline
@@ -83,15 +113,24 @@ class Job:
         self.check()
         self._event("progress", {"done": done, "total": total, "stage": stage})
 
+    def _end(self, name: str, data: dict[str, Any]) -> bool:
+        """Record the job's one outcome event; ``False`` when it already has one (the first
+        outcome stands: a job answered 503 while stopping is not answered again later)."""
+        with self._lock:
+            if any(event in ("result", "error") for event, _ in self.events):
+                return False
+            self.events.append((name, data))
+            return True
+
     def succeed(self, result: Any) -> None:
-        self._event("result", result)
-        with contextlib.suppress(concurrent.futures.InvalidStateError):  # its waiter gave up
-            self.future.set_result(result)
+        if self._end("result", result):
+            with contextlib.suppress(concurrent.futures.InvalidStateError):  # its waiter gave up
+                self.future.set_result(result)
 
     def fail(self, error: ApiError) -> None:
-        self._event("error", error.payload())
-        with contextlib.suppress(concurrent.futures.InvalidStateError):
-            self.future.set_exception(error)
+        if self._end("error", error.payload()):
+            with contextlib.suppress(concurrent.futures.InvalidStateError):
+                self.future.set_exception(error)
 
     def events_from(self, start: int) -> list[tuple[str, dict[str, Any]]]:
         with self._lock:
@@ -108,6 +147,7 @@ class Worker:
         self._jobs_lock = threading.Lock()
         self._stop = threading.Event()
         self._watched: set[int] = set()
+        self._seconds: deque[float] = deque(maxlen=TYPICAL_OF)
         self._thread = threading.Thread(target=self._loop, name="heedful-serve-worker", daemon=True)
         self._started = False
 
@@ -117,23 +157,52 @@ class Worker:
             self._started = True
             self._thread.start()
 
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
     def stop(self, wait: float = 5.0) -> None:
-        """Stop taking jobs: the running job stops at its next check, queued jobs answer 503."""
+        """Stop taking jobs (a submit now answers 503): queued jobs and the running one answer 503
+        at once (the running computation stops at its next check: a model pass or a progress
+        report); waits up to ``wait`` s for the thread, once (a second stop only drains)."""
+        first = not self._stop.is_set()
         self._stop.set()
-        if self.current is not None:
-            self.current.cancel()
-        if self._started:
+        self._drain()
+        current = self.current
+        if current is not None:
+            current.cancel()
+            current.fail(shutting_down())
+        if self._started and first:
             self._thread.join(wait)
+        self._drain()  # a job queued while the thread was finishing
+
+    def _drain(self) -> None:
         while True:
             try:
                 job = self.queue.get_nowait()
             except queue.Empty:
-                break
-            job.fail(ApiError(503, "the server is shutting down", "start heedful serve again"))
+                return
+            job.fail(shutting_down())
 
     # ------------------------------------------------------------------ jobs
+    @property
+    def typical_seconds(self) -> float | None:
+        """The mean time the last jobs took to compute (``None`` before the first): the mean, not
+        the median, as the wait behind ``k`` jobs is their sum, long ones included."""
+        seconds = list(self._seconds)  # one atomic copy: the worker appends meanwhile
+        return statistics.fmean(seconds) if seconds else None
+
     def submit(self, kind: str, work: Callable[[Job], Any], timeout_s: float) -> Job:
-        """Queue a job; an :class:`ApiError` 429 when the queue is full."""
+        """Queue a job; an :class:`ApiError` 429 when the queue is full, or when the jobs ahead
+        of it would, at the typical job's time, leave it no time before its deadline (refused
+        now rather than answered 504 after waiting for nothing); 503 once stopping."""
+        if self.stopping:
+            raise shutting_down()
+        typical, waiting = self.typical_seconds, self.waiting
+        if typical is not None and waiting > 0:
+            ahead = waiting + (self.current is not None)
+            if (ahead + 1) * typical > timeout_s:
+                raise busy(waiting, ahead * typical, timeout_s)
         job = Job(kind, work, timeout_s)
         try:
             self.queue.put_nowait(job)
@@ -167,13 +236,21 @@ class Worker:
                 self._run(job)
             finally:
                 self.current = None
+                release_memory()
 
     def _run(self, job: Job) -> None:
+        if self.stopping:  # taken from the queue as the server began to stop
+            job.fail(shutting_down())
+            return
         try:
             job.check()  # waited past its deadline (or its client left) in the queue
-            result = job.work(job)
+            began = time.monotonic()
+            try:
+                result = job.work(job)
+            finally:  # the compute time, without loading the model
+                self._seconds.append(time.monotonic() - max(began, job.started))
         except Cancelled:
-            job.fail(timed_out(job.timeout_s))
+            job.fail(shutting_down() if self.stopping else timed_out(job.timeout_s))
         except HeedfulError as exc:
             job.fail(as_api_error(exc))
         except Exception as exc:  # a bug, not bad input: the server keeps serving
