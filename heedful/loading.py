@@ -130,7 +130,7 @@ def load(
             close = "/" not in name and close_matches(name, zoo.zoo_names())
             if path.exists() or name.startswith((".", "/", "~")) or not hub.is_repo_id(name) or close:
                 raise HeedfulError(
-                    f"{name} is not a zoo model or a model directory",
+                    f"{name} is not a model directory or a zoo model",
                     hint=did_you_mean(
                         name, zoo.zoo_names(), "zoo model",
                         listing="give a zoo name (see `heedful models`), a Hugging Face model directory, or a hub id",
