@@ -142,6 +142,7 @@ def explain(
     if seed is not None and seed < 0:
         raise HeedfulError(f"--seed must be 0 or more, got {seed}", hint="e.g. --seed 0")
     budget = None if max_memory is None else parse_memory(max_memory)
+    hub = {k: v for k, v in {"revision": revision, "allow_pickle": allow_pickle, "trust_remote_code": trust_remote_code}.items() if v}
     if chat_file is not None:
         if texts or file is not None or query is not None or sources not in (None, "messages") or continuation is not None:
             raise HeedfulError("--chat-file is the whole input, its messages the sources", hint="drop TEXT, --file, --query, --continuation and --sources")
@@ -170,7 +171,7 @@ def explain(
             raise HeedfulError("--generate writes the answer whose sources are ranked", hint="drop --target / --continuation, or --generate")
         if generate < 1:
             raise HeedfulError(f"--generate must be at least 1, got {generate}")
-        loaded = load_model(model, device, budget, revision=revision, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
+        loaded = load_model(model, device, budget, **hub)
         answers = _answers(loaded, items, generate)
     elif generate is not None or continuation is not None:
         if sources is not None:
@@ -179,7 +180,7 @@ def explain(
             raise HeedfulError("--target does not apply to --generate / --continuation", hint="each generated token is its own target")
         if generate is not None and generate < 1:
             raise HeedfulError(f"--generate must be at least 1, got {generate}")
-        loaded = load_model(model, device, budget, revision=revision, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
+        loaded = load_model(model, device, budget, **hub)
         works = [
             loaded.estimate_generation(items, info.name, max_new_tokens=generate or 20, continuation=continuation, chat=chat, **kwargs)
             for info, kwargs in zip(infos, runs, strict=True)
@@ -190,7 +191,7 @@ def explain(
         return
     else:
         answers = None
-        loaded = load_model(model, device, budget, revision=revision, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
+        loaded = load_model(model, device, budget, **hub)
     announce(
         functools.reduce(
             operator.add,

@@ -73,6 +73,12 @@ def write_inputs(folder: Path, zoo: bool) -> None:
     (folder / "prompts.jsonl").write_text(
         '{"prompt": "The capital of France is"}\n{"prompt": "Rome is", "continuation": " a capital"}\n', encoding="utf-8"
     )
+    (folder / "conversation.json").write_text(
+        '[{"role": "system", "content": "Answer from the notes."},'
+        ' {"role": "user", "content": "Notes: the match was played in Rome. The blue team won."},'
+        ' {"role": "user", "content": "Who won the match?"}]\n',
+        encoding="utf-8",
+    )
     (folder / "mydata.csv").write_text(
         "text,label,evidence\n"
         "a charming and often affecting journey,1,charming|affecting\n"

@@ -64,12 +64,12 @@ def pieces(expl: Explanation, words: bool = False, layer: int = -1, show_special
     else:
         units = []
         specials = []
-        for i, (tok, off) in enumerate(zip(expl.tokens, expl.offsets, strict=True)):
+        for i, (tok, raw, off) in enumerate(zip(expl.tokens, expl.raw_tokens, expl.offsets, strict=True)):
             if off is None:
                 specials.append((i, tok, float(scores[i])))
-            else:
-                reading = reads_as(_token_text(expl.source_text(expl.segments[i]), tok, off))
-                units.append((expl.segments[i], off, float(scores[i]), f"{reading}: {scores[i]:+.4g}", tok))
+            else:  # the raw token says which space it carries; data-token keeps it
+                reading = reads_as(_token_text(expl.source_text(expl.segments[i]), raw, off))
+                units.append((expl.segments[i], off, float(scores[i]), f"{reading}: {scores[i]:+.4g}", raw))
     special_at = {i: (tok, s) for i, tok, s in specials}
     cursor: dict[int | None, int] = {0: 0, 1: 0}
     unit_iter = iter(units)
