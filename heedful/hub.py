@@ -35,6 +35,7 @@ from pathlib import Path
 from heedful.atomic import atomic_file
 from heedful.cache import heedful_home
 from heedful.errors import HeedfulError, InputError
+from heedful.supply import sha256_of
 
 TIMEOUT = 8.0
 """Seconds one request to the hub may take before the load gives up (no retries)."""
@@ -230,15 +231,9 @@ def _check_remote_code(folder: Path, repo_id: str, trust_remote_code: bool) -> N
 
 
 def _git_blob_id(path: Path) -> str:
+    """Git's object id of the file: sha1 of ``blob <size>\\0`` and its bytes (the id the hub lists
+    for a file not stored in LFS)."""
     digest = hashlib.sha1(f"blob {path.stat().st_size}\0".encode())  # noqa: S324  (git's object id, not a security hash)
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
             digest.update(block)
@@ -263,7 +258,7 @@ def _verify(folder: Path, files: list, repo_id: str) -> None:
         seen = [expected, stat.st_size, stat.st_mtime_ns]
         if verified.get(str(blob)) == seen:
             continue
-        found = _sha256(blob) if entry.lfs is not None else _git_blob_id(blob)
+        found = sha256_of(blob) if entry.lfs is not None else _git_blob_id(blob)
         if found != expected:
             local.unlink(missing_ok=True)
             blob.unlink(missing_ok=True)
