@@ -101,6 +101,7 @@ def test_normxlogit_quick_report_and_rerun(zoo_ready, tmp_path: Path, writes: Co
     assert (tmp_path / "second" / "normxlogit-quick-alignment.png").is_file()
 
 
+@pytest.mark.slow  # about 5 min on 2 cores (the optimised solver, steering on SmolLM2): run with -m slow
 def test_coperturbation_quick_report_with_steering_and_rerun(zoo_ready, tmp_path: Path, writes: Counter):
     first, second = _twice(
         "coperturbation", tmp_path, writes, None, models="minilm-sentiment", n_bench=3, n_compare=3, n_study=2,
