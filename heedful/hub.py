@@ -145,7 +145,6 @@ def fetch(
     >>> folder = fetch("Qwen/Qwen3-0.6B")   # doctest: +SKIP
     """
     from huggingface_hub import HfApi, constants, snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 
     translate = _errors(repo_id, revision)
     if constants.HF_HUB_OFFLINE:
@@ -161,18 +160,14 @@ def fetch(
     try:
         info = api.model_info(repo_id, revision=revision, timeout=TIMEOUT)
         files = [f for f in api.list_repo_tree(repo_id, revision=info.sha, recursive=True) if hasattr(f, "blob_id")]
-    except (HfHubHTTPError, OSError, OfflineModeIsEnabled) as exc:
+    except Exception as exc:  # noqa: BLE001  (HTTP errors and the HTTP client's own connection errors)
         error = translate(exc)
         if error is not None:
             raise error from None
         folder = cached(repo_id, revision)
         if folder is None:
             raise _unreachable(repo_id, exc) from None
-        return folder
-    except Exception as exc:  # noqa: BLE001  (the HTTP client's own connection and timeout errors)
-        folder = cached(repo_id, revision)
-        if folder is None:
-            raise _unreachable(repo_id, exc) from None
+        _check_remote_code(folder, repo_id, trust_remote_code)
         return folder
     paths = [f.path for f in files]
     if "config.json" not in paths:
