@@ -17,6 +17,7 @@ from heedful.errors import HeedfulError, InputError, MethodError, UnsupportedMod
 from heedful.version import __version__
 
 _LAZY: dict[str, str] = {
+    "removal_drops": "heedful.ablation",
     "get_method": "heedful.attribution",
     "methods": "heedful.attribution",
     "Cost": "heedful.explanation",
@@ -44,6 +45,7 @@ _LAZY: dict[str, str] = {
 _SUBPACKAGES = frozenset({"datasets", "evaluate", "render", "testing", "zoo"})
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
+    from heedful.ablation import removal_drops
     from heedful.attribution import get_method, methods
     from heedful.explanation import (
         Cost,
@@ -107,4 +109,5 @@ __all__ = [
     "methods",
     "prepare",
     "register",
+    "removal_drops",
 ]

@@ -63,10 +63,11 @@ class Catalog:
                 return entry
         from heedful.attribution import get_method  # the registry's error, e.g. "did you mean"
 
-        return _entry(get_method(name))
+        return entry_of(get_method(name))
 
 
-def _entry(info: Any) -> MethodEntry:
+def entry_of(info: Any) -> MethodEntry:
+    """The catalog row of a registered method (:class:`~heedful.MethodInfo`)."""
     options = tuple(OptionEntry(s.name, repr(s.default), s.describe(), s.runtime) for s in info.options)
     return MethodEntry(info.name, info.family, tuple(info.tasks), info.cost, info.citation, info.summary, options)
 
@@ -76,7 +77,7 @@ def from_registry() -> Catalog:
     from heedful.attribution import methods
     from heedful.targets import TASKS
 
-    return Catalog(tuple(_entry(info) for info in methods()), TASKS)
+    return Catalog(tuple(entry_of(info) for info in methods()), TASKS)
 
 
 def as_json(catalog: Catalog) -> str:

@@ -41,7 +41,7 @@ from heedful.commands.console import (
     read_text_file,
 )
 from heedful.commands.options import options
-from heedful.errors import HeedfulError, did_you_mean
+from heedful.errors import HeedfulError, InputError, did_you_mean
 from heedful.memory import parse_memory
 
 app = typer.Typer(
@@ -335,10 +335,12 @@ def _json_view(expl, words: bool) -> dict[str, Any]:
 def methods(
     name: Annotated[str | None, typer.Argument(help="Show this method's options.")] = None,
     markdown: Annotated[bool, typer.Option("--markdown", help="Print the table as markdown (the README's).")] = False,
+    write: Annotated[Path | None, typer.Option("--write", help="With --markdown: put the table into this file (README.md) between its <!-- methods: ... --> and <!-- /methods --> lines.")] = None,
     model: Annotated[str | None, typer.Option("--model", "-m", help="Which methods apply to this model (zoo name or folder), and why the others do not.")] = None,
 ) -> None:
     """List the attribution methods with their family, tasks, cost and source; with NAME, that
-    method's options (defaults, choices, ranges); with --model, the methods that model allows."""
+    method's options (defaults, choices, ranges); with --model, the methods that model allows;
+    with --markdown --write README.md, the README's table rewritten from the registry."""
     from heedful.catalog import entries
     from heedful.render.methods import method_table
 
@@ -357,7 +359,14 @@ def methods(
             table.add_row(spec.name, escape(spec.default), escape(spec.accepts) + (" (runtime)" if spec.runtime else ""))
         out.print(table)
         return
+    if write is not None and not markdown:
+        raise InputError("--write writes the markdown table", hint="add --markdown: heedful methods --markdown --write README.md")
     if markdown:
+        if write is not None:
+            from heedful.commands.method_table import write_method_table
+
+            write_method_table(write, method_table(catalog.methods))
+            return
         print(method_table(catalog.methods))
         return
     table = Table(title="heedful methods", show_lines=False)

@@ -2,8 +2,9 @@
 
 For every registered method (:func:`heedful.methods`) the file holds its ``version`` and its
 scores on :data:`SENTENCES` with the tests' tiny seeded BERT classifier and Llama causal LM
-(``tests/conftest.py::cached_model``), under the cheap options it records (few steps and
-samples for the iterative and sampling methods, a fixed head mask for Mask-LRP).
+(``tests/conftest.py::cached_model``), under the options it records (the fast options of every
+test, :data:`heedful.testing.FAST_OPTIONS`: few steps and samples for the iterative and sampling
+methods, a fixed head mask for Mask-LRP).
 ``tests/test_method_versions.py`` recomputes them under several thread counts and batch
 layouts: a method whose outputs moved beyond its family's float32 bound while its version did
 not fails, and so does a version the file does not know.
@@ -47,6 +48,7 @@ import heedful  # noqa: E402
 from heedful.errors import UnsupportedModelError  # noqa: E402
 from heedful.loading import from_pretrained_objects  # noqa: E402
 from heedful.registry import MethodInfo  # noqa: E402
+from heedful.testing import fast_options  # noqa: E402
 
 PATH = TESTS / "data" / "method_outputs.json"
 REGENERATE = "python tests/regenerate_method_outputs.py"
@@ -54,10 +56,6 @@ REGENERATE = "python tests/regenerate_method_outputs.py"
 SENTENCES = ("a charming and often affecting journey", "the movie was dull and far too long")
 MODELS = {"bert": ("bert", "classification"), "llama": ("llama", "causal_lm")}
 """Key in the file -> ``cached_model`` arguments."""
-
-CHEAP = {"n_steps": 4, "n_samples": 8, "n_masks": 16, "max_steps": 5, "samples": 2}
-"""Options passed to every method that takes them, so that the iterative and sampling methods
-stay quick on the tiny models."""
 
 SAFETY = 30.0
 """A method family's bound is ``SAFETY`` times the largest float32 error its methods showed when
@@ -93,19 +91,11 @@ TEST_LAYOUTS = ("together, 1 thread", "reversed, 2 threads", "padded, 1 thread")
 """The layouts ``tests/test_method_versions.py`` recomputes every method under."""
 
 
-def head_mask(model: heedful.Model) -> list[list[int]]:
-    """A fixed head mask of ``model``'s shape (every other head, starting with the first), so
-    Mask-LRP's golden scores do not depend on a cached mask computed from data."""
-    layers, heads = model.adapter.num_layers, model.adapter.config.num_attention_heads
-    return [[int((layer + head) % 2 == 0) for head in range(heads)] for layer in range(layers)]
-
-
 def golden_options(info: MethodInfo, model: heedful.Model) -> dict[str, Any]:
-    """The options a method runs with in the golden file."""
-    found = {name: value for name, value in CHEAP.items() if info.takes(name)}
-    if info.takes("head_mask"):
-        found["head_mask"] = head_mask(model)
-    return found
+    """The options a method runs with in the golden file: the fast options every test uses
+    (:data:`heedful.testing.FAST_OPTIONS`: few steps and samples, a fixed head mask for Mask-LRP
+    so that its scores do not depend on a mask computed from data)."""
+    return fast_options(info, model)
 
 
 def scores(

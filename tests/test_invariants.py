@@ -3,7 +3,6 @@ scores are finite and one per token; and the Explanation type's views and export
 
 from __future__ import annotations
 
-import inspect
 import json
 
 import numpy as np
@@ -13,6 +12,7 @@ from conftest import INIT_RANGE, cached_model
 from tiny import FAMILIES, tiny_model
 
 import heedful
+from heedful import testing
 from heedful.errors import UnsupportedModelError
 from heedful.explanation import Explanation
 
@@ -25,22 +25,9 @@ ALL_METHODS = [m.name for m in heedful.methods()]
 INVARIANCE_FAMILIES = ("bert", "roberta", "gpt2", "llama", "deberta-v2")
 STOCHASTIC = [m.name for m in heedful.methods() if m.stochastic]
 
-FAST = {
-    "n_steps": 4,
-    "n_samples": 16,
-    "n_masks": 16,
-    "max_steps": 5,
-    "samples": 2,
-    # Mask-LRP's default mask comes from head statistics over a whole dataset (minutes, cached
-    # by model name); every tiny model has 2 layers x 4 heads
-    "head_mask": [[1, 0, 1, 1], [0, 1, 1, 0]],
-}
-"""Option values that keep the expensive methods quick (given only to methods that take them)."""
-
-
-def fast_options(method: str) -> dict:
-    params = inspect.signature(heedful.get_method(method).fn).parameters
-    return {k: v for k, v in FAST.items() if k in params}
+def fast_options(method: str, model) -> dict:
+    """The options that keep ``method`` quick on ``model`` (:data:`heedful.testing.FAST_OPTIONS`)."""
+    return testing.fast_options(heedful.get_method(method), model)
 
 
 def explain_or_skip(model, texts, method, **options):
@@ -64,7 +51,7 @@ def scale_tol(reference: np.ndarray, tol: float = 1e-5) -> float:
 @pytest.mark.parametrize("method", ALL_METHODS)
 def test_batch_equals_one_text_at_a_time(method, family):
     model = cached_model(family)
-    options = fast_options(method)
+    options = fast_options(method, model)
     batched = explain_or_skip(model, TEXTS, method, **options)
     for text, together in zip(TEXTS, batched, strict=True):
         alone = model.explain(text, method, **options)
@@ -80,7 +67,7 @@ def test_batch_equals_one_text_at_a_time(method, family):
 @pytest.mark.parametrize("method", ["normxlogit", "integrated_gradients", "leave_one_out"])
 def test_batch_size_does_not_change_scores(method):
     model = cached_model("bert")
-    options = fast_options(method)
+    options = fast_options(method, model)
     whole = model.explain(TEXTS, method, **options)
     split = model.explain(TEXTS, method, batch_size=2, **options)
     for a, b in zip(whole, split, strict=True):
@@ -94,7 +81,7 @@ def test_batch_size_does_not_change_scores(method):
 def test_seed_fixes_stochastic_scores(method):
     assert {"random", "smoothgrad"} <= set(STOCHASTIC)
     model = cached_model("bert")
-    options = fast_options(method)
+    options = fast_options(method, model)
     text = TEXTS[0]
     first = model.explain(text, method, seed=3, **options).scores
     again = model.explain(text, method, seed=3, **options).scores
@@ -134,7 +121,7 @@ def test_every_method_gives_finite_scores_per_token(family, task):
     checked = declined = 0
     for info in heedful.methods(task=task):
         try:
-            explanations = model.explain(texts, info.name, **fast_options(info.name))
+            explanations = model.explain(texts, info.name, **fast_options(info.name, model))
         except heedful.UnsupportedModelError as exc:  # a method may decline a family, clearly
             assert exc.hint and family in exc.message
             declined += 1
@@ -159,7 +146,7 @@ def test_every_method_runs_in_float64(family):
     ran = 0
     for info in heedful.methods():
         try:
-            e = model.explain(["a charming journey", "dull"], info.name, **fast_options(info.name))[0]
+            e = model.explain(["a charming journey", "dull"], info.name, **fast_options(info.name, model))[0]
         except heedful.UnsupportedModelError:
             continue
         assert np.all(np.isfinite(e.scores)), info.name
@@ -170,7 +157,7 @@ def test_every_method_runs_in_float64(family):
 @pytest.mark.parametrize("method", [m.name for m in heedful.methods() if m.layerwise])
 def test_layerwise_methods_give_a_layer_by_token_map(method):
     model = cached_model("gpt2")
-    options = {**fast_options(method), "layerwise": True}
+    options = {**fast_options(method, model), "layerwise": True}
     e = model.explain(TEXTS[0], method, **options)
     assert e.layerwise and e.scores.shape == (model.adapter.num_layers, len(e.tokens))
     assert np.all(np.isfinite(e.scores))
@@ -327,12 +314,10 @@ def test_every_method_gives_the_same_scores_on_a_plainly_prepared_problem(family
     """A problem prepared without a method's own reference pass (no kept graph, no hidden
     states, no LRP forward) gets the scores explain computes with it: a method runs what it
     lacks."""
-    from heedful.testing import fast_options
-
     model = cached_model(family)
     problem = model.prepare(TEXTS[:2])
     for info in heedful.methods(task=model.task):
-        options = fast_options(info, model)
+        options = fast_options(info.name, model)
         try:
             direct = model.explain(TEXTS[:2], info.name, **options)
         except UnsupportedModelError as declined:  # e.g. alti_logit on the post-LN BERT: so does the prepared problem

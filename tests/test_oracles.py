@@ -13,6 +13,7 @@ method has none.
 from __future__ import annotations
 
 import ast
+import functools
 import math
 from pathlib import Path
 
@@ -481,6 +482,79 @@ def test_random_scores_are_uniform_and_seeded_per_text():
     assert not np.array_equal(model.explain(texts[3], "random", seed=5).scores, found[3].scores)
 
 
+# =========================================================================== occlusion
+
+
+def occlusion_oracle(one: Alone, window: int, stride: int) -> np.ndarray:
+    """Zeiler & Fergus 2014's occlusion over tokens as a plain loop: windows of ``window``
+    removable tokens (not special, not a masked LM's ``[MASK]``) starting every ``stride`` of them,
+    the last cut at the end (Captum's ``Occlusion``); each window replaced by ``[MASK]``
+    (encoders) or deleted (decoders, which then read their new last token); a token's score the
+    mean drop of the explained logit over the windows that hold it, 0 for the others."""
+    removable = [i for i in range(one.n) if not one.special[i] and not (one.task == "masked_lm" and i == one.anchor)]
+    count = math.ceil(max(len(removable) - window, 0) / stride) + 1
+    ids = one.ids[0]
+
+    def explained(kept: torch.Tensor) -> float:
+        out = one.hf(input_ids=kept[None])
+        if one.task == "causal_lm":
+            return float(out.logits[0, -1, one.label])
+        return float(one.score(out))
+
+    with torch.no_grad():
+        full = explained(ids)
+        totals, counts = np.zeros(one.n), np.zeros(one.n)
+        for k in range(count):
+            occluded = removable[k * stride : k * stride + window]
+            if one.is_encoder:
+                kept = ids.clone()
+                kept[occluded] = one.tok.mask_token_id
+            else:
+                kept = torch.tensor([t for i, t in enumerate(ids.tolist()) if i not in occluded])
+            drop = full - explained(kept)
+            for i in occluded:
+                totals[i] += drop
+                counts[i] += 1
+    return np.divide(totals, counts, out=np.zeros(one.n), where=counts > 0)
+
+
+@pytest.mark.parametrize(("window", "stride"), [(3, 2), (2, 1), (4, 4)])
+@pytest.mark.parametrize(("family", "task"), [("bert", "classification"), ("bert", "masked_lm"), ("llama", "classification"), ("gpt2", "causal_lm")])
+def test_occlusion_equals_a_plain_loop_over_its_windows(family, task, window, stride):
+    check_each(cached_model(family, task), "occlusion", functools.partial(occlusion_oracle, window=window, stride=stride), window=window, stride=stride)
+
+
+def test_occlusion_equals_captum_occlusion_on_the_content_tokens():
+    """Captum's ``Occlusion`` sliding over a BERT classifier's content tokens (``[CLS]`` and
+    ``[SEP]`` put back around every perturbed copy), ``[MASK]`` as the baseline; and window 1 is
+    leave-one-out, exactly."""
+    from captum.attr import Occlusion
+
+    model = cached_model("bert")
+    found = model.explain(TEXTS, "occlusion", window=3, stride=2)
+    for expl, text in zip(found, TEXTS, strict=True):
+        one = Alone(model, text)
+        content = one.ids[:, 1:-1]
+        ends = one.ids[:, :1], one.ids[:, -1:]
+
+        def forward(middle: torch.Tensor, hf=one.hf, ends=ends) -> torch.Tensor:
+            rows = middle.shape[0]
+            return hf(input_ids=torch.cat([ends[0].expand(rows, 1), middle, ends[1].expand(rows, 1)], dim=1)).logits
+
+        with torch.no_grad():
+            theirs = Occlusion(forward).attribute(content, sliding_window_shapes=(3,), strides=2, baselines=one.tok.mask_token_id, target=one.label)
+        assert_matches(expl.scores[1:-1], theirs[0].numpy(), f"occlusion {text!r}")
+        assert expl.scores[0] == expl.scores[-1] == 0
+    for a, b in zip(model.explain(TEXTS, "occlusion", window=1), model.explain(TEXTS, "leave_one_out"), strict=True):
+        assert np.array_equal(a.scores, b.scores)
+
+
+def test_occlusion_refuses_a_stride_past_its_window_in_one_line():
+    with pytest.raises(heedful.InputError, match="stride=3 is larger than window=2") as refused:
+        cached_model("bert").explain(TEXTS[0], "occlusion", window=2, stride=3)
+    assert refused.value.hint and "\n" not in str(refused.value.message)
+
+
 # =========================================================================== every method has one
 
 ORACLES: dict[str, tuple[str, ...]] = {
@@ -537,6 +611,10 @@ ORACLES: dict[str, tuple[str, ...]] = {
         "test_perturbation_surrogate.py::test_kernel_shap_is_nearly_efficient_and_near_exact_shapley",
     ),
     "leave_one_out": ("test_gradient_methods.py::test_leave_one_out_equals_captum_feature_ablation",),
+    "occlusion": (
+        "test_oracles.py::test_occlusion_equals_a_plain_loop_over_its_windows",
+        "test_oracles.py::test_occlusion_equals_captum_occlusion_on_the_content_tokens",
+    ),
     "lime": ("test_perturbation_surrogate.py::test_lime_matches_captum_on_the_same_samples",),
     "rise": ("test_oracles.py::test_rise_equals_a_loop_over_fixed_masks",),
     "tdd": ("test_perturbation_tdd.py::test_tdd_matches_the_reference_on_gpt2",),

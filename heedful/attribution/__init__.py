@@ -1,27 +1,23 @@
-"""Attribution methods. Importing this package registers every built-in method; :func:`methods`
-lists them and :func:`get_method` finds one (see :mod:`heedful.registry`)."""
+"""Attribution methods. Importing this package registers every built-in method (each module of
+the package, found on import: :data:`BUILT_IN`); :func:`methods` lists them and
+:func:`get_method` finds one (see :mod:`heedful.registry`)."""
 
 from __future__ import annotations
 
-from heedful.attribution import (  # noqa: F401  (each module registers its methods)
-    attention,
-    attention_gradient,
-    baseline,
-    context,
-    contributions,
-    coperturbation,
-    decomposition,
-    gradient,
-    individual_perturbation,
-    perturbation,
-    relevance,
-    rise,
-    surrogate,
-    tdd,
-    value_zeroing,
-    vector,
-)
+import importlib
+import pkgutil
+
 from heedful.registry import FAMILIES, MethodInfo, find, registered
+
+BUILT_IN: tuple[str, ...] = tuple(
+    sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
+)
+"""The modules of this package that define methods: every module not named with a leading
+underscore (those hold shared helpers). Each registers its methods when imported, here, so a new
+built-in method needs only its module."""
+
+for _module in BUILT_IN:
+    importlib.import_module(f"{__name__}.{_module}")
 
 
 def methods(family: str | None = None, task: str | None = None) -> list[MethodInfo]:

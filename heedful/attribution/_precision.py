@@ -4,11 +4,8 @@ from __future__ import annotations
 
 from typing import Annotated
 
-import torch
-
 from heedful.options import KEYED_WHEN_SET
 from heedful.precision import PrecisionChoice, Tolerates
-from heedful.problem import Problem, reference_pass
 
 MethodPrecision = Annotated[PrecisionChoice, KEYED_WHEN_SET, Tolerates()]
 """``precision``: ``"fp32"`` (default), ``"bf16"`` or ``"int8"`` forward passes, or ``"auto"``;
@@ -23,14 +20,3 @@ but ``"auto"`` picks bf16 where the machine runs it faster than fp32 -- its devi
 LIME a largest score change of 0.02 of the largest score, token-score Spearman 0.9997 against
 fp32, same run) lie well within the estimator's own sampling noise. int8 (Spearman 0.89) is
 never chosen."""
-
-
-@torch.no_grad()
-def reference_logits(problem: Problem, precision: str) -> torch.Tensor:
-    """The unperturbed logits at the anchors ``[B, C]`` at ``precision``: the problem's own
-    reference pass at ``"fp32"``, else one more pass of the unperturbed inputs (to be called
-    inside :func:`~heedful.precision.forward_precision`), so that a method's output differences
-    compare passes of one precision."""
-    if precision == "fp32":
-        return problem.reference.logits.detach()
-    return reference_pass(problem.adapter, problem.batch, problem.anchor, problem.inputs_embeds).logits
