@@ -23,7 +23,7 @@ def test_readme_method_table_is_the_registry():
     text = README.read_text(encoding="utf-8")
     found = re.search(r"<!-- methods:.*?-->\n(.*?)\n<!-- /methods -->", text, re.S)
     assert found, "README.md has no generated method table"
-    assert found.group(1) == method_table(heedful.methods()), "regenerate it with `heedful methods --markdown`"
+    assert found.group(1) == method_table(heedful.methods()), "regenerate it with `heedful methods --markdown --write README.md`"
 
 
 def test_every_registered_method_declares_complete_options():
