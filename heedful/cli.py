@@ -363,9 +363,11 @@ def methods(
         raise InputError("--write writes the markdown table", hint="add --markdown: heedful methods --markdown --write README.md")
     if markdown:
         if write is not None:
+            from heedful.catalog import from_registry
             from heedful.commands.method_table import write_method_table
 
-            write_method_table(write, method_table(catalog.methods))
+            # the live registry, not the generated catalog, which may not be regenerated yet
+            write_method_table(write, method_table(from_registry().methods))
             return
         print(method_table(catalog.methods))
         return

@@ -194,3 +194,15 @@ def test_one_table_of_fast_options_serves_every_test():
         assert test_invariants.fast_options(info.name, model) == fast, info.name
     for module in (regenerate_method_outputs, test_invariants):
         assert not {"CHEAP", "FAST"} & set(vars(module)), f"{module.__name__} defines fast options of its own"
+
+
+def test_methods_markdown_write_reads_the_registry_not_a_stale_catalog(monkeypatch, capsys, tmp_path, scratch_method):
+    """A method registered but not yet in heedful/methods.json still gets its README row: the
+    order of the checklist's commands does not matter."""
+    from conftest import run_cli
+
+    readme = tmp_path / "README.md"
+    readme.write_text("<!-- methods: x -->\n<!-- /methods -->\n", encoding="utf-8")
+    assert scratch_method.name not in {entry.name for entry in catalog.entries().methods}
+    code, _, _ = run_cli(monkeypatch, capsys, "methods", "--markdown", "--write", str(readme))
+    assert code == 0 and "| `scratch_window_max` |" in readme.read_text(encoding="utf-8")
