@@ -10,20 +10,8 @@ features are sliding windows, each token's attribution the mean over the windows
 1 and stride 1 remove each token alone: leave-one-out (Li et al. 2016, Eq. 2) is this core's
 simplest case, and :func:`heedful.attribution.perturbation.leave_one_out` computes it so.
 
-A ten-line method on this core (the drop of the worst window of three tokens, as every token's
-score)::
-
-    import heedful
-    from heedful.ablation import removal_drops, sliding_windows
-
-    @heedful.register("window_max", family="perturbation", cost="1 + N forwards")
-    def window_max(problem: heedful.Problem, *, window: int = 3):
-        '''Largest drop of any window of ``window`` tokens -> every token ``[B, N]``.
-
-        Source: occlusion (Zeiler & Fergus 2014), reduced by the maximum.'''
-        remove = sliding_windows(problem, window, stride=1)      # [B, K, N]
-        drops = removal_drops(problem, remove)                   # [B, K]
-        return drops.amax(dim=1, keepdim=True).expand(-1, problem.batch.seq_len)
+A method on this core, with its oracle and checks, is the worked example of ``docs/extending.md``
+("A method that removes tokens").
 """
 
 from __future__ import annotations

@@ -341,7 +341,9 @@ FAST_OPTIONS: dict[str, Any] = {
 }
 """Options :func:`check_method` passes to every method that takes an option of that name (read
 from :attr:`MethodInfo.options`), to keep expensive methods quick on the tiny models; a function
-is called with the model to give the value. Checks run on these settings, not the defaults."""
+is called with the model to give the value. Checks run on these settings, not the defaults. The
+one table of fast options: the golden outputs (``tests/regenerate_method_outputs.py``) and the
+invariance tests read it too; a new option that multiplies a method's work gets its entry here."""
 
 
 def fast_options(info: MethodInfo, model: Model) -> dict[str, Any]:
