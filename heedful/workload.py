@@ -119,8 +119,8 @@ def _matmul_speed(hidden: int, intermediate: int, device: str, dtype: torch.dtyp
     """Floating-point operations per second of a ``[256, D] x [D, F]`` product on ``device`` in
     ``dtype`` (its own generator: the global random state is left as it was)."""
     draw = torch.Generator().manual_seed(0)
-    a = torch.rand(256, hidden, generator=draw).to(device, dtype)
-    b = torch.rand(hidden, intermediate, generator=draw).to(device, dtype)
+    a = torch.rand(256, hidden, generator=draw, device="cpu").to(device, dtype)
+    b = torch.rand(hidden, intermediate, generator=draw, device="cpu").to(device, dtype)
     sync = torch.cuda.synchronize if a.is_cuda else (lambda: None)
     torch.mm(a, b)  # warm-up
     sync()
