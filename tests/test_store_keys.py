@@ -58,7 +58,8 @@ def _register_like(info, fn, version: int) -> None:
     register(
         info.name, family=info.family, cost=info.cost, citation=info.citation, summary=info.summary, tasks=info.tasks,
         needs_hidden=info.needs_hidden, needs_attentions=info.needs_attentions, reference=info.reference,
-        version=version, per_dimension=info.per_dimension,
+        version=version, per_dimension=info.per_dimension, spans=info.spans, quantities=info.quantities,
+        needs_sources=info.needs_sources, needs=info.needs, passes=info.passes,
     )(fn)
 
 
