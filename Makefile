@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.heedful-installed
 CORE   := $(VENV)/.heedful-core
 
-.PHONY: demo test test-all lint bench bench-decomposition bench-ferret bench-generation bench-scale clean-venv
+.PHONY: demo test test-all lint method family bench bench-decomposition bench-ferret bench-generation bench-scale clean-venv
 
 # heedful and torch alone: all `make demo` needs (the extras below are for tests, serving, benchmarks).
 PIN    := -c constraints.txt
@@ -35,6 +35,18 @@ test-all: $(STAMP)  ## every suite, slow ones included
 lint: $(STAMP)
 	$(BIN)/ruff check heedful tests benchmarks
 	$(BIN)/lint-imports
+
+method: $(STAMP)  ## after adding or changing method NAME: its golden outputs, the catalog, the README table, then its checks
+	@test -n "$(NAME)" || { echo "usage: make method NAME=<method>" >&2; exit 2; }
+	$(BIN)/python tests/regenerate_method_outputs.py --only $(NAME)
+	$(BIN)/python -m heedful.catalog
+	$(BIN)/heedful methods --markdown --write README.md
+	$(BIN)/python -m pytest -q tests/test_extension_steps.py tests/test_conformance.py tests/test_oracles.py -k "steps or $(NAME)"
+
+family: $(STAMP)  ## after adding model family TYPE (its model_type): docs/models.md, then check_family on its tiny model
+	@test -n "$(TYPE)" || { echo "usage: make family TYPE=<model_type>" >&2; exit 2; }
+	$(BIN)/heedful models --families --markdown > docs/models.md.part && mv docs/models.md.part docs/models.md
+	$(BIN)/python -m pytest -q tests/test_extension_steps.py tests/test_families.py -k "steps or $(TYPE)"
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/core_methods.py
