@@ -27,9 +27,8 @@ from heedful.adapters.causal import CAUSAL_ATTENTION
 from heedful.adapters.intercept import Interception, intercepting
 from heedful.adapters.needs import NEEDS, refusal
 from heedful.adapters.roles import BlockRoles, HeadRoles, LRPRoles, ModelRoles, NormSite
-from heedful.batch import Batch
-from heedful.errors import Hint, InputError, UnsupportedModelError, did_you_mean
-from heedful.memory import (
+from heedful.engine.batch import Batch
+from heedful.engine.memory import (
     FORWARD,
     Fit,
     ModelShape,
@@ -39,8 +38,9 @@ from heedful.memory import (
     parse_memory,
     release_heap,
 )
-from heedful.precision import active_precision, lowered_model
-from heedful.readable import readable_tokens
+from heedful.engine.precision import active_precision, lowered_model
+from heedful.engine.readable import readable_tokens
+from heedful.errors import Hint, InputError, UnsupportedModelError, did_you_mean
 
 
 @dataclass
@@ -89,7 +89,7 @@ def _attention_set(config, implementation: str | None) -> Iterator[None]:
 
 
 def _released(grad: torch.Tensor) -> None:
-    """Gradient hook: give the heap's free pages back (:func:`heedful.memory.release_heap`)."""
+    """Gradient hook: give the heap's free pages back (:func:`heedful.engine.memory.release_heap`)."""
     release_heap()
 
 
@@ -146,10 +146,10 @@ class ModelAdapter:
     name: str = "model"
     counter: PassCounter = field(default_factory=PassCounter)
     max_memory: int = field(default_factory=default_budget)
-    """Bytes one pass may use on top of what the process holds (:mod:`heedful.memory`);
-    default :func:`~heedful.memory.default_budget`, half of the memory available at load."""
+    """Bytes one pass may use on top of what the process holds (:mod:`heedful.engine.memory`);
+    default :func:`~heedful.engine.memory.default_budget`, half of the memory available at load."""
     precision: str = "fp32"
-    """The numeric precision this adapter's model runs at (:mod:`heedful.precision`)."""
+    """The numeric precision this adapter's model runs at (:mod:`heedful.engine.precision`)."""
     lowered: dict = field(default_factory=dict, repr=False, compare=False)
     """Low-precision copies of this adapter by precision, built on first use (:meth:`at_precision`)."""
 
@@ -349,7 +349,7 @@ class ModelAdapter:
     # ------------------------------------------------------------------ memory
     @property
     def shape(self) -> ModelShape:
-        """The model's shape as the memory estimator reads it (:mod:`heedful.memory`): blocks,
+        """The model's shape as the memory estimator reads it (:mod:`heedful.engine.memory`): blocks,
         widths, heads, key/value heads, MLP width, the head's output columns, bytes per value."""
         cfg = self.config
 
@@ -382,7 +382,7 @@ class ModelAdapter:
 
     def fit(self, width: int, need: Need = FORWARD, budget: int | None = None, **options) -> Fit:
         """How passes over rows of ``width`` positions keeping ``need`` fit :attr:`max_memory`
-        (or a smaller ``budget``; :func:`heedful.memory.fit`: rows per pass, with gradient
+        (or a smaller ``budget``; :func:`heedful.engine.memory.fit`: rows per pass, with gradient
         checkpointing or chunked prefill where one row does not fit; ``options``:
         ``checkpoint``, ``prefill``, ``group``). An :class:`InputError` when nothing fits."""
         return fit(self.shape, width, self.max_memory if budget is None else budget, need, **options)
@@ -395,7 +395,7 @@ class ModelAdapter:
         recomputed with the attention the forward ran; the model is in eval mode, no dropout,
         so the gradients equal the plain backward's). With ``release``, each block gives the
         heap's free pages back after its forward and, with gradients, after its backward
-        (:func:`heedful.memory.release_heap`: the tensors a pass keeps for later -- saved
+        (:func:`heedful.engine.memory.release_heap`: the tensors a pass keeps for later -- saved
         activations, block inputs, a growing key/value cache -- split the heap, and the next
         block's temporaries do not fit the holes; the pages are faulted in again, about 10% of
         a short pass's time, so only passes near the budget ask for it)."""
@@ -661,7 +661,7 @@ class ModelAdapter:
 
     def output_name(self, index: int) -> str:
         """The name of output column ``index`` as people read it: a class label, ``"value"``, or
-        a vocabulary token decoded (:func:`heedful.readable.readable_tokens`)."""
+        a vocabulary token decoded (:func:`heedful.engine.readable.readable_tokens`)."""
         if self.task == "classification":
             return self.labels[index]
         if self.task == "regression":
@@ -675,7 +675,7 @@ class ModelAdapter:
 
     # ------------------------------------------------------------------ precision
     def at_precision(self, precision: str) -> ModelAdapter:
-        """This adapter with its model at ``precision`` (:func:`heedful.precision.lowered_model`):
+        """This adapter with its model at ``precision`` (:func:`heedful.engine.precision.lowered_model`):
         itself at its own precision, else a copy sharing its tokenizer and pass counter, built
         on first use and kept (``lowered``) so that later calls reuse it."""
         if precision == self.precision:
@@ -719,7 +719,7 @@ class ModelAdapter:
         then the positions from ``p`` on, ``attention_mask`` covers all ``p + N'`` positions
         and ``anchor`` counts from ``p``.
 
-        Bounded memory (the runner decides, :mod:`heedful.memory`): ``checkpoint`` runs the
+        Bounded memory (the runner decides, :mod:`heedful.engine.memory`): ``checkpoint`` runs the
         blocks with per-block gradient checkpointing for a backward through this pass, and it,
         ``release`` and ``prefill`` give the heap's free pages back after each block's forward
         and backward (:meth:`checkpointed`); ``prefill`` (decoders, no attention probabilities)

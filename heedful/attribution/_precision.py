@@ -1,4 +1,4 @@
-"""The ``precision`` option of forward-only methods (:mod:`heedful.precision`)."""
+"""The ``precision`` option of forward-only methods (:mod:`heedful.engine.precision`)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from typing import Annotated
 
 import torch
 
-from heedful.options import KEYED_WHEN_SET
-from heedful.precision import PrecisionChoice, Tolerates
-from heedful.problem import Problem, reference_pass
+from heedful.engine.options import KEYED_WHEN_SET
+from heedful.engine.precision import PrecisionChoice, Tolerates
+from heedful.engine.problem import Problem, reference_pass
 
 MethodPrecision = Annotated[PrecisionChoice, KEYED_WHEN_SET, Tolerates()]
 """``precision``: ``"fp32"`` (default), ``"bf16"`` or ``"int8"`` forward passes, or ``"auto"``;
@@ -29,7 +29,7 @@ never chosen."""
 def reference_logits(problem: Problem, precision: str) -> torch.Tensor:
     """The unperturbed logits at the anchors ``[B, C]`` at ``precision``: the problem's own
     reference pass at ``"fp32"``, else one more pass of the unperturbed inputs (to be called
-    inside :func:`~heedful.precision.forward_precision`), so that a method's output differences
+    inside :func:`~heedful.engine.precision.forward_precision`), so that a method's output differences
     compare passes of one precision."""
     if precision == "fp32":
         return problem.reference.logits.detach()

@@ -7,12 +7,12 @@ from typing import Annotated, Literal
 import torch
 
 from heedful.attribution._precision import MethodPrecision, reference_logits
-from heedful.options import AT_LEAST_ONE, RUNTIME
-from heedful.perturb import Removal, removable_positions, remove_from_examples
-from heedful.precision import forward_precision
-from heedful.problem import Problem
+from heedful.engine.options import AT_LEAST_ONE, RUNTIME
+from heedful.engine.perturb import Removal, removable_positions, remove_from_examples
+from heedful.engine.precision import forward_precision
+from heedful.engine.problem import Problem
+from heedful.engine.runner import Copies, Runner
 from heedful.registry import register
-from heedful.runner import Copies, Runner
 
 Output = Literal["logit", "probability"]
 
@@ -34,7 +34,7 @@ def leave_one_out(
     ``removal="auto"`` uses the model's removal token (``[MASK]`` for encoders; deletion for
     causal LMs); ``output`` chooses the target logit or its probability as ``f``. All ``sum_b
     N_b`` perturbed copies run through the batched runner, at ``precision`` (``"bf16"`` /
-    ``"int8"``: :mod:`heedful.precision`; ``f(x)`` then runs at that precision too).
+    ``"int8"``: :mod:`heedful.engine.precision`; ``f(x)`` then runs at that precision too).
 
     Source: Li et al. 2016, Understanding Neural Networks through Representation Erasure (Eq. 2)
     """
