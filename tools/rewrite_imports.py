@@ -1,12 +1,15 @@
 """Rewrite references to moved heedful modules in the given files (or folders), in place.
 
-The moves are read from ``tools/module_moves.txt`` (one ``heedful.old heedful.new`` pair a line).
+The moves are read from ``tools/module_moves.txt`` (one ``heedful.old heedful.new`` pair a line:
+a module, or a name moved from one module to another).
 Three forms are rewritten:
 
 - dotted names anywhere (imports, ``import heedful.x as y``, strings such as
   ``monkeypatch.setattr("heedful.x.name", ...)``, docstrings): ``heedful.old`` -> ``heedful.new``;
-- ``from heedful import old`` -> ``from heedful.<package> import old`` (a line importing moved
-  and unmoved names, or names moved to different packages, is split into one line per package);
+- ``from heedful import old`` -> ``from heedful.<package> import old``, and a name moved between
+  modules (a ``heedful.module.Name heedful.other.Name`` line) imported from its new module (an
+  import of moved and unmoved names is split into one line per module; sort the imports after,
+  e.g. ``ruff check --select I --fix``);
 - source paths in prose: ``heedful/old.py`` -> ``heedful/<package>/old.py``.
 
     python tools/rewrite_imports.py heedful tests benchmarks docs README.md
@@ -36,24 +39,28 @@ def read_moves(path: Path = MOVES_FILE) -> dict[str, str]:
     return moves
 
 
-def _from_heedful_import(moves: dict[str, str], match: re.Match) -> str:
-    """``from heedful import a, b`` with each moved name imported from its new package."""
-    indent, names = match.group(1), [n.strip() for n in match.group(2).split(",") if n.strip()]
+def _from_import(moves: dict[str, str], match: re.Match) -> str:
+    """``from heedful.x import a, b`` with each moved name (a module, or a name moved between
+    modules) imported from its new place, one line per place."""
+    indent, module = match.group(1), match.group(2)
+    names = [n.strip() for n in (match.group(3) or match.group(4)).replace("\n", " ").split(",") if n.strip()]
     groups: dict[str, list[str]] = {}
     for name in names:
-        new = moves.get(f"heedful.{name.split(' as ')[0].strip()}")
-        groups.setdefault(new.rsplit(".", 1)[0] if new else "heedful", []).append(name)
-    if set(groups) == {"heedful"}:
+        new = moves.get(f"{module}.{name.split(' as ')[0].strip()}")
+        groups.setdefault(new.rsplit(".", 1)[0] if new else module, []).append(name)
+    if set(groups) == {module}:
         return match.group(0)
-    return "\n".join(f"{indent}from {package} import {', '.join(found)}" for package, found in groups.items())
+    comment = f"  {match.group(5)}" if match.group(5) else ""
+    lines = [f"{indent}from {place} import {', '.join(found)}" for place, found in groups.items()]
+    return "\n".join(lines) + comment
 
 
 def rewrite(text: str, moves: dict[str, str]) -> str:
     """``text`` with every reference to a moved module pointing to its new place."""
     olds = "|".join(re.escape(old.split(".", 1)[1]) for old in sorted(moves, key=len, reverse=True))
     text = re.sub(
-        r"^([ \t]*)from heedful import ([\w ,]+)$",
-        lambda m: _from_heedful_import(moves, m),
+        r"^([ \t]*)from (heedful[\w.]*) import (?:\(([\w\s,]+)\)|([\w ,]+?))[ \t]*(#.*)?$",
+        lambda m: _from_import(moves, m),
         text,
         flags=re.MULTILINE,
     )
