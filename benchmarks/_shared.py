@@ -26,8 +26,8 @@ from rich.markdown import Markdown
 
 import heedful
 from heedful import datasets
-from heedful.machine import cpuinfo, is_native
-from heedful.precision import support
+from heedful.engine.machine import cpuinfo, is_native
+from heedful.engine.precision import support
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -129,7 +129,7 @@ def cpu_name() -> str:
 
 def machine_header() -> str:
     """The line under a results file's title: the processor, the flags lower precision depends
-    on and the measured speed of bf16 and int8 against fp32 (:func:`heedful.precision.support`,
+    on and the measured speed of bf16 and int8 against fp32 (:func:`heedful.engine.precision.support`,
     the probe ``heedful info`` shows), so that numbers from different machines are never
     compared as if they were equal."""
     found = support()

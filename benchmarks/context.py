@@ -131,7 +131,7 @@ def unit_key(fingerprint: str, method: str, options: dict, doc: dict) -> str:
     fingerprint, the method's name, version and bound options (defaults included), and the
     document's text, source spans and target -- what the scores are computed from."""
     from heedful.attribution import get_method
-    from heedful.options import canonical_json
+    from heedful.engine.options import canonical_json
 
     info = get_method(method)
     what = {
@@ -148,7 +148,7 @@ def stored(store: Path, key: str) -> dict | None:
 
 def keep(store: Path, key: str, found: dict) -> None:
     """Write one document's result (atomically: a process stopped mid-write leaves no half file)."""
-    from heedful.atomic import atomic_file
+    from heedful.files.atomic import atomic_file
 
     with atomic_file(store / f"{key}.json") as part:
         part.write_text(json.dumps(found), encoding="utf-8")
@@ -165,7 +165,7 @@ def run_config(
     import torch
 
     import heedful
-    from heedful.memory import peak_rss_mb, reset_peak_rss
+    from heedful.engine.memory import peak_rss_mb, reset_peak_rss
 
     warnings.filterwarnings("ignore")
     torch.set_num_threads(threads)
@@ -319,7 +319,7 @@ def grow_store(args: argparse.Namespace, lengths: list[int], only: list[str], sh
 
 
 def report(rows: dict[int, dict], args: argparse.Namespace, load_before: float) -> str:
-    from heedful.chunks import TOKEN_BUDGET
+    from heedful.engine.chunks import TOKEN_BUDGET
 
     lines = [
         "# Context attribution over long inputs: exact leave-one-source-out, cached and not, ContextCite, hierarchical",

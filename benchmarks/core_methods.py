@@ -66,9 +66,9 @@ from rich.console import Console
 from rich.markdown import Markdown
 
 import heedful
-from heedful.batch import Batch
-from heedful.chunks import TOKEN_BUDGET
 from heedful.datasets import load_split
+from heedful.engine.batch import Batch
+from heedful.engine.chunks import TOKEN_BUDGET
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent

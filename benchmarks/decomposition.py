@@ -43,7 +43,7 @@ from _shared import ROOT, finish, fmt_s, library_versions, machine_lines, measur
 
 import heedful
 from heedful.attribution.contributions import row_normalised
-from heedful.memory import current_rss, peak_rss, reset_peak_rss
+from heedful.engine.memory import current_rss, peak_rss, reset_peak_rss
 
 HERE = Path(__file__).resolve().parent
 METHODS = ("decompx", "alti", "globenc", "value_zeroing")

@@ -18,7 +18,7 @@ this script
    (example-major order, so that texts two methods' rationales reduce to the same string run
    once);
 4. times heedful's evaluation again at ``precision="bf16"`` and ``"int8"`` (forward passes of
-   a low-precision copy of the model, :mod:`heedful.precision`) interleaved with the fp32 and
+   a low-precision copy of the model, :mod:`heedful.engine.precision`) interleaved with the fp32 and
    ferret runs above, per method and with all methods in one call, and reports their ratios to
    ferret, their per-example ``|Delta AOPC|`` against fp32 and whether the methods keep their
    order of mean AOPC;
@@ -94,7 +94,7 @@ class PositionCounter:
 
     def __init__(self, model: heedful.Model) -> None:
         self.cells = self.real = 0
-        # the float32 model and its low-precision copies (heedful.precision)
+        # the float32 model and its low-precision copies (heedful.engine.precision)
         models = [model.hf_model, *(model.adapter.at_precision(p).hf_model for p in LOWER)]
         self.handles = [m.base_model.register_forward_pre_hook(self._hook, with_kwargs=True) for m in models]
 

@@ -54,7 +54,7 @@ from rich.console import Console
 
 import heedful
 from heedful import datasets
-from heedful.sequences import continue_batch
+from heedful.engine.sequences import continue_batch
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,10 +1,10 @@
-"""Calibration of the memory estimator (:mod:`heedful.memory`): the estimated peak of one pass
+"""Calibration of the memory estimator (:mod:`heedful.engine.memory`): the estimated peak of one pass
 against the peak resident-memory increase it measures, for each kind of pass.
 
 Each pass runs the way the runner runs a pass near the budget (``adapter.forward`` with
 ``checkpoint`` / ``release`` / ``prefill``, the backward through
 :meth:`~heedful.adapters.ModelAdapter.grad`); its peak is
-VmHWM after :func:`heedful.memory.reset_peak_rss` (freed heap returned to the system, the mark
+VmHWM after :func:`heedful.engine.memory.reset_peak_rss` (freed heap returned to the system, the mark
 reset) minus VmRSS just before the pass, after one warm-up pass (the first pass pages in the
 weights). Rows are random token ids; a padded chunk has its last row half padding.
 
@@ -27,7 +27,7 @@ from _shared import write_results  # noqa: E402  (benchmarks/ is the script's fo
 
 import heedful
 from heedful.adapters import ModelAdapter
-from heedful.memory import (
+from heedful.engine.memory import (
     FORWARD,
     Need,
     current_rss,

@@ -53,7 +53,7 @@ from captum.attr import KernelShap, Lime
 import heedful
 from heedful.attribution import surrogate
 from heedful.attribution._masks import features_of
-from heedful.seeding import example_generators
+from heedful.engine.seeding import example_generators
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent

@@ -40,10 +40,10 @@ from rich.console import Console
 from scipy.stats import spearmanr
 
 import heedful
+from heedful.engine.precision import support
 from heedful.evaluate import evaluate
 from heedful.evaluate.intervals import bootstrap_indices, percentile_interval
 from heedful.evaluate.protocol import CURVES_TOLERATE
-from heedful.precision import support
 
 HERE = Path(__file__).resolve().parent
 PRECISIONS = ("fp32", "bf16", "int8")

@@ -55,8 +55,8 @@ import torch
 from _shared import command_line, write_results  # noqa: E402  (benchmarks/ is the script's folder)
 
 import heedful
-from heedful.cache import heedful_home
 from heedful.datasets import load_split
+from heedful.files.cache import heedful_home
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent

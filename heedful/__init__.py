@@ -17,7 +17,7 @@ from heedful.errors import HeedfulError, InputError, MethodError, UnsupportedMod
 from heedful.version import __version__
 
 _LAZY: dict[str, str] = {
-    "removal_drops": "heedful.ablation",
+    "removal_drops": "heedful.engine.ablation",
     "get_method": "heedful.attribution",
     "methods": "heedful.attribution",
     "Cost": "heedful.explanation",
@@ -31,13 +31,13 @@ _LAZY: dict[str, str] = {
     "from_pretrained_objects": "heedful.loading",
     "load": "heedful.loading",
     "Model": "heedful.model",
-    "Problem": "heedful.problem",
-    "prepare": "heedful.problem",
+    "Problem": "heedful.engine.problem",
+    "prepare": "heedful.engine.problem",
     "MethodInfo": "heedful.registry",
     "register": "heedful.registry",
-    "SourceSpec": "heedful.sources",
-    "QUANTITIES": "heedful.targets",
-    "Target": "heedful.targets",
+    "SourceSpec": "heedful.engine.sources",
+    "QUANTITIES": "heedful.engine.targets",
+    "Target": "heedful.engine.targets",
 }
 """Public name -> the module that defines it (imported when the name is first used)."""
 
@@ -45,8 +45,11 @@ _LAZY: dict[str, str] = {
 _SUBPACKAGES = frozenset({"datasets", "evaluate", "render", "testing", "zoo"})
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
-    from heedful.ablation import removal_drops
+    from heedful.engine.ablation import removal_drops
     from heedful.attribution import get_method, methods
+    from heedful.engine.problem import Problem, prepare
+    from heedful.engine.sources import SourceSpec
+    from heedful.engine.targets import QUANTITIES, Target
     from heedful.explanation import (
         Cost,
         Explanation,
@@ -59,10 +62,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from heedful.generation_explanation import GenerationExplanation
     from heedful.loading import from_pretrained_objects, load
     from heedful.model import Model
-    from heedful.problem import Problem, prepare
     from heedful.registry import MethodInfo, register
-    from heedful.sources import SourceSpec
-    from heedful.targets import QUANTITIES, Target
 
 
 def __getattr__(name: str):

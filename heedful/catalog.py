@@ -26,7 +26,7 @@ CATALOG = PACKAGE / "methods.json"
 @dataclass(frozen=True)
 class OptionEntry:
     """One option of a method as the tables show it: its default (``repr``), what it accepts
-    (:meth:`~heedful.options.OptionSpec.describe`) and whether it only decides chunking."""
+    (:meth:`~heedful.engine.options.OptionSpec.describe`) and whether it only decides chunking."""
 
     name: str
     default: str
@@ -75,7 +75,7 @@ def entry_of(info: Any) -> MethodEntry:
 def from_registry() -> Catalog:
     """The catalog read off the live registry (imports every method module, and torch)."""
     from heedful.attribution import methods
-    from heedful.targets import TASKS
+    from heedful.engine.targets import TASKS
 
     return Catalog(tuple(entry_of(info) for info in methods()), TASKS)
 

@@ -42,7 +42,7 @@ from heedful.commands.console import (
 )
 from heedful.commands.options import options
 from heedful.errors import HeedfulError, InputError, did_you_mean
-from heedful.memory import parse_memory
+from heedful.engine.memory import parse_memory
 
 app = typer.Typer(
     name="heedful",
@@ -132,7 +132,7 @@ def explain(
     and hierarchical; any other method's scores pooled per source)."""
     import heedful
     from heedful.loading import check_device
-    from heedful.precision import strict_precision
+    from heedful.engine.precision import strict_precision
     from heedful.render.html import explanation_page
     from heedful.render.terminal import print_explanations
 
@@ -432,7 +432,7 @@ def models_list(
         show_sources()
         return
     from heedful import zoo
-    from heedful.cache import heedful_home
+    from heedful.files.cache import heedful_home
 
     table = Table(title=f"heedful zoo  ({heedful_home() / 'models'})")
     table.add_column("name", no_wrap=True, style="bold")

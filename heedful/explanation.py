@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from heedful.readable import marked
+from heedful.engine.readable import marked
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -65,7 +65,7 @@ class WordScores:
 @dataclass
 class SourceScores(WordScores):
     """Scores pooled from tokens to sources (sentences, paragraphs, windows or given spans of
-    the text, see :mod:`heedful.sources`): ``words[s]`` is source ``s``'s text, ``spans[s]`` its
+    the text, see :mod:`heedful.engine.sources`): ``words[s]`` is source ``s``'s text, ``spans[s]`` its
     character span, ``scores`` ``[S]`` (or ``[L, S]``)."""
 
     def ranked(self) -> list[tuple[int, str, float]]:
@@ -125,7 +125,7 @@ class Explanation(Views):
     """Token attributions for one text.
 
     ``tokens`` are the tokenizer's tokens for the text as people read them (each decoded alone,
-    line breaks and whitespace-only tokens marked, :mod:`heedful.readable`; special tokens
+    line breaks and whitespace-only tokens marked, :mod:`heedful.engine.readable`; special tokens
     included and flagged in ``special``); ``raw_tokens`` the tokenizer's own symbols
     (``'ĠParis'``; equal to ``tokens`` when not given, as in explanations stored before they
     were kept apart); ``scores`` ``[N]`` (or ``[L, N]`` for layer-wise methods, layers
@@ -179,7 +179,7 @@ class Explanation(Views):
         """Aggregate sub-word scores to words with ``agg`` in sum, mean, max, first, last.
 
         Special tokens are left out. Word text is the span of the original text covered by
-        its tokens, marked as tokens are (:func:`heedful.readable.marked`: a line break is ``⏎``).
+        its tokens, marked as tokens are (:func:`heedful.engine.readable.marked`: a line break is ``⏎``).
         """
         if agg not in AGGREGATIONS:
             raise ValueError(f"agg must be one of {AGGREGATIONS}, got {agg!r}")
@@ -210,7 +210,7 @@ class Explanation(Views):
         """Token scores pooled per source with ``agg`` (``sum`` by default: a context method's
         source score exactly, a gradient method's summed over the source's tokens). Needs the
         explanation's ``sources`` (``explain(..., sources="sentences")``)."""
-        from heedful.sources import token_sources
+        from heedful.engine.sources import token_sources
 
         if self.sources is None:
             raise ValueError("this explanation has no sources; explain with sources='sentences' (or paragraphs, tokens:N, spans)")

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from heedful.options import canonical_json
+from heedful.engine.options import canonical_json
 
 if TYPE_CHECKING:
     from heedful.adapters import ModelAdapter

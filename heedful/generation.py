@@ -24,13 +24,13 @@ from typing import Any
 import torch
 
 from heedful.adapters import Forward, ModelAdapter
-from heedful.batch import Batch
+from heedful.engine.batch import Batch
+from heedful.engine.problem import Problem, prepare, reference_pass
+from heedful.engine.runner import keeps_graph
+from heedful.engine.sequences import check_new_tokens, check_positions, continue_batch, span_ids
+from heedful.engine.targets import Columns, resolve_target
 from heedful.errors import InputError
-from heedful.problem import Problem, prepare, reference_pass
 from heedful.registry import MethodInfo
-from heedful.runner import keeps_graph
-from heedful.sequences import check_new_tokens, check_positions, continue_batch, span_ids
-from heedful.targets import Columns, resolve_target
 
 
 @dataclass
@@ -147,7 +147,7 @@ def prepare_steps(
     the rows' ``example`` and ``step`` ``[R]``.
 
     A method with a reference pass of its own (gradient, LRP) gets it per step row when the rows'
-    kept graph fits the memory budget (:func:`~heedful.runner.keeps_graph`); any other method,
+    kept graph fits the memory budget (:func:`~heedful.engine.runner.keeps_graph`); any other method,
     and any problem larger than that, gets :func:`shared_reference` -- one pass per sequence for
     all its steps -- and the method runs its own passes chunk by chunk."""
     batch, example, step = step_rows(generation)

@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from heedful.batch import Batch
+from heedful.engine.batch import Batch
+from heedful.engine.readable import marked
 from heedful.explanation import Cost, Views
-from heedful.readable import marked
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 class GenerationExplanation(Views):
     """One prompt's generation, explained step by step.
 
-    ``tokens`` (``S = P + T``, as people read them, :mod:`heedful.readable`; ``raw_tokens``:
+    ``tokens`` (``S = P + T``, as people read them, :mod:`heedful.engine.readable`; ``raw_tokens``:
     the tokenizer's symbols, equal to ``tokens`` when not given), ``offsets`` (into ``text``, the prompt and continuation
     joined), ``word_ids`` and ``special`` describe every token; the first ``prompt_length``
     (``P``) are the prompt's. ``scores`` ``[T, S]``: row ``t`` explains generated token

@@ -32,10 +32,10 @@ from contextlib import contextmanager
 from fnmatch import fnmatch
 from pathlib import Path
 
-from heedful.atomic import atomic_file
-from heedful.cache import heedful_home
 from heedful.errors import HeedfulError, InputError
-from heedful.supply import sha256_of
+from heedful.files.atomic import atomic_file
+from heedful.files.cache import heedful_home
+from heedful.files.supply import sha256_of
 
 TIMEOUT = 8.0
 """Seconds one request to the hub may take before the load gives up (no retries)."""

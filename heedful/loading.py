@@ -13,6 +13,7 @@ from transformers import AutoConfig, AutoTokenizer
 
 from heedful.adapters import GenericAdapter, adapter_for
 from heedful.adapters.heads import TASKS, head_of_class, head_of_task
+from heedful.engine.memory import parse_memory
 from heedful.errors import (
     HeedfulError,
     Hint,
@@ -21,7 +22,6 @@ from heedful.errors import (
     close_matches,
     did_you_mean,
 )
-from heedful.memory import parse_memory
 from heedful.model import Model
 from heedful.quiet import quiet_transformers
 
@@ -100,9 +100,9 @@ def load(
     Attention is loaded in eager mode so that attention probabilities exist.
     ``max_memory``: what one pass may use on top of what the process holds (``"4GB"``,
     ``"512MiB"`` or bytes; default half of the memory available once the weights are loaded,
-    :func:`heedful.memory.default_budget`); the runner cuts its chunks under it, checkpoints a
+    :func:`heedful.engine.memory.default_budget`); the runner cuts its chunks under it, checkpoints a
     backward or runs a decoder's forward in position chunks where one row needs it, and refuses
-    what cannot fit before any work (:mod:`heedful.memory`).
+    what cannot fit before any work (:mod:`heedful.engine.memory`).
 
     >>> import heedful
     >>> model = heedful.load("minilm-sentiment")   # doctest: +SKIP

@@ -14,26 +14,26 @@ import torch
 
 from heedful.adapters import ModelAdapter
 from heedful.attribution import get_method, methods, span_methods
-from heedful.batch import Batch
-from heedful.conversation import (
+from heedful.engine.batch import Batch
+from heedful.engine.conversation import (
     Conversation,
     chat_batch,
     is_conversation,
     template,
     templated_batch,
 )
+from heedful.engine.memory import parse_memory
+from heedful.engine.options import jsonable
+from heedful.engine.problem import Problem, contrast_spans, prepare, span_request
+from heedful.engine.readable import marked
+from heedful.engine.sources import SourceSpec
+from heedful.engine.targets import ResolvedTarget, Target
+from heedful.engine.workload import Work, check, check_generation, step_lengths
 from heedful.errors import InputError
 from heedful.explanation import Cost, Explanation, Explanations, TargetInfo
 from heedful.generation import Generation, force, generate, prepare_steps
 from heedful.generation_explanation import GenerationExplanation, assemble_generation
-from heedful.memory import parse_memory
-from heedful.options import jsonable
-from heedful.problem import Problem, contrast_spans, prepare, span_request
-from heedful.readable import marked
 from heedful.registry import MethodInfo
-from heedful.sources import SourceSpec
-from heedful.targets import ResolvedTarget, Target
-from heedful.workload import Work, check, check_generation, step_lengths
 
 ProgressHook = Callable[[int], None]
 
@@ -71,7 +71,7 @@ class Model:
 
     @property
     def max_memory(self) -> int:
-        """Bytes one pass may use on top of what the process holds (:mod:`heedful.memory`):
+        """Bytes one pass may use on top of what the process holds (:mod:`heedful.engine.memory`):
         the runner cuts its chunks so that each one's estimated peak stays under it. Set it to
         a size (``"4GB"``, ``"512MiB"``) or a number of bytes."""
         return self.adapter.max_memory
@@ -216,16 +216,16 @@ class Model:
         NormXLogit); they are checked before any work (their copies must fit ``max_memory``;
         :meth:`estimate` says what a run will cost), and the explanation records every option
         of the method, defaults included (a forward-only method's ``precision`` as resolved for
-        this machine: ``"auto"`` becomes the precision used, :mod:`heedful.precision`).
+        this machine: ``"auto"`` becomes the precision used, :mod:`heedful.engine.precision`).
         Stochastic methods take ``seed``. ``sources``: cut
         each text into sources -- ``"sentences"``, ``"paragraphs"``, ``"tokens:N"`` or
-        ``(start, end)`` character spans (:mod:`heedful.sources`) -- which the context
+        ``(start, end)`` character spans (:mod:`heedful.engine.sources`) -- which the context
         attribution methods rank and ``Explanation.source_scores()`` pools any method's scores
         into (they default to sentences for the context methods).
 
         A conversation -- a list of ``{"role", "content"}`` messages, or a list of them -- is
         explained in the model's chat template with the assistant's turn opened (the template's
-        tokens marked special, :mod:`heedful.conversation`); ``sources="messages"`` (the context
+        tokens marked special, :mod:`heedful.engine.conversation`); ``sources="messages"`` (the context
         methods' default for conversations) ranks its turns for the target, e.g. the assistant's
         answer given as a span.
 
@@ -584,7 +584,7 @@ class Model:
         **options: Any,
     ) -> Work:
         """What :meth:`explain` of ``texts`` with ``method`` and ``options`` will cost on this
-        machine -- passes, tokens and estimated seconds (:mod:`heedful.workload`) -- without
+        machine -- passes, tokens and estimated seconds (:mod:`heedful.engine.workload`) -- without
         running it; an :class:`InputError` for what :meth:`explain` would refuse before any work.
 
         >>> lm = heedful.load("smollm2-135m")                                       # doctest: +SKIP

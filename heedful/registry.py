@@ -2,7 +2,7 @@
 
 A method is a function ``fn(problem, *, option=default, ...) -> scores`` registered with
 :func:`register`. Everything about its options -- names, types, defaults, choices, ranges -- is
-read from its signature (:mod:`heedful.options`), so it is declared exactly once; the CLI,
+read from its signature (:mod:`heedful.engine.options`), so it is declared exactly once; the CLI,
 :meth:`heedful.Model.compare`, ``heedful bench --option`` and the results-store keys all read
 it from :class:`MethodInfo`. Importing :mod:`heedful.attribution` registers every built-in
 method; :func:`heedful.methods` and :func:`heedful.get_method` look them up.
@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from heedful.adapters.needs import check_needs
+from heedful.engine.options import OptionSpec, bind_options, option_specs
+from heedful.engine.precision import Tolerates, resolve_precision
+from heedful.engine.targets import QUANTITIES, TASKS
 from heedful.errors import InputError, MethodError, did_you_mean
-from heedful.options import OptionSpec, bind_options, option_specs
-from heedful.precision import Tolerates, resolve_precision
-from heedful.targets import QUANTITIES, TASKS
 
 ALL_TASKS: tuple[str, ...] = TASKS
 FAMILIES = ("vector", "gradient", "attention", "relevance", "perturbation", "context", "baseline")
@@ -34,7 +34,7 @@ be passed through it."""
 Passes = Callable[[Mapping[str, Any], int], tuple[float, float]]
 """``passes(options, tokens) -> (forward, backward)``: the sequences a method sends through the
 model per example of ``tokens`` positions with its bound ``options``, the reference pass
-included (its cost model as numbers, read by :mod:`heedful.workload`)."""
+included (its cost model as numbers, read by :mod:`heedful.engine.workload`)."""
 
 ReferencePass = Callable[..., Any]
 """``reference(adapter, batch, anchor, inputs_embeds) -> Forward``: the unperturbed pass a
@@ -54,10 +54,10 @@ class MethodInfo:
     its autograd graph and back-propagate through it instead of running the model again).
     ``version`` changes whenever the method's outputs change (a test holds it to that), so
     stored results of an older version are never reused. ``spans``: the method explains a
-    span target (several positions' outputs summed, :attr:`~heedful.targets.ResolvedTarget.positions`)
+    span target (several positions' outputs summed, :attr:`~heedful.engine.targets.ResolvedTarget.positions`)
     in the passes it needs for one position. ``quantities``: what the method can explain of a
     target, its logit and/or its log-probability (LRP rules conserve logits only).
-    ``needs_sources``: the method ranks sources of the text (:mod:`heedful.sources`; sentences
+    ``needs_sources``: the method ranks sources of the text (:mod:`heedful.engine.sources`; sentences
     unless others were asked for) and gives each token its source's score shared evenly.
     ``needs``: what the method reads from the model (:data:`heedful.adapters.needs.NEEDS`:
     ``embeddings`` always; ``attentions`` and ``hidden_states`` with the flags above; ``blocks``,
@@ -161,7 +161,7 @@ class MethodInfo:
 
     def resolve(self, options: Mapping[str, Any], device: Any) -> dict[str, Any]:
         """``options`` with their ``precision`` (when given and the method takes one) resolved
-        for ``device`` (:func:`heedful.precision.resolve_precision`): ``"auto"`` becomes the
+        for ``device`` (:func:`heedful.engine.precision.resolve_precision`): ``"auto"`` becomes the
         fastest precision this method tolerates that the machine runs faster than fp32, and an
         explicit lower precision the machine runs slower warns (or, strict, is refused)."""
         found = dict(options)

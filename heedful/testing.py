@@ -64,14 +64,14 @@ from tokenizers import (
 
 from heedful.adapters import Forward
 from heedful.attribution import get_method
-from heedful.batch import Batch
+from heedful.engine.batch import Batch
+from heedful.engine.problem import Problem
 from heedful.errors import InputError, UnsupportedModelError
 from heedful.explanation import Explanation
 from heedful.family_checks import check_family as _check_family
 from heedful.family_checks import family_checks
 from heedful.loading import from_pretrained_objects
 from heedful.model import Model
-from heedful.problem import Problem
 from heedful.registry import ALL_TASKS, MethodInfo, registered
 
 # =========================================================================== tiny models

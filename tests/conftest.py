@@ -35,7 +35,7 @@ def _isolated_home() -> None:
         return
     import tempfile
 
-    from heedful.cache import heedful_home
+    from heedful.files.cache import heedful_home
 
     real = heedful_home()
     home = Path(tempfile.mkdtemp(prefix="heedful-test-home-"))

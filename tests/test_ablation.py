@@ -1,4 +1,4 @@
-"""The ablation core (heedful.ablation): Captum's occlusion windows over the removable tokens,
+"""The ablation core (heedful.engine.ablation): Captum's occlusion windows over the removable tokens,
 removal drops run batched (an empty set costs no pass), each token's mean over its sets."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import torch
 from conftest import cached_model
 
 import heedful
-from heedful.ablation import removal_drops, sliding_windows, token_means
-from heedful.perturb import removable_positions
+from heedful.engine.ablation import removal_drops, sliding_windows, token_means
+from heedful.engine.perturb import removable_positions
 
 
 def test_windows_slide_over_the_removable_tokens_only():

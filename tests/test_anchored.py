@@ -10,7 +10,7 @@ from conftest import cached_model
 from tiny import ENCODERS
 
 import heedful.adapters.anchored as anchored
-from heedful.precision import forward_precision
+from heedful.engine.precision import forward_precision
 
 TEXTS = ["a charming and often affecting journey", "the movie was dull", "bad"]
 

@@ -1,4 +1,4 @@
-"""Files and folders written whole (heedful.atomic): nothing half-written is ever visible, a
+"""Files and folders written whole (heedful.files.atomic): nothing half-written is ever visible, a
 failed write leaves the previous version, and nothing is left beside the destination."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ import doctest
 import numpy as np
 import pytest
 
-import heedful.atomic
-from heedful.atomic import PART_SUFFIX, atomic_file, atomic_folder
+import heedful.files.atomic
+from heedful.files.atomic import PART_SUFFIX, atomic_file, atomic_folder
 
 
 def test_the_documented_examples_run():
-    outcome = doctest.testmod(heedful.atomic)
+    outcome = doctest.testmod(heedful.files.atomic)
     assert outcome.attempted > 0 and outcome.failed == 0
 
 

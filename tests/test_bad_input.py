@@ -403,7 +403,7 @@ def test_cli_counts_beyond_the_memory_budget(monkeypatch, capsys, saved, no_work
 def test_cli_says_how_long_long_work_will_take_before_it_starts(monkeypatch, capsys, saved):
     from conftest import run_cli
 
-    from heedful import workload
+    from heedful.engine import workload
 
     args = ("explain", "a dull plot", "--model", saved["bert"], "--method", "integrated_gradients", "-o", "n_steps=10", "--json")
     code, _, err = run_cli(monkeypatch, capsys, *args)
@@ -447,7 +447,7 @@ def test_bench_counts_beyond_the_memory_budget_leave_no_store(monkeypatch, capsy
 def test_bench_says_how_long_its_explanations_will_take(monkeypatch, capsys, saved, reviews_csv, tmp_path):
     from conftest import run_cli
 
-    from heedful import workload
+    from heedful.engine import workload
 
     monkeypatch.setattr(workload, "LONG_SECONDS", 0.0)
     args = ("bench", "--model", saved["bert"], "--dataset", reviews_csv, "--methods", "lime", "--option", "lime.n_samples=10",

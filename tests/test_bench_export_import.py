@@ -27,6 +27,7 @@ import torch
 from conftest import run_cli, saved_tiny
 
 import heedful
+from heedful.engine.precision import support
 from heedful.evaluate import (
     ResultsStore,
     export_store,
@@ -42,7 +43,6 @@ from heedful.evaluate.bench_import import ImportSpec, run_import
 from heedful.evaluate.export import COLUMNS, arrow_schema, distinct_runs
 from heedful.evaluate.imports import AlignmentError
 from heedful.fingerprint import model_fingerprint
-from heedful.precision import support
 
 ROWS = [
     ("a charming and often affecting journey", "POSITIVE"),

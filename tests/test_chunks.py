@@ -1,4 +1,4 @@
-"""Chunks of rows of similar length (heedful.chunks.length_chunks): every row once, each chunk
+"""Chunks of rows of similar length (heedful.engine.chunks.length_chunks): every row once, each chunk
 padded to its own longest row, and the cut weighing padding as the work costs."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import itertools
 
 import torch
 
-from heedful.chunks import length_chunks
+from heedful.engine.chunks import length_chunks
 
 
 def cost(chunks, power: int, overhead: int) -> float:

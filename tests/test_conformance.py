@@ -13,7 +13,7 @@ import heedful
 import heedful.testing
 import heedful.threads
 from heedful import registry
-from heedful.seeding import example_generators
+from heedful.engine.seeding import example_generators
 from heedful.testing import CHECKS, ConformanceError, check_method
 
 CASES = ["bert/classification", "bert/regression", "bert/masked_lm", "llama/classification", "llama/regression", "llama/causal_lm"]

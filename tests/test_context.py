@@ -17,8 +17,8 @@ from conftest import cached_model, run_cli, saved_tiny
 
 import heedful
 from heedful import InputError
-from heedful.reuse import prefix_chunks
-from heedful.sources import SourceSpec, split_text, token_sources
+from heedful.engine.reuse import prefix_chunks
+from heedful.engine.sources import SourceSpec, split_text, token_sources
 
 DOC = "It rained all day. We stayed in and read. The cat slept on the mat. Then the sun came out!"
 SHORT = "Rain fell. We read. Cats slept."
@@ -144,7 +144,7 @@ def test_reusing_the_cache_leaves_transformers_no_deprecated_keyword_to_warn_abo
 
 def test_the_cache_runs_fewer_positions(lm, monkeypatch):
     # no rows merged to save passes: each chunk computes only its rows' own positions
-    monkeypatch.setattr("heedful.reuse.PASS_POSITIONS", 0)
+    monkeypatch.setattr("heedful.engine.reuse.PASS_POSITIONS", 0)
     seen = []
     original = lm.adapter.forward
 
@@ -303,7 +303,7 @@ def test_cli_ranks_the_sources_of_the_answer_the_model_writes(monkeypatch, capsy
 def test_copies_that_share_little_of_their_prefix_run_as_full_passes_with_the_same_scores(lm, monkeypatch, share):
     # share 0: every copy continues the cache; share 2: none does
     reference = lm.explain(DOC, "context_cite", target=" the", n_ablations=16, folds=0)
-    monkeypatch.setattr("heedful.reuse.REUSE_SHARE", share)
+    monkeypatch.setattr("heedful.engine.reuse.REUSE_SHARE", share)
     other = lm.explain(DOC, "context_cite", target=" the", n_ablations=16, folds=0)
     np.testing.assert_allclose(other.scores, reference.scores, atol=1e-5)
 
@@ -328,7 +328,7 @@ def _continued_passes(lm):
 
 
 def test_only_copies_that_share_enough_of_their_prefix_continue_the_cache(lm):
-    from heedful.reuse import REUSE_SHARE
+    from heedful.engine.reuse import REUSE_SHARE
 
     with _continued_passes(lm) as seen:
         lm.explain(DOC, "source_loo", target=" the")
@@ -337,7 +337,7 @@ def test_only_copies_that_share_enough_of_their_prefix_continue_the_cache(lm):
 
 
 def test_continuing_passes_stay_within_the_budget_beside_the_cache(lm, monkeypatch):
-    from heedful.memory import Need, estimate
+    from heedful.engine.memory import Need, estimate
 
     reference = lm.explain(DOC, "source_loo", target=" the", kv_cache=False)
     shape = lm.adapter.shape
@@ -358,7 +358,7 @@ def test_continuing_passes_stay_within_the_budget_beside_the_cache(lm, monkeypat
 
 def test_no_copy_continues_the_cache_where_none_fits_beside_it(lm, monkeypatch):
     reference = lm.explain(DOC, "source_loo", target=" the", kv_cache=False)
-    monkeypatch.setattr("heedful.reuse._held", lambda problem: problem.adapter.max_memory)
+    monkeypatch.setattr("heedful.engine.reuse._held", lambda problem: problem.adapter.max_memory)
     with _continued_passes(lm) as seen:
         cached = lm.explain(DOC, "source_loo", target=" the")
     assert seen == []

@@ -16,6 +16,7 @@ from scipy.stats import spearmanr
 
 from heedful.datasets import Dataset
 from heedful.datasets.context import context_example
+from heedful.engine.sources import token_sources
 from heedful.errors import HeedfulError, InputError
 from heedful.evaluate import (
     METRICS,
@@ -38,7 +39,6 @@ from heedful.evaluate.metrics import Measurements
 from heedful.evaluate.protocol import LATER_FIELDS, Protocol
 from heedful.evaluate.report import markdown
 from heedful.explanation import Explanation, TargetInfo
-from heedful.sources import token_sources
 
 CONTEXT_METRICS = ["source_top1", "source_top3", "precision_at_k", "source_comprehensiveness", "lds"]
 

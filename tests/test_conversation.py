@@ -12,7 +12,7 @@ import torch
 from conftest import run_cli, saved_tiny
 
 import heedful
-from heedful.conversation import template
+from heedful.engine.conversation import template
 from heedful.errors import InputError
 from heedful.loading import from_pretrained_objects
 from heedful.testing import tiny_hf

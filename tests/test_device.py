@@ -58,7 +58,7 @@ def test_the_audit_sees_a_factory_without_a_device():
     audit = DeviceAudit()
     with audit:
         torch.zeros(2)  # from tests/: not heedful's
-        from heedful.adapters.base import right_padded
+        from heedful.adapters.passes import right_padded
 
         right_padded(torch.ones(2, 3, dtype=torch.long))  # no factory inside
     assert audit.found == {}

@@ -115,7 +115,7 @@ def test_aopc_and_log_odds_match_mask_lrp(tiny):
     assert len(_ids(model, LONG)) >= 20
     gold = 2
     protocol = get_protocol("mask-lrp")
-    from heedful.targets import Target
+    from heedful.engine.targets import Target
 
     expls = _with_scores(model.explain([LONG, TEXTS[0]], "saliency", Target("given", gold)), seed=4)
     inputs = [ModelInput(str(i), e.text, None, Target("given", gold), (), gold, float("nan")) for i, e in enumerate(expls)]

@@ -16,9 +16,9 @@ import torch
 from conftest import run_cli, saved_tiny
 
 import heedful
+from heedful.engine.sequences import continue_batch
 from heedful.errors import InputError
 from heedful.generation import step_rows
-from heedful.sequences import continue_batch
 
 PROMPTS = ["the cat sat on", "a dog ran"]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import grimp
@@ -83,3 +84,23 @@ def test_no_private_module_is_imported_from_another_package(graph):
             if private and not module.startswith(".".join(parts[: private[0]]) + "."):
                 offenders.append(f"{module} -> {imported}")
     assert offenders == []
+
+
+def test_every_module_has_its_layer():
+    """Every top-level module and package of heedful -- and every module of a package that is
+    not a layer as a whole (the engine, the files) -- sits in a layer of the import contract, so
+    that the folders and the contract say the same thing."""
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["importlinter"]["contracts"]
+    layers = next(c for c in contracts if c["type"] == "layers")["layers"]
+    layered = {name.strip() for layer in layers for name in layer.split("|")}
+    missing = []
+    for path in sorted((ROOT / "heedful").iterdir()):
+        package = (path / "__init__.py").is_file()
+        if path.name.startswith(("_", ".")) or not (package or path.suffix == ".py"):
+            continue
+        name = f"heedful.{path.stem}"
+        if package and name not in layered:
+            missing += [f"{name}.{p.stem}" for p in sorted(path.glob("*.py")) if p.stem != "__init__" and f"{name}.{p.stem}" not in layered]
+        elif name not in layered:
+            missing.append(name)
+    assert missing == [], f"{missing}: put each in the layer of pyproject.toml's layers contract where its imports place it"

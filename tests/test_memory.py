@@ -1,4 +1,4 @@
-"""Bounded memory (:mod:`heedful.memory`): the budget and its errors, the estimator's refusals,
+"""Bounded memory (:mod:`heedful.engine.memory`): the budget and its errors, the estimator's refusals,
 gradient checkpointing and chunked prefill equal to the plain passes, and the runner's chunks
 keeping a measured run under a set budget (plus, slow, a 4,096-token input on smollm2-135m)."""
 
@@ -13,9 +13,8 @@ from conftest import run_cli
 from tiny import tiny_model
 
 import heedful
-from heedful import memory
-from heedful.errors import InputError
-from heedful.memory import (
+from heedful.engine import memory
+from heedful.engine.memory import (
     FORWARD,
     MIN_BUDGET,
     ModelShape,
@@ -28,8 +27,9 @@ from heedful.memory import (
     peak_rss,
     reset_peak_rss,
 )
-from heedful.problem import prepare
-from heedful.runner import Runner
+from heedful.engine.problem import prepare
+from heedful.engine.runner import Runner
+from heedful.errors import InputError
 
 SMOLLM2 = ModelShape(
     layers=30, hidden=576, heads=9, kv_heads=3, head_dim=64, intermediate=1536, outputs=49152, embed=576,

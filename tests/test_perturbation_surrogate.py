@@ -10,7 +10,7 @@ from captum.attr import KernelShap, Lime
 
 from heedful.attribution import surrogate
 from heedful.attribution._masks import features_of, score_samples
-from heedful.seeding import example_generators
+from heedful.engine.seeding import example_generators
 
 TEXTS = ["a charming and often affecting journey", "the movie was dull and far too long"]
 

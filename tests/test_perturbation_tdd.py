@@ -10,7 +10,7 @@ import heedful
 from heedful.attribution import tdd as tdd_module
 from heedful.attribution._masks import features_of
 from heedful.attribution.noise import HEAD, NoiseProbe, noise_scale
-from heedful.seeding import example_generators
+from heedful.engine.seeding import example_generators
 
 PROMPT = "the capital of france is"
 

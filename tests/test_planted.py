@@ -14,9 +14,9 @@ from conftest import run_cli
 from heedful import datasets
 from heedful.datasets import planted
 from heedful.datasets.context import load_context_file
+from heedful.engine.sources import SourceSpec, split_text
 from heedful.errors import InputError
 from heedful.evaluate.context import example_sources
-from heedful.sources import SourceSpec, split_text
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +44,7 @@ def test_the_planted_source_holds_the_answer_and_the_question_is_no_source(docs)
         for other, rating in ex.meta["distractors"]:
             assert f"The {other} was {rating}." in context and rating != answer and other != subject
         assert ex.meta["tokens"] <= 512
-        # the sources are the context's sentences as heedful.sources cuts them
+        # the sources are the context's sentences as heedful.engine.sources cuts them
         assert split_text(ex.text, SourceSpec("sentences", within=(0, end))) == sources
         # the evaluation layer reads the same sources, answer and evidence
         assert example_sources(ex) == (tuple(sources), ex.meta["answer_source"], ((0, a, b),))
@@ -53,7 +53,7 @@ def test_the_planted_source_holds_the_answer_and_the_question_is_no_source(docs)
 
 
 def test_sentences_of_a_line_are_cut_as_every_text_is():
-    from heedful.sources import split_text
+    from heedful.engine.sources import split_text
 
     def cut(line):
         return split_text(line, planted.SENTENCES)
@@ -98,7 +98,7 @@ def test_length_counted_with_a_tokenizer(tiny):
 def test_answers_are_single_tokens_for_byte_level_bpe():
     from transformers import AutoTokenizer
 
-    from heedful.cache import heedful_home
+    from heedful.files.cache import heedful_home
 
     folder = heedful_home() / "models" / "smollm2-135m"
     if not (folder / "tokenizer.json").is_file():

@@ -1,4 +1,4 @@
-"""Lower-precision forward passes (heedful.precision): bf16 / int8 outputs stay close to fp32,
+"""Lower-precision forward passes (heedful.engine.precision): bf16 / int8 outputs stay close to fp32,
 store keys change only away from fp32, gradient methods refuse a precision, the low-precision
 copy is built once and reused, its outputs follow the model's device and dtype, and
 ``heedful bench --precision`` records the precision."""
@@ -15,10 +15,10 @@ import torch
 from conftest import run_cli, saved_tiny
 from tiny import CORPUS, tiny_model
 
+from heedful.engine.precision import active_precision, forward_precision, lowered_model
 from heedful.errors import InputError
 from heedful.evaluate import evaluate, get_protocol
 from heedful.evaluate.store import run_key, subject
-from heedful.precision import active_precision, forward_precision, lowered_model
 from heedful.registry import registered
 
 TEXTS = list(CORPUS[:6])

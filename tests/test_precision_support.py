@@ -1,4 +1,4 @@
-"""Knowing the machine (heedful.precision.support, heedful.machine, ``heedful info``) and
+"""Knowing the machine (heedful.engine.precision.support, heedful.engine.machine, ``heedful info``) and
 choosing by it: ``precision="auto"`` and the warning / refusal of an explicit precision the
 machine runs slower than fp32. The outcomes are tested on both kinds of machine by stubbing the
 probe's result; the probe itself runs for real, and the one test that depends on this
@@ -16,17 +16,17 @@ import pytest
 from conftest import run_cli, saved_tiny
 from tiny import CORPUS, tiny_model
 
-import heedful.precision as precision_module
-from heedful.errors import InputError
-from heedful.evaluate import evaluate, get_protocol
-from heedful.machine import cpuinfo, is_native, native_route, relevant_flags
-from heedful.precision import (
+import heedful.engine.precision as precision_module
+from heedful.engine.machine import cpuinfo, is_native, native_route, relevant_flags
+from heedful.engine.precision import (
     SlowPrecisionWarning,
     Support,
     resolve_precision,
     strict_precision,
     support,
 )
+from heedful.errors import InputError
+from heedful.evaluate import evaluate, get_protocol
 
 TEXTS = list(CORPUS[:4])
 

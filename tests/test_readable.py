@@ -14,7 +14,7 @@ from rich.console import Console
 from test_generation import _sentencepiece_llama
 
 import heedful
-import heedful.readable
+import heedful.engine.readable
 from heedful.evaluate.store import ResultsStore, Subject, run_key
 from heedful.fingerprint import ModelFingerprint
 from heedful.render.terminal import header
@@ -33,9 +33,9 @@ def _readable(tokens: list[str]) -> bool:
 
 
 def test_marks_are_documented_and_hold():
-    outcome = doctest.testmod(heedful.readable)
+    outcome = doctest.testmod(heedful.engine.readable)
     assert outcome.attempted > 0 and outcome.failed == 0
-    assert heedful.readable.marked("\r\n\t") == "⏎⇥" and heedful.readable.marked("a\tb") == "a⇥b"
+    assert heedful.engine.readable.marked("\r\n\t") == "⏎⇥" and heedful.engine.readable.marked("a\tb") == "a⇥b"
 
 
 def test_byte_level_explanation_reads_as_text_and_keeps_its_raw_tokens(tiny):

@@ -13,7 +13,7 @@ import torch
 
 import heedful
 from heedful import registry
-from heedful.options import AT_LEAST_ONE, RUNTIME, option_specs
+from heedful.engine.options import AT_LEAST_ONE, RUNTIME, option_specs
 from heedful.render.methods import method_table
 
 README = Path(__file__).resolve().parents[1] / "README.md"

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from conftest import cached_model
 
+from heedful.engine.targets import Target
 from heedful.evaluate.evaluation import ModelInput
 from heedful.reproduce import REPORTS, ReportSettings, report_writer
 from heedful.reproduce import normxlogit as nx
-from heedful.targets import Target
 
 
 def test_registered():

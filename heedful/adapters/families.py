@@ -9,7 +9,8 @@ import torch
 from torch import nn
 from transformers.activations import ACT2FN
 
-from heedful.adapters.base import LMHeadParts, ModelAdapter
+from heedful.adapters.base import ModelAdapter
+from heedful.adapters.family_hooks import LMHeadParts
 from heedful.adapters.roles import (
     Activation,
     BlockRoles,

@@ -13,7 +13,6 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from heedful.adapters.base import LMHeadParts
 from heedful.adapters.families import (
     ALL_RULES,
     CLASSIFIER_TASKS,
@@ -25,6 +24,7 @@ from heedful.adapters.families import (
     _lm_steps,
     _sites,
 )
+from heedful.adapters.family_hooks import LMHeadParts
 from heedful.adapters.roles import (
     BlockRoles,
     HeadRoles,
@@ -247,7 +247,6 @@ class GPTNeoXAdapter(_DecoderAdapter):
             rotary=True,
             parallel=bool(self.config.use_parallel_residual),
         )
-
 
 
 class PhiAdapter(_DecoderAdapter):

@@ -4,7 +4,7 @@ The sampling methods (LIME, KernelSHAP, RISE) see an example as ``M_b`` binary f
 removable token (content tokens; a fixed anchor such as ``[MASK]`` is never removed). A sample
 ``z`` in ``{0, 1}^M`` keeps the tokens where ``z = 1`` and removes the others (``[MASK]`` for
 encoders, deletion for causal LMs, or any ``removal`` of
-:func:`heedful.perturb.removal_id`); an input with every token deleted becomes
+:func:`heedful.engine.perturb.removal_id`); an input with every token deleted becomes
 the single token ``[BOS]`` (pad/EOS when there is none). Every example draws its samples from its
 own generator, so results do not depend on the batch.
 """
@@ -15,11 +15,11 @@ from dataclasses import dataclass
 
 import torch
 
-from heedful.batch import Batch
-from heedful.perturb import Perturbed, removable_positions, remove_from_examples
-from heedful.problem import Problem
-from heedful.runner import Copies, Runner
-from heedful.targets import ResolvedTarget
+from heedful.engine.batch import Batch
+from heedful.engine.perturb import Perturbed, removable_positions, remove_from_examples
+from heedful.engine.problem import Problem
+from heedful.engine.runner import Copies, Runner
+from heedful.engine.targets import ResolvedTarget
 
 
 @dataclass

@@ -1,11 +1,11 @@
-"""The ``precision`` option of forward-only methods (:mod:`heedful.precision`)."""
+"""The ``precision`` option of forward-only methods (:mod:`heedful.engine.precision`)."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from heedful.options import KEYED_WHEN_SET
-from heedful.precision import PrecisionChoice, Tolerates
+from heedful.engine.options import KEYED_WHEN_SET
+from heedful.engine.precision import PrecisionChoice, Tolerates
 
 MethodPrecision = Annotated[PrecisionChoice, KEYED_WHEN_SET, Tolerates()]
 """``precision``: ``"fp32"`` (default), ``"bf16"`` or ``"int8"`` forward passes, or ``"auto"``;

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from heedful.engine.problem import Problem
 from heedful.errors import InputError
-from heedful.problem import Problem
 from heedful.registry import register
 
 

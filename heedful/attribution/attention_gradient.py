@@ -9,9 +9,9 @@ from __future__ import annotations
 import torch
 
 from heedful.adapters import Forward, ModelAdapter
-from heedful.batch import Batch
-from heedful.memory import Need, require
-from heedful.problem import Problem
+from heedful.engine.batch import Batch
+from heedful.engine.memory import Need, require
+from heedful.engine.problem import Problem
 from heedful.registry import register
 
 
@@ -19,7 +19,7 @@ def attention_reference(hidden: bool = False):
     """A reference pass (see :class:`heedful.registry.MethodInfo`) that keeps attentions (and,
     with ``hidden``, hidden states) in the autograd graph, so the method's backward needs no
     forward of its own. The pass must fit the adapter's ``max_memory``
-    (:func:`heedful.memory.require`: an :class:`InputError` before any work)."""
+    (:func:`heedful.engine.memory.require`: an :class:`InputError` before any work)."""
 
     def reference(
         adapter: ModelAdapter, batch: Batch, anchor: torch.Tensor, inputs_embeds: torch.Tensor | None = None

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from heedful.problem import Problem
+from heedful.engine.problem import Problem
+from heedful.engine.seeding import example_generators
 from heedful.registry import register
-from heedful.seeding import example_generators
 
 
 @register(

@@ -1,12 +1,12 @@
 """Context attribution: which sources of a long text (sentences, paragraphs, token windows or
-the user's spans -- :mod:`heedful.sources`) produced the target.
+the user's spans -- :mod:`heedful.engine.sources`) produced the target.
 
 Each method scores every source and gives each token its source's score shared evenly, so
 ``Explanation.source_scores()`` returns the source scores exactly and token views stay
 comparable with the token methods. A source is removed by deleting its tokens (ContextCite and
 AttriBoT remove the text); tokens outside every source (a question after the context, a chat
 template) are never removed. Every removal runs batched, and for decoders from the key/value
-cache of the unchanged prefix (:mod:`heedful.reuse`).
+cache of the unchanged prefix (:mod:`heedful.engine.reuse`).
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ from typing import Annotated, Literal
 import numpy as np
 import torch
 
+from heedful.engine.options import AT_LEAST_ONE, NON_NEGATIVE, OPEN_UNIT, RUNTIME, Range
+from heedful.engine.perturb import removable_positions
+from heedful.engine.problem import Problem
+from heedful.engine.reuse import removal_scores
+from heedful.engine.seeding import example_generators
 from heedful.errors import InputError
-from heedful.options import AT_LEAST_ONE, NON_NEGATIVE, OPEN_UNIT, RUNTIME, Range
-from heedful.perturb import removable_positions
-from heedful.problem import Problem
 from heedful.registry import find, register
-from heedful.reuse import removal_scores
-from heedful.seeding import example_generators
 
 SourceRemoval = Literal["delete", "auto", "mask", "pad", "unk"]
 ContextOutput = Literal["log_prob", "logit_prob", "logit", "probability"]

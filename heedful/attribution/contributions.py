@@ -33,8 +33,8 @@ from heedful.attribution.decomposition import (
     scatter,
     target_parts,
 )
+from heedful.engine.problem import Problem
 from heedful.errors import UnsupportedModelError
-from heedful.problem import Problem
 from heedful.registry import register
 
 STATES = 4.0

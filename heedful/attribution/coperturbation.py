@@ -111,7 +111,7 @@ Batching: many sentences -- and, for layer-wise interest, every layer of every s
 for lambda sweeps every lambda -- are independent optimisation *problems* solved together: each
 step runs ``problems x samples`` noised copies in batched forwards and backwards (chunks of
 similar length, as many as fit :data:`ACTIVATION_BUDGET` by the memory estimator,
-:mod:`heedful.memory`). Problems that have converged leave the
+:mod:`heedful.engine.memory`). Problems that have converged leave the
 batch. Each problem draws its noise (and, with ``init="randn"``, its initial ``theta``) from its own generator, seeded
 from ``seed``, the example's text and the probed layer, so the scores of a sentence do not
 depend on the batch it is in.
@@ -139,15 +139,15 @@ from heedful.attribution.noise import (
     noise_scale,
     resolve_layer,
 )
-from heedful.batch import Batch
+from heedful.engine.batch import Batch
+from heedful.engine.memory import Need
+from heedful.engine.options import AT_LEAST_ONE, KEYED_WHEN_SET, NON_NEGATIVE, POSITIVE, RUNTIME
+from heedful.engine.problem import Problem
+from heedful.engine.runner import Runner
+from heedful.engine.seeding import example_generators
 from heedful.errors import InputError
-from heedful.memory import Need
-from heedful.options import AT_LEAST_ONE, KEYED_WHEN_SET, NON_NEGATIVE, POSITIVE, RUNTIME
-from heedful.problem import Problem
 from heedful.progress import task
 from heedful.registry import register
-from heedful.runner import Runner
-from heedful.seeding import example_generators
 
 Score = Literal["rho", "log_rho"]
 Keep = Literal["best", "last", "average"]
@@ -183,7 +183,7 @@ def _passes(options: dict) -> tuple[float, float]:
 
 
 ACTIVATION_BUDGET = 512 * 2**20
-"""Bytes one noised forward+backward chunk may take (estimated by :mod:`heedful.memory`; the
+"""Bytes one noised forward+backward chunk may take (estimated by :mod:`heedful.engine.memory`; the
 adapter's ``max_memory`` when that is smaller): on a CPU the cost per position is flat from a
 few hundred positions on, so bigger chunks would only cost memory."""
 GRAD_CHUNK_OVERHEAD = 64

@@ -40,12 +40,12 @@ from heedful.adapters.roles import (
     Projection,
     Site,
 )
-from heedful.chunks import length_chunks
+from heedful.engine.chunks import length_chunks
+from heedful.engine.memory import format_bytes
+from heedful.engine.problem import Problem
+from heedful.engine.runner import Runner
 from heedful.errors import InputError, UnsupportedModelError
-from heedful.memory import format_bytes
-from heedful.problem import Problem
 from heedful.registry import register
-from heedful.runner import Runner
 
 BiasRule = Literal["absdot", "abssim", "norm", "equal"]
 """How a bias is shared among the sources (DecompX's ``bias_decomp_type``): by the absolute dot
@@ -61,7 +61,7 @@ FLOAT_BYTES = 4
 
 GROUP_OVERHEAD = 128
 """The fixed cost of one group of examples (its recording pass and the per-block calls) in the
-units of :func:`heedful.chunks.length_chunks` with ``power=2`` (one position's row of parts):
+units of :func:`heedful.engine.chunks.length_chunks` with ``power=2`` (one position's row of parts):
 about one example of 11 tokens, measured on MiniLM -- so examples of different lengths are
 decomposed apart rather than padded together (a padded position costs a whole row of parts)."""
 

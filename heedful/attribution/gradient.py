@@ -32,15 +32,15 @@ import numpy as np
 import torch
 
 from heedful.adapters import Forward, ModelAdapter
-from heedful.batch import Batch
-from heedful.chunks import length_chunks
+from heedful.engine.batch import Batch
+from heedful.engine.chunks import length_chunks
+from heedful.engine.memory import Need
+from heedful.engine.options import AT_LEAST_ONE, NON_NEGATIVE, RUNTIME
+from heedful.engine.problem import Problem, reference_pass
+from heedful.engine.runner import Copies, Runner, keeps_graph
+from heedful.engine.seeding import example_generators
 from heedful.errors import InputError
-from heedful.memory import Need
-from heedful.options import AT_LEAST_ONE, NON_NEGATIVE, RUNTIME
-from heedful.problem import Problem, reference_pass
 from heedful.registry import find, register
-from heedful.runner import Copies, Runner, keeps_graph
-from heedful.seeding import example_generators
 
 Aggregate = Literal["sum", "l1", "l2"]
 """How per-dimension attributions ``[B, N, E]`` become token scores ``[B, N]``: signed sum, l1
@@ -76,7 +76,7 @@ def gradient_reference(
     second forward. Rows run in groups of similar length, each cut to its longest row.
 
     A batch whose kept activations would pass the adapter's memory budget
-    (:func:`~heedful.runner.keeps_graph`) gets the plain reference pass instead; the method
+    (:func:`~heedful.engine.runner.keeps_graph`) gets the plain reference pass instead; the method
     then runs forward and backward chunk by chunk in bounded memory (with per-block gradient
     checkpointing where one row needs it) -- checked here, so that a backward that cannot fit
     at all is an :class:`InputError` before any work."""
@@ -252,7 +252,7 @@ def integrated_gradients(
     sum to ``F(e) - F(e')``.
 
     All ``B x n_steps`` interpolated inputs run through the batched runner
-    (:class:`~heedful.runner.Runner`): chunks of rows of similar length, each cut to its longest
+    (:class:`~heedful.engine.runner.Runner`): chunks of rows of similar length, each cut to its longest
     row and holding at most about 16k token positions (or ``internal_batch_size`` rows).
     Completeness: ``sum_i IG_i ~= F(e) - F(e')``.
 

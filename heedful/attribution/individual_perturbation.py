@@ -22,12 +22,12 @@ from heedful.attribution.noise import (
     noise_scale,
     resolve_layer,
 )
-from heedful.memory import Need
-from heedful.options import AT_LEAST_ONE, POSITIVE, RUNTIME
-from heedful.problem import Problem
+from heedful.engine.memory import Need
+from heedful.engine.options import AT_LEAST_ONE, POSITIVE, RUNTIME
+from heedful.engine.problem import Problem
+from heedful.engine.runner import Runner
+from heedful.engine.seeding import example_generators
 from heedful.registry import register
-from heedful.runner import Runner
-from heedful.seeding import example_generators
 
 
 @register(

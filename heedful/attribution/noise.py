@@ -26,10 +26,10 @@ from typing import Literal
 import torch
 
 from heedful.adapters import Forward, ModelAdapter, Site
-from heedful.batch import Batch
+from heedful.engine.batch import Batch
+from heedful.engine.problem import Problem
+from heedful.engine.targets import ResolvedTarget
 from heedful.errors import InputError
-from heedful.problem import Problem
-from heedful.targets import ResolvedTarget
 
 HEAD = -1
 """Layer key meaning "the head's output at the anchor position"."""

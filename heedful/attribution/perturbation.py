@@ -1,5 +1,5 @@
 """Perturbation methods that remove tokens and watch the output: occlusion and its window-1 case,
-leave-one-out, on one ablation core (:mod:`heedful.ablation`), as Captum's ``Occlusion`` is its
+leave-one-out, on one ablation core (:mod:`heedful.engine.ablation`), as Captum's ``Occlusion`` is its
 ``FeatureAblation`` with sliding windows for features."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from typing import Annotated, Literal
 
 import torch
 
-from heedful.ablation import removal_drops, sliding_windows, token_means
+from heedful.engine.ablation import removal_drops, sliding_windows, token_means
 from heedful.attribution._precision import MethodPrecision
-from heedful.options import AT_LEAST_ONE, RUNTIME
-from heedful.perturb import Removal
-from heedful.problem import Problem
+from heedful.engine.options import AT_LEAST_ONE, RUNTIME
+from heedful.engine.perturb import Removal
+from heedful.engine.problem import Problem
 from heedful.registry import register
 
 Output = Literal["logit", "probability"]
@@ -82,7 +82,7 @@ def leave_one_out(
     Occlusion (:func:`occlusion`) with windows of one token. ``removal="auto"`` uses the model's
     removal token (``[MASK]`` for encoders; deletion for causal LMs); ``output`` chooses the target logit or its probability as ``f``. All ``sum_b
     N_b`` perturbed copies run through the batched runner, at ``precision`` (``"bf16"`` /
-    ``"int8"``: :mod:`heedful.precision`; ``f(x)`` then runs at that precision too).
+    ``"int8"``: :mod:`heedful.engine.precision`; ``f(x)`` then runs at that precision too).
 
     Source: Li et al. 2016, Understanding Neural Networks through Representation Erasure (Eq. 2)
     """

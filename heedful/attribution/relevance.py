@@ -20,16 +20,16 @@ from heedful.attribution.attention_gradient import (
     attention_reference,
     mean_over_real_rows,
 )
-from heedful.batch import Batch
-from heedful.chunks import length_chunks
+from heedful.engine.batch import Batch
+from heedful.engine.chunks import length_chunks
+from heedful.engine.memory import Need, require
+from heedful.engine.options import OPEN_UNIT, UNIT
+from heedful.engine.problem import Problem
 from heedful.errors import InputError
 from heedful.lrp import rule_set
 from heedful.lrp.masks import Ablation
 from heedful.lrp.propagate import LRPForward, Prepared, RelevancePass, lrp_backward, lrp_forward
 from heedful.lrp.rules import MASK_VARIANTS, MaskVariant
-from heedful.memory import Need, require
-from heedful.options import OPEN_UNIT, UNIT
-from heedful.problem import Problem
 from heedful.registry import register
 
 RELPROP_COST = "1 forward + 1 backward + 1 relevance pass"
@@ -39,7 +39,7 @@ def lrp_reference(rules: str) -> Callable[..., LRPForward]:
     """A reference pass (see :class:`~heedful.registry.MethodInfo`) that is the LRP forward of
     ``rules`` itself, run in groups of rows of similar length, each cut to its longest row: the
     method then needs no forward of its own. Their graphs, all kept, must fit the adapter's
-    ``max_memory`` (:func:`heedful.memory.require`: an :class:`InputError` before any work)."""
+    ``max_memory`` (:func:`heedful.engine.memory.require`: an :class:`InputError` before any work)."""
 
     def reference(
         adapter: ModelAdapter, batch: Batch, anchor: torch.Tensor, inputs_embeds: torch.Tensor | None = None

@@ -9,13 +9,13 @@ import torch
 from heedful.attribution._masks import Features, features_of, score_samples, to_tokens
 from heedful.attribution._precision import SampledPrecision
 from heedful.attribution.perturbation import Output
-from heedful.batch import Batch
-from heedful.options import AT_LEAST_ONE, OPEN_UNIT, RUNTIME
-from heedful.perturb import Removal
-from heedful.precision import forward_precision
-from heedful.problem import Problem
+from heedful.engine.batch import Batch
+from heedful.engine.options import AT_LEAST_ONE, OPEN_UNIT, RUNTIME
+from heedful.engine.perturb import Removal
+from heedful.engine.precision import forward_precision
+from heedful.engine.problem import Problem
+from heedful.engine.seeding import example_generators
 from heedful.registry import register
-from heedful.seeding import example_generators
 
 
 def draw_masks(batch: Batch, features: Features, n_masks: int, p_keep: float, seed: int | None) -> torch.Tensor:

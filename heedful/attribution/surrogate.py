@@ -26,13 +26,13 @@ import torch
 from heedful.attribution._masks import Features, features_of, score_samples, to_tokens
 from heedful.attribution._precision import SampledPrecision
 from heedful.attribution.perturbation import Output
+from heedful.engine.options import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, RUNTIME, Range
+from heedful.engine.perturb import Removal
+from heedful.engine.precision import forward_precision
+from heedful.engine.problem import Problem
+from heedful.engine.seeding import example_generators
 from heedful.errors import InputError
-from heedful.options import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, RUNTIME, Range
-from heedful.perturb import Removal
-from heedful.precision import forward_precision
-from heedful.problem import Problem
 from heedful.registry import register
-from heedful.seeding import example_generators
 
 Sampling = Literal["lime", "bernoulli"]
 AT_LEAST_TWO = Range(2)

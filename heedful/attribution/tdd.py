@@ -26,11 +26,11 @@ from typing import Annotated, Literal
 import torch
 
 from heedful.attribution._masks import Features, features_of, perturbed_rows, to_tokens
-from heedful.options import AT_LEAST_ONE, RUNTIME
-from heedful.problem import Problem
+from heedful.engine.options import AT_LEAST_ONE, RUNTIME
+from heedful.engine.problem import Problem
+from heedful.engine.runner import Copies, Runner
+from heedful.engine.targets import ResolvedTarget
 from heedful.registry import register
-from heedful.runner import Copies, Runner
-from heedful.targets import ResolvedTarget
 
 Direction = Literal["forward", "backward", "bidirectional"]
 

@@ -4,7 +4,7 @@ another token's value vectors are zeroed, rolled out through the layers.
 For block ``l`` and token ``j``, the block is run again on its original input with the value
 vectors of ``j`` zeroed in every head; ``S^l[i, j]`` is the cosine distance between the new and
 the original output of token ``i``. Every ``(l, j)`` is one single-block pass; heedful runs them
-as ``N`` copies of each example through the batched runner (:mod:`heedful.runner`), copy ``j``
+as ``N`` copies of each example through the batched runner (:mod:`heedful.engine.runner`), copy ``j``
 zeroing token ``j``'s values in *every* block while each block's input is reset to the original
 one -- so one pass of a copy gives block ``l``'s zeroed output for every ``l`` at once, the
 ``L x N`` single-block passes of the reference in ``N`` forwards.
@@ -36,11 +36,11 @@ from heedful.attribution.decomposition import (
     recordings,
     take,
 )
+from heedful.engine.memory import Need
+from heedful.engine.problem import Problem
+from heedful.engine.runner import Copies, Runner, anchors_of
 from heedful.errors import InputError, UnsupportedModelError
-from heedful.memory import Need
-from heedful.problem import Problem
 from heedful.registry import register
-from heedful.runner import Copies, Runner, anchors_of
 
 
 @dataclass

@@ -12,10 +12,10 @@ from typing import Literal
 import torch
 
 from heedful.adapters import ModelAdapter
+from heedful.engine.problem import Problem
+from heedful.engine.targets import ResolvedTarget
 from heedful.errors import InputError
-from heedful.problem import Problem
 from heedful.registry import register
-from heedful.targets import ResolvedTarget
 
 NormSource = Literal["embedding_output", "word_embedding"]
 RegressionRank = Literal["far", "near"]

@@ -13,8 +13,8 @@ from rich.markup import escape
 
 from heedful.commands.console import announce
 from heedful.commands.options import key_value
+from heedful.engine.memory import parse_memory
 from heedful.errors import HeedfulError, Interrupted, install_hint
-from heedful.memory import parse_memory
 
 
 def _split_list(raw: str, what: str) -> list[str]:
@@ -116,7 +116,7 @@ def bench(
     metrics = metrics or "aopc,sufficiency,accuracy"
     if random_seeds is not None:
         protocol_changes["random_seeds"] = random_seeds
-    from heedful.precision import (  # imports torch: only when a bench runs
+    from heedful.engine.precision import (  # imports torch: only when a bench runs
         check_precision,
         strict_precision,
     )

@@ -28,9 +28,9 @@ def progress() -> Bars:
 
 
 def announce(work, what: str | None = None) -> None:
-    """Say on stderr how long ``work`` (a :class:`heedful.workload.Work`; ``what``: the part of
+    """Say on stderr how long ``work`` (a :class:`heedful.engine.workload.Work`; ``what``: the part of
     the run it covers) is expected to take, when that is long
-    (:data:`heedful.workload.LONG_SECONDS`), before it starts."""
+    (:data:`heedful.engine.workload.LONG_SECONDS`), before it starts."""
     if work.long:
         part = f"{what}: " if what else ""
         err.print(f"{part}{work.describe()} (estimated on this machine)", markup=False, highlight=False, soft_wrap=True)
@@ -39,7 +39,7 @@ def announce(work, what: str | None = None) -> None:
 def load_model(name: str, device: str = "cpu", max_memory: int | str | None = None, **hub):
     """:func:`heedful.load` with a spinner on stderr (zoo models are built on first use, hub ids
     downloaded with their own progress bars); ``max_memory``: the budget of one pass (see
-    :mod:`heedful.memory`); ``hub``: ``revision``, ``allow_pickle``, ``trust_remote_code``."""
+    :mod:`heedful.engine.memory`); ``hub``: ``revision``, ``allow_pickle``, ``trust_remote_code``."""
     import heedful
 
     with err.status(f"loading {name} …"):

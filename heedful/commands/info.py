@@ -28,9 +28,9 @@ def info(
     from rich.table import Table
 
     from heedful.commands.console import out
+    from heedful.engine.precision import PRECISIONS, support
     from heedful.errors import HeedfulError
     from heedful.loading import check_device
-    from heedful.precision import PRECISIONS, support
     from heedful.version import __version__
 
     found_device = check_device(device)
@@ -64,8 +64,8 @@ def auto_picks(found) -> dict[str, str]:
     """What ``precision="auto"`` resolves to on the machine ``found`` describes: for the
     faithfulness curves and for every method with a ``precision`` option."""
     from heedful.attribution import methods
+    from heedful.engine.precision import Tolerates
     from heedful.evaluate.protocol import CURVES_TOLERATE
-    from heedful.precision import Tolerates
 
     picks = {"curves": found.auto(CURVES_TOLERATE)}
     for method in methods():

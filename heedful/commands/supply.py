@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from rich.markup import escape
 
-from heedful.cache import heedful_home
 from heedful.commands.console import err, out
-from heedful.supply import ChecksumError, Status, statuses
+from heedful.files.cache import heedful_home
+from heedful.files.supply import ChecksumError, Status, statuses
 
 
 def _state(status: Status) -> str:

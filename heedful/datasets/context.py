@@ -14,7 +14,7 @@ Every context example is an :class:`~heedful.datasets.Example` of a :class:`Data
 * ``meta[CONTEXT]``: ``[0, len(context)]``, the region of ``text`` that is context (the query is
   never a source); ``meta[SOURCES]``: the sources as ``[start, end]`` character spans of
   ``text`` when the data fixes them (the planted set, :mod:`heedful.datasets.planted`), else
-  absent: the sources are then the context's sentences (:mod:`heedful.sources`, cut by the
+  absent: the sources are then the context's sentences (:mod:`heedful.engine.sources`, cut by the
   evaluation layer); ``meta[ANSWER_SOURCE]``: index of the source that holds the answer, when
   known.
 
@@ -28,7 +28,7 @@ field               needed    meaning
 ``target``          no        the continuation to explain, as written (default: the model's
                               predicted next token)
 ``answer_source``   no        index of the context sentence that holds the answer (0-based;
-                              sentences as :func:`heedful.sources.split_text` cuts them)
+                              sentences as :func:`heedful.engine.sources.split_text` cuts them)
 ``answer_span``     no        ``[start, end]`` character span of the answer in ``context``
 ``id``              no        example id (default: the row number); ids must be unique
 ``split``           no        keep only the rows whose split matches the split asked for

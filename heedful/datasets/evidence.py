@@ -81,7 +81,7 @@ def token_evidence(
     """``[N]`` bool: tokens whose character span overlaps an evidence span of the same segment.
 
     ``offsets`` / ``segments`` are an :class:`~heedful.Explanation`'s (or a
-    :class:`~heedful.batch.Batch` row's); special tokens (offset ``None``) are never evidence.
+    :class:`~heedful.engine.batch.Batch` row's); special tokens (offset ``None``) are never evidence.
     """
     n = len(offsets)
     if n == 0 or not spans:

@@ -20,7 +20,7 @@ were answered less often).
 The examples are context examples (:mod:`heedful.datasets.context`): ``text`` is the document,
 a blank line and the question; ``target`` the answer with its leading space (``" superb"``);
 ``meta["sources"]`` the character spans of every sentence of the document -- each snippet's
-sentences (as :func:`heedful.sources.split_text` cuts any text) and each template sentence -- (the question is no
+sentences (as :func:`heedful.engine.sources.split_text` cuts any text) and each template sentence -- (the question is no
 source); ``meta["answer_source"]`` the index of the planted sentence among them and
 ``evidence_spans`` its character span.
 
@@ -52,8 +52,8 @@ import numpy as np
 from heedful.datasets import vader
 from heedful.datasets.context import SEPARATOR, context_example
 from heedful.datasets.examples import Dataset, Example
+from heedful.engine.sources import SourceSpec, split_text
 from heedful.errors import InputError
-from heedful.sources import SourceSpec, split_text
 
 DEFAULT_SIZE = 100
 DEFAULT_LENGTH = 1024
@@ -66,7 +66,7 @@ CHARS_PER_TOKEN = 4.5
 """Characters per token when no tokenizer counts them (SmolLM2 on the movie snippets: 4.55)."""
 SPLITS = {"train": 0, "test": 1}
 SENTENCES = SourceSpec()
-"""Each snippet line is cut into sentences as every text is (:func:`heedful.sources.split_text`)."""
+"""Each snippet line is cut into sentences as every text is (:func:`heedful.engine.sources.split_text`)."""
 
 TEMPLATE = "The {subject} was {answer}."
 QUESTION = "The {subject} was"

@@ -16,8 +16,8 @@ tweets    tweets_GroundTruth.txt                  tweets
 ========  ======================================  ==========================
 
 Nothing ships with heedful: the first call fetches the source archive
-``vaderSentiment-3.3.2.tar.gz`` from PyPI, pinned by sha256 in :mod:`heedful.pins`
-and checked before use, unpacks it as an archive (:func:`heedful.supply.unpack`;
+``vaderSentiment-3.3.2.tar.gz`` from PyPI, pinned by sha256 in :mod:`heedful.files.pins`
+and checked before use, unpacks it as an archive (:func:`heedful.files.supply.unpack`;
 its ``setup.py`` is never run) and copies the four files (and the lexicon) into
 ``heedful_home()/data/vader``; later calls read the copied files.
 
@@ -54,11 +54,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from heedful import supply
-from heedful.atomic import atomic_folder
-from heedful.cache import heedful_home
 from heedful.errors import HeedfulError
-from heedful.pins import get_pin
+from heedful.files import supply
+from heedful.files.atomic import atomic_folder
+from heedful.files.cache import heedful_home
+from heedful.files.pins import get_pin
 
 #: The vaderSentiment source archive (an sdist: the wheel lacks the snippet data).
 VADER_PIN = get_pin("vadersentiment")

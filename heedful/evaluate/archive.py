@@ -36,10 +36,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from heedful.atomic import PART_SUFFIX, atomic_file
 from heedful.errors import HeedfulError
 from heedful.evaluate.merge import merge_stores, require_schema
 from heedful.evaluate.store import FILE_NAME, ResultsStore
+from heedful.files.atomic import PART_SUFFIX, atomic_file
 
 DUMP_NAME = FILE_NAME + ".jsonl"
 """The dump of one store, in the archive at the store's relative folder."""
@@ -57,7 +57,7 @@ KEYS: dict[str, tuple[str, ...]] = {
 store's renamed ``schema1_*`` tables are never read, so they are not dumped)."""
 
 _STORE_FILES = (FILE_NAME, FILE_NAME + "-wal", FILE_NAME + "-shm", FILE_NAME + "-journal")
-_PARTIAL = (PART_SUFFIX, ".tmp")  # ".tmp": files of writers from before heedful.atomic
+_PARTIAL = (PART_SUFFIX, ".tmp")  # ".tmp": files of writers from before heedful.files.atomic
 
 
 RESULTS = ("explanations", "measurements", "metrics")

@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from heedful.engine.workload import NOTHING, Work, check
 from heedful.errors import HeedfulError, InputError, Interrupted, did_you_mean
 from heedful.evaluate.context import SharedAblations
 from heedful.evaluate.evaluation import (
@@ -58,7 +59,6 @@ from heedful.evaluate.protocol import Protocol, get_protocol
 from heedful.evaluate.store import ResultsStore, RunKey, Subject, run_key, subject
 from heedful.evaluate.tasks import Part, PartResult, Settings, compute_steps, write_part
 from heedful.model import Model
-from heedful.workload import NOTHING, Work, check
 
 
 @dataclass
@@ -266,7 +266,7 @@ class Plan:
     stored: int
     notes: list[str]
     work: Work = NOTHING
-    """The estimated cost of the explanations still to compute (:mod:`heedful.workload`; the
+    """The estimated cost of the explanations still to compute (:mod:`heedful.engine.workload`; the
     metrics' passes not counted)."""
 
     @property
@@ -392,7 +392,7 @@ def explaining_work(
 ) -> Work:
     """The estimated cost of explaining, for each ``(run index, ids)`` of ``todo``, those
     examples, batch by batch as :meth:`Model.explain` does -- each batch's counts checked
-    against the memory budget (:func:`heedful.workload.check`: an :class:`InputError`)."""
+    against the memory budget (:func:`heedful.engine.workload.check`: an :class:`InputError`)."""
     from heedful.attribution import get_method
 
     work = NOTHING
@@ -670,7 +670,7 @@ def _check_spans(model: Model, methods: Sequence[str], inputs: Sequence[ModelInp
     """Before any work: an :class:`InputError` when some input's target is a span of several
     tokens (context data with a longer continuation) and a method explains one position only."""
     from heedful.attribution import get_method
-    from heedful.problem import span_request
+    from heedful.engine.problem import span_request
 
     targets = {repr(i.target): i.target for i in inputs if i.target is not None and model.task == "causal_lm"}
     spans = [t for t in targets.values() if span_request(model.adapter, t) is not None]

@@ -36,6 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from heedful.datasets.examples import Dataset, Example
+from heedful.engine.options import canonical_json
+from heedful.engine.targets import Target
 from heedful.errors import HeedfulError, InputError
 from heedful.evaluate.bench import (
     BenchResult,
@@ -76,8 +78,6 @@ from heedful.evaluate.store import (
 from heedful.evaluate.tasks import Settings
 from heedful.fingerprint import DIGITS, dataset_fingerprint, model_fingerprint
 from heedful.model import Model
-from heedful.options import canonical_json
-from heedful.targets import Target
 
 IMPORT_VERSION = 1
 """Version of the import (reading and alignment): it enters imported runs' keys."""

@@ -27,7 +27,7 @@ lds                        high  Spearman correlation, over ``protocol.lds_ablat
 
 ``y`` is the explained target (a token, or a span's summed log-probability); sources are removed
 by the protocol's removal (``auto``: deleted, for a causal LM). The ablations run as perturbed
-copies through :class:`heedful.runner.Runner` (:func:`measure_ablations`): one unperturbed row,
+copies through :class:`heedful.engine.runner.Runner` (:func:`measure_ablations`): one unperturbed row,
 one row per k and one per random mask for each example, in length chunks. The random masks depend
 only on the example (a generator seeded from its text), so every method is scored on the same
 ablations; a :class:`SharedAblations` lets the methods of one bench run share their outputs. Each
@@ -44,20 +44,20 @@ import numpy as np
 import torch
 
 from heedful.adapters import ModelAdapter
-from heedful.batch import Batch
 from heedful.datasets.context import ANSWER_SOURCE, CONTEXT, SOURCES
 from heedful.datasets.examples import Example, Span
+from heedful.engine.batch import Batch
+from heedful.engine.perturb import never_empty, remove_tokens
+from heedful.engine.runner import Copies, Runner
+from heedful.engine.seeding import example_generators
+from heedful.engine.sources import SourceSpec, split_text, token_sources
+from heedful.engine.targets import ResolvedTarget
 from heedful.errors import HeedfulError, InputError
 from heedful.evaluate.intervals import bootstrap_mean
 from heedful.evaluate.metrics import Measurements, PerExample, Summary, register_metric
 from heedful.evaluate.perturbation import replacement_for
 from heedful.evaluate.protocol import Protocol
 from heedful.explanation import Explanation
-from heedful.perturb import never_empty, remove_tokens
-from heedful.runner import Copies, Runner
-from heedful.seeding import example_generators
-from heedful.sources import SourceSpec, split_text, token_sources
-from heedful.targets import ResolvedTarget
 
 CharSpan = tuple[int, int]
 

@@ -21,6 +21,8 @@ import numpy as np
 from heedful.adapters import ModelAdapter
 from heedful.datasets.evidence import token_evidence
 from heedful.datasets.examples import Dataset, Example, Span
+from heedful.engine.precision import forward_precision
+from heedful.engine.targets import Target
 from heedful.errors import InputError
 from heedful.evaluate import context as ctx
 from heedful.evaluate import perturbation as pert
@@ -35,8 +37,6 @@ from heedful.evaluate.metrics import (
 )
 from heedful.evaluate.protocol import Protocol, get_protocol
 from heedful.explanation import Explanation
-from heedful.precision import forward_precision
-from heedful.targets import Target
 
 
 # ---------------------------------------------------------------------------- model inputs
@@ -363,7 +363,7 @@ def evaluate(
     lets several calls (one per method) share the random source ablations they measure.
     ``precision`` (``"fp32"``, ``"bf16"``, ``"int8"`` or ``"auto"``; default: the protocol's)
     sets the protocol's ``precision``: the forward passes of the curves run at it
-    (:mod:`heedful.precision`; ``"auto"``: bf16 where this machine runs it faster, else fp32).
+    (:mod:`heedful.engine.precision`; ``"auto"``: bf16 where this machine runs it faster, else fp32).
     """
     adapter: ModelAdapter = getattr(model, "adapter", model)
     protocol = get_protocol(protocol)

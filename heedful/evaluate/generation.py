@@ -26,12 +26,12 @@ import numpy as np
 import torch
 
 from heedful.adapters import ModelAdapter
-from heedful.chunks import length_chunks
+from heedful.engine.chunks import length_chunks
+from heedful.engine.memory import Fit, Need
+from heedful.engine.targets import ResolvedTarget
 from heedful.errors import InputError
 from heedful.evaluate.intervals import bootstrap_mean
 from heedful.generation_explanation import GenerationExplanation
-from heedful.memory import Fit, Need
-from heedful.targets import ResolvedTarget
 
 RATIOS = (0.01, 0.05, 0.1, 0.2, 0.5)
 """ERASER's AOPC bins."""
@@ -117,7 +117,7 @@ def _continuation_log_probs(
     adapter: ModelAdapter, rows: list[list[int]], prompt_lengths: list[int], owners: list[tuple[int, list[int]]]
 ) -> np.ndarray:
     """``log p(continuation | prompt)`` of every row ``[R]``: rows of equal continuation length
-    run together, in chunks of similar length under the memory budget (:mod:`heedful.memory`),
+    run together, in chunks of similar length under the memory budget (:mod:`heedful.engine.memory`),
     each a span target read at its positions."""
     found = np.zeros(len(rows))
     pad = adapter.pad_token_id if adapter.pad_token_id is not None else 0

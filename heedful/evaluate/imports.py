@@ -49,10 +49,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from heedful.engine.targets import Columns, Target
 from heedful.errors import InputError
 from heedful.explanation import Cost, Explanation, Explanations
 from heedful.model import Model
-from heedful.targets import Columns, Target
 
 FIELDS: dict[str, str] = {
     "text": "the explained text (required)",

@@ -1,5 +1,5 @@
 """Batched perturbation curves: every (example x ratio) perturbed copy built at once with
-:func:`heedful.perturb.remove_tokens` and sent through the model in chunks.
+:func:`heedful.engine.perturb.remove_tokens` and sent through the model in chunks.
 
 Shapes: B examples, N positions (padded), R ratios, M perturbed rows (``M <= B * R``).
 
@@ -19,15 +19,15 @@ import numpy as np
 import torch
 
 from heedful.adapters import ModelAdapter
-from heedful.batch import Batch
+from heedful.engine.batch import Batch
+from heedful.engine.perturb import Perturbed, removal_id, remove_tokens
+from heedful.engine.problem import Problem
+from heedful.engine.problem import prepare as prepare_problem
+from heedful.engine.runner import Copies, Runner
+from heedful.engine.targets import Columns, ResolvedTarget
 from heedful.errors import HeedfulError, InputError
 from heedful.evaluate.protocol import Protocol
 from heedful.explanation import Explanation
-from heedful.perturb import Perturbed, removal_id, remove_tokens
-from heedful.problem import Problem
-from heedful.problem import prepare as prepare_problem
-from heedful.runner import Copies, Runner
-from heedful.targets import Columns, ResolvedTarget
 
 
 @dataclass
@@ -398,7 +398,7 @@ def _forward_retokenized(prepared: Prepared, ex: torch.Tensor, remove: torch.Ten
     Each distinct text (pair) runs once -- ratios and examples that leave the same text (all
     tokens deleted, the same sentence twice, explanations of one text by several methods) share
     a row -- and the distinct rows run in chunks of similar length, each padded only to its own
-    longest row (:func:`~heedful.runner.length_chunks`).
+    longest row (:func:`~heedful.engine.runner.length_chunks`).
     """
     adapter, batch, protocol = prepared.adapter, prepared.batch, prepared.protocol
     tokenizer = adapter.tokenizer

@@ -41,8 +41,8 @@ from typing import Any
 
 import numpy as np
 
+from heedful.engine.precision import CHOICES, resolve_precision
 from heedful.errors import InputError
-from heedful.precision import CHOICES, resolve_precision
 
 REMOVALS = ("auto", "mask", "pad", "unk", "delete")
 SPECIALS = ("exclude", "leading", "include")
@@ -62,7 +62,7 @@ LATER_FIELDS = {"precision_k": 20, "source_ks": (1, 3, 5), "lds_ablations": 32, 
 keys (a changed value enters the hash as any other field)."""
 
 CURVES_TOLERATE = ("bf16",)
-"""The lower precisions ``precision="auto"`` may run the curves at (:mod:`heedful.precision`):
+"""The lower precisions ``precision="auto"`` may run the curves at (:mod:`heedful.engine.precision`):
 bf16 moved AOPC by 0.0024 per example on average (at most 0.018) and kept the order of six
 methods; int8 moved it by 0.09 (at most 0.84) -- 500 movie sentences, minilm-sentiment,
 benchmarks/results/precision.md as of commit 5e8610f."""
@@ -120,7 +120,7 @@ class Protocol:
         ``random_seeds``: how many seeds the random baseline is run with (mean +- std).
     Speed
         ``precision``: the numeric precision of the perturbed and original forward passes --
-        ``"fp32"`` (the model as loaded), ``"bf16"`` or ``"int8"`` (:mod:`heedful.precision`:
+        ``"fp32"`` (the model as loaded), ``"bf16"`` or ``"int8"`` (:mod:`heedful.engine.precision`:
         faster where the hardware has the instructions, outputs slightly off), or ``"auto"``
         (:meth:`resolved` for the model's device before any measurement: bf16 where this
         machine runs it faster, else fp32). It enters :meth:`hash` only when not ``"fp32"``.
@@ -247,7 +247,7 @@ class Protocol:
 
     def resolved(self, device: Any) -> Protocol:
         """This protocol with its ``precision`` resolved for ``device``
-        (:func:`~heedful.precision.resolve_precision`, tolerating :data:`CURVES_TOLERATE`):
+        (:func:`~heedful.engine.precision.resolve_precision`, tolerating :data:`CURVES_TOLERATE`):
         ``"auto"`` becomes the precision used; an explicit one this machine runs slower than
         fp32 warns (or, strict, is refused). The name is kept."""
         precision = resolve_precision(self.precision, device, CURVES_TOLERATE)

@@ -73,10 +73,10 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from heedful.engine.options import canonical_json
 from heedful.errors import HeedfulError
 from heedful.explanation import Explanation
 from heedful.fingerprint import DIGITS, ModelFingerprint, dataset_fingerprint, model_fingerprint
-from heedful.options import canonical_json
 
 if TYPE_CHECKING:
     from heedful.datasets import Dataset

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from heedful.engine.memory import peak_rss_mb, reset_peak_rss
 from heedful.evaluate.evaluation import (
     ModelInput,
     attach_references,
@@ -37,7 +38,6 @@ from heedful.evaluate.metrics import METRICS, Measurements
 from heedful.evaluate.protocol import Protocol
 from heedful.evaluate.store import ResultsStore, RunKey
 from heedful.explanation import Explanation
-from heedful.memory import peak_rss_mb, reset_peak_rss
 from heedful.model import Model
 
 

@@ -36,13 +36,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from heedful.batch import Batch
+from heedful.engine.batch import Batch
+from heedful.engine.runner import Copies, Runner
 from heedful.errors import HeedfulError, InputError
 from heedful.explanation import Explanation
 from heedful.interest.suppress import suppress
 from heedful.model import Model
 from heedful.progress import task
-from heedful.runner import Copies, Runner
 
 SWEEP_RATIOS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5)
 """Erasure ratios of a sweep (the paper's Figure 8 runs up to about half the tokens)."""
@@ -348,7 +348,7 @@ def _explain_errors(model, method, options, errors, result, batch_size, store, k
             for k, expl in zip(todo, fresh, strict=True):
                 found[part[k].id] = expl
             if store is not None:
-                from heedful.memory import peak_rss_mb
+                from heedful.engine.memory import peak_rss_mb
 
                 store.record_explained(key, [(part[k].id, found[part[k].id]) for k in todo], wall, peak_rss_mb())
         scores = scores_tensor([found[e.id] for e in part], batch)

@@ -49,13 +49,13 @@ import torch
 from heedful.adapters import ModelAdapter
 from heedful.attribution import coperturbation as cp
 from heedful.attribution.noise import HEAD, SCALE_FACTOR, NoiseProbe
-from heedful.batch import Batch
+from heedful.engine.batch import Batch
+from heedful.engine.sequences import check_new_tokens, check_positions
 from heedful.errors import Hint, InputError
 from heedful.interest.studies import settings_from
 from heedful.interest.suppress import downweight
 from heedful.model import Model
 from heedful.progress import task
-from heedful.sequences import check_new_tokens, check_positions
 
 PAPER_MAX_LENGTH = 150
 """``generate(max_length=150)`` in the paper's Figure 9b: prompt and continuation together."""

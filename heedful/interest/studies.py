@@ -16,10 +16,10 @@ import torch
 
 from heedful.attribution import coperturbation as cp
 from heedful.attribution.noise import NoiseProbe, resolve_layer
-from heedful.batch import Batch
+from heedful.engine.batch import Batch
+from heedful.engine.problem import Problem
 from heedful.errors import Hint, InputError
 from heedful.model import Model
-from heedful.problem import Problem
 
 WORD_TOKENS = ("first", "last")
 

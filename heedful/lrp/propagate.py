@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 import torch
 
 from heedful.adapters import Forward, ModelAdapter
-from heedful.batch import Batch
+from heedful.engine.batch import Batch
+from heedful.engine.targets import ResolvedTarget
 from heedful.errors import InputError, UnsupportedModelError
 from heedful.lrp.functions import GRADIENT, RELEVANCE
 from heedful.lrp.rules import RuleSet
 from heedful.lrp.session import LRPSession
-from heedful.targets import ResolvedTarget
 
 
 @dataclass

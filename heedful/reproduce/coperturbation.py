@@ -177,7 +177,7 @@ def _option_list(value: Any, default: tuple[str, ...]) -> list[str]:
 
 
 def _store(settings: ReportSettings) -> Path:
-    from heedful.cache import heedful_home
+    from heedful.files.cache import heedful_home
 
     return Path(settings.store) if settings.store else heedful_home() / "reproduce" / NAME
 
@@ -729,9 +729,9 @@ def _seed_check(model, ids: list[str], options: dict, store: Path, about, seed: 
     import torch
     from scipy.stats import spearmanr
 
+    from heedful.engine.memory import peak_rss_mb
     from heedful.evaluate.store import ResultsStore, run_key
     from heedful.interest.suppress import top_fraction
-    from heedful.memory import peak_rss_mb
 
     ids = ids[:count]
 

@@ -39,9 +39,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from heedful.atomic import atomic_file
 from heedful.attribution import coperturbation as cp
 from heedful.evaluate.share import EVERY, Share
+from heedful.files.atomic import atomic_file
 from heedful.reproduce.coperturbation_studies import interval
 from heedful.reproduce.toolkit import interval_text, spearman
 

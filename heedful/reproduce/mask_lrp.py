@@ -162,8 +162,8 @@ def _count(opts: dict, key: str, default: int) -> int:
 
 
 def _plan(settings: ReportSettings) -> _Plan:
-    from heedful.cache import heedful_home
     from heedful.errors import InputError
+    from heedful.files.cache import heedful_home
 
     opts = dict(settings.options)
     known = {"model", "datasets", "split", "methods", "mask_seeds", "random_seeds", "ig_steps", "batch_size", "head_mask",

@@ -163,7 +163,7 @@ def _option(settings: ReportSettings, key: str, default: Any) -> Any:
 
 def store_dir(settings: ReportSettings) -> Path:
     """The results store of this report: ``settings.store`` or ``heedful_home()/reproduce/normxlogit``."""
-    from heedful.cache import heedful_home
+    from heedful.files.cache import heedful_home
 
     return Path(settings.store) if settings.store else heedful_home() / "reproduce" / "normxlogit"
 
@@ -638,8 +638,8 @@ def alignment_scores(
 
     from heedful.attribution import get_method
     from heedful.datasets.evidence import token_evidence
+    from heedful.engine.targets import Columns
     from heedful.evaluate.evaluation import lm_token
-    from heedful.targets import Columns
 
     adapter = model.adapter
     method = {name: get_method(name, adapter.task) for name in EXP2_REGISTERED}
@@ -696,8 +696,8 @@ def _alignment_cache(settings: ReportSettings, model, data, n: int) -> Path:
     import hashlib
 
     from heedful.attribution import get_method
+    from heedful.engine.options import canonical_json
     from heedful.fingerprint import DIGITS, dataset_fingerprint, model_fingerprint
-    from heedful.options import canonical_json
 
     identity = {
         "model": model_fingerprint(model).digest,
@@ -1127,11 +1127,11 @@ def timing_text(model, length: int) -> str:
 def run_timing(ig_steps: int, quick: bool) -> Timing:
     """One example of each length explained by each method, alone (batch of one), after a
     warm-up run of every method; peak memory from the process's peak-RSS mark reset before each
-    run (:func:`heedful.memory.reset_peak_rss`)."""
+    run (:func:`heedful.engine.memory.reset_peak_rss`)."""
     import statistics
 
     import heedful
-    from heedful.memory import current_rss, peak_rss, reset_peak_rss
+    from heedful.engine.memory import current_rss, peak_rss, reset_peak_rss
 
     model = heedful.load(TIMING_MODEL)
     lengths = QUICK_TIMING_LENGTHS if quick else TIMING_LENGTHS

@@ -23,6 +23,7 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.datastructures import MutableHeaders
 
+from heedful.engine.workload import NOTHING, Work
 from heedful.errors import HeedfulError
 from heedful.model import Model
 from heedful.serve import compute
@@ -39,7 +40,6 @@ from heedful.serve.errors import (
 from heedful.serve.settings import ServeSettings
 from heedful.serve.work import Job, Worker
 from heedful.version import __version__
-from heedful.workload import NOTHING, Work
 
 RETRY_AFTER_S = 1
 """Seconds a client is asked to wait after a 429 (the ``Retry-After`` header)."""

@@ -8,9 +8,9 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from heedful.engine.options import OptionSpec
 from heedful.errors import HeedfulError, InputError
 from heedful.model import Model
-from heedful.options import OptionSpec
 from heedful.registry import MethodInfo
 from heedful.serve.errors import ApiError, as_api_error
 from heedful.serve.settings import ServeSettings

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from heedful.engine.workload import Work
 from heedful.errors import HeedfulError, MethodError
-from heedful.workload import Work
 
 
 class ApiError(HeedfulError):
@@ -34,7 +34,7 @@ def too_long(what: str, length: int, limit: int, flag: str) -> ApiError:
 
 
 def unconfirmed(work: Work) -> ApiError:
-    """409 for a request estimated to take long (:attr:`Work.long <heedful.workload.Work.long>`)
+    """409 for a request estimated to take long (:attr:`Work.long <heedful.engine.workload.Work.long>`)
     and sent without ``confirm``: the estimate, for the page to ask about."""
     return ApiError(
         409,

@@ -21,9 +21,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
-from heedful.atomic import atomic_folder, remove_leftovers
-from heedful.cache import heedful_home
 from heedful.errors import HeedfulError, did_you_mean
+from heedful.files.atomic import atomic_folder, remove_leftovers
+from heedful.files.cache import heedful_home
 
 Task = Literal["classification", "regression", "causal_lm"]
 

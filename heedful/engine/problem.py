@@ -23,14 +23,14 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from heedful.adapters import Forward, ModelAdapter
-from heedful.batch import Batch
-from heedful.chunks import length_chunks
+from heedful.engine.batch import Batch
+from heedful.engine.chunks import length_chunks
+from heedful.engine.memory import Fit, Need, estimate, kept_bytes, refusal
+from heedful.engine.readable import marked
+from heedful.engine.sequences import continue_batch, span_ids
+from heedful.engine.sources import SourceMap, SourceSpec, Span, map_sources
+from heedful.engine.targets import QUANTITIES, Columns, ResolvedTarget, Target, resolve_target
 from heedful.errors import InputError
-from heedful.memory import Fit, Need, estimate, kept_bytes, refusal
-from heedful.readable import marked
-from heedful.sequences import continue_batch, span_ids
-from heedful.sources import SourceMap, SourceSpec, Span, map_sources
-from heedful.targets import QUANTITIES, Columns, ResolvedTarget, Target, resolve_target
 
 ReferencePass = Callable[[ModelAdapter, Batch, torch.Tensor, "torch.Tensor | None"], Forward]
 """``reference(adapter, batch, anchor, inputs_embeds) -> Forward``: a method's own reference
@@ -48,7 +48,7 @@ class Problem:
     :meth:`reference_with`); ``request``: the target as the user asked for it;
     ``inputs_embeds`` ``[B, N, E]``: word embeddings that replace the ids' own (a problem about
     edited inputs: noised, down-weighted), ``None`` for the ids' embeddings; ``sources``: the
-    texts cut into sources (:mod:`heedful.sources`) when asked for; ``details``: what a method
+    texts cut into sources (:mod:`heedful.engine.sources`) when asked for; ``details``: what a method
     reports besides scores, one list entry per example (a surrogate's fit quality, ...).
     """
 
@@ -176,8 +176,8 @@ def reference_pass(
     attentions: bool = False,
 ) -> Forward:
     """The unperturbed pass of every example (no gradient), in chunks of similar length
-    (:func:`~heedful.chunks.length_chunks`) whose estimated peak memory fits the adapter's
-    ``max_memory`` (:mod:`heedful.memory`), laid back out like ``batch``: ``logits`` ``[B, C]``
+    (:func:`~heedful.engine.chunks.length_chunks`) whose estimated peak memory fits the adapter's
+    ``max_memory`` (:mod:`heedful.engine.memory`), laid back out like ``batch``: ``logits`` ``[B, C]``
     at the anchors (``[B, K, C]`` at ``K`` positions per example); ``hidden_states`` ``L + 1`` x
     ``[B, N, D]`` and ``attentions`` ``L`` x ``[B, H, N, N]`` when asked for, 0 beyond each
     example's own positions (what a padded position would hold is no example's business). A
@@ -264,13 +264,13 @@ def prepare(
 
     ``target``: ``None`` (the predicted class / next token), a class index or label, a token
     string for language models, ``"A vs B"`` or ``(A, B)`` for a contrast; or
-    :class:`~heedful.targets.Columns`, explicit columns per example. A language-model target
+    :class:`~heedful.engine.targets.Columns`, explicit columns per example. A language-model target
     of several tokens (``" Paris is the capital"``) is a **span**: the texts are continued by
     its tokens and the score is their summed log-probability ``sum_k log p(y_k | x, y_<k)``,
     read at ``K`` positions of one pass. ``quantity``: ``"logit"`` (default for one position)
     or ``"log_prob"`` (default for a span). ``inputs_embeds`` ``[B, N, E]``: start from these
     word embeddings instead of the ids'. ``sources``: cut the texts into sources
-    (:class:`~heedful.sources.SourceSpec`: ``"sentences"``, ``"paragraphs"``, ``"tokens:N"`` or
+    (:class:`~heedful.engine.sources.SourceSpec`: ``"sentences"``, ``"paragraphs"``, ``"tokens:N"`` or
     character spans) for the context attribution methods and source-level views.
     """
     request = target if isinstance(target, Columns) else Target.parse(target)

@@ -15,8 +15,8 @@ from heedful.errors import InputError
 
 if TYPE_CHECKING:
     from heedful.adapters import ModelAdapter
-    from heedful.batch import Batch
-    from heedful.targets import ResolvedTarget
+    from heedful.engine.batch import Batch
+    from heedful.engine.targets import ResolvedTarget
 
 Removal = Literal["auto", "mask", "pad", "unk", "delete"]
 REMOVALS: tuple[str, ...] = ("auto", "mask", "pad", "unk", "delete")

@@ -3,9 +3,9 @@ examples -- into forward passes that waste little on padding and stay under a to
 
 Right padding never changes a real position's output, so chunking changes the cost of a pass,
 not its result (beyond float rounding). Every pass over many rows plans its chunks here: the
-reference pass (:func:`heedful.problem.reference_pass`), the gradient methods' graph-keeping
-pass, and the batched runner (:mod:`heedful.runner`) -- each also bounding a chunk's rows by what
-the memory budget allows (:mod:`heedful.memory`, through ``max_rows``).
+reference pass (:func:`heedful.engine.problem.reference_pass`), the gradient methods' graph-keeping
+pass, and the batched runner (:mod:`heedful.engine.runner`) -- each also bounding a chunk's rows by what
+the memory budget allows (:mod:`heedful.engine.memory`, through ``max_rows``).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def length_chunks(
     run.
 
     ``max_rows(width)``: most rows a chunk of that width may hold besides (a memory bound,
-    :mod:`heedful.memory`); a chunk holds the fewer of the two, and at least one row.
+    :mod:`heedful.engine.memory`); a chunk holds the fewer of the two, and at least one row.
 
     ``power``: a row of width ``w`` costs ``w ** power`` cells (2 for the decompositions, whose
     state holds ``w`` parts of each of ``w`` positions), so padding is weighed as it costs.

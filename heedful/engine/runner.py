@@ -6,10 +6,10 @@ A method describes its copies as :class:`Copies` -- which example each row stand
 either its perturbed ids (leave-one-out, LIME, KernelSHAP, RISE, TDD, the faithfulness curves)
 or a builder of its input embeddings (integrated gradients' path points, SmoothGrad's noised
 copies) -- and a :class:`Runner` does the rest: :meth:`Runner.chunks` cuts the rows into chunks
-of similar length (:func:`~heedful.chunks.length_chunks`: least padding plus a per-chunk
+of similar length (:func:`~heedful.engine.chunks.length_chunks`: least padding plus a per-chunk
 overhead, each chunk cut to its longest row, holding at most ``budget`` token positions and at
 most the rows whose estimated peak memory fits the adapter's ``max_memory``,
-:mod:`heedful.memory`), :meth:`Runner.map` runs them forward and scatters per-row values back,
+:mod:`heedful.engine.memory`), :meth:`Runner.map` runs them forward and scatters per-row values back,
 :meth:`Runner.gradients` runs them forward and backward and sums the input gradients per
 example. Where not even one row fits, a backward runs with per-block gradient checkpointing and
 a decoder's forward in position chunks with its key/value cache (chunked prefill); where that
@@ -27,12 +27,12 @@ from dataclasses import dataclass, replace
 import torch
 
 from heedful.adapters import Forward, ModelAdapter
-from heedful.batch import Batch
-from heedful.chunks import CHUNK_OVERHEAD, TOKEN_BUDGET, length_chunks
-from heedful.memory import FORWARD, Fit, Need, estimate, fit, near_budget, together
-from heedful.perturb import Perturbed
+from heedful.engine.batch import Batch
+from heedful.engine.chunks import CHUNK_OVERHEAD, TOKEN_BUDGET, length_chunks
+from heedful.engine.memory import FORWARD, Fit, Need, estimate, fit, near_budget, together
+from heedful.engine.perturb import Perturbed
+from heedful.engine.targets import ResolvedTarget
 from heedful.progress import task
-from heedful.targets import ResolvedTarget
 
 __all__ = ["CHUNK_OVERHEAD", "TOKEN_BUDGET", "Chunk", "Copies", "Runner", "keeps_graph", "length_chunks"]
 
@@ -60,7 +60,7 @@ class Copies:
 
     @classmethod
     def of(cls, perturbed: Perturbed, example: torch.Tensor) -> Copies:
-        """Copies from perturbed ids (:func:`heedful.perturb.remove_tokens`)."""
+        """Copies from perturbed ids (:func:`heedful.engine.perturb.remove_tokens`)."""
         return cls(example, perturbed.input_ids, perturbed.attention_mask, perturbed.token_type_ids, perturbed.anchor)
 
     def __len__(self) -> int:
@@ -78,8 +78,8 @@ class Chunk:
     """Rows ``rows`` (indices into the copies) of examples ``example``, cut to ``width``
     positions; ``target``: the rows' target with each row's anchor; ``need``: how its pass
     runs within the memory budget (gradient checkpointing, chunked prefill; see
-    :func:`heedful.memory.fit`); ``release``: its pass is near the budget and gives the heap's
-    free pages back after each block (:func:`heedful.memory.near_budget`)."""
+    :func:`heedful.engine.memory.fit`); ``release``: its pass is near the budget and gives the heap's
+    free pages back after each block (:func:`heedful.engine.memory.near_budget`)."""
 
     rows: torch.Tensor
     example: torch.Tensor
@@ -100,9 +100,9 @@ def keeps_graph(adapter: ModelAdapter, lengths: torch.Tensor, anchors: int = 1) 
     """Whether one pass over rows of real lengths ``lengths`` ``[R]`` that keeps its autograd
     graph for one later backward (a gradient method's reference pass: its length chunks'
     graphs all alive at once) stays under the adapter's ``max_memory`` -- the sum of its
-    chunks' estimates (:func:`heedful.memory.together`): ``None`` when it does not, else
+    chunks' estimates (:func:`heedful.engine.memory.together`): ``None`` when it does not, else
     whether it is near the budget (its passes should give the heap's free pages back after
-    each block, :func:`heedful.memory.near_budget`)."""
+    each block, :func:`heedful.engine.memory.near_budget`)."""
     parts = [(len(rows), width) for rows, width in length_chunks(lengths)]
     needed = together(adapter.shape, parts, Need(grad="saved", anchors=anchors))
     if needed > adapter.max_memory:
@@ -142,7 +142,7 @@ class Runner:
 
     def fit(self, width: int, need: Need = FORWARD, **options) -> Fit:
         """How passes over rows of ``width`` positions that keep ``need`` fit the runner's
-        memory budget (:func:`heedful.memory.fit`; ``options``: ``checkpoint``, ``prefill``,
+        memory budget (:func:`heedful.engine.memory.fit`; ``options``: ``checkpoint``, ``prefill``,
         ``group``)."""
         return fit(self.adapter.shape, width, self.max_memory, need, **options)
 
@@ -268,7 +268,7 @@ class Runner:
 
     def scores(self, copies: Copies, output: str = "logit") -> torch.Tensor:
         """The explained scalar of every copy ``[R]``: the target's ``output`` (logit or
-        probability, see :meth:`~heedful.targets.ResolvedTarget.output`)."""
+        probability, see :meth:`~heedful.engine.targets.ResolvedTarget.output`)."""
         return self.map(copies, lambda chunk, fwd: chunk.target.output(fwd.logits, output))
 
     def gradients(self, copies: Copies, weights: torch.Tensor | None = None, examples: int | None = None) -> torch.Tensor:

@@ -16,7 +16,7 @@ weight for a single position: :data:`DECODE_EFFICIENCY` of that speed.
 Memory: a method holds its copies of the examples (ids and mask ``[R, N]``, ``R`` the
 forward rows) while it runs; :func:`check` refuses copies that cannot fit the adapter's
 ``max_memory``, and generation beyond the model's positions is refused by
-:func:`heedful.sequences.check_positions`, both before any pass.
+:func:`heedful.engine.sequences.check_positions`, both before any pass.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from typing import Any
 
 import torch
 
+from heedful.engine.memory import format_bytes
+from heedful.engine.sequences import check_new_tokens, check_positions
 from heedful.errors import InputError
-from heedful.memory import format_bytes
-from heedful.sequences import check_new_tokens, check_positions
 
 LONG_SECONDS = 30.0
 """Work estimated above this many seconds is announced before it starts (the command line's

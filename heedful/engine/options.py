@@ -82,7 +82,7 @@ class OptionSpec:
     option may be ``None``; empty: any value); ``choices``: the allowed values of a ``Literal``;
     ``range``: allowed interval of a number; ``runtime``: excluded from results-store keys;
     ``extras``: further ``Annotated`` metadata, read by the modules that define it (e.g.
-    :class:`heedful.precision.Tolerates`)."""
+    :class:`heedful.engine.precision.Tolerates`)."""
 
     name: str
     default: Any

@@ -1,7 +1,7 @@
 """Every artefact heedful fetches, pinned by version, file and sha256.
 
 heedful downloads only the files listed here, only from the URL listed here, and uses a file
-only after its sha256 matched (:mod:`heedful.supply` does the fetching and checking). The
+only after its sha256 matched (:mod:`heedful.files.supply` does the fetching and checking). The
 hashes are PyPI's own (``https://pypi.org/pypi/<project>/json``, ``releases[version]`` ->
 ``digests.sha256``) and were checked against a real download of each file; a file on PyPI
 cannot be replaced under the same name, so the pinned hash stays right for as long as the file

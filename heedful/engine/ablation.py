@@ -19,17 +19,17 @@ from __future__ import annotations
 import torch
 
 from heedful.errors import InputError
-from heedful.perturb import removable_positions
-from heedful.precision import forward_precision
-from heedful.problem import Problem, reference_pass
-from heedful.reuse import removal_scores
+from heedful.engine.perturb import removable_positions
+from heedful.engine.precision import forward_precision
+from heedful.engine.problem import Problem, reference_pass
+from heedful.engine.reuse import removal_scores
 
 
 @torch.no_grad()
 def reference_logits(problem: Problem, precision: str) -> torch.Tensor:
     """The unperturbed logits at the anchors ``[B, C]`` at ``precision``: the problem's own
     reference pass at ``"fp32"``, else one more pass of the unperturbed inputs (to be called
-    inside :func:`~heedful.precision.forward_precision`), so that a method's output differences
+    inside :func:`~heedful.engine.precision.forward_precision`), so that a method's output differences
     compare passes of one precision."""
     if precision == "fp32":
         return problem.reference.logits.detach()
@@ -51,15 +51,15 @@ def removal_drops(
     removed from each example: ``f(x_b) - f(x_b without remove[b, k])`` -> ``[B, K]``.
 
     ``output``: the target's ``"logit"``, ``"probability"``, ``"log_prob"`` or ``"logit_prob"``
-    as ``f`` (:meth:`~heedful.targets.ResolvedTarget.output`); ``removal``: how a token is removed
-    (:func:`heedful.perturb.removal_id`: ``"auto"`` is ``[MASK]`` for encoders and deletion for
+    as ``f`` (:meth:`~heedful.engine.targets.ResolvedTarget.output`); ``removal``: how a token is removed
+    (:func:`heedful.engine.perturb.removal_id`: ``"auto"`` is ``[MASK]`` for encoders and deletion for
     causal LMs); ``precision``: the passes' precision (``"fp32"``, ``"bf16"``, ``"int8"``;
-    :mod:`heedful.precision`), ``f(x_b)`` included; ``reuse``: decoder copies continue their
-    example's key/value cache up to their first removed position (:mod:`heedful.reuse`: the same
+    :mod:`heedful.engine.precision`), ``f(x_b)`` included; ``reuse``: decoder copies continue their
+    example's key/value cache up to their first removed position (:mod:`heedful.engine.reuse`: the same
     drops to float rounding, for less compute); ``rows``: a fixed number of copies per chunk.
     A set that removes nothing runs no pass and has drop 0. Every copy of every example runs
     through the batched runner, with a progress bar; special tokens and a fixed anchor such as a
-    masked LM's ``[MASK]`` should not be removed (:func:`heedful.perturb.removable_positions`).
+    masked LM's ``[MASK]`` should not be removed (:func:`heedful.engine.perturb.removable_positions`).
     """
     bsz, _, width = remove.shape
     if bsz != len(problem) or width != problem.batch.seq_len:
@@ -91,7 +91,7 @@ def sliding_windows(problem: Problem, window: int, stride: int = 1) -> torch.Ten
     ``stride`` tokens -> ``remove`` ``[B, K, N]`` (bool).
 
     The windows run over the removable tokens in reading order
-    (:func:`heedful.perturb.removable_positions`: special tokens and a fixed anchor are
+    (:func:`heedful.engine.perturb.removable_positions`: special tokens and a fixed anchor are
     skipped, not counted), as Captum's ``Occlusion`` slides over its input: an example of ``M``
     removable tokens has ``max(ceil((M - window) / stride), 0) + 1`` windows, the last one cut
     at the end; a ``window`` longer than the example covers it whole. ``stride`` may not exceed

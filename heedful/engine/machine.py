@@ -1,6 +1,6 @@
 """What the processor is: its model name and the instructions lower precision depends on.
 
-bfloat16 and int8 forward passes (:mod:`heedful.precision`) are fast only where the hardware
+bfloat16 and int8 forward passes (:mod:`heedful.engine.precision`) are fast only where the hardware
 has instructions for them:
 
 * bf16 on x86 CPUs: AVX-512 BF16 (``avx512_bf16``: Intel Cooper Lake and later, AMD Zen 4 and
@@ -15,9 +15,9 @@ has instructions for them:
   int8 path runs on the CPU only.
 
 The flags are read from ``/proc/cpuinfo`` (Linux); elsewhere they are unknown and only the
-measured probe of :func:`heedful.precision.support` speaks.
+measured probe of :func:`heedful.engine.precision.support` speaks.
 
->>> from heedful.machine import native_route
+>>> from heedful.engine.machine import native_route
 >>> native_route("bf16", ("avx2", "fma"))
 'no AVX-512 BF16 or AMX'
 >>> native_route("bf16", ("avx2", "avx512_bf16"))

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from heedful.batch import Batch
+from heedful.engine.batch import Batch
 from heedful.errors import InputError
 
 if TYPE_CHECKING:

@@ -7,7 +7,7 @@ import zlib
 
 import torch
 
-from heedful.batch import Batch
+from heedful.engine.batch import Batch
 
 
 def seeded_generator(seed: int | None) -> torch.Generator:

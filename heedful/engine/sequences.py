@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from heedful.batch import Batch
+from heedful.engine.batch import Batch
 from heedful.errors import Hint, InputError
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ its own few extra positions after it), under the runner's token budget and the m
 left beside the examples' cache (a copy whose continuing pass would not fit it even alone runs
 as a full pass, which keeps no cache). A causal model's
 states before position ``p`` do not depend on later tokens and right padding changes no real
-position, so the scores equal those of full passes (:meth:`heedful.runner.Runner.scores`)
+position, so the scores equal those of full passes (:meth:`heedful.engine.runner.Runner.scores`)
 beyond float rounding. Encoders, which have no cache, and ``reuse=False`` take the full
 passes.
 """
@@ -23,12 +23,12 @@ from collections.abc import Callable
 import torch
 
 from heedful.adapters import ModelAdapter
-from heedful.chunks import TOKEN_BUDGET
-from heedful.memory import Need, estimate
-from heedful.perturb import Perturbed, remove_from_examples
-from heedful.problem import Problem
+from heedful.engine.chunks import TOKEN_BUDGET
+from heedful.engine.memory import Need, estimate
+from heedful.engine.perturb import Perturbed, remove_from_examples
+from heedful.engine.problem import Problem
+from heedful.engine.runner import Copies, Runner
 from heedful.progress import task
-from heedful.runner import Copies, Runner
 
 PASS_POSITIONS = 32
 """A pass's fixed cost -- reading every weight once -- in positions computed: on a CPU, a
@@ -87,7 +87,7 @@ def removal_scores(
     reuse: bool = True,
     rows: int | None = None,
 ) -> torch.Tensor:
-    """The target's ``output`` (:meth:`~heedful.targets.ResolvedTarget.output`) for copies of
+    """The target's ``output`` (:meth:`~heedful.engine.targets.ResolvedTarget.output`) for copies of
     examples ``example`` ``[R]`` with the positions ``remove`` ``[R, N]`` removed by
     ``removal`` -> ``[R]``. ``reuse``: start decoder copies from their example's key/value
     cache at their first removed position; ``rows``: a fixed number of rows per chunk."""
@@ -140,7 +140,7 @@ def _held(problem: Problem) -> int:
 def _fits(adapter: ModelAdapter, held: int) -> Callable[[int, int, int], bool]:
     """Whether ``rows`` rows continuing a cached prefix fit the adapter's memory budget beside
     ``held`` bytes (the examples' cache): the estimator's pass over ``width`` positions whose
-    last ``computed`` run against the cache (:class:`heedful.memory.Need` with ``queries``, as a
+    last ``computed`` run against the cache (:class:`heedful.engine.memory.Need` with ``queries``, as a
     prefill chunk: the cache of the whole width held twice while each layer concatenates, and
     the queries' attention)."""
     shape, budget = adapter.shape, adapter.max_memory - held

@@ -30,7 +30,7 @@ import torch
 from heedful.errors import InputError
 
 if TYPE_CHECKING:  # sources sit below the batch: the datasets cut their texts with them
-    from heedful.batch import Batch
+    from heedful.engine.batch import Batch
 
 KINDS = ("sentences", "paragraphs", "tokens", "spans")
 SENTENCE_END = re.compile(r"[.!?]+[\"'\u201d\u2019)\]]*(?=\s)")
