@@ -45,8 +45,8 @@ _LAZY: dict[str, str] = {
 _SUBPACKAGES = frozenset({"datasets", "evaluate", "render", "testing", "zoo"})
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
-    from heedful.engine.ablation import removal_drops
     from heedful.attribution import get_method, methods
+    from heedful.engine.ablation import removal_drops
     from heedful.engine.problem import Problem, prepare
     from heedful.engine.sources import SourceSpec
     from heedful.engine.targets import QUANTITIES, Target

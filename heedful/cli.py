@@ -41,8 +41,8 @@ from heedful.commands.console import (
     read_text_file,
 )
 from heedful.commands.options import options
-from heedful.errors import HeedfulError, InputError, did_you_mean
 from heedful.engine.memory import parse_memory
+from heedful.errors import HeedfulError, InputError, did_you_mean
 
 app = typer.Typer(
     name="heedful",
@@ -131,8 +131,8 @@ def explain(
     writes with --generate N (the context methods: source_loo, context_cite -- the default --
     and hierarchical; any other method's scores pooled per source)."""
     import heedful
-    from heedful.loading import check_device
     from heedful.engine.precision import strict_precision
+    from heedful.loading import check_device
     from heedful.render.html import explanation_page
     from heedful.render.terminal import print_explanations
 

@@ -9,8 +9,8 @@ from typing import Annotated, Literal
 
 import torch
 
-from heedful.engine.ablation import removal_drops, sliding_windows, token_means
 from heedful.attribution._precision import MethodPrecision
+from heedful.engine.ablation import removal_drops, sliding_windows, token_means
 from heedful.engine.options import AT_LEAST_ONE, RUNTIME
 from heedful.engine.perturb import Removal
 from heedful.engine.problem import Problem

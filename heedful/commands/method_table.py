@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from heedful.files.atomic import atomic_file
 from heedful.commands.console import err
 from heedful.errors import InputError
+from heedful.files.atomic import atomic_file
 from heedful.render.methods import END, MARKERS, splice_method_table
 
 

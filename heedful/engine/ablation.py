@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import torch
 
-from heedful.errors import InputError
 from heedful.engine.perturb import removable_positions
 from heedful.engine.precision import forward_precision
 from heedful.engine.problem import Problem, reference_pass
 from heedful.engine.reuse import removal_scores
+from heedful.errors import InputError
 
 
 @torch.no_grad()
