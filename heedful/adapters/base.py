@@ -593,6 +593,10 @@ class ModelAdapter:
             truncated=truncated,
         )
 
+    def continuation_ids(self, text: str) -> list[int]:
+        """``text`` tokenized as a continuation of a text: alone, without special tokens."""
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
     # ------------------------------------------------------------------ targets
     def anchor_positions(self, batch: Batch) -> tuple[torch.Tensor, str]:
         """Position whose head output is explained, ``[B]``, and how it moves under deletion."""

@@ -16,6 +16,7 @@ NEEDS: dict[str, str] = {
     "embeddings": "the input embeddings and a forward pass from them",
     "attentions": "the attention probabilities (output_attentions under eager attention)",
     "hidden_states": "every layer's hidden states (output_hidden_states)",
+    "attention_flow": "attention that flows through one stack of layers (each layer's rows mixing the previous layer's outputs)",
     "blocks": "the transformer blocks as one list of modules (to perturb the first block's input)",
     "head": "the head as a module applied to any token's representation (the logit lens)",
     "roles": "the block roles (where each block's query, key, value, attention output, norms and MLP live)",

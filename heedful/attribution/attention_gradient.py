@@ -74,7 +74,7 @@ def mean_over_real_rows(matrix: torch.Tensor, mask: torch.Tensor) -> torch.Tenso
     return (matrix * weights[:, :, None]).sum(dim=1) / weights.sum(dim=1, keepdim=True)
 
 
-@register("gae", family="relevance", cost="1 forward + 1 backward", reference=attention_reference(), needs=("attentions",))
+@register("gae", family="relevance", cost="1 forward + 1 backward", reference=attention_reference(), needs=("attentions", "attention_flow"))
 def gae(problem: Problem) -> torch.Tensor:
     """Gradient-weighted attention, positive part, accumulated through the layers (R += Abar R).
 
