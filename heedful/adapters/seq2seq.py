@@ -295,7 +295,10 @@ class Seq2SeqAdapter(GenericAdapter):
             "output_attentions": attentions,
         }
         if embeds is not None:
-            call["inputs_embeds"], call["decoder_inputs_embeds"] = sides.split(embeds)
+            source, target = sides.split(embeds)
+            into_encoder, into_decoder = self._rescaled
+            call["inputs_embeds"] = source if into_encoder == 1.0 else source / into_encoder
+            call["decoder_inputs_embeds"] = target if into_decoder == 1.0 else target / into_decoder
         else:
             call["input_ids"], call["decoder_input_ids"] = sides.split(given)
         where = anchor.to(self.device)
@@ -314,6 +317,27 @@ class Seq2SeqAdapter(GenericAdapter):
                 for e, c, d in zip(out.encoder_attentions, out.cross_attentions, out.decoder_attentions, strict=False)
             )
         return logits, hidden, probs
+
+    @functools.cached_property
+    def _rescaled(self) -> tuple[float, float]:
+        """What the encoder and the decoder multiply embeddings passed to them by (1 where only
+        ids are scaled): Marian's decoder scales ``decoder_inputs_embeds`` by ``sqrt(d_model)``
+        while its encoder leaves ``inputs_embeds`` as given. Measured by one pass per side:
+        embeddings that the stack scales itself are passed divided by the scale."""
+        scale = self.embed_scale
+        if scale == 1.0:
+            return 1.0, 1.0
+        ids = torch.tensor([[1, 2, 3]], device=self.device) % self.word_embeddings.num_embeddings
+        embeds = self.embed(ids)
+        found = []
+        with torch.no_grad():
+            plain = self.hf_model(input_ids=ids, decoder_input_ids=ids, use_cache=False).logits
+            for side in ("encoder", "decoder"):
+                given = {"inputs_embeds" if side == "encoder" else "decoder_inputs_embeds": embeds}
+                rest = {"decoder_input_ids": ids} if side == "encoder" else {"input_ids": ids}
+                logits = self.hf_model(**given, **rest, use_cache=False).logits
+                found.append(1.0 if torch.allclose(logits, plain, atol=1e-4, rtol=1e-4) else scale)
+        return found[0], found[1]
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Word embeddings of ids as the encoder and decoder add them to their positions
