@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import json
 import tempfile
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,9 +100,11 @@ def marian_tokenizer(folder: Path) -> tf.MarianTokenizer:
     for name in ("source.spm", "target.spm"):
         _spm_model(folder / name)
     (folder / "vocab.json").write_text(json.dumps({p: i for i, (p, _) in enumerate(pieces())}), encoding="utf-8")
-    return tf.MarianTokenizer(
-        str(folder / "source.spm"), str(folder / "target.spm"), str(folder / "vocab.json"), source_lang="en", target_lang="de", model_max_length=64
-    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "Recommended: pip install sacremoses" (it only normalises punctuation)
+        return tf.MarianTokenizer(
+            str(folder / "source.spm"), str(folder / "target.spm"), str(folder / "vocab.json"), source_lang="en", target_lang="de", model_max_length=64
+        )
 
 
 @dataclass(frozen=True)
@@ -139,28 +142,30 @@ TINY_SEQ2SEQ: dict[str, TinySeq2Seq] = {
 :class:`TinySeq2Seq`): 2 encoder and 2 decoder blocks of 4 heads, width 32."""
 
 
-def tiny_seq2seq_hf(family: str, seed: int = 0, tokenizer=None):
+def tiny_seq2seq_hf(family: str, seed: int = 0, tokenizer=None, **config_overrides: Any):
     """``(hf_model, tokenizer)``: a tiny seeded encoder–decoder of ``family`` (a key of
-    :data:`TINY_SEQ2SEQ`), with :func:`unigram_tokenizer` unless ``tokenizer`` is given."""
+    :data:`TINY_SEQ2SEQ`), with :func:`unigram_tokenizer` unless ``tokenizer`` is given;
+    ``config_overrides`` change its configuration (e.g. ``scale_embedding=False``)."""
     spec = TINY_SEQ2SEQ.get(family)
     if spec is None:
         raise ValueError(f"no tiny encoder–decoder of family {family!r} (one of {', '.join(TINY_SEQ2SEQ)})")
     tokenizer = tokenizer or unigram_tokenizer()
     named = {"pad": tokenizer.pad_token_id, "eos": tokenizer.eos_token_id}
-    config = getattr(tf, spec.config)(vocab_size=len(tokenizer), **spec.kwargs, **{k: named[v] for k, v in spec.ids.items()})
+    kwargs = {**spec.kwargs, **config_overrides}
+    config = getattr(tf, spec.config)(vocab_size=len(tokenizer), **kwargs, **{k: named[v] for k, v in spec.ids.items()})
     torch.manual_seed(seed)
     model = tf.AutoModelForSeq2SeqLM.from_config(config, attn_implementation="eager")
     model.eval()
     return model, tokenizer
 
 
-def tiny_seq2seq(family: str, seed: int = 0) -> Model:
+def tiny_seq2seq(family: str, seed: int = 0, **config_overrides: Any) -> Model:
     """A heedful :class:`~heedful.Model` around :func:`tiny_seq2seq_hf` (Marian with its own
     tokenizer, the others with :func:`unigram_tokenizer`)."""
     from heedful.loading import from_pretrained_objects
 
     tokenizer = marian_tokenizer(Path(tempfile.mkdtemp(prefix="heedful-marian-"))) if family == "marian" else None
-    hf_model, tokenizer = tiny_seq2seq_hf(family, seed, tokenizer)
+    hf_model, tokenizer = tiny_seq2seq_hf(family, seed, tokenizer, **config_overrides)
     return from_pretrained_objects(hf_model, tokenizer, name=f"tiny-{family}")
 
 
