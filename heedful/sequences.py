@@ -45,9 +45,10 @@ def check_new_tokens(max_new_tokens: int) -> None:
 def check_positions(adapter: ModelAdapter, lengths: Sequence[int], added: Sequence[int], generated: bool = False) -> None:
     """An :class:`InputError`, before any work, when a text of ``lengths[b]`` tokens followed by
     ``added[b]`` more (a continuation, or ``generated`` tokens asked for) does not fit the
-    model's positions (:attr:`~heedful.adapters.ModelAdapter.max_length`)."""
-    limit = adapter.max_length
-    total = [int(n) + int(m) for n, m in zip(lengths, added, strict=True)]
+    model's positions (:meth:`~heedful.adapters.ModelAdapter.positions_needed` of
+    :attr:`~heedful.adapters.ModelAdapter.position_limit`: an encoder–decoder's longer side)."""
+    limit = adapter.position_limit
+    total = [adapter.positions_needed(int(n), int(m)) for n, m in zip(lengths, added, strict=True)]
     over = [b for b, n in enumerate(total) if limit is not None and n > limit]
     if not over:
         return

@@ -169,13 +169,21 @@ def tiny_seq2seq(family: str, seed: int = 0, **config_overrides: Any) -> Model:
     return from_pretrained_objects(hf_model, tokenizer, name=f"tiny-{family}")
 
 
-def build_tiny_marian(folder: str | Path, seed: int = 0) -> Path:
+OPUS_MT_SHAPE = {
+    "d_model": 512, "encoder_layers": 6, "decoder_layers": 6, "encoder_attention_heads": 8, "decoder_attention_heads": 8,
+    "encoder_ffn_dim": 2048, "decoder_ffn_dim": 2048, "max_position_embeddings": 512, "init_std": 0.02,
+}
+"""The shape of Helsinki-NLP's opus-mt models (for timing a Marian of their size, random weights)."""
+
+
+def build_tiny_marian(folder: str | Path, seed: int = 0, **config_overrides: Any) -> Path:
     """A tiny seeded Marian English -> German model written to ``folder`` as a checkpoint is
     (``config.json``, ``model.safetensors``, ``generation_config.json``, the tokenizer's
-    SentencePiece models and vocabulary): ``heedful.load(folder)`` loads it."""
+    SentencePiece models and vocabulary): ``heedful.load(folder)`` loads it.
+    ``config_overrides``: another shape (e.g. :data:`OPUS_MT_SHAPE`; the vocabulary stays tiny)."""
     folder = Path(folder)
     tokenizer = marian_tokenizer(folder)
-    model, _ = tiny_seq2seq_hf("marian", seed, tokenizer)
+    model, _ = tiny_seq2seq_hf("marian", seed, tokenizer, **config_overrides)
     model.generation_config.max_length = 64
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)

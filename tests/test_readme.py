@@ -40,6 +40,7 @@ COMMANDS: dict[str, str] = {
     "heedful explain --file long_doc.txt --model smollm2-135m --target ' positive' --method context_cite --sources sentences": TINY,
     "heedful explain --file context.txt --query 'Q: Who won? A:' --model smollm2-135m --sources paragraphs --generate 8": TINY,
     "heedful explain --chat-file conversation.json --model smollm2-135m --method context_cite --generate 8": TINY,
+    "heedful explain 'The house is wonderful.' --model opus-mt-en-de/ --continuation 'Das Haus ist wunderbar.' --method saliency --html translation.html": TINY,
     "heedful methods": TINY,
     "heedful methods --model smollm2-135m": TINY,
     "heedful info": TINY,

@@ -154,6 +154,29 @@ def test_a_text_pair_has_no_place_in_an_encoder_decoder():
     assert "text pair" in info.value.message and "target" in info.value.hint
 
 
+def test_an_output_longer_than_the_decoder_takes_is_refused_before_any_pass():
+    m = model("t5")
+    with pytest.raises(heedful.InputError) as info:
+        m.explain_generation(SOURCE, "saliency", continuation=" ".join(["Haus"] * 70))
+    assert "at most 64" in info.value.message  # the target side's positions, not both sides' together
+    with pytest.raises(heedful.InputError) as info:
+        m.explain_generation(SOURCE, "saliency", max_new_tokens=64)
+    assert "new tokens" in info.value.message
+
+
+@pytest.mark.parametrize("given", ["", "   "])
+def test_an_empty_output_is_refused(given):
+    with pytest.raises(heedful.InputError) as info:
+        model("t5").explain_generation(SOURCE, "saliency", continuation=given)
+    assert "no tokens" in info.value.message
+
+
+def test_an_encoder_decoder_without_a_chat_template_refuses_chat():
+    with pytest.raises(heedful.InputError) as info:
+        model("t5").explain_generation(SOURCE, "saliency", chat=True, max_new_tokens=2)
+    assert "chat template" in info.value.message
+
+
 def test_a_decoder_only_model_is_no_encoder_decoder():
     from heedful.adapters import Seq2SeqAdapter
     from heedful.testing import tiny_hf

@@ -164,6 +164,17 @@ class Seq2SeqAdapter(GenericAdapter):
         return min(limits) if limits else 512
 
     @property
+    def position_limit(self) -> int:
+        """Each side's positions: the source's and the target's."""
+        return self.side_length
+
+    def positions_needed(self, length: int, added: int) -> int:
+        """The longer side of a row of ``length`` tokens (a source and :attr:`decoder_prefix`)
+        continued by ``added`` target tokens."""
+        prefix = len(self.decoder_prefix)
+        return max(length - prefix, prefix + added)
+
+    @property
     def decoder_prefix(self) -> list[int]:
         """The target side's first tokens, before any output: the decoder-start token, and the
         token the model's generation config forces first (a target-language code), if any."""
