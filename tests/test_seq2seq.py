@@ -214,3 +214,20 @@ def test_cli_prints_both_sides_and_writes_a_page_then_refuses_a_missing_output(m
     lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and "output" in lines[0] and "--continuation" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_an_encoder_decoder_classifier_keeps_the_generic_adapter():
+    from transformers import BartConfig, BartForSequenceClassification
+
+    from heedful.adapters import GenericAdapter
+    from heedful.tiny_seq2seq import _BART_LIKE, unigram_tokenizer
+
+    tokenizer = unigram_tokenizer()
+    ids = {"pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id, "bos_token_id": tokenizer.eos_token_id}
+    torch.manual_seed(0)
+    hf_model = BartForSequenceClassification(BartConfig(vocab_size=len(tokenizer), num_labels=2, **_BART_LIKE, **ids)).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        m = heedful.from_pretrained_objects(hf_model, tokenizer)
+    assert m.task == "classification" and type(m.adapter) is GenericAdapter
+    assert np.isfinite(m.explain(SOURCE, "leave_one_out").scores).all()  # from ids: BART classifies no embeddings

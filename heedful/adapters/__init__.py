@@ -81,7 +81,7 @@ def adapter_for(
     (:mod:`heedful.adapters.needs`)."""
     model_type = getattr(hf_model.config, "model_type", None)
     inferred = infer_task(hf_model)
-    if inferred == SEQ2SEQ_TASK or getattr(hf_model.config, "is_encoder_decoder", False):
+    if inferred == SEQ2SEQ_TASK:
         family = Seq2SeqAdapter  # an encoder–decoder's two sides are laid out on one row whatever its family
     else:
         family = GenericAdapter if generic else FAMILIES.get(model_type, GenericAdapter)

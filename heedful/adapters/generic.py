@@ -208,7 +208,8 @@ class GenericAdapter(ModelAdapter):
         if not self._causal:
             out = self.hf_model(**kwargs)
             self.counter.forward += batch
-            return out.logits, out.hidden_states, out.attentions
+            # an encoder–decoder classifier (BART's) returns its states per stack, under other names
+            return out.logits, getattr(out, "hidden_states", None), getattr(out, "attentions", None)
         found: list[torch.Tensor] = []
         classes = int(getattr(self.config, "num_labels", 1))
         given = kwargs.get("input_ids", kwargs.get("inputs_embeds"))
