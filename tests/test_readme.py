@@ -124,7 +124,7 @@ def test_make_demo_runs_a_readme_command():
 
 def test_readme_python_runs_on_tiny_stand_ins(tmp_path):
     done = _run("tiny", "python", cwd=tmp_path, timeout=900)
-    assert "checked 6 stated values" in done.stdout
+    assert "checked 7 stated values" in done.stdout
 
 
 def test_readme_commands_run_on_tiny_stand_ins(tmp_path):
@@ -139,7 +139,7 @@ def test_readme_commands_run_on_tiny_stand_ins(tmp_path):
 @pytest.mark.slow
 def test_readme_python_on_the_zoo_models(tmp_path):
     done = _run("zoo", "python", cwd=tmp_path, timeout=7200)
-    assert "checked 6 stated values" in done.stdout
+    assert "checked 7 stated values" in done.stdout
 
 
 @pytest.mark.slow
