@@ -192,6 +192,11 @@ def explain(
     else:
         answers = None
         loaded = load_model(model, device, budget, **hub)
+        if loaded.task == "seq2seq_lm" and target is None:
+            raise HeedfulError(
+                "an encoder–decoder model is explained for an output sequence, and none was given",
+                hint="give it: --continuation 'the output' (teacher-forced), --generate N, or --target 'the output'",
+            )
     announce(
         functools.reduce(
             operator.add,

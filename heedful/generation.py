@@ -28,7 +28,7 @@ from heedful.engine.batch import Batch
 from heedful.engine.problem import Problem, prepare, reference_pass
 from heedful.engine.runner import keeps_graph
 from heedful.engine.sequences import check_new_tokens, check_positions, continue_batch, span_ids
-from heedful.engine.targets import Columns, resolve_target
+from heedful.engine.targets import GENERATIVE, Columns, resolve_target
 from heedful.errors import InputError
 from heedful.registry import MethodInfo
 
@@ -68,6 +68,8 @@ def generate(
     tokenizer = adapter.tokenizer
     lengths = prompts.lengths.tolist()
     check_positions(adapter, lengths, [max_new_tokens] * len(lengths), generated=True)
+    if adapter.task == "seq2seq_lm":
+        return _generate_target(adapter, prompts, max_new_tokens, options)
     width = prompts.seq_len
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     ids = torch.full((len(prompts), width), pad if pad is not None else 0, dtype=prompts.input_ids.dtype)
@@ -85,6 +87,36 @@ def generate(
     eos = _eos_ids(adapter)
     continuations = []
     for row in out[:, width:].cpu().tolist():
+        stop = next((k + 1 for k, token in enumerate(row) if token in eos), len(row))
+        continuations.append(row[:stop])
+    return Generation(continue_batch(adapter, prompts, continuations), lengths, continuations, False, seconds, list(prompts.texts))
+
+
+def _generate_target(adapter: ModelAdapter, prompts: Batch, max_new_tokens: int, options: dict[str, Any]) -> Generation:
+    """An encoder–decoder's outputs for the sources of ``prompts`` (rows of a source and the
+    target side's first tokens, :mod:`heedful.adapters.seq2seq`): one ``generate`` call on the
+    right-padded sources, the decoder started from each row's target-side tokens."""
+    lengths = prompts.lengths.tolist()
+    types = prompts.token_type_ids
+    source = (prompts.attention_mask.bool() & ~types.bool()).sum(dim=1)
+    width = int(source.max())
+    prefix = [prompts.input_ids[b, int(source[b]) : n].tolist() for b, n in enumerate(lengths)]
+    if len({tuple(p) for p in prefix}) != 1:
+        raise InputError("the rows start their outputs differently", hint="generate rows with one target-side start together")
+    mask = (torch.arange(width)[None, :] < source[:, None]).long()
+    settings = {"do_sample": False, "num_beams": 1, **options, "max_new_tokens": max_new_tokens}
+    began = time.perf_counter()
+    with torch.no_grad():
+        out = adapter.hf_model.generate(
+            input_ids=prompts.input_ids[:, :width].to(adapter.device),
+            attention_mask=mask.to(adapter.device),
+            decoder_input_ids=torch.tensor([prefix[0]] * len(prompts), device=adapter.device),
+            **settings,
+        )
+    seconds = time.perf_counter() - began
+    eos = _eos_ids(adapter)
+    continuations = []
+    for row in out[:, len(prefix[0]) :].cpu().tolist():
         stop = next((k + 1 for k, token in enumerate(row) if token in eos), len(row))
         continuations.append(row[:stop])
     return Generation(continue_batch(adapter, prompts, continuations), lengths, continuations, False, seconds, list(prompts.texts))
@@ -119,7 +151,7 @@ def step_rows(generation: Generation) -> tuple[Batch, torch.Tensor, torch.Tensor
     batch = Batch(
         input_ids=full.input_ids[example, :width],
         attention_mask=mask,
-        token_type_ids=None,
+        token_type_ids=None if full.token_type_ids is None else full.token_type_ids[example, :width] * mask,
         special_mask=full.special_mask[example, :width] & mask.bool(),
         texts=[_prefix_text(full, b, n) for b, n in zip(rows, cut, strict=True)],
         text_pairs=[None] * len(rows),
@@ -207,9 +239,9 @@ def shared_reference(
 
 
 def _check_causal(adapter: ModelAdapter) -> None:
-    if adapter.task != "causal_lm":
+    if adapter.task not in GENERATIVE:
         raise InputError(
-            f"generation attribution explains a causal language model; this model is a {adapter.task} model",
+            f"generation attribution explains a language model (causal or encoder–decoder); this model is a {adapter.task} model",
             hint="load a causal language model, e.g. heedful.load('smollm2-135m')",
         )
 

@@ -34,6 +34,9 @@ class GenerationExplanation(Views):
     it; cells ``j >= P + t`` are NaN (the token had not been written yet). ``probabilities``
     ``[T]``: ``p(y_t | prompt, y_<t)``. ``cost``: per step (seconds, sequences forward and
     backward); ``generation_seconds``: generating the continuation (0 when it was forced).
+    ``source_length``: an encoder–decoder's source side, the first ``source_length`` tokens
+    (the rest of the prompt -- the decoder-start token -- and the continuation are its target
+    side, :mod:`heedful.adapters.seq2seq`); ``None`` for a decoder, whose tokens are one side.
 
     >>> import numpy as np
     >>> g = GenerationExplanation(prompt="Hi", text="Hi there", tokens=["Hi", " there"],
@@ -60,10 +63,29 @@ class GenerationExplanation(Views):
     generation_seconds: float = 0.0
     model: str = ""
     raw_tokens: list[str] = field(default_factory=list)
+    source_length: int | None = None
 
     def __post_init__(self) -> None:
         if not self.raw_tokens:
             self.raw_tokens = list(self.tokens)
+
+    def side(self, position: int) -> str:
+        """``"source"`` or ``"target"`` (an encoder–decoder's two sides), or ``"prompt"`` /
+        ``"generated"`` (a decoder), for token ``position``."""
+        if self.source_length is not None:
+            return "source" if position < self.source_length else "target"
+        return "prompt" if position < self.prompt_length else "generated"
+
+    @property
+    def source_scores(self) -> np.ndarray:
+        """``[T, S]``: an encoder–decoder's scores over its source side (a decoder's: its prompt)."""
+        return self.scores[:, : self.prompt_length if self.source_length is None else self.source_length]
+
+    @property
+    def target_scores(self) -> np.ndarray:
+        """``[T, N - S]``: an encoder–decoder's scores over its target side -- the decoder-start
+        token and the output written before each step (NaN where not yet written)."""
+        return self.scores[:, self.prompt_length if self.source_length is None else self.source_length :]
 
     # ------------------------------------------------------------------ reading
     @property
@@ -139,8 +161,8 @@ class GenerationExplanation(Views):
     # ------------------------------------------------------------------ export
     def to_pandas(self) -> pd.DataFrame:
         """One row per (generated step, earlier token): ``step``, ``generated``, ``probability``,
-        ``position``, ``token``, ``raw_token`` (the tokenizer's symbol), ``in_prompt``,
-        ``special``, ``score``."""
+        ``position``, ``token``, ``raw_token`` (the tokenizer's symbol), ``in_prompt``, ``side``
+        (:meth:`side`), ``special``, ``score``."""
         rows = []
         for t, generated in enumerate(self.generated_tokens):
             for j in range(self.prompt_length + t):
@@ -153,6 +175,7 @@ class GenerationExplanation(Views):
                         "token": self.tokens[j],
                         "raw_token": self.raw_tokens[j],
                         "in_prompt": j < self.prompt_length,
+                        "side": self.side(j),
                         "special": self.special[j],
                         "score": float(self.scores[t, j]),
                     }
@@ -209,6 +232,7 @@ def assemble_generation(
     and ``probabilities`` ``[R]`` (rows ``(example[r], step[r])``, see
     :func:`heedful.generation.step_rows`); ``adapter`` reads the tokens as people do."""
     batch = generation.batch
+    types = batch.token_type_ids
     values = scores.float().cpu().numpy().astype(np.float64)
     probs = probabilities.float().cpu().numpy().astype(np.float64)
     found = []
@@ -239,6 +263,7 @@ def assemble_generation(
                 generation_seconds=generation.seconds / max(len(generation.steps), 1),
                 model=model,
                 raw_tokens=list(batch.tokens[b]),
+                source_length=None if types is None else int((types[b, :n] == 0).sum()),
             )
         )
     return found

@@ -175,7 +175,8 @@ def load(
                 f"cannot load the tokenizer of {name}: {_first_line(exc)}",
                 hint="save the tokenizer again: tokenizer.save_pretrained(folder)",
             ) from None
-    if not getattr(tokenizer, "is_fast", False):
+    if not getattr(tokenizer, "is_fast", False) and not getattr(hf_model.config, "is_encoder_decoder", False):
+        # an encoder–decoder's Python tokenizer (Marian's) is read piece by piece (heedful.adapters.pieces)
         raise UnsupportedModelError(
             f"{type(tokenizer).__name__} is a slow tokenizer; heedful needs character offsets",
             hint="save the model with a fast tokenizer (tokenizer.json)",

@@ -79,6 +79,9 @@ def write_inputs(folder: Path, zoo: bool) -> None:
         ' {"role": "user", "content": "Who won the match?"}]\n',
         encoding="utf-8",
     )
+    from heedful.tiny_seq2seq import build_tiny_marian
+
+    build_tiny_marian(folder / "opus-mt-en-de")  # a translation model, seeded: no hub here
     (folder / "mydata.csv").write_text(
         "text,label,evidence\n"
         "a charming and often affecting journey,1,charming|affecting\n"
@@ -146,6 +149,11 @@ def _three(value, zoo: bool) -> None:
     assert len(value) == 3, value
 
 
+def _sides(value, zoo: bool) -> None:
+    (steps, source), (same, target) = value
+    assert steps == same >= 1 and source == 6 and target == steps + 1, value  # 5 source tokens + </s>; decoder start + outputs
+
+
 STATED = {
     "e.top(3)": _top_is_charming,
     "e.source_scores().ranked()[:3]": _ranked,
@@ -153,6 +161,7 @@ STATED = {
     "g.scores": _generation_scores,
     "(g.generated_tokens, g.probabilities)": _generated,
     "[lm.explain_generation(gen, m) for m in ('saliency', 'raw_attention', 'leave_one_out')]": _three,
+    "(t.source_scores.shape, t.target_scores.shape)": _sides,
 }
 """README expression -> the check of what the README says it gives (``ast.unparse`` spelling)."""
 

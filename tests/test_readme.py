@@ -40,6 +40,7 @@ COMMANDS: dict[str, str] = {
     "heedful explain --file long_doc.txt --model smollm2-135m --target ' positive' --method context_cite --sources sentences": TINY,
     "heedful explain --file context.txt --query 'Q: Who won? A:' --model smollm2-135m --sources paragraphs --generate 8": TINY,
     "heedful explain --chat-file conversation.json --model smollm2-135m --method context_cite --generate 8": TINY,
+    "heedful explain 'The house is wonderful.' --model opus-mt-en-de/ --continuation 'Das Haus ist wunderbar.' --method saliency --html translation.html": TINY,
     "heedful methods": TINY,
     "heedful methods --model smollm2-135m": TINY,
     "heedful info": TINY,
@@ -123,7 +124,7 @@ def test_make_demo_runs_a_readme_command():
 
 def test_readme_python_runs_on_tiny_stand_ins(tmp_path):
     done = _run("tiny", "python", cwd=tmp_path, timeout=900)
-    assert "checked 6 stated values" in done.stdout
+    assert "checked 7 stated values" in done.stdout
 
 
 def test_readme_commands_run_on_tiny_stand_ins(tmp_path):
@@ -138,7 +139,7 @@ def test_readme_commands_run_on_tiny_stand_ins(tmp_path):
 @pytest.mark.slow
 def test_readme_python_on_the_zoo_models(tmp_path):
     done = _run("zoo", "python", cwd=tmp_path, timeout=7200)
-    assert "checked 6 stated values" in done.stdout
+    assert "checked 7 stated values" in done.stdout
 
 
 @pytest.mark.slow

@@ -18,6 +18,7 @@ from heedful.adapters.intercept import Interception
 from heedful.adapters.passes import Forward, PassCounter, PrefixStates
 from heedful.adapters.recent import RECENT_FAMILIES
 from heedful.adapters.roles import ROLES, BlockRoles, ModelRoles, Site
+from heedful.adapters.seq2seq import SEQ2SEQ_TASK, Seq2SeqAdapter
 from heedful.errors import InputError, UnsupportedModelError
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "ModelRoles",
     "PassCounter",
     "PrefixStates",
+    "Seq2SeqAdapter",
     "Site",
     "adapter_for",
     "infer_task",
@@ -81,8 +83,11 @@ def adapter_for(
     only the methods that need no more than ``transformers`` exposes for every model run
     (:mod:`heedful.adapters.needs`)."""
     model_type = getattr(hf_model.config, "model_type", None)
-    family = GenericAdapter if generic else FAMILIES.get(model_type, GenericAdapter)
     inferred = infer_task(hf_model)
+    if inferred == SEQ2SEQ_TASK:
+        family = Seq2SeqAdapter  # an encoder–decoder's two sides are laid out on one row whatever its family
+    else:
+        family = GenericAdapter if generic else FAMILIES.get(model_type, GenericAdapter)
     if task is not None and task != inferred:
         if head_of_task(task) is not head_of_task(inferred):  # classification and regression share a head
             raise UnsupportedModelError(

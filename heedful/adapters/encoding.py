@@ -181,6 +181,19 @@ class Encoding:
             truncated=truncated,
         )
 
+    @property
+    def position_limit(self) -> int:
+        """The positions one sequence may take (:attr:`max_length`)."""
+        return self.max_length
+
+    def positions_needed(self, length: int, added: int) -> int:
+        """Positions a row of ``length`` tokens continued by ``added`` more takes."""
+        return length + added
+
+    def continuation_ids(self, text: str) -> list[int]:
+        """``text`` tokenized as a continuation of a text: alone, without special tokens."""
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
     def anchor_positions(self, batch: Batch) -> tuple[torch.Tensor, str]:
         """Position whose head output is explained, ``[B]``, and how it moves under deletion."""
         last = batch.lengths - 1

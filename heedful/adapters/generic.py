@@ -152,7 +152,7 @@ class GenericAdapter(ModelAdapter):
         if attentions is not None and len(attentions) == layers and all(
             torch.is_tensor(a) and a.dim() == 4 and a.shape[-2:] == (3, 3) for a in attentions
         ):
-            given.add("attentions")
+            given.update(("attentions", "attention_flow"))
         if self._blocks:
             given.add("blocks")
         return frozenset(given)
@@ -168,7 +168,14 @@ class GenericAdapter(ModelAdapter):
         kwargs = {k: v for k, v in kwargs.items() if v is not None or k == "attention_mask"}
         if self.task in CLASSIFIER_TASKS:
             return self._classified(kwargs, mask, anchor)
-        rows = torch.arange(mask.shape[0], device=self.device)
+        logits, out = self._lm_pass(kwargs, mask.shape[0], anchor)
+        return logits, out.hidden_states, out.attentions
+
+    def _lm_pass(self, kwargs: dict, count: int, anchor: torch.Tensor):
+        """The whole language model run on ``kwargs`` (``count`` rows) with its output projection
+        reading only ``anchor`` (``[B]``, or ``[B, K]`` for a span): the logits there (``[B, V]``
+        or ``[B, K, V]``) and the model's output."""
+        rows = torch.arange(count, device=self.device)
         where = anchor.to(self.device)
         where = where if where.dim() == 2 else where[:, None]
         projection = self.hf_model.get_output_embeddings()
@@ -187,9 +194,9 @@ class GenericAdapter(ModelAdapter):
         finally:
             if handle is not None:
                 handle.remove()
-        self.counter.forward += mask.shape[0]
+        self.counter.forward += count
         logits = out.logits if picked else out.logits[rows[:, None], where]
-        return (logits if anchor.dim() == 2 else logits[:, 0]), out.hidden_states, out.attentions
+        return (logits if anchor.dim() == 2 else logits[:, 0]), out
 
     def _classified(self, kwargs: dict, mask: torch.Tensor, anchor: torch.Tensor):
         """A classifier's or regressor's pass: the model pools as it was trained to (its first
@@ -201,7 +208,8 @@ class GenericAdapter(ModelAdapter):
         if not self._causal:
             out = self.hf_model(**kwargs)
             self.counter.forward += batch
-            return out.logits, out.hidden_states, out.attentions
+            # an encoder–decoder classifier (BART's) returns its states per stack, under other names
+            return out.logits, getattr(out, "hidden_states", None), getattr(out, "attentions", None)
         found: list[torch.Tensor] = []
         classes = int(getattr(self.config, "num_labels", 1))
         given = kwargs.get("input_ids", kwargs.get("inputs_embeds"))

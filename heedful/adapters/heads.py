@@ -27,9 +27,11 @@ HEADS: tuple[Head, ...] = (
     Head("ForMaskedLM", ("masked_lm",), "AutoModelForMaskedLM"),
     Head("ForCausalLM", ("causal_lm",), "AutoModelForCausalLM"),
     Head("LMHeadModel", ("causal_lm",), "AutoModelForCausalLM"),
+    Head("ForConditionalGeneration", ("seq2seq_lm",), "AutoModelForSeq2SeqLM"),
+    Head("MTModel", ("seq2seq_lm",), "AutoModelForSeq2SeqLM"),
 )
 TASKS: tuple[str, ...] = tuple(dict.fromkeys(task for head in HEADS for task in head.tasks))
-"""Every task heedful explains: classification, regression, masked_lm, causal_lm."""
+"""Every task heedful explains: classification, regression, masked_lm, causal_lm, seq2seq_lm."""
 
 
 def head_of_class(class_name: str) -> Head | None:

@@ -16,6 +16,7 @@ NEEDS: dict[str, str] = {
     "embeddings": "the input embeddings and a forward pass from them",
     "attentions": "the attention probabilities (output_attentions under eager attention)",
     "hidden_states": "every layer's hidden states (output_hidden_states)",
+    "attention_flow": "one stack's attention probabilities, each layer mixing the previous layer's outputs, in the graph of the output (to roll them out through the layers or differentiate them)",
     "blocks": "the transformer blocks as one list of modules (to perturb the first block's input)",
     "head": "the head as a module applied to any token's representation (the logit lens)",
     "roles": "the block roles (where each block's query, key, value, attention output, norms and MLP live)",

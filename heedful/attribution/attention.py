@@ -43,7 +43,7 @@ def raw_attention(problem: Problem, *, layer: int = -1, head: int | None = None)
     return _anchor_rows(per_layer, problem.anchor)
 
 
-@register("rollout", family="attention", cost="1 forward", needs_attentions=True)
+@register("rollout", family="attention", cost="1 forward", needs_attentions=True, needs=("attention_flow",))
 @torch.no_grad()
 def rollout(problem: Problem, *, start_layer: int = 0) -> torch.Tensor:
     """Head-averaged attention plus identity, row-normalised, multiplied through the layers.

@@ -74,7 +74,7 @@ def mean_over_real_rows(matrix: torch.Tensor, mask: torch.Tensor) -> torch.Tenso
     return (matrix * weights[:, :, None]).sum(dim=1) / weights.sum(dim=1, keepdim=True)
 
 
-@register("gae", family="relevance", cost="1 forward + 1 backward", reference=attention_reference(), needs=("attentions",))
+@register("gae", family="relevance", cost="1 forward + 1 backward", reference=attention_reference(), needs=("attentions", "attention_flow"))
 def gae(problem: Problem) -> torch.Tensor:
     """Gradient-weighted attention, positive part, accumulated through the layers (R += Abar R).
 
@@ -95,7 +95,7 @@ def gae(problem: Problem) -> torch.Tensor:
     return scores
 
 
-@register("grad_sam", family="relevance", cost="1 forward + 1 backward", reference=attention_reference(), needs=("attentions",))
+@register("grad_sam", family="relevance", cost="1 forward + 1 backward", reference=attention_reference(), needs=("attentions", "attention_flow"))
 def grad_sam(problem: Problem) -> torch.Tensor:
     """Attention times ReLU of its gradient, averaged over layers, heads and query rows.
 
@@ -114,7 +114,7 @@ def grad_sam(problem: Problem) -> torch.Tensor:
     family="relevance",
     cost="1 forward + 1 backward",
     reference=attention_reference(hidden=True),
-    needs=("attentions", "hidden_states"),
+    needs=("attentions", "hidden_states", "attention_flow"),
 )
 def attcat(problem: Problem) -> torch.Tensor:
     """Per layer: gradient x hidden state of each token, weighted by the attention it receives; summed over layers.

@@ -285,7 +285,7 @@ def attnlrp(problem: Problem) -> torch.Tensor:
     return _scatter(problem.batch, parts)
 
 
-@register("cam", family="relevance", cost="1 forward + 1 backward", reference=attention_reference(), needs=("attentions",))
+@register("cam", family="relevance", cost="1 forward + 1 backward", reference=attention_reference(), needs=("attentions", "attention_flow"))
 def cam(problem: Problem) -> torch.Tensor:
     """Last layer's attention gradient averaged over heads and query rows, positive part.
 
@@ -305,7 +305,7 @@ def cam(problem: Problem) -> torch.Tensor:
     family="relevance",
     cost="1 forward + 1 backward",
     reference=attention_reference(),
-    needs=("attentions",),
+    needs=("attentions", "attention_flow"),
 )
 def attention_gradcam(problem: Problem) -> torch.Tensor:
     """Last layer's attention weighted per head by its mean gradient, positive part, min-max normalised.

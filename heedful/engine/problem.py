@@ -29,7 +29,14 @@ from heedful.engine.memory import Fit, Need, estimate, kept_bytes, refusal
 from heedful.engine.readable import marked
 from heedful.engine.sequences import continue_batch, span_ids
 from heedful.engine.sources import SourceMap, SourceSpec, Span, map_sources
-from heedful.engine.targets import QUANTITIES, Columns, ResolvedTarget, Target, resolve_target
+from heedful.engine.targets import (
+    GENERATIVE,
+    QUANTITIES,
+    Columns,
+    ResolvedTarget,
+    Target,
+    resolve_target,
+)
 from heedful.errors import InputError
 
 ReferencePass = Callable[[ModelAdapter, Batch, torch.Tensor, "torch.Tensor | None"], Forward]
@@ -307,7 +314,7 @@ def prepare(
 def span_request(adapter: ModelAdapter, request: Target | Columns) -> list[int] | None:
     """The ids of a language-model target of several tokens (a span), else ``None`` (an
     :class:`InputError` for a contrast with a part of several tokens)."""
-    if adapter.task != "causal_lm" or not isinstance(request, Target) or request.kind == "predicted":
+    if adapter.task not in GENERATIVE or not isinstance(request, Target) or request.kind == "predicted":
         return None
     if request.kind == "contrast":
         if contrast_spans(adapter, request) is not None:
@@ -324,7 +331,7 @@ def span_request(adapter: ModelAdapter, request: Target | Columns) -> list[int] 
 def contrast_spans(adapter: ModelAdapter, request: Target | Columns) -> tuple[list[int], list[int]] | None:
     """The ids of both parts of a language-model contrast ``"A vs B"`` when a part has several
     tokens (its score is ``log p(A | x) - log p(B | x)``, two continuations), else ``None``."""
-    if adapter.task != "causal_lm" or not isinstance(request, Target) or request.kind != "contrast":
+    if adapter.task not in GENERATIVE or not isinstance(request, Target) or request.kind != "contrast":
         return None
     parts = [span_ids(adapter, p) if isinstance(p, str) else [p] for p in (request.value, request.foil)]
     return (parts[0], parts[1]) if max(len(p) for p in parts) > 1 else None

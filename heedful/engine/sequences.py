@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 def span_ids(adapter: ModelAdapter, text: str) -> list[int]:
     """The ids of ``text`` as a continuation: tokenized alone, without special tokens (so
     ``" Paris"`` keeps its leading space, as it would follow a prompt)."""
-    ids = adapter.tokenizer(text, add_special_tokens=False)["input_ids"]
+    ids = adapter.continuation_ids(text)
     if not ids:
         raise InputError(f"target {text!r} has no tokens", hint="give the text the model should continue with")
     return list(ids)
@@ -45,9 +45,10 @@ def check_new_tokens(max_new_tokens: int) -> None:
 def check_positions(adapter: ModelAdapter, lengths: Sequence[int], added: Sequence[int], generated: bool = False) -> None:
     """An :class:`InputError`, before any work, when a text of ``lengths[b]`` tokens followed by
     ``added[b]`` more (a continuation, or ``generated`` tokens asked for) does not fit the
-    model's positions (:attr:`~heedful.adapters.ModelAdapter.max_length`)."""
-    limit = adapter.max_length
-    total = [int(n) + int(m) for n, m in zip(lengths, added, strict=True)]
+    model's positions (:meth:`~heedful.adapters.ModelAdapter.positions_needed` of
+    :attr:`~heedful.adapters.ModelAdapter.position_limit`: an encoder–decoder's longer side)."""
+    limit = adapter.position_limit
+    total = [adapter.positions_needed(int(n), int(m)) for n, m in zip(lengths, added, strict=True)]
     over = [b for b, n in enumerate(total) if limit is not None and n > limit]
     if not over:
         return
@@ -71,7 +72,8 @@ def check_positions(adapter: ModelAdapter, lengths: Sequence[int], added: Sequen
 def continue_batch(adapter: ModelAdapter, batch: Batch, continuations: Sequence[Sequence[int]]) -> Batch:
     """``batch`` with each example's real tokens followed by its continuation ids.
 
-    ``continuations[b]``: token ids appended after example ``b``'s last real token. The text of
+    ``continuations[b]``: token ids appended after example ``b``'s last real token (on its side:
+    with its token type, where the batch has types -- an encoder–decoder's target side). The text of
     each example becomes its text plus the decoded continuation (special tokens such as an end
     of sequence are kept as tokens, marked special, and add no text); each continuation token
     gets its character span in the joined text (without leading spaces) and a word number after the text's words (words
@@ -89,6 +91,7 @@ def continue_batch(adapter: ModelAdapter, batch: Batch, continuations: Sequence[
     ids = torch.full((len(batch), width), pad, dtype=batch.input_ids.dtype)
     mask = torch.zeros(len(batch), width, dtype=batch.attention_mask.dtype)
     special = torch.zeros(len(batch), width, dtype=torch.bool)
+    sides = None if batch.token_type_ids is None else torch.zeros(len(batch), width, dtype=batch.token_type_ids.dtype)
     texts, tokens, offsets, word_ids, seq_ids = [], [], [], [], []
     for b, (n, cont) in enumerate(zip(lengths, continuations, strict=True)):
         cont = [int(i) for i in cont]
@@ -96,6 +99,9 @@ def continue_batch(adapter: ModelAdapter, batch: Batch, continuations: Sequence[
         ids[b, n : n + len(cont)] = torch.tensor(cont, dtype=ids.dtype)
         mask[b, : n + len(cont)] = 1
         special[b, :n] = batch.special_mask[b, :n]
+        if sides is not None:
+            sides[b, :n] = batch.token_type_ids[b, :n]
+            sides[b, n : n + len(cont)] = batch.token_type_ids[b, n - 1]
         is_special = [i in special_ids for i in cont]
         special[b, n : n + len(cont)] = torch.tensor(is_special, dtype=torch.bool)
         lead = _lead_id(batch, b, n, special_ids)
@@ -108,7 +114,7 @@ def continue_batch(adapter: ModelAdapter, batch: Batch, continuations: Sequence[
     return Batch(
         input_ids=ids,
         attention_mask=mask,
-        token_type_ids=None,
+        token_type_ids=sides,
         special_mask=special,
         texts=texts,
         text_pairs=[None] * len(batch),
@@ -121,9 +127,13 @@ def continue_batch(adapter: ModelAdapter, batch: Batch, continuations: Sequence[
 
 
 def _lead_id(batch: Batch, b: int, n: int, special_ids: set[int]) -> int | None:
-    """The last real, non-special token of example ``b`` (decoded in front of the continuation
-    so that tokenizers which drop a leading space at the start of a decode keep it)."""
+    """The last real, non-special token of example ``b`` on the continuation's side (decoded in
+    front of the continuation so that tokenizers which drop a leading space at the start of a
+    decode keep it)."""
+    types = batch.token_type_ids
     for pos in range(n - 1, -1, -1):
+        if types is not None and int(types[b, pos]) != int(types[b, n - 1]):
+            return None
         token = int(batch.input_ids[b, pos])
         if token not in special_ids:
             return token

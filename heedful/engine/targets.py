@@ -20,7 +20,10 @@ from heedful.errors import InputError
 if TYPE_CHECKING:
     from heedful.adapters.base import ModelAdapter
 
-TASKS = ("classification", "regression", "masked_lm", "causal_lm")
+TASKS = ("classification", "regression", "masked_lm", "causal_lm", "seq2seq_lm")
+GENERATIVE = ("causal_lm", "seq2seq_lm")
+"""The tasks whose output is a sequence of tokens, each predicted at the position before it (a
+causal language model; an encoder–decoder's target side, :mod:`heedful.adapters.seq2seq`)."""
 
 QUANTITIES = ("logit", "log_prob")
 """What a target's score is: the output column's logit, or its log-probability (the

@@ -7,7 +7,8 @@ steps, :meth:`~heedful.GenerationExplanation.sequence_scores`). At each ratio ``
 ``k = max(1, round(r * n))`` of the ``n`` non-special prompt tokens form the rationale ``x_r``
 (at most ``n - 1`` when no special token stays, so that a prompt is never empty);
 with the continuation teacher-forced after the edited prompt (removed tokens deleted, as for
-any causal language model):
+any causal language model; an encoder–decoder's prompt is its source side and decoder-start
+token, a special token, so the tokens removed are source tokens and its target side stays whole):
 
 * comprehensiveness ``log p(y | x) - log p(y | x \\ x_r)`` (ERASER, DeYoung et al. 2020, in
   log-probabilities of the whole continuation as ContextCite's top-k drop);
@@ -83,6 +84,7 @@ def generation_faithfulness(
     rows: list[list[int]] = []
     lengths: list[int] = []  # prompt tokens left in each row
     owners: list[tuple[int, list[int]]] = []  # (explanation, its continuation ids)
+    sides: list[int | None] = []  # an encoder–decoder row's source tokens (None: one side)
     sizes = np.zeros((len(explanations), len(ratios)), dtype=int)
     for g, expl in enumerate(explanations):
         ids = tokenizer.convert_tokens_to_ids(expl.raw_tokens)
@@ -100,11 +102,13 @@ def generation_faithfulness(
             top = set(order[:k])
             variants.append([t for j, t in enumerate(prompt) if j not in top])  # comprehensiveness
             variants.append([t for j, t in enumerate(prompt) if j in top or expl.special[j]])  # sufficiency
+        kept = None if expl.source_length is None else expl.prompt_length - expl.source_length  # all special
         for variant in variants:
             rows.append(variant + continuation)
             lengths.append(len(variant))
             owners.append((g, continuation))
-    log_p = _continuation_log_probs(adapter, rows, lengths, owners)
+            sides.append(None if kept is None else len(variant) - kept)
+    log_p = _continuation_log_probs(adapter, rows, lengths, owners, sides)
     per = log_p.reshape(len(explanations), 1 + 2 * len(ratios))
     original = per[:, 0]
     comprehensiveness = original[:, None] - per[:, 1::2]
@@ -114,11 +118,16 @@ def generation_faithfulness(
 
 @torch.no_grad()
 def _continuation_log_probs(
-    adapter: ModelAdapter, rows: list[list[int]], prompt_lengths: list[int], owners: list[tuple[int, list[int]]]
+    adapter: ModelAdapter,
+    rows: list[list[int]],
+    prompt_lengths: list[int],
+    owners: list[tuple[int, list[int]]],
+    sides: list[int | None] | None = None,
 ) -> np.ndarray:
     """``log p(continuation | prompt)`` of every row ``[R]``: rows of equal continuation length
     run together, in chunks of similar length under the memory budget (:mod:`heedful.engine.memory`),
-    each a span target read at its positions."""
+    each a span target read at its positions. ``sides[r]``: row ``r``'s source tokens, its first
+    ones (an encoder–decoder's; ``None``: the row is one side)."""
     found = np.zeros(len(rows))
     pad = adapter.pad_token_id if adapter.pad_token_id is not None else 0
     by_steps: dict[int, list[int]] = {}
@@ -147,9 +156,14 @@ def _continuation_log_probs(
                 positions[:, -1], "fixed", classes, torch.ones(steps), [""] * len(picked), adapter.task,
                 quantity="log_prob", positions=positions,
             )
+            types = None
+            if sides is not None and sides[picked[0]] is not None:
+                cut = torch.tensor([sides[i] for i in picked])
+                types = ((torch.arange(width)[None, :] >= cut[:, None]) & mask.bool()).long().to(adapter.device)
             ids, mask = ids.to(adapter.device), mask.to(adapter.device)
             logits = adapter.forward(
-                _Plain(ids, mask), positions, input_ids=ids, attention_mask=mask, prefill=fits[width].need.queries
+                _Plain(ids, mask, types), positions, input_ids=ids, attention_mask=mask, token_type_ids=types,
+                prefill=fits[width].need.queries,
             ).logits
             found[picked] = target.score(logits).double().cpu().numpy()
     return found

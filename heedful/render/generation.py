@@ -80,8 +80,9 @@ class GenerationMatrix:
 
     def title(self) -> str:
         expl = self.expl
+        sides = "" if expl.source_length is None else " · source │ target prefix"
         return (
-            f"{expl.method} · {expl.model} · {expl.quantity} of each generated token"
+            f"{expl.method} · {expl.model} · {expl.quantity} of each generated token{sides}"
             f" ({'forced' if expl.forced else 'generated'}, {expl.steps} steps"
             f"{f'; {self.hidden} special tokens not shown' if self.hidden else ''})"
         )
@@ -141,11 +142,18 @@ class GenerationMatrix:
             table.add_column("step", justify="right", style="dim", min_width=2, no_wrap=True)
             table.add_column("generated", style="bold", no_wrap=True)
             table.add_column("p", justify="right", style="dim", min_width=4, no_wrap=True)
+            divided = None  # where an encoder–decoder's target side starts in this band
             for c in band:
                 j = self.shown[c]
+                if expl.source_length is not None and divided is None and j >= expl.source_length:
+                    divided = c
+                    table.add_column("│", no_wrap=True, style="dim")
                 table.add_column(_label(expl.tokens[j]), justify="right", no_wrap=True, style="dim" if j >= expl.prompt_length else None)
             for t, token in enumerate(expl.generated_tokens):
-                table.add_row(str(t), _label(token), f"{expl.probabilities[t]:.2f}", *(cells[t][c] for c in band))
+                row = [cells[t][c] for c in band]
+                if divided is not None:
+                    row.insert(band.index(divided), Text("│"))
+                table.add_row(str(t), _label(token), f"{expl.probabilities[t]:.2f}", *row)
             if len(bands) > 1:
                 first, last = self.shown[band[0]], self.shown[band[-1]]
                 yield Text(f"tokens {first}–{last} of {len(expl.tokens)}", style="dim")
@@ -167,6 +175,7 @@ GENERATION_CSS = """
 .hf-gen .hf-out .hf-tok { cursor: pointer; border-bottom: 2px solid #999; }
 .hf-gen .hf-out .hf-tok.hf-on { border-bottom-color: #000; background: #eee; }
 .hf-gen .hf-src .hf-tok.hf-future { opacity: 0.35; }
+.hf-gen .hf-label { color: #666; font-size: 0.85em; }
 """
 
 SCRIPT = """
@@ -223,10 +232,18 @@ def generation_fragment(expl: GenerationExplanation, index: int = 0, sinks: bool
             for t, (tok, p) in enumerate(zip(expl.generated_tokens, expl.probabilities, strict=True))
         ],
     }
-    source = "".join(
+    spans = [
         f'<span class="hf-tok{" hf-special" if expl.special[j] else ""}">{html.escape(_visible(tok))}</span>'
         for j, tok in enumerate(expl.tokens)
-    )
+    ]
+    cut = expl.source_length
+    if cut is None:
+        text = f'<div class="hf-text hf-src">{"".join(spans)}</div>'
+    else:  # an encoder–decoder: its source side and its target side, both lit by a generated token
+        text = (
+            f'<div class="hf-text hf-src hf-side" data-side="source"><span class="hf-label">source:</span> {"".join(spans[:cut])}</div>'
+            f'<div class="hf-text hf-src hf-side" data-side="target"><span class="hf-label">target:</span> {"".join(spans[cut:])}</div>'
+        )
     generated = "".join(
         f'<span class="hf-tok">{html.escape(_visible(tok))}</span>' for tok in expl.generated_tokens
     )
@@ -238,7 +255,7 @@ def generation_fragment(expl: GenerationExplanation, index: int = 0, sinks: bool
     payload = script_json(data)
     return (
         f'<div class="hf-gen" id="hf-gen-{index}">{head}'
-        f'<div class="hf-text hf-src">{source}</div>'
+        f"{text}"
         f'<div class="hf-text hf-out">generated: {generated}</div>'
         f'<script type="application/json">{payload}</script></div>'
     )
