@@ -31,6 +31,7 @@ from heedful.batch import Batch
 from heedful.chunks import CHUNK_OVERHEAD, TOKEN_BUDGET, length_chunks
 from heedful.memory import FORWARD, Fit, Need, estimate, fit, near_budget, together
 from heedful.perturb import Perturbed
+from heedful.precision import widened
 from heedful.progress import task
 from heedful.targets import ResolvedTarget
 
@@ -285,6 +286,7 @@ class Runner:
             with torch.enable_grad():
                 fwd = self.forward(chunk, inputs_embeds=points)
                 grads = self.adapter.grad(chunk.target.score(fwd.logits), points)
+            grads = widened(grads)  # a half-precision model's gradients summed in float32
             if weights is not None:
                 grads = grads * weights[chunk.rows, None, None].to(grads)
             if total is None:

@@ -27,6 +27,7 @@ from heedful.adapters.families import (
 )
 from heedful.adapters.roles import (
     BlockRoles,
+    ExpertsSite,
     HeadRoles,
     LinearSite,
     NormSite,
@@ -64,11 +65,14 @@ class Qwen3Adapter(LlamaAdapter):
 
 class MixtralAdapter(LlamaAdapter):
     """Mixtral: Mistral's attention, a sparse mixture of experts in every block
-    (``modeling_mixtral.MixtralSparseMoeBlock``). Relevance is refused (the routing weights have
-    no rule yet); the decomposition methods refuse the experts."""
+    (``modeling_mixtral.MixtralSparseMoeBlock``: a router ``gate`` choosing the top-k experts of
+    each token and their weights, ``experts`` computing ``sum_k w_k E_k(x)`` with gated MLPs
+    calling ``experts.act_fn``). AttnLRP follows the experts the router chose (its rules on
+    ``w_k * E_k`` and inside each expert, as lxt maps Qwen3-MoE); the relevance-form rule sets
+    (Chefer, LRP) and the decomposition methods refuse the experts."""
 
     family = "mixtral"
-    relevance_rules = frozenset()
+    relevance_rules = frozenset({"attnlrp"})
 
     def block_roles(self, layer: nn.Module) -> BlockRoles:
         if hasattr(layer.mlp, "experts"):  # LlamaAdapter reads gate/up/down projections the experts fuse
@@ -87,7 +91,7 @@ class MixtralAdapter(LlamaAdapter):
             heads=heads,
             pre_ln=True,
             rotary=True,
-            experts=mlp,
+            experts=ExpertsSite(mlp.experts, mlp.experts.act_fn),
             query_norm=self.norm_site(att.q_norm) if hasattr(att, "q_norm") else None,
             key_norm=self.norm_site(att.k_norm) if hasattr(att, "k_norm") else None,
         )

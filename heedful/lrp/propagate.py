@@ -29,6 +29,7 @@ from heedful.errors import InputError, UnsupportedModelError
 from heedful.lrp.functions import GRADIENT, RELEVANCE
 from heedful.lrp.rules import RuleSet
 from heedful.lrp.session import LRPSession
+from heedful.precision import widened
 from heedful.targets import ResolvedTarget
 
 
@@ -200,7 +201,7 @@ def lrp_backward(
         found = list(torch.autograd.grad(total, wanted, allow_unused=True))
     found = [torch.zeros_like(w) if g is None else g for w, g in zip(wanted, found, strict=True)]
     if not rules.relevance_form:
-        found = [w * g for w, g in zip(wanted, found, strict=True)]
+        found = [widened(w) * widened(g) for w, g in zip(wanted, found, strict=True)]
     found = [g.detach() for g in found]
     if inputs:
         result.inputs = found.pop(0)
