@@ -216,3 +216,24 @@ def test_attnlrp_through_the_chosen_experts_conserves_relevance(family):
     assert torch.isfinite(torch.as_tensor(e.scores)).all()
     with pytest.raises(heedful.UnsupportedModelError, match="rules.chefer|chefer relevance rules"):
         model.explain("a charming and often affecting journey", "chefer")
+
+
+# --------------------------------------------------------------------------- StableLM's variants
+def test_stablelm_with_parallel_attention_and_mlp_passes_check_family():
+    from heedful.testing import check_family, tiny_model
+
+    def parallel(task):
+        return tiny_model("stablelm", task, initializer_range=0.2, use_parallel_residual=True)
+
+    model = parallel("classification")
+    assert all(block.parallel for block in model.adapter.roles().blocks)
+    assert len(check_family(parallel)) == 12  # classification and causal LM x 6 checks
+
+
+def test_stablelm_with_per_head_query_key_norms_is_refused_in_one_line():
+    hf_model, tokenizer = tiny_hf("stablelm", "classification", qk_layernorm=True)
+    with pytest.raises(heedful.UnsupportedModelError, match="qk_layernorm") as refused:
+        heedful.from_pretrained_objects(hf_model, tokenizer)
+    assert "\n" not in refused.value.args[0] and "generic=True" in refused.value.hint
+    generic = heedful.from_pretrained_objects(hf_model, tokenizer, generic=True)
+    assert generic.explain("a charming and often affecting journey", "saliency").scores.shape[0] > 2

@@ -295,6 +295,46 @@ class SmolLM3Adapter(LlamaAdapter):
         return replace(super().block_roles(layer), rotary=bool(layer.self_attn.use_rope))
 
 
+class StableLmAdapter(LlamaAdapter):
+    """StableLM (``modeling_stablelm.StableLmDecoderLayer``; StableLM-3B-4E1T, StableLM 2):
+    Llama's projections and gated MLP with LayerNorms (biases included), rotary positions on
+    part of each head (``partial_rotary_factor``), and, with ``use_parallel_residual``,
+    attention and MLP reading the same norm's output, ``x + attn(n(x)) + mlp(n(x))``. Per-head
+    query / key LayerNorms (``qk_layernorm``) are refused at load."""
+
+    family = "stablelm"
+
+    def norm_site(self, module: nn.Module) -> NormSite:
+        return _layer_norm(module)
+
+    def __post_init__(self) -> None:
+        if getattr(self.hf_model.config, "qk_layernorm", False):
+            raise UnsupportedModelError(
+                "this StableLM normalises every query and key head with a LayerNorm of its own (qk_layernorm), which heedful does not map",
+                hint="wrap it with heedful.from_pretrained_objects(model, tokenizer, generic=True) for the methods that need no roles",
+            )
+        super().__post_init__()
+
+    def block_roles(self, layer: nn.Module) -> BlockRoles:
+        if not layer.use_parallel_residual:
+            return super().block_roles(layer)
+        heads, att, mlp = self.config.num_attention_heads, layer.self_attn, layer.mlp
+        norm = self.norm_site(layer.input_layernorm)
+        return _block(
+            layer,
+            attention=att,
+            qkv=(Site(att.q_proj, heads=heads), *_sites(_kv_heads(self.config), att.k_proj, att.v_proj)),
+            out=att.o_proj,
+            mlp=(mlp, mlp.up_proj, mlp.act_fn, mlp.down_proj),
+            norms=(norm, norm),
+            heads=heads,
+            pre_ln=True,
+            mlp_gate=Site(mlp.gate_proj),
+            rotary=True,
+            parallel=True,
+        )
+
+
 class ModernBertAdapter(ModelAdapter):
     """ModernBERT (``modeling_modernbert``): a pre-LN encoder with rotary positions, LayerNorms
     (no bias by default), the embedding LayerNorm, a first block without a norm before its
@@ -375,5 +415,6 @@ RECENT_FAMILIES: dict[str, type[ModelAdapter]] = {
     "phi": PhiAdapter,
     "smollm3": SmolLM3Adapter,
     "modernbert": ModernBertAdapter,
+    "stablelm": StableLmAdapter,
 }
 """The families of this module by ``config.model_type``."""
