@@ -173,7 +173,7 @@ class Phi3Adapter(LlamaAdapter):
         cfg, att, mlp = self.config, layer.self_attn, layer.mlp
         heads, d = cfg.num_attention_heads, _head_dim(cfg)
         q, kv = heads * d, _kv_heads(cfg) * d
-        width = mlp.down_proj.in_features
+        entry, gate = _fused_gated_mlp(mlp)
         return _block(
             layer,
             attention=att,
@@ -183,11 +183,44 @@ class Phi3Adapter(LlamaAdapter):
                 Site(att.qkv_proj, columns=(q + kv, q + 2 * kv), heads=_kv_heads(cfg)),
             ),
             out=att.o_proj,
-            mlp=(mlp, Site(mlp.gate_up_proj, columns=(width, 2 * width)), mlp.activation_fn, mlp.down_proj),
+            mlp=entry,
             norms=(self.norm_site(layer.input_layernorm), self.norm_site(layer.post_attention_layernorm)),
             heads=heads,
             pre_ln=True,
-            mlp_gate=Site(mlp.gate_up_proj, columns=(0, width)),
+            mlp_gate=gate,
+            rotary=True,
+        )
+
+
+def _fused_gated_mlp(mlp: nn.Module) -> tuple[tuple, Site]:
+    """The roles of a gated MLP with one fused ``gate_up_proj`` (gate, then up, in its output
+    columns), ``activation_fn`` and ``down_proj`` (Phi-3, GLM): ``(entry, up, act, down)`` for
+    :func:`_block` and the gate's site."""
+    width = mlp.down_proj.in_features
+    up = Site(mlp.gate_up_proj, columns=(width, 2 * width))
+    return (mlp, up, mlp.activation_fn, mlp.down_proj), Site(mlp.gate_up_proj, columns=(0, width))
+
+
+class GlmAdapter(LlamaAdapter):
+    """GLM-4 (``modeling_glm.GlmDecoderLayer``): Llama's attention (biases on the query, key and
+    value projections) with rotary positions on part of each head, and Phi-3's MLP with one
+    fused ``gate_up_proj``."""
+
+    family = "glm"
+
+    def block_roles(self, layer: nn.Module) -> BlockRoles:
+        heads, att = self.config.num_attention_heads, layer.self_attn
+        entry, gate = _fused_gated_mlp(layer.mlp)
+        return _block(
+            layer,
+            attention=att,
+            qkv=(Site(att.q_proj, heads=heads), *_sites(_kv_heads(self.config), att.k_proj, att.v_proj)),
+            out=att.o_proj,
+            mlp=entry,
+            norms=(self.norm_site(layer.input_layernorm), self.norm_site(layer.post_attention_layernorm)),
+            heads=heads,
+            pre_ln=True,
+            mlp_gate=gate,
             rotary=True,
         )
 
@@ -416,5 +449,6 @@ RECENT_FAMILIES: dict[str, type[ModelAdapter]] = {
     "smollm3": SmolLM3Adapter,
     "modernbert": ModernBertAdapter,
     "stablelm": StableLmAdapter,
+    "glm": GlmAdapter,
 }
 """The families of this module by ``config.model_type``."""
