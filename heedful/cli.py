@@ -111,6 +111,7 @@ def explain(
     layerwise: Annotated[bool, typer.Option("--layerwise", help="Layer x token scores (methods that support it).")] = False,
     option: Annotated[list[str] | None, typer.Option("--option", "-o", help="Method option key=value; repeatable.")] = None,
     device: Annotated[str, typer.Option("--device", help="Where the model runs: cpu, cuda, cuda:1, mps.")] = "cpu",
+    dtype: Annotated[str, typer.Option("--dtype", help="Store and run the model in fp32 (default), bf16 or fp16; gradient and relevance sums stay float32 (see docs/models.md for each method's difference from fp32).")] = "fp32",
     generate: Annotated[int | None, typer.Option("--generate", "-g", help="Language models: generate N tokens and explain each one.")] = None,
     continuation: Annotated[str | None, typer.Option("--continuation", help="Language models: explain this given continuation, token by token.")] = None,
     quantity: Annotated[str | None, typer.Option("--quantity", help="Explain the target's logit or log_prob (generation and spans: log_prob).")] = None,
@@ -131,18 +132,21 @@ def explain(
     writes with --generate N (the context methods: source_loo, context_cite -- the default --
     and hierarchical; any other method's scores pooled per source)."""
     import heedful
-    from heedful.engine.precision import strict_precision
+    from heedful.engine.precision import check_dtype, strict_precision
     from heedful.loading import check_device
     from heedful.render.html import explanation_page
     from heedful.render.terminal import print_explanations
 
     check_device(device)
+    check_dtype(dtype)
     if html is not None:
         check_writable(html, "--html")  # before any work, so that none is lost
     if seed is not None and seed < 0:
         raise HeedfulError(f"--seed must be 0 or more, got {seed}", hint="e.g. --seed 0")
     budget = None if max_memory is None else parse_memory(max_memory)
     hub = {k: v for k, v in {"revision": revision, "allow_pickle": allow_pickle, "trust_remote_code": trust_remote_code}.items() if v}
+    if dtype != "fp32":
+        hub["dtype"] = dtype
     if chat_file is not None:
         if texts or file is not None or query is not None or sources not in (None, "messages") or continuation is not None:
             raise HeedfulError("--chat-file is the whole input, its messages the sources", hint="drop TEXT, --file, --query, --continuation and --sources")

@@ -49,9 +49,11 @@ DECOMPOSITION_TOLERANCE = 1e-3
 """DecompX: largest |sum of scores - logit| relative to the largest logit (``tests/test_decomposition_methods.py``)."""
 CONSERVATION = 1e-4
 """Chefer / LRP rules: largest per-block change of the relevance sum (seed 1)."""
-ATTNLRP_CHANGE = 0.3
+ATTNLRP_CHANGE = 0.35
 """AttnLRP: largest per-block change of the relevance sum relative to the block output's L1
-mass (not conservative by design: biases, norm shifts and the softmax rule absorb part)."""
+mass (not conservative by design: biases, norm shifts and the softmax rule absorb part; the
+tiny Mixtral classifier's second block changes it by 0.305, the same with its routing weights
+detached -- the experts' own split is exact, ``tests/test_families.py``)."""
 
 ROLE_METHODS = (
     "saliency", "grad_x_input", "leave_one_out", "raw_attention", "rollout", "attcat", "attention_gradcam",

@@ -14,6 +14,7 @@ from transformers import AutoConfig, AutoTokenizer
 from heedful.adapters import GenericAdapter, adapter_for
 from heedful.adapters.heads import TASKS, head_of_class, head_of_task
 from heedful.engine.memory import parse_memory
+from heedful.engine.precision import check_dtype
 from heedful.errors import (
     HeedfulError,
     Hint,
@@ -81,7 +82,7 @@ def load(
     task: str | None = None,
     *,
     device: str = "cpu",
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | str = torch.float32,
     trust_remote_code: bool = False,
     progress: bool = True,
     max_memory: str | int | None = None,
@@ -98,6 +99,12 @@ def load(
     ``transformers``; ``HF_HUB_OFFLINE=1`` loads from the cache only). ``task`` is inferred from
     the model class (classification, regression, masked_lm, causal_lm) unless given.
     Attention is loaded in eager mode so that attention probabilities exist.
+    ``dtype``: what the weights are stored and run in -- ``torch.float32`` (default),
+    ``torch.bfloat16`` or ``torch.float16`` (or ``"fp32"``, ``"bf16"``, ``"fp16"``); a
+    half-precision model is explained as it runs, with gradient and relevance sums taken in
+    float32 (:data:`heedful.engine.precision.HALF`; per-method differences from float32 in
+    ``docs/models.md``). Distinct from a method's ``precision`` option, which runs forward-only
+    passes of a float32 model on a lowered copy.
     ``max_memory``: what one pass may use on top of what the process holds (``"4GB"``,
     ``"512MiB"`` or bytes; default half of the memory available once the weights are loaded,
     :func:`heedful.engine.memory.default_budget`); the runner cuts its chunks under it, checkpoints a
@@ -113,6 +120,7 @@ def load(
 
     budget = None if max_memory is None else parse_memory(max_memory)  # a bad size fails before loading
     check_device(device)
+    dtype = check_dtype(dtype)
     name = str(name_or_path)
     info: dict = {}
     if "@" in name and not Path(name).expanduser().exists() and hub.is_repo_id(name.split("@", 1)[0]):
@@ -223,7 +231,7 @@ def from_pretrained_objects(hf_model, tokenizer, task: str | None = None, name: 
 
 
 def loader(
-    name_or_path: str | os.PathLike, *, max_memory: str | int | None = None, revision: str | None = None
+    name_or_path: str | os.PathLike, *, max_memory: str | int | None = None, revision: str | None = None, dtype: str = "fp32"
 ) -> functools.partial[Model]:
     """A picklable call that loads ``name_or_path`` in another process (a Ray worker):
     ``functools.partial(load, ...)`` without progress bars, a local folder by its absolute path
@@ -236,4 +244,6 @@ def loader(
     where = Path(name_or_path).expanduser()
     name = str(where.resolve()) if where.exists() else str(name_or_path)
     pinned = {} if revision is None else {"revision": revision}
+    if dtype != "fp32":
+        pinned["dtype"] = dtype
     return functools.partial(load, name, max_memory=max_memory, progress=False, **pinned)

@@ -225,6 +225,11 @@ TINY_FAMILIES: dict[str, TinyFamily] = {
     ),
     "phi": TinyFamily("PhiConfig", {**_SMALL, "partial_rotary_factor": 0.5, "qk_layernorm": True}),
     "smollm3": TinyFamily("SmolLM3Config", {**_SMALL, "num_key_value_heads": 2, "no_rope_layer_interval": 2}),
+    "stablelm": TinyFamily(
+        "StableLmConfig",
+        {**_SMALL, "num_key_value_heads": 2, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}},
+    ),
+    "glm": TinyFamily("GlmConfig", {**_GQA, "partial_rotary_factor": 0.5}),
     "modernbert": TinyFamily(
         "ModernBertConfig",
         {**_SMALL, "num_hidden_layers": 3, "global_attn_every_n_layers": 2, "local_attention": 4, "layer_types": None},

@@ -178,3 +178,62 @@ def test_replacing_gpt_neox_values_writes_every_heads_value_columns():
         clean = adapter.forward(batch, anchor).logits
     torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
     assert (ours - clean).abs().max() > 1e-5
+
+
+# --------------------------------------------------------------------------- mixtures of experts
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe"])
+def test_attnlrp_through_the_chosen_experts_conserves_relevance(family):
+    """AttnLRP through a mixture of experts ``out = sum_k w_k E_k(x)`` (gated-MLP experts, no
+    biases): the relevance reaching the tokens through the experts the router chose plus the
+    relevance of the routing weights is the relevance of the block's output, to float32
+    rounding -- half to each operand of ``w_k * E_k`` (uniform rule), and each expert's gated
+    product, halved again, passes its half on whole (identity rule on the activation)."""
+    from heedful.lrp.propagate import explained_score, lrp_forward
+    from heedful.lrp.rules import rule_set
+
+    model = heedful.testing.tiny_model(family, "causal_lm", initializer_range=0.2)
+    experts = next(m for m in model.hf_model.modules() if type(m).__name__.endswith("Experts"))
+    seen: list[tuple[torch.Tensor, ...]] = []
+    # registered before the rules' hooks: sees the experts' output before the rules' output hook,
+    # and the inputs after their input hook (x' = x with its gradient halved)
+    handle = experts.register_forward_hook(lambda module, args, out: seen.append((args[0], args[2], out)))
+    try:
+        problem = model.prepare(["a charming and often affecting journey"])
+        prepared = lrp_forward(model.adapter, problem.batch, problem.anchor, rule_set("attnlrp"))
+    finally:
+        handle.remove()
+    x, w, out = seen[-1]  # the relevance forward's (prepare's reference pass ran them first)
+    with torch.enable_grad():
+        score = explained_score(prepared, model.adapter, problem.target).sum()
+        gx, gw, gout = torch.autograd.grad(score, [x, w, out], retain_graph=True)
+    received = 2 * float((out * gout).sum().detach())  # the rules halve the output's gradient: R_out = out . 2 g
+    to_tokens = float((x * gx).sum().detach()) / 2  # and the input's: R_x = x . g_x' / 2
+    to_router = float((w * gw).sum().detach())
+    assert abs(received) > 1e-6
+    assert abs(to_tokens + to_router - received) <= 1e-4 * abs(received), (to_tokens, to_router, received)
+    assert abs(to_router - received / 2) <= 1e-4 * abs(received)
+    e = model.explain("a charming and often affecting journey", "attnlrp")
+    assert torch.isfinite(torch.as_tensor(e.scores)).all()
+    with pytest.raises(heedful.UnsupportedModelError, match="rules.chefer|chefer relevance rules"):
+        model.explain("a charming and often affecting journey", "chefer")
+
+
+# --------------------------------------------------------------------------- StableLM's variants
+def test_stablelm_with_parallel_attention_and_mlp_passes_check_family():
+    from heedful.testing import check_family, tiny_model
+
+    def parallel(task):
+        return tiny_model("stablelm", task, initializer_range=0.2, use_parallel_residual=True)
+
+    model = parallel("classification")
+    assert all(block.parallel for block in model.adapter.roles().blocks)
+    assert len(check_family(parallel)) == 12  # classification and causal LM x 6 checks
+
+
+def test_stablelm_with_per_head_query_key_norms_is_refused_in_one_line():
+    hf_model, tokenizer = tiny_hf("stablelm", "classification", qk_layernorm=True)
+    with pytest.raises(heedful.UnsupportedModelError, match="qk_layernorm") as refused:
+        heedful.from_pretrained_objects(hf_model, tokenizer)
+    assert "\n" not in refused.value.args[0] and "generic=True" in refused.value.hint
+    generic = heedful.from_pretrained_objects(hf_model, tokenizer, generic=True)
+    assert generic.explain("a charming and often affecting journey", "saliency").scores.shape[0] > 2

@@ -346,7 +346,38 @@ LXT_CASES = [
     ("qwen3", "classification", "qwen3", None),
     ("gemma3_text", "causal_lm", "gemma3", None),  # sandwich norms with 1 + w gains, scaled embeddings, sliding window
     ("gemma3_text", "classification", "gemma3", None),
+    # mixtures of experts: lxt maps Qwen3-MoE after its 2.1 release; MOE_RULES below states its mapping
+    ("qwen3_moe", "causal_lm", "qwen3_moe", None),
+    ("qwen3_moe", "classification", "qwen3_moe", None),
+    ("mixtral", "causal_lm", "mixtral", None),
 ]
+MOE_RULES = """
+from functools import partial
+from lxt.efficient.patches import patch_method, patch_attention, rms_norm_forward, gated_mlp_forward
+from lxt.efficient.rules import divide_gradient, identity_rule_implicit
+from transformers.models.qwen3_moe import modeling_qwen3_moe as qm
+from transformers.models.mixtral import modeling_mixtral as mm
+
+def routed_experts(self, hidden, top_k_index, top_k_weights):
+    # sum over the chosen experts k of w_k * E_k(x), E_k = down(act(gate(x)) * up(x)), with AttnLRP's
+    # identity rule on act and the uniform rule (Eq. 7) on both products
+    out = torch.zeros_like(hidden)
+    for slot in range(top_k_index.shape[1]):
+        for expert in top_k_index[:, slot].unique().tolist():
+            rows = (top_k_index[:, slot] == expert).nonzero().flatten()
+            gate, up = torch.nn.functional.linear(hidden[rows], self.gate_up_proj[expert]).chunk(2, dim=-1)
+            inner = divide_gradient(identity_rule_implicit(self.act_fn, gate) * up, 2)
+            term = divide_gradient(torch.nn.functional.linear(inner, self.down_proj[expert]) * top_k_weights[rows, slot, None], 2)
+            out = out.index_add(0, rows, term.to(out.dtype))
+    return out
+
+for name, mod, mlp, norm, experts in (("qwen3_moe", qm, qm.Qwen3MoeMLP, qm.Qwen3MoeRMSNorm, qm.Qwen3MoeExperts), ("mixtral", mm, None, mm.MixtralRMSNorm, mm.MixtralExperts)):
+    rules = types.ModuleType("lxt.efficient.models." + name)
+    rules.attnLRP = {norm: partial(patch_method, rms_norm_forward), experts: partial(patch_method, routed_experts), mod: patch_attention}
+    if mlp is not None:
+        rules.attnLRP[mlp] = partial(patch_method, gated_mlp_forward)
+    sys.modules[rules.__name__] = rules
+"""
 LXT_SCRIPT = """
 import os, sys, types, importlib, torch
 sys.path.insert(0, {tests!r})
@@ -361,6 +392,7 @@ for family, task, _, target in cases:  # heedful first, before lxt patches trans
 base = os.path.dirname(lxt.__file__)
 for name in ("lxt.efficient", "lxt.efficient.models"):  # skip lxt's BERT module (transformers 4 only)
     mod = types.ModuleType(name); mod.__path__ = [os.path.join(base, *name.split(".")[1:])]; sys.modules[name] = mod
+{moe}
 for module in sorted({{c[2] for c in cases}}):
     patches = importlib.import_module("lxt.efficient.models." + module)
     for patched, patch in patches.attnLRP.items():
@@ -385,7 +417,7 @@ def test_attnlrp_matches_lxt():
         import lxt  # noqa: F401
     except ImportError:
         pytest.fail("lxt is not installed: pip install --no-deps lxt==2.1 (make's set-up does)")
-    script = LXT_SCRIPT.format(tests=str(Path(__file__).parent), texts=TEXTS, cases=LXT_CASES)
+    script = LXT_SCRIPT.format(tests=str(Path(__file__).parent), texts=TEXTS, cases=LXT_CASES, moe=MOE_RULES)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env={**os.environ, "TRANSFORMERS_VERBOSITY": "error"})
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.strip().splitlines()[-len(LXT_CASES) :]

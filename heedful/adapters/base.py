@@ -80,6 +80,8 @@ class ModelAdapter(FamilyHooks, Encoding, Passes, MemoryFitting, Lowering):
             raise ValueError(f"unknown need {need!r} (one of {', '.join(NEEDS)})")
         if need == "rules":
             return bool(self.relevance_rules)
+        if need.startswith("rules."):  # one rule set (a mixture of experts: AttnLRP's only)
+            return need.removeprefix("rules.") in self.relevance_rules
         if need == "plain_blocks":
             return not any(block.unplain() for block in self.roles().blocks)
         return True

@@ -22,6 +22,7 @@ NEEDS: dict[str, str] = {
     "roles": "the block roles (where each block's query, key, value, attention output, norms and MLP live)",
     "plain_blocks": "plain pre-LN or post-LN blocks (no query/key, sandwich or post norms, parallel sub-layers or experts)",
     "rules": "a relevance (LRP) rule set checked on the family's blocks",
+    **{f"rules.{name}": f"the {name} relevance rules checked on the family's blocks" for name in ("chefer", "lrp", "attnlrp")},
 }
 """Every need a method can declare, and what it means (the refusal names it)."""
 

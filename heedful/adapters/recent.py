@@ -27,6 +27,7 @@ from heedful.adapters.families import (
 from heedful.adapters.family_hooks import LMHeadParts
 from heedful.adapters.roles import (
     BlockRoles,
+    ExpertsSite,
     HeadRoles,
     LinearSite,
     NormSite,
@@ -64,11 +65,14 @@ class Qwen3Adapter(LlamaAdapter):
 
 class MixtralAdapter(LlamaAdapter):
     """Mixtral: Mistral's attention, a sparse mixture of experts in every block
-    (``modeling_mixtral.MixtralSparseMoeBlock``). Relevance is refused (the routing weights have
-    no rule yet); the decomposition methods refuse the experts."""
+    (``modeling_mixtral.MixtralSparseMoeBlock``: a router ``gate`` choosing the top-k experts of
+    each token and their weights, ``experts`` computing ``sum_k w_k E_k(x)`` with gated MLPs
+    calling ``experts.act_fn``). AttnLRP follows the experts the router chose (its rules on
+    ``w_k * E_k`` and inside each expert, as lxt maps Qwen3-MoE); the relevance-form rule sets
+    (Chefer, LRP) and the decomposition methods refuse the experts."""
 
     family = "mixtral"
-    relevance_rules = frozenset()
+    relevance_rules = frozenset({"attnlrp"})
 
     def block_roles(self, layer: nn.Module) -> BlockRoles:
         if hasattr(layer.mlp, "experts"):  # LlamaAdapter reads gate/up/down projections the experts fuse
@@ -87,7 +91,7 @@ class MixtralAdapter(LlamaAdapter):
             heads=heads,
             pre_ln=True,
             rotary=True,
-            experts=mlp,
+            experts=ExpertsSite(mlp.experts, mlp.experts.act_fn),
             query_norm=self.norm_site(att.q_norm) if hasattr(att, "q_norm") else None,
             key_norm=self.norm_site(att.k_norm) if hasattr(att, "k_norm") else None,
         )
@@ -169,7 +173,7 @@ class Phi3Adapter(LlamaAdapter):
         cfg, att, mlp = self.config, layer.self_attn, layer.mlp
         heads, d = cfg.num_attention_heads, _head_dim(cfg)
         q, kv = heads * d, _kv_heads(cfg) * d
-        width = mlp.down_proj.in_features
+        entry, gate = _fused_gated_mlp(mlp)
         return _block(
             layer,
             attention=att,
@@ -179,11 +183,44 @@ class Phi3Adapter(LlamaAdapter):
                 Site(att.qkv_proj, columns=(q + kv, q + 2 * kv), heads=_kv_heads(cfg)),
             ),
             out=att.o_proj,
-            mlp=(mlp, Site(mlp.gate_up_proj, columns=(width, 2 * width)), mlp.activation_fn, mlp.down_proj),
+            mlp=entry,
             norms=(self.norm_site(layer.input_layernorm), self.norm_site(layer.post_attention_layernorm)),
             heads=heads,
             pre_ln=True,
-            mlp_gate=Site(mlp.gate_up_proj, columns=(0, width)),
+            mlp_gate=gate,
+            rotary=True,
+        )
+
+
+def _fused_gated_mlp(mlp: nn.Module) -> tuple[tuple, Site]:
+    """The roles of a gated MLP with one fused ``gate_up_proj`` (gate, then up, in its output
+    columns), ``activation_fn`` and ``down_proj`` (Phi-3, GLM): ``(entry, up, act, down)`` for
+    :func:`_block` and the gate's site."""
+    width = mlp.down_proj.in_features
+    up = Site(mlp.gate_up_proj, columns=(width, 2 * width))
+    return (mlp, up, mlp.activation_fn, mlp.down_proj), Site(mlp.gate_up_proj, columns=(0, width))
+
+
+class GlmAdapter(LlamaAdapter):
+    """GLM-4 (``modeling_glm.GlmDecoderLayer``): Llama's attention (biases on the query, key and
+    value projections) with rotary positions on part of each head, and Phi-3's MLP with one
+    fused ``gate_up_proj``."""
+
+    family = "glm"
+
+    def block_roles(self, layer: nn.Module) -> BlockRoles:
+        heads, att = self.config.num_attention_heads, layer.self_attn
+        entry, gate = _fused_gated_mlp(layer.mlp)
+        return _block(
+            layer,
+            attention=att,
+            qkv=(Site(att.q_proj, heads=heads), *_sites(_kv_heads(self.config), att.k_proj, att.v_proj)),
+            out=att.o_proj,
+            mlp=entry,
+            norms=(self.norm_site(layer.input_layernorm), self.norm_site(layer.post_attention_layernorm)),
+            heads=heads,
+            pre_ln=True,
+            mlp_gate=gate,
             rotary=True,
         )
 
@@ -290,6 +327,46 @@ class SmolLM3Adapter(LlamaAdapter):
         return replace(super().block_roles(layer), rotary=bool(layer.self_attn.use_rope))
 
 
+class StableLmAdapter(LlamaAdapter):
+    """StableLM (``modeling_stablelm.StableLmDecoderLayer``; StableLM-3B-4E1T, StableLM 2):
+    Llama's projections and gated MLP with LayerNorms (biases included), rotary positions on
+    part of each head (``partial_rotary_factor``), and, with ``use_parallel_residual``,
+    attention and MLP reading the same norm's output, ``x + attn(n(x)) + mlp(n(x))``. Per-head
+    query / key LayerNorms (``qk_layernorm``) are refused at load."""
+
+    family = "stablelm"
+
+    def norm_site(self, module: nn.Module) -> NormSite:
+        return _layer_norm(module)
+
+    def __post_init__(self) -> None:
+        if getattr(self.hf_model.config, "qk_layernorm", False):
+            raise UnsupportedModelError(
+                "this StableLM normalises every query and key head with a LayerNorm of its own (qk_layernorm), which heedful does not map",
+                hint="wrap it with heedful.from_pretrained_objects(model, tokenizer, generic=True) for the methods that need no roles",
+            )
+        super().__post_init__()
+
+    def block_roles(self, layer: nn.Module) -> BlockRoles:
+        if not layer.use_parallel_residual:
+            return super().block_roles(layer)
+        heads, att, mlp = self.config.num_attention_heads, layer.self_attn, layer.mlp
+        norm = self.norm_site(layer.input_layernorm)
+        return _block(
+            layer,
+            attention=att,
+            qkv=(Site(att.q_proj, heads=heads), *_sites(_kv_heads(self.config), att.k_proj, att.v_proj)),
+            out=att.o_proj,
+            mlp=(mlp, mlp.up_proj, mlp.act_fn, mlp.down_proj),
+            norms=(norm, norm),
+            heads=heads,
+            pre_ln=True,
+            mlp_gate=Site(mlp.gate_proj),
+            rotary=True,
+            parallel=True,
+        )
+
+
 class ModernBertAdapter(ModelAdapter):
     """ModernBERT (``modeling_modernbert``): a pre-LN encoder with rotary positions, LayerNorms
     (no bias by default), the embedding LayerNorm, a first block without a norm before its
@@ -370,5 +447,7 @@ RECENT_FAMILIES: dict[str, type[ModelAdapter]] = {
     "phi": PhiAdapter,
     "smollm3": SmolLM3Adapter,
     "modernbert": ModernBertAdapter,
+    "stablelm": StableLmAdapter,
+    "glm": GlmAdapter,
 }
 """The families of this module by ``config.model_type``."""

@@ -207,6 +207,18 @@ class ProductSite:
 
 
 @dataclass(frozen=True)
+class ExpertsSite:
+    """The experts of a sparse mixture of experts: ``module`` computes ``sum_k w_k E_k(x)``
+    from the tokens ``x`` (its first input, ``[T, D]``) and the weights ``w`` the router gave
+    the experts it chose; every expert is a gated MLP ``down(act(gate(x)) * up(x))`` whose
+    activation is the module ``act``. The router is the model's own computation (ordinary
+    gradient)."""
+
+    module: nn.Module
+    act: nn.Module
+
+
+@dataclass(frozen=True)
 class Activation:
     """An elementwise activation of the head applied as a function ``fn`` (``[..., F] ->
     [..., F]``): a module (BERT's pooler ``Tanh``) or a plain function (RoBERTa's ``torch.tanh``)."""
@@ -245,6 +257,8 @@ class LRPBlock:
     residuals: list[ResidualSite]
     products: list[ProductSite] = field(default_factory=list)
     rotary: list[Site] = field(default_factory=list)
+    experts: list[ExpertsSite] = field(default_factory=list)
+    """The block's mixture of experts (at most one): its MLP is ``sum_k w_k E_k(x)``."""
 
 
 @dataclass
@@ -322,8 +336,8 @@ class BlockRoles:
     OLMo 2); ``query_norm`` / ``key_norm``: norms on the query and key projections before the
     rotation (Qwen3, Gemma 3, OLMo 2); ``parallel``: attention and MLP both read the block
     input, ``x + attn(n1(x)) + mlp(n2(x))`` (GPT-NeoX / Pythia); ``experts``: the MLP is a
-    sparse mixture of experts (this module, ``mlp_in`` its input and ``mlp_out`` its output;
-    ``mlp_up`` and ``mlp_act`` ``None``: Mixtral, Qwen3-MoE).
+    sparse mixture of experts (:class:`ExpertsSite`; the MoE block's input is ``mlp_in``, its
+    output ``mlp_out``; ``mlp_up`` and ``mlp_act`` ``None``: Mixtral, Qwen3-MoE).
     """
 
     block: nn.Module
@@ -349,7 +363,7 @@ class BlockRoles:
     query_norm: NormSite | None = None
     key_norm: NormSite | None = None
     parallel: bool = False
-    experts: nn.Module | None = None
+    experts: ExpertsSite | None = None
 
     def site(self, role: str) -> Site:
         """Where ``role`` (one of :data:`ROLES`) passes in this block."""
@@ -383,13 +397,8 @@ class BlockRoles:
         """The block's operations: every linear map (a fused projection once), every norm, the
         activation, the residual additions (one three-term addition in a parallel block) and,
         for a gated MLP, the gated product; the rotated sites carry their column ranges."""
-        if self.experts is not None:
-            raise UnsupportedModelError(
-                "relevance propagation does not yet follow the experts a mixture-of-experts router chose "
-                "(the routing weights need a rule of their own)",
-                hint="explain this model with a gradient, perturbation or attention method",
-            )
-        projections = (self.query, self.key, self.value, self.attn_out, self.mlp_gate, self.mlp_up, self.mlp_out)
+        routed = self.experts is not None  # the MoE block's output is no linear map: its experts are
+        projections = (self.query, self.key, self.value, self.attn_out, self.mlp_gate, self.mlp_up, None if routed else self.mlp_out)
         modules = dict.fromkeys(site.module for site in projections if site is not None)
         found = (self.attn_norm, self.mlp_norm, self.attn_post_norm, self.mlp_post_norm, self.query_norm, self.key_norm)
         norms = list({id(n.module): n for n in found if n is not None}.values())  # a shared norm once (Phi)
@@ -408,10 +417,11 @@ class BlockRoles:
             attention=self.attention,
             linears=linear_sites(*modules, transposed=self.transposed),
             norms=norms,
-            activations=[self.mlp_act.module],
+            activations=[self.experts.act if routed else self.mlp_act.module],
             residuals=residuals,
             products=[ProductSite(self.mlp_act.module, self.mlp_up, self.mlp_out.module)] if gated else [],
             rotary=rotated if self.rotary else [],
+            experts=[self.experts] if routed else [],
         )
 
 

@@ -55,7 +55,11 @@ part's norm (``norm``), or equally among the sources with a non-zero part (``equ
 GUARD = 1e-3
 """Largest relative error of a decomposition's sum against the model's own vector before the
 model is refused (float32 rounding stays orders below; a block the roles describe wrongly is
-orders above)."""
+orders above). A model stored in half precision computes its parts in its own dtype: the bound
+is then :data:`HALF_GUARD` units of that dtype's rounding (bfloat16: 0.031, float16: 0.0039)."""
+HALF_GUARD = 4
+"""A half-precision model's bound on the relative error, in units of its dtype's ``eps``
+(bfloat16 rounds each of the dozens of parts' sums to 2**-8; 0.0079 measured on a tiny Llama)."""
 
 FLOAT_BYTES = 4
 
@@ -323,10 +327,14 @@ def relative_error(parts_sum: torch.Tensor, real: torch.Tensor, mask: torch.Tens
     return float(err.max()) if err.numel() else 0.0
 
 
-def guard(parts_sum: torch.Tensor, real: torch.Tensor, mask: torch.Tensor | None, family: str, where: str) -> None:
-    """Refuse the model when the parts do not add up to its own vector (:data:`GUARD`)."""
+def guard(
+    parts_sum: torch.Tensor, real: torch.Tensor, mask: torch.Tensor | None, family: str, where: str, stored: torch.dtype = torch.float32
+) -> None:
+    """Refuse the model when the parts do not add up to its own vector (:data:`GUARD`; for a
+    model ``stored`` in half precision, :data:`HALF_GUARD`)."""
     err = relative_error(parts_sum, real, mask)
-    if not err <= GUARD:
+    bound = GUARD if torch.finfo(stored).bits >= 32 else max(GUARD, HALF_GUARD * torch.finfo(stored).eps)
+    if not err <= bound:
         raise UnsupportedModelError(
             f"the token decomposition of this {family} model does not add up at {where} (relative error {err:.2g})",
             hint="its blocks compute something their roles do not describe; use a gradient or perturbation method",
@@ -600,6 +608,7 @@ def decompose(
     adapter = problem.adapter
     roles = adapter.roles()
     family = adapter.family
+    stored = adapter.word_embeddings.weight.dtype
     parts = initial_parts(rec, settings.aside)
     per_layer: list[torch.Tensor] = []
     last = len(rec.blocks) - 1
@@ -611,7 +620,7 @@ def decompose(
         real = rec.blocks[layer + 1].block_in if layer < last else block_rec.block_out
         if settings.ffn:
             computed = take(real, anchors) if only_anchors else real
-            guard(parts.sum(dim=2), computed, None if only_anchors else rec.mask, family, f"block {layer}")
+            guard(parts.sum(dim=2), computed, None if only_anchors else rec.mask, family, f"block {layer}", stored)
         if layerwise or layer == last:
             found = _at_layer(problem, rec, roles, parts, real, classifier, settings, only_anchors)
             per_layer.append(found[0])
@@ -619,9 +628,9 @@ def decompose(
     _, target, head = found
     if head is not None:
         expected = rec.logits.gather(1, head.columns) if rec.logits.dim() == 2 else head.real
-        guard(head.real, expected, None, family, "the head")
+        guard(head.real, expected, None, family, "the head", stored)
         if settings.ffn:
-            guard(head.parts.sum(dim=1), head.real, None, family, "the head's parts")
+            guard(head.parts.sum(dim=1), head.real, None, family, "the head's parts", stored)
     scores = torch.stack(per_layer, dim=1) if layerwise else per_layer[-1]
     return Decomposed(scores, target, head)
 

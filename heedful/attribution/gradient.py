@@ -36,6 +36,7 @@ from heedful.engine.batch import Batch
 from heedful.engine.chunks import length_chunks
 from heedful.engine.memory import Need
 from heedful.engine.options import AT_LEAST_ONE, NON_NEGATIVE, RUNTIME
+from heedful.engine.precision import widened
 from heedful.engine.problem import Problem, reference_pass
 from heedful.engine.runner import Copies, Runner, keeps_graph
 from heedful.engine.seeding import example_generators
@@ -60,6 +61,7 @@ _AGGREGATE_NAMES = {"sum": "signed sum", "l1": "l1 norm", "l2": "l2 norm"}
 def aggregate_embedding(values: torch.Tensor, aggregate: str) -> torch.Tensor:
     """Per-dimension attributions ``values`` ``[B, N, E]`` -> token scores ``[B, N]``:
     ``"sum"`` ``sum_d v_id`` (signed), ``"l1"`` ``sum_d |v_id|``, ``"l2"`` ``sqrt(sum_d v_id^2)``."""
+    values = widened(values)  # a half-precision model's products summed in float32
     if aggregate == "sum":
         return values.sum(dim=-1)
     if aggregate in ("l1", "l2"):
@@ -213,7 +215,7 @@ def _integrated_map(problem: Problem, embeds: torch.Tensor, options: dict[str, A
     base = baseline_embeddings(problem, options["baseline"]).detach()
     delta = embeds - base
     alpha_t = torch.as_tensor(alphas, dtype=embeds.dtype, device=embeds.device)
-    weight_t = torch.as_tensor(weights, dtype=embeds.dtype, device=embeds.device)
+    weight_t = torch.as_tensor(weights, dtype=widened(embeds).dtype, device=embeds.device)
 
     def point(rows: torch.Tensor, example: torch.Tensor, width: int) -> torch.Tensor:
         # row r = example r // n_steps at step r % n_steps

@@ -111,17 +111,18 @@ def _weighted_maps(
     if heads is None:
         return [(g * maps[layer]).clamp(min=0).mean(dim=1) for layer, g in enumerate(grads)]
     weights = heads / heads.sum(dim=1, keepdim=True).clamp(min=1)  # [L, H]: 1/|K_l| on kept heads
-    return [
-        torch.einsum("bhij,h->bij", (g * maps[layer]).clamp(min=0), weights[layer].to(g)) for layer, g in enumerate(grads)
-    ]
+    kept = [(g * maps[layer]).clamp(min=0) for layer, g in enumerate(grads)]  # float32 maps: float32 products
+    return [torch.einsum("bhij,h->bij", k, weights[layer].to(k)) for layer, k in enumerate(kept)]
 
 
-LRP_METHOD = {"family": "relevance", "quantities": ("logit",), "needs": ("roles", "rules")}
-"""What every LRP method registers with: LRP rules explain logits (their relevance is
-conserved for logits, not log-probabilities)."""
+def lrp_method(rules: str) -> dict:
+    """What every LRP method registers with: LRP rules explain logits (their relevance is
+    conserved for them), and the method needs the block roles and the family's ``rules``."""
+    return {"family": "relevance", "quantities": ("logit",), "needs": ("roles", "rules", f"rules.{rules}")}
 
 
-@register("lrp", **LRP_METHOD, cost="1 forward + 1 relevance pass", reference=lrp_reference("lrp"))
+
+@register("lrp", **lrp_method("lrp"), cost="1 forward + 1 relevance pass", reference=lrp_reference("lrp"))
 def lrp(problem: Problem, *, rules: Literal["lrp", "chefer"] = "lrp") -> torch.Tensor:
     """Relevance of each token's input to the first block, propagated from the target logit (sums to 1).
 
@@ -139,7 +140,7 @@ def lrp(problem: Problem, *, rules: Literal["lrp", "chefer"] = "lrp") -> torch.T
     return _scatter(problem.batch, parts)
 
 
-@register("partial_lrp", **LRP_METHOD, cost="1 forward + 1 relevance pass (last layer)", reference=lrp_reference("lrp"))
+@register("partial_lrp", **lrp_method("lrp"), cost="1 forward + 1 relevance pass (last layer)", reference=lrp_reference("lrp"))
 def partial_lrp(problem: Problem) -> torch.Tensor:
     """Positive LRP relevance of the last layer's attention probabilities, averaged over heads, anchor row.
 
@@ -156,7 +157,7 @@ def partial_lrp(problem: Problem) -> torch.Tensor:
     return _scatter(problem.batch, parts)
 
 
-@register("chefer", **LRP_METHOD, cost=RELPROP_COST, reference=lrp_reference("chefer"))
+@register("chefer", **lrp_method("chefer"), cost=RELPROP_COST, reference=lrp_reference("chefer"))
 def chefer(problem: Problem, *, start_layer: int = 0) -> torch.Tensor:
     """LRP relevance of attention maps weighted by their gradients, positive part, rolled out over the layers.
 
@@ -183,7 +184,7 @@ def _rollout_scores(problem: Problem, start_layer: int, kept_heads: torch.Tensor
 
 @register(
     "mask_lrp",
-    **LRP_METHOD,
+    **lrp_method("chefer"),
     cost=RELPROP_COST + " (+ head statistics once per model)",
     reference=lrp_reference("chefer"),
     version=2,
@@ -269,7 +270,7 @@ def mask_lrp(
     )
 
 
-@register("attnlrp", **LRP_METHOD, cost="1 forward + 1 backward", reference=lrp_reference("attnlrp"), spans=True)
+@register("attnlrp", **lrp_method("attnlrp"), cost="1 forward + 1 backward", reference=lrp_reference("attnlrp"), spans=True)
 def attnlrp(problem: Problem) -> torch.Tensor:
     """AttnLRP relevance of each word embedding (one modified backward pass), summed over the embedding.
 

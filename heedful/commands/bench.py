@@ -74,6 +74,7 @@ def bench(
     lm_word: Annotated[str, typer.Option("--lm-word", help="Language-model data: explain the 'target' or the 'foil' word.")] = "target",
     generate: Annotated[int | None, typer.Option("--generate", "-g", help="Prompts data (JSONL with 'prompt', optional 'continuation'): explain N generated tokens per prompt.")] = None,
     max_memory: Annotated[str | None, typer.Option("--max-memory", help="Memory one pass may use, e.g. 4GB or 512MiB (default: half of the free memory).")] = None,
+    dtype: Annotated[str, typer.Option("--dtype", help="Store and run the model in fp32 (default), bf16 or fp16; gradient and relevance sums stay float32 (see docs/models.md for each method's difference from fp32).")] = "fp32",
     precision: Annotated[str, typer.Option("--precision", help="fp32, bf16, int8 or auto: forward passes of the curves and of forward-only methods (leave_one_out, lime, kernel_shap, rise) at this precision; auto: the fastest each tolerates on this machine (see heedful info). The store keys the precision used when not fp32.")] = "fp32",
     strict: Annotated[bool, typer.Option("--strict", help="Refuse a --precision this machine runs slower than fp32 (default: run it with a warning).")] = False,
     engine: Annotated[str, typer.Option("--engine", help=f"local (this process) or ray (worker actors on a Ray cluster; {escape(install_hint('ray'))}).")] = "local",
@@ -105,13 +106,16 @@ def bench(
 
         torch.set_num_threads(threads)
     budget = None if max_memory is None else parse_memory(max_memory)
+    from heedful.engine.precision import check_dtype
+
+    check_dtype(dtype)  # a bad --dtype fails before any work
     method_options, protocol_changes, data_options = _parse_options(option)
     if generate is not None:
         if precision != "fp32":
             raise HeedfulError("--precision applies to benches of a dataset, not to --generate", hint="drop --precision")
         if data_options:
             raise HeedfulError("--generate reads a prompts file, which takes no dataset options", hint="drop the dataset.* options")
-        _bench_generation(model, dataset, _split_list(methods, "methods"), method_options, metrics or "aopc,sufficiency", generate, n, out, budget)
+        _bench_generation(model, dataset, _split_list(methods, "methods"), method_options, metrics or "aopc,sufficiency", generate, n, out, budget, dtype)
         return
     metrics = metrics or "aopc,sufficiency,accuracy"
     if random_seeds is not None:
@@ -135,7 +139,7 @@ def bench(
     with err_console.status(f"loading {model} …"):
         import heedful
 
-        loaded = heedful.load(model, max_memory=budget)
+        loaded = heedful.load(model, max_memory=budget, dtype=dtype)
     spec = BenchSpec(
         model=loaded,
         dataset=dataset,
@@ -151,7 +155,7 @@ def bench(
         dataset_options=data_options,
         lm_word=lm_word,
     )
-    runner = _engine(engine, address, workers, threads, model, budget)
+    runner = _engine(engine, address, workers, threads, model, budget, dtype)
     try:
         with strict_precision(strict):
             result = run_bench(spec, console=err_console, engine=runner, on_plan=lambda plan: announce(plan.work, "explanations"))
@@ -249,20 +253,20 @@ def _check_engine(engine: str, address: str | None, workers: int | None, generat
         import_ray()
 
 
-def _engine(engine: str, address: str | None, workers: int | None, threads: int | None, model: str, budget: int | None):
-    """``None`` (the local engine) or a Ray engine whose workers each load ``model`` once."""
+def _engine(engine: str, address: str | None, workers: int | None, threads: int | None, model: str, budget: int | None, dtype: str = "fp32"):
+    """``None`` (the local engine) or a Ray engine whose workers each load ``model`` (in ``dtype``) once."""
     if engine == "local":
         return None
     from heedful.evaluate.ray_engine import RayEngine
     from heedful.loading import loader
 
-    return RayEngine(loader(model, max_memory=budget), workers, address, threads=threads or 1)
+    return RayEngine(loader(model, max_memory=budget, dtype=dtype), workers, address, threads=threads or 1)
 
 
 GENERATION_METRICS = {"aopc", "comprehensiveness", "sufficiency"}
 
 
-def _bench_generation(model, dataset, names, method_options, metrics, generate, n, out: Path, budget: int | None = None) -> None:
+def _bench_generation(model, dataset, names, method_options, metrics, generate, n, out: Path, budget: int | None = None, dtype: str = "fp32") -> None:
     """``heedful bench --generate N``: generation faithfulness of every method on a prompts file
     (not stored: every run recomputes), written to OUT/generation.md and OUT/generation.csv."""
     from rich.console import Console
@@ -286,7 +290,7 @@ def _bench_generation(model, dataset, names, method_options, metrics, generate, 
     with err.status(f"loading {model} …"):
         import heedful
 
-        loaded = heedful.load(model, max_memory=budget)
+        loaded = heedful.load(model, max_memory=budget, dtype=dtype)
     with err.status(f"explaining {len(prompts)} generations with {len(names)} methods …"):
         results = bench_generation(loaded, prompts, names, method_options, max_new_tokens=generate)
     report = generation_report(results, loaded.name)

@@ -39,7 +39,7 @@ def announce(work, what: str | None = None) -> None:
 def load_model(name: str, device: str = "cpu", max_memory: int | str | None = None, **hub):
     """:func:`heedful.load` with a spinner on stderr (zoo models are built on first use, hub ids
     downloaded with their own progress bars); ``max_memory``: the budget of one pass (see
-    :mod:`heedful.engine.memory`); ``hub``: ``revision``, ``allow_pickle``, ``trust_remote_code``."""
+    :mod:`heedful.engine.memory`); ``hub``: ``revision``, ``allow_pickle``, ``trust_remote_code``, ``dtype``."""
     import heedful
 
     with err.status(f"loading {name} …"):

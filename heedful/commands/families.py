@@ -7,6 +7,9 @@ Registered in :mod:`heedful.cli`. Heavy imports happen inside the functions.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 COLUMNS = ("family", "model types", "blocks add", "gradient, perturbation", "attention", "relevance rules", "decomposition")
 
 
@@ -42,8 +45,53 @@ def family_rows() -> list[tuple[str, ...]]:
     return rows
 
 
+HALF_PRECISION = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "half_precision.json"
+"""The measurements ``python benchmarks/half_precision.py`` writes (a source checkout only)."""
+
+
+def half_precision_markdown(path: Path = HALF_PRECISION) -> list[str]:
+    """The half-precision section of ``docs/models.md``, from the measurements at ``path``
+    (none when the file is absent: an installed package has no benchmarks)."""
+    if not path.is_file():
+        return []
+    found = json.loads(path.read_text(encoding="utf-8"))
+    lines = [
+        "",
+        "## Half precision",
+        "",
+        "`heedful.load(name, dtype=torch.bfloat16)` (or `torch.float16`; `--dtype bf16|fp16` on `explain`,",
+        "`bench` and `serve`) stores the model in half precision and explains it as it runs; what a",
+        "method sums over many terms (gradients over copies and embedding dimensions, the relevance",
+        "rules' ratios, token scores) is summed in float32. This is not the `precision` option of the",
+        "forward-only methods, which runs a float32 model's passes on a lowered copy",
+        "(`heedful/engine/precision.py`). Per method, the largest difference of a token score from the",
+        "float32 model's, relative to the largest float32 score, and the speed against float32",
+        "(above 1: faster):",
+        "",
+        f"- model: `{found['model']}`, {found['parameters']:,} parameters (a tiny random model: the"
+        " differences are rounding, the times mostly per-call overhead)" if found["model"].startswith("tiny-") else
+        f"- model: `{found['model']}`, {found['parameters']:,} parameters",
+        f"- input: {found['text']!r} ({found['tokens']} tokens), each method with the tests' cheap settings"
+        " (`heedful.testing.fast_options`)",
+        f"- machine: {found['machine']}",
+        f"- {found['threads']} torch thread(s), median of {found['repeats']} interleaved runs after a warm-up;"
+        f" {found['versions']}; commit {found['commit']}; `{found['command'].strip()}`",
+        "",
+        "| method | bf16 difference | bf16 speed | fp16 difference | fp16 speed |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for row in found["rows"]:
+        if "refused" in row:
+            lines.append(f"| {row['method']} | refused: {row['refused']} | | | |")
+            continue
+        cells = [f"{row[d]['difference']:.2g} | {row[d]['speed']:.2f}x" for d in ("bf16", "fp16")]
+        lines.append(f"| {row['method']} | {' | '.join(cells)} |")
+    return lines
+
+
 def families_markdown() -> str:
-    """The family table of ``docs/models.md``."""
+    """The family table of ``docs/models.md``, and its half-precision table
+    (:func:`half_precision_markdown`)."""
     lines = [
         "# Model families",
         "",
@@ -58,4 +106,5 @@ def families_markdown() -> str:
         "|" + "---|" * len(COLUMNS),
     ]
     lines += ["| " + " | ".join(row) + " |" for row in family_rows()]
+    lines += half_precision_markdown()
     return "\n".join(lines) + "\n"

@@ -23,6 +23,7 @@ def serve(
     port: Annotated[int, typer.Option("--port", help="Port to listen on.")] = 8765,
     store: Annotated[Path | None, typer.Option("--store", help="A `heedful bench --out` folder whose runs the page browses.")] = None,
     device: Annotated[str | None, typer.Option("--device", help="Where the models run: cpu, cuda, cuda:1, mps.")] = None,
+    dtype: Annotated[str, typer.Option("--dtype", help="Store and run the models in fp32 (default), bf16 or fp16; gradient and relevance sums stay float32 (see docs/models.md for each method's difference from fp32).")] = "fp32",
     max_chars: Annotated[int, typer.Option("--max-chars", help="Longest text or prompt, in characters.")] = 2000,
     max_methods: Annotated[int, typer.Option("--max-methods", help="Most methods per request.")] = 6,
     max_n_steps: Annotated[int, typer.Option("--max-n-steps", help="Largest n_steps / max_steps.")] = 64,
@@ -53,7 +54,7 @@ def serve(
         **({} if not model else {"models": list(model)}),
         store=store, max_chars=max_chars, max_methods=max_methods, max_n_steps=max_n_steps,
         max_n_samples=max_n_samples, max_new_tokens=max_new_tokens, timeout_s=timeout, queue_size=queue_size,
-        device=device, allowed_hosts=LOOPBACK_NAMES if loopback else None,
+        device=device, dtype=dtype, allowed_hosts=LOOPBACK_NAMES if loopback else None,
     )
     app = create_app(settings)
     server = app.state.server

@@ -70,6 +70,37 @@ SPEED_MARGIN = 1.1
 """A precision counts as faster than fp32 from this measured speed ratio on, and as slower
 below its inverse: closer ratios are within the probe's noise on a shared machine."""
 
+HALF = (torch.float16, torch.bfloat16)
+"""The half-precision dtypes a model can be *stored* in (``heedful.load(..., dtype=...)``,
+``--dtype``) -- distinct from the precision its forward-only passes run at (this module's
+``precision`` option, a lowered copy of a float32 model). A half-precision model runs as
+stored; what a method sums over many terms (gradients over copies and embedding dimensions,
+relevance rules' ratios, token scores) is summed in float32 (:func:`widened`)."""
+
+
+def widened(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in float32 when it is half precision (``t`` itself otherwise)."""
+    return t.float() if t.dtype in HALF else t
+
+
+DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+"""The dtypes a model can be stored in, by their names on the command line (``--dtype``)."""
+
+
+def check_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """``dtype`` (a name of :data:`DTYPES` or one of its values) as a ``torch.dtype``; an
+    :class:`InputError` otherwise."""
+    found = DTYPES.get(dtype) if isinstance(dtype, str) else dtype if dtype in DTYPES.values() else None
+    if found is None:
+        raise InputError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}", hint="store the model in fp32 (the default), bf16 or fp16")
+    return found
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The name of a :data:`DTYPES` value (``torch.bfloat16`` -> ``"bf16"``)."""
+    return next(name for name, value in DTYPES.items() if value == dtype)
+
+
 _ACTIVE: ContextVar[str] = ContextVar("heedful_precision", default="fp32")
 _STRICT: ContextVar[bool] = ContextVar("heedful_strict_precision", default=False)
 

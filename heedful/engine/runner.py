@@ -31,6 +31,7 @@ from heedful.engine.batch import Batch
 from heedful.engine.chunks import CHUNK_OVERHEAD, TOKEN_BUDGET, length_chunks
 from heedful.engine.memory import FORWARD, Fit, Need, estimate, fit, near_budget, together
 from heedful.engine.perturb import Perturbed
+from heedful.engine.precision import widened
 from heedful.engine.targets import ResolvedTarget
 from heedful.progress import task
 
@@ -285,6 +286,7 @@ class Runner:
             with torch.enable_grad():
                 fwd = self.forward(chunk, inputs_embeds=points)
                 grads = self.adapter.grad(chunk.target.score(fwd.logits), points)
+            grads = widened(grads)  # a half-precision model's gradients summed in float32
             if weights is not None:
                 grads = grads * weights[chunk.rows, None, None].to(grads)
             if total is None:

@@ -23,10 +23,13 @@ forward values are bit-identical to the unhooked model.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Protocol
 
 import torch
 from torch.autograd import Function
+
+from heedful.engine.precision import HALF, widened
 
 GRADIENT = "gradient"
 RELEVANCE = "relevance"
@@ -39,9 +42,19 @@ class ModeHolder(Protocol):
 
 
 def safe_divide(a: torch.Tensor, b: torch.Tensor, eps: float = EPS) -> torch.Tensor:
-    """``a / (b + eps * sign(b))`` with 0 where ``b == 0`` (sign(0) taken as +1)."""
-    den = b + torch.where(b >= 0, eps, -eps)
+    """``a / (b + eps * sign(b))`` with 0 where ``b == 0`` (sign(0) taken as +1), in ``b``'s dtype."""
+    den = torch.where(b >= 0, b + eps, b - eps)
     return torch.where(b == 0, torch.zeros_like(a), a / den)
+
+
+def in_float32(rule: Callable, grad: torch.Tensor, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor | None, ...]:
+    """``rule(grad, *inputs)`` -- one relevance per input -- computed in float32 when the model
+    runs in half precision (its divisions of small sums lose everything in bfloat16's 8-bit
+    mantissa), each result returned in its input's dtype (autograd's)."""
+    if grad.dtype not in HALF and all(i.dtype not in HALF for i in inputs):
+        return tuple(rule(grad, *inputs))
+    found = rule(widened(grad), *(widened(i) for i in inputs))
+    return tuple(None if r is None else r.to(i.dtype) for r, i in zip(found, inputs, strict=True))
 
 
 class DualRule(Function):
@@ -64,7 +77,7 @@ class DualRule(Function):
         inputs = ctx.saved_tensors
         if ctx.state.mode == GRADIENT:
             return (None, None, grad, *([None] * len(inputs)))
-        return (None, None, None, *ctx.relprop(grad, *inputs))
+        return (None, None, None, *in_float32(ctx.relprop, grad, inputs))
 
 
 class ResidualSplit(Function):
@@ -89,8 +102,13 @@ class ResidualSplit(Function):
         count = len(ctx.saved_tensors) - 1
         if ctx.state.mode == GRADIENT:
             return None, None, grad, *([None] * count)
-        rel_a, *rest = ctx.rule(grad, *ctx.saved_tensors)
-        return None, None, rel_a, *(r - grad for r in rest)
+        return None, None, *in_float32(partial(_split, ctx.rule), grad, ctx.saved_tensors)
+
+
+def _split(rule: Callable, grad: torch.Tensor, *terms: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """:class:`ResidualSplit`'s backward: ``R_a``, and ``R_t - R`` for every other term."""
+    rel_a, *rest = rule(grad, *terms)
+    return rel_a, *(r - grad for r in rest)
 
 
 class SegmentStart(Function):

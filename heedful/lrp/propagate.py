@@ -25,6 +25,7 @@ import torch
 
 from heedful.adapters import Forward, ModelAdapter
 from heedful.engine.batch import Batch
+from heedful.engine.precision import widened
 from heedful.engine.targets import ResolvedTarget
 from heedful.errors import InputError, UnsupportedModelError
 from heedful.lrp.functions import GRADIENT, RELEVANCE
@@ -200,7 +201,7 @@ def lrp_backward(
         found = list(torch.autograd.grad(total, wanted, allow_unused=True))
     found = [torch.zeros_like(w) if g is None else g for w, g in zip(wanted, found, strict=True)]
     if not rules.relevance_form:
-        found = [w * g for w, g in zip(wanted, found, strict=True)]
+        found = [widened(w) * widened(g) for w, g in zip(wanted, found, strict=True)]
     found = [g.detach() for g in found]
     if inputs:
         result.inputs = found.pop(0)

@@ -47,6 +47,7 @@ from heedful.adapters.intercept import (
     softcapped,
 )
 from heedful.adapters.roles import LinearSite, LRPRoles, Site
+from heedful.errors import UnsupportedModelError
 from heedful.lrp.functions import (
     EPS,
     GRADIENT,
@@ -115,6 +116,7 @@ def linear_alpha1_beta0(
     every contribution is 0, so no sign-aware stabiliser is needed; outputs whose ``Z`` is below
     ``ZERO_SHARE`` of ``|W| |x|`` pass no relevance (as Chefer's ``safe_divide`` does at ``Z = 0``).
     """
+    weight = weight.to(x.dtype)
     absolute = weight.abs()
     wx = y if bias is None else y - bias
     magnitude = x.abs() @ absolute.T
@@ -127,6 +129,7 @@ def linear_alpha1_beta0(
 
 def projection_alpha1_beta0(rel: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor]:
     """:func:`linear_alpha1_beta0` for per-row weights: ``x`` ``[M, E]``, ``weight`` ``[M, K, E]``, ``rel`` ``[M, K]``."""
+    weight = weight.to(x.dtype)
     wp, wn = weight.clamp(min=0), weight.clamp(max=0)
     xp, xn = x.clamp(min=0), x.clamp(max=0)
     z = torch.einsum("me,mke->mk", xp, wp) + torch.einsum("me,mke->mk", xn, wn)
@@ -222,6 +225,11 @@ class CheferRules(RuleSet):
         self.name = "chefer" if add == "renormalised" else "lrp"
 
     def attach_rules(self, hooks: Interception, state: RelevanceState, roles: LRPRoles) -> None:
+        if any(block.experts for block in roles.blocks):
+            raise UnsupportedModelError(
+                f"the {self.name} rules do not follow a mixture of experts (the routing weights are no linear map)",
+                hint="use attnlrp, which follows the experts the router chose",
+            )
         for site in roles.linears():
             hooks.at(site.output, partial(self._linear, state, site))
         for norm in roles.norms():
@@ -319,6 +327,11 @@ class AttnLRPRules(RuleSet):
         for block in roles.blocks:
             for site in block.products:
                 hooks.at(Site(site.consumer, "input"), _half_gradient)
+            for experts in block.experts:
+                # the uniform rule (Eq. 7) on each w_k * E_k(x) halves both operands' gradient; on
+                # each expert's gated product act(gate(x)) * up(x) it halves it again for x
+                hooks.at(Site(experts.module), _half_gradient)
+                hooks.at(Site(experts.module, "input"), _half_gradient)
 
     def attention(self, state, rotary, call):
         scaled = replace(

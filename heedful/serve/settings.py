@@ -29,7 +29,8 @@ class ServeSettings:
     options (``n_samples``, ``n_masks``, ``n_ablations``, ``samples``), ``max_new_tokens``
     generated tokens, ``timeout_s`` seconds from a request's arrival to its answer, and
     ``queue_size`` requests waiting behind the one being computed. ``device``: where models run
-    (``None``: cpu). ``allowed_hosts``: the ``Host`` headers answered (``None``: any); a
+    (``None``: cpu); ``dtype``: what they are stored and run in (``"fp32"``, ``"bf16"``,
+    ``"fp16"``; :func:`heedful.load`). ``allowed_hosts``: the ``Host`` headers answered (``None``: any); a
     loopback server answers only loopback names, so a web page elsewhere cannot reach it by
     pointing a domain name at 127.0.0.1 (DNS rebinding)."""
 
@@ -43,6 +44,7 @@ class ServeSettings:
     timeout_s: float = 120.0
     queue_size: int = 8
     device: str | None = None
+    dtype: str = "fp32"
     allowed_hosts: list[str] | None = None
 
     def __post_init__(self) -> None:
@@ -51,6 +53,11 @@ class ServeSettings:
         for name in ("max_chars", "max_methods", "max_n_steps", "max_n_samples", "max_new_tokens", "queue_size"):
             if int(getattr(self, name)) < 1:
                 raise InputError(f"{name} must be at least 1, got {getattr(self, name)}")
+        from heedful.engine.precision import (
+            check_dtype,  # imports torch, which serving loads anyway
+        )
+
+        check_dtype(self.dtype)
         if not self.timeout_s > 0:
             raise InputError(f"timeout_s must be positive, got {self.timeout_s}")
         if self.store is not None:
