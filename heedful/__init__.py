@@ -35,6 +35,8 @@ _LAZY: dict[str, str] = {
     "MethodInfo": "heedful.registry",
     "register": "heedful.registry",
     "SourceSpec": "heedful.sources",
+    "trace": "heedful.inside.tracing",
+    "Trace": "heedful.inside.tracing",
     "QUANTITIES": "heedful.targets",
     "Target": "heedful.targets",
 }
@@ -55,6 +57,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     )
     from heedful.generation import Generation
     from heedful.generation_explanation import GenerationExplanation
+    from heedful.inside.tracing import Trace, trace
     from heedful.loading import from_pretrained_objects, load
     from heedful.model import Model
     from heedful.problem import Problem, prepare
@@ -99,6 +102,7 @@ __all__ = [
     "SourceSpec",
     "Target",
     "TargetInfo",
+    "Trace",
     "UnsupportedModelError",
     "WordScores",
     "from_pretrained_objects",
@@ -107,4 +111,5 @@ __all__ = [
     "methods",
     "prepare",
     "register",
+    "trace",
 ]

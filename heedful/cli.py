@@ -29,6 +29,7 @@ from heedful.commands import rectify as rectify_command
 from heedful.commands import reproduce as reproduce_command
 from heedful.commands import serve as serve_command
 from heedful.commands import steer as steer_command
+from heedful.commands import trace as trace_command
 from heedful.commands.console import (
     announce,
     bars,
@@ -465,6 +466,7 @@ app.command("info")(info_command.info)
 app.command("reproduce")(reproduce_command.reproduce)
 app.command("rectify")(rectify_command.rectify)
 app.command("steer")(steer_command.steer)
+app.command("trace")(trace_command.trace)
 app.command("serve")(serve_command.serve)
 
 
