@@ -22,6 +22,7 @@ from rich.text import Text
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from heedful.commands import bench as bench_command
+from heedful.commands import counterfactual as counterfactual_command
 from heedful.commands import heads as heads_command
 from heedful.commands import info as info_command
 from heedful.commands import interest as interest_command
@@ -467,6 +468,7 @@ app.command("reproduce")(reproduce_command.reproduce)
 app.command("rectify")(rectify_command.rectify)
 app.command("steer")(steer_command.steer)
 app.command("trace")(trace_command.trace)
+app.command("counterfactual")(counterfactual_command.counterfactual)
 app.command("serve")(serve_command.serve)
 
 
