@@ -236,6 +236,23 @@ def test_atp_is_the_derivative_it_linearises(kind):
     assert math.isfinite(trace.spearman)
 
 
+def test_cells_left_unchanged_by_the_corruption_run_no_pass(models, monkeypatch):
+    """In a causal model the positions before the corrupted span are the same in both runs:
+    their cells run no pass and are 0, as a pass gives them."""
+    import heedful.inside.tracing as tracing
+
+    model = models("llama")
+    real, ran = tracing.patch, []
+    monkeypatch.setattr(tracing, "patch", lambda adapter, runs, kind, states, cells, **kw: ran.append(len(cells)) or real(adapter, runs, kind, states, cells, **kw))
+    trace = heedful.trace(model, PROMPT, corrupt="france", samples=2, atp=False)
+    first = trace.corrupted[0]
+    layers, width = trace.effect.shape
+    assert ran == [layers * (width - first)]
+    assert (trace.effect[:, :first] == 0).all()
+    expected = plain_loop(model, _runs(model, samples=2), "residual")
+    np.testing.assert_allclose(expected[:, :first], 0, atol=1e-6)
+
+
 def test_graddrop_has_one_estimate_per_cell_and_agrees_in_magnitude(models):
     model = models("llama")
     trace = heedful.trace(model, PROMPT, corrupt="france", samples=2, gradient_dropout=True)
@@ -254,16 +271,16 @@ def test_ctrl_c_keeps_the_layers_computed(models, monkeypatch):
 
     def interrupted(adapter, runs, embeds):
         calls.append(1)
-        if len(calls) > 2 and embeds.shape[0] == 4 and not torch.is_grad_enabled():
+        if len(calls) > 5 and embeds.shape[0] == 4 and not torch.is_grad_enabled():
             raise KeyboardInterrupt
         return real(adapter, runs, embeds)
 
-    monkeypatch.setattr(patching, "forward_rows", interrupted)
+    monkeypatch.setattr(patching, "forward_rows", interrupted)  # calls: clean, corrupted, then passes of 2 cells; layer 0 has 5 changed cells
     trace = heedful.trace(model, PROMPT, corrupt="france", samples=2, atp=False)
     assert not trace.complete
-    done = np.isfinite(trace.effect)
-    assert done.any() and not done.all()
-    assert done.ravel().argmin() > 0 and not done.ravel()[done.ravel().argmin():].any()  # a computed prefix, layer-major
+    rows = np.isfinite(trace.effect).all(axis=1)
+    assert rows[0] and not rows[-1]
+    assert not rows[int(np.argmin(rows)) :].any()  # the layers computed are a prefix
     assert np.isfinite(trace.corrupted_score)
 
 

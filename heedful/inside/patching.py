@@ -205,6 +205,25 @@ def patch(
     return Patched(grid.mean(dim=1), done, passes, interrupted)
 
 
+UNCHANGED = 1e-5
+"""A site whose clean and corrupted values differ by at most this share of the layer's largest
+clean magnitude is unchanged by the corruption (float32 rounding of passes of other batch
+shapes differs by ~1e-7)."""
+
+
+def unchanged_sites(clean_states: list[torch.Tensor], corrupted_states: list[torch.Tensor], groups: int) -> torch.Tensor:
+    """``[L, N, G]``: which sites the corruption left as they were in every sample (``clean``
+    per layer ``[1, N, D]``, ``corrupted`` ``[S, N, D]``) -- in a causal model, every position
+    before the first corrupted token. Restoring them changes nothing, so their cells need no
+    pass."""
+    found = []
+    for clean, corrupted in zip(clean_states, corrupted_states, strict=True):
+        gap = grouped((corrupted - clean).abs(), groups).amax(dim=(0, -1))  # [N] or [N, H]
+        found.append(gap <= UNCHANGED * float(clean.abs().max()))
+    stacked = torch.stack(found)
+    return stacked if groups > 1 else stacked[..., None]
+
+
 def restore_cells(layers: int, width: int, groups: int, kind: str, window: int = 1) -> torch.Tensor:
     """The cells of a grid, layer-major: ``[C, L, N, G]`` booleans.
 

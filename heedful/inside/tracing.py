@@ -39,6 +39,7 @@ from heedful.inside.patching import (
     recorded,
     require_roles,
     restore_cells,
+    unchanged_sites,
 )
 
 if TYPE_CHECKING:
@@ -310,7 +311,9 @@ def trace(
     the counterfactual's prediction). ``atp``: also attribution patching's grid;
     ``gradient_dropout``: also AtP*'s GradDrop magnitudes.
 
-    Ctrl-C during the exact grid returns the cells computed so far (``complete=False``)."""
+    Cells that restore only sites the corruption left unchanged (in a causal model, every
+    position before the first corrupted token) run no pass: their effect is 0. Ctrl-C during the
+    exact grid returns the cells computed so far (``complete=False``)."""
     _check(kind, metric, samples, noise, window)
     adapter = _adapter(model)
     groups = require_roles(adapter, kind)
@@ -327,12 +330,17 @@ def trace(
     dropped = graddrop(adapter, runs, kind, clean_states, cells) if gradient_dropout else None
     atp_seconds = time.perf_counter() - began
     began = time.perf_counter()
-    baseline = torch.zeros((1, *cells.shape[1:]), dtype=torch.bool)  # the corrupted run, nothing restored
-    patched = patch(adapter, runs, kind, clean_states, torch.cat([baseline, cells]), description=f"tracing {layers} layers")
+    with torch.no_grad():
+        corrupted_states, corrupted_scores = recorded(adapter, runs, runs.corrupted, kind)
+    unchanged = unchanged_sites(clean_states, corrupted_states, groups)
+    needed = (cells & ~unchanged[None]).flatten(1).any(dim=1)  # a cell restoring only unchanged sites changes nothing
+    patched = patch(adapter, runs, kind, clean_states, cells[needed], description=f"tracing {layers} layers")
     seconds = time.perf_counter() - began
-    corrupted_score = float(patched.scores[0])
+    corrupted_score = float(corrupted_scores.mean())
+    scores = torch.full((len(cells),), corrupted_score)
+    scores[needed] = patched.scores
     shape = (layers, groups if kind == "head" else width)
-    effect = (patched.scores[1:] - patched.scores[0]).view(shape).numpy()
+    effect = (scores - corrupted_score).view(shape).numpy()
     columns = [f"head {h}" for h in range(groups)] if kind == "head" else adapter.readable_tokens(runs.batch.input_ids[0].tolist(), runs.batch.tokens[0])
     return Trace(
         prompt=prompt,
@@ -350,7 +358,7 @@ def trace(
         samples=runs.samples,
         counterfactual=counterfactual,
         contrast=None if other is None else adapter.output_name(other),
-        passes=patched.passes,
+        passes=patched.passes + 1,
         seconds=seconds,
         atp_seconds=atp_seconds,
         complete=bool(patched.done.all()) and not patched.interrupted,

@@ -67,14 +67,21 @@ def _agreement(trace: Trace) -> str:
     return "; ".join(parts)
 
 
+def _grids(trace: Trace) -> list[tuple[np.ndarray, str]]:
+    """The grids a trace shows, with their titles: the exact one, then the estimates it has."""
+    found = [(trace.effect, "exact (patching)"), (trace.atp, "AtP (gradient)"), (trace.graddrop, "GradDrop |AtP*|")]
+    return [(values, title) for values, title in found if values is not None]
+
+
+def _marked(trace: Trace) -> frozenset[int]:
+    """The columns to star: the corrupted tokens (none in a head grid)."""
+    return frozenset(trace.corrupted) if trace.kind != "head" else frozenset()
+
+
 def trace_renderable(trace: Trace) -> RenderableType:
     """The exact grid, AtP's (and GradDrop's) beside it, and their agreement."""
-    marked = frozenset(trace.corrupted) if trace.kind != "head" else frozenset()
-    tables = [grid_table(trace.effect, trace.columns, "exact (patching)", marked)]
-    if trace.atp is not None:
-        tables.append(grid_table(trace.atp, trace.columns, "AtP (gradient)", marked))
-    if trace.graddrop is not None:
-        tables.append(grid_table(trace.graddrop, trace.columns, "GradDrop |AtP*|", marked))
+    marked = _marked(trace)
+    tables = [grid_table(values, trace.columns, title, marked) for values, title in _grids(trace)]
     return Group(Text(_summary(trace)), SideBySide(tables), Text(_agreement(trace), style="dim"))
 
 
@@ -126,12 +133,8 @@ GRID_CSS = """
 
 def trace_fragment(trace: Trace) -> str:
     """The grids and their agreement as an HTML fragment (a notebook's ``_repr_html_``)."""
-    marked = frozenset(trace.corrupted) if trace.kind != "head" else frozenset()
-    tables = [grid_html(trace.effect, trace.columns, "exact (patching)", marked)]
-    if trace.atp is not None:
-        tables.append(grid_html(trace.atp, trace.columns, "AtP (gradient)", marked))
-    if trace.graddrop is not None:
-        tables.append(grid_html(trace.graddrop, trace.columns, "GradDrop |AtP*|", marked))
+    marked = _marked(trace)
+    tables = [grid_html(values, trace.columns, title, marked) for values, title in _grids(trace)]
     return (
         f"<style>{GRID_CSS}</style><div class='hf-expl'><p>{html.escape(_summary(trace))}</p>{''.join(tables)}"
         f"<p>{html.escape(_agreement(trace))}. Starred columns: corrupted tokens.</p></div>"
