@@ -50,7 +50,7 @@ def main() -> None:
         "",
         f"{args.model} on the first {report.texts} {args.dataset} test snippets. Each method's explanation of the predicted class names its top {args.k} "
         "word(s); the hypothesis that they drive the prediction is tested by `replace` (same spaCy tag, a corpus word; confirmed when p(class) falls "
-        f"more than under the same edit of {args.k} other content word(s), by {report.options['margin']}), `negate` (`not` before the top adjective or verb, "
+        f"more than under the same edit of {args.k} other content word(s), by {report.options['margin']}), `negate` (`not` before the top adjective, "
         "against another) and `swap` (the two top words trade places; confirmed when the class stays). Confirmed: share with 95 % Wilson interval; "
         "gap: mean drop(top) - drop(control) of p(class) with 95 % bootstrap interval.",
         "",

@@ -125,6 +125,8 @@ def main() -> None:
                 results[name].append(found)
     load_after = os.getloadavg()[0]
     reference = results["heedful (batched rows)"][-1][0]
+    first = (runs.corrupted[0] != runs.clean[0]).any(dim=-1).nonzero().min().item()
+    ran = layers * (runs.width - first)
     cells = layers * runs.width
     rows = cells * runs.samples
     ours = np.median([r[1] for r in results["heedful (batched rows)"]])
@@ -150,8 +152,9 @@ def main() -> None:
         f"- {command_line()[2:]}",
         f"- load average {load_before:.2f} before, {load_after:.2f} after (the machine is shared)",
         f"- {library_versions('torch', 'transformers', 'nnsight')}; {torch.get_num_threads()} torch threads",
-        f"- heedful's passes: the rows of all cells in chunks sized by the memory budget ({format_bytes(model.adapter.max_memory)}), "
-        "the head read at the last position only; nnsight runs the model as built (logits at every position).",
+        f"- heedful's passes: the rows of the cells in chunks sized by the memory budget ({format_bytes(model.adapter.max_memory)}), "
+        "the head read at the last position only; the cells of positions before the first corrupted token (equal in both runs of a causal model, "
+        f"so their effect is 0) run no pass: {ran} of {cells} cells ran. nnsight runs every cell through the model as built (logits at every position).",
     ]
     text = "\n".join(lines) + "\n"
     print(text)

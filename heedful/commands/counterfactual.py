@@ -26,7 +26,7 @@ def counterfactual(
 
     Each method explains each text's predicted class; its hypothesis "the top-k words drive
     the prediction" is tested by replacing them with other corpus words of the same
-    part-of-speech tag (spaCy), negating the top adjective or verb, and swapping the two top
+    part-of-speech tag (spaCy), negating the top adjective, and swapping the two top
     words, each against a control edit of other words. Prints per method and edit the share of
     hypotheses confirmed with its 95 % Wilson interval.
     """
@@ -34,8 +34,12 @@ def counterfactual(
 
     from heedful import datasets
     from heedful.commands.console import check_writable, load_model, out
-    from heedful.inside.counterfactual import EDITS, counterfactual_test
+    from heedful.errors import InputError
+    from heedful.inside.counterfactual import EDITS, check_test, counterfactual_test
 
+    check_test(k, tuple(edit or EDITS), margin)
+    if n < 1:
+        raise InputError(f"--n must be a positive number of texts, got {n}", hint="e.g. --n 100")
     if csv is not None:
         check_writable(csv, "--csv")
     data = datasets.load(dataset, split, n=n)

@@ -43,10 +43,12 @@ def trace(
     correlation with the exact grid is printed. Ctrl-C prints the layers computed so far.
     """
     from heedful.commands.console import check_writable, err, load_model, out
+    from heedful.inside.tracing import check_options
     from heedful.inside.tracing import trace as run_trace
     from heedful.memory import parse_memory
     from heedful.render.grid import trace_page, trace_renderable
 
+    check_options(kind, metric, samples, noise, window)
     for path, what in ((html, "--html"), (csv, "--csv")):
         if path is not None:
             check_writable(path, what)

@@ -13,8 +13,9 @@ same kind on words the explanation did not rank on top (drawn at random, seeded)
     same way. Confirmed when ``drop(top) > drop(control) + margin`` (``margin`` 0.05 by
     default: two edits that both leave the prediction alone confirm nothing).
 ``negate``
-    ``not`` is put before the highest-scoring adjective or verb. Predicted: ``p(c)`` drops more
-    than when another adjective or verb is negated. Confirmed when ``drop(top) > drop(control) + margin``.
+    ``not`` is put before the highest-scoring adjective (``a not charming journey``; a finite
+    verb would need ``do``-support). Predicted: ``p(c)`` drops more than when another adjective
+    is negated. Confirmed when ``drop(top) > drop(control) + margin``.
 ``swap``
     the two highest-scoring content words trade places. Predicted: the words, not where they
     stand, drive the prediction, so ``c`` stays predicted. Confirmed when it does.
@@ -51,7 +52,7 @@ if TYPE_CHECKING:
 EDITS: tuple[str, ...] = ("replace", "negate", "swap")
 CONTENT: frozenset[str] = frozenset({"ADJ", "NOUN", "VERB", "ADV"})
 """Universal part-of-speech tags of the words an edit may touch."""
-NEGATABLE: frozenset[str] = frozenset({"ADJ", "VERB"})
+NEGATABLE: frozenset[str] = frozenset({"ADJ"})
 
 
 @dataclass(frozen=True)
@@ -243,6 +244,17 @@ class CounterfactualReport:
         return table
 
 
+def check_test(k: int, edits: Sequence[str], margin: float) -> None:
+    """Refuse, in one line and before any work, options :func:`counterfactual_test` cannot take."""
+    unknown = [e for e in edits if e not in EDITS]
+    if unknown:
+        raise InputError(f"unknown edit {unknown[0]!r}", hint=f"one of {', '.join(EDITS)}")
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise InputError(f"k must be a positive integer, got {k!r}", hint="k=1 tests the top word")
+    if not (isinstance(margin, int | float) and math.isfinite(margin) and 0 <= margin < 1):
+        raise InputError(f"margin must be a probability difference in [0, 1), got {margin!r}", hint="the default is 0.05")
+
+
 def counterfactual_test(
     model: Model,
     texts: Sequence[str],
@@ -264,13 +276,9 @@ def counterfactual_test(
     ``tagger``: part-of-speech tagger (default spaCy's); ``corpus``: texts whose words the
     replacements are drawn from (default ``texts``); ``method_options``: options per method;
     ``margin``: how much more the top words' edit must lower ``p(c)`` than the control's."""
+    check_test(k, edits, margin)
     if model.task != "classification":
         raise InputError(f"counterfactual tests read a classifier's prediction; {model.name} is a {model.task} model", hint="use a classifier, e.g. minilm-sentiment")
-    unknown = [e for e in edits if e not in EDITS]
-    if unknown:
-        raise InputError(f"unknown edit {unknown[0]!r}", hint=f"one of {', '.join(EDITS)}")
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise InputError(f"k must be a positive integer, got {k!r}", hint="k=1 tests the top word")
     texts = [t for t in texts if isinstance(t, str) and t.strip()]
     if not texts or not methods:
         raise InputError("no texts or no methods to test", hint="give at least one text and one method")

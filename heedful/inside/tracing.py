@@ -206,7 +206,8 @@ def _adapter(model: Model | ModelAdapter) -> ModelAdapter:
     return getattr(model, "adapter", model)
 
 
-def _check(kind: str, metric: str, samples: int, noise: float, window: int) -> None:
+def check_options(kind: str, metric: str, samples: int, noise: float, window: int) -> None:
+    """Refuse, in one line and before any work, options :func:`trace` cannot take."""
     if kind not in KINDS:
         raise InputError(f"unknown kind {kind!r}", hint=f"one of {', '.join(KINDS)}")
     if metric not in METRICS:
@@ -314,7 +315,7 @@ def trace(
     Cells that restore only sites the corruption left unchanged (in a causal model, every
     position before the first corrupted token) run no pass: their effect is 0. Ctrl-C during the
     exact grid returns the cells computed so far (``complete=False``)."""
-    _check(kind, metric, samples, noise, window)
+    check_options(kind, metric, samples, noise, window)
     adapter = _adapter(model)
     groups = require_roles(adapter, kind)
     runs, positions, other = prepare_runs(
