@@ -145,3 +145,41 @@ def test_bad_input_is_one_line(planted):
     lm = heedful.testing.tiny_model("llama", "causal_lm")
     with pytest.raises(heedful.InputError, match="read a classifier's prediction"):
         counterfactual_test(lm, ["the movie was dull"], ["saliency"], tagger=regex_tagger(TAGS))
+
+
+def test_cli_prints_the_share_confirmed_per_method(planted, methods, tmp_path, monkeypatch, capsys):
+    import csv
+
+    from conftest import run_cli
+
+    import heedful.inside.counterfactual as counterfactual
+
+    folder = tmp_path / "planted"
+    planted.hf_model.save_pretrained(folder)
+    planted.tokenizer.save_pretrained(folder)
+    data = tmp_path / "reviews.csv"
+    with open(data, "w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["text", "label"])
+        writer.writerows((t, "POSITIVE") for t in [t for t in _sentences() if PLANTED in t.split()][:12])
+    monkeypatch.setattr(counterfactual, "spacy_tagger", regex_tagger(TAGS))  # spaCy itself: the slow test below
+    code, out, err = run_cli(
+        monkeypatch, capsys, "counterfactual", "--model", str(folder), "--dataset", str(data), "--n", "12",
+        "-M", "planted_first", "-M", "planted_last", "--edit", "replace", "--csv", str(tmp_path / "summary.csv"),
+    )
+    assert code == 0, err
+    assert "planted_first" in out and "planted_last" in out and "replace" in out
+    rows = list(csv.DictReader(open(tmp_path / "summary.csv", encoding="utf-8")))
+    shares = {r["method"]: float(r["share"]) for r in rows}
+    assert shares["planted_first"] > 0.9 and shares["planted_last"] < 0.1
+    code, _, err = run_cli(monkeypatch, capsys, "counterfactual", "--model", str(folder), "--dataset", str(data), "-M", "random", "--margin", "2")
+    assert code == 2 and "error: margin must be" in err
+
+
+@pytest.mark.slow
+def test_spacy_tags_the_words_an_edit_may_touch():
+    from heedful.inside.counterfactual import spacy_tagger
+
+    (words,) = spacy_tagger(["The movie was dull and far too long."])
+    tags = {w.text: (w.pos, w.tag) for w in words}
+    assert tags["movie"] == ("NOUN", "NN") and tags["dull"][0] == "ADJ"
