@@ -20,7 +20,7 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the command line sets it: the cores are shared
 
 import torch
-from _shared import command_line, library_versions, write_results  # noqa: E402  (benchmarks/ is the script's folder)
+from _shared import emit, library_versions  # noqa: E402  (benchmarks/ is the script's folder)
 
 import heedful
 from heedful import datasets
@@ -60,15 +60,10 @@ def main() -> None:
     for row in report.summary().itertuples():
         gap = "–" if not math.isfinite(row.gap) else f"{row.gap:+.3f} [{row.gap_low:+.3f}, {row.gap_high:+.3f}]"
         lines.append(f"| {row.method} | {row.edit} | {row.n} | {row.share:.2f} [{row.low:.2f}, {row.high:.2f}] | {gap} |")
-    lines += [
-        "",
-        f"- {command_line()[2:]}",
+    notes = [
         f"- {seconds:.0f} s; {library_versions('torch', 'transformers', 'spacy')}; {torch.get_num_threads()} torch threads",
     ]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out is not None:
-        write_results(args.out, text)
+    emit(lines, notes, args.out)
 
 
 if __name__ == "__main__":

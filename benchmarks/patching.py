@@ -33,7 +33,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the command line sets 
 
 import numpy as np
 import torch
-from _shared import command_line, library_versions, write_results  # noqa: E402  (benchmarks/ is the script's folder)
+from _shared import emit, library_versions  # noqa: E402  (benchmarks/ is the script's folder)
 
 import heedful
 from heedful.inside.tracing import prepare_runs
@@ -147,19 +147,14 @@ def main() -> None:
         peak = max(r[3] for r in found)
         diff = float(np.abs(found[-1][0] - reference).max())
         lines.append(f"| {name} | {wall:.2f} s | {cpu:.2f} s | {wall / ours:.1f}x | {format_bytes(peak)} | {diff:.1e} |")
-    lines += [
-        "",
-        f"- {command_line()[2:]}",
+    notes = [
         f"- load average {load_before:.2f} before, {load_after:.2f} after (the machine is shared)",
         f"- {library_versions('torch', 'transformers', 'nnsight')}; {torch.get_num_threads()} torch threads",
         f"- heedful's passes: the rows of the cells in chunks sized by the memory budget ({format_bytes(model.adapter.max_memory)}), "
         "the head read at the last position only; the cells of positions before the first corrupted token (equal in both runs of a causal model, "
         f"so their effect is 0) run no pass: {ran} of {cells} cells ran. nnsight runs every cell through the model as built (logits at every position).",
     ]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out is not None:
-        write_results(args.out, text)
+    emit(lines, notes, args.out)
 
 
 if __name__ == "__main__":
