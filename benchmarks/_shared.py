@@ -218,3 +218,12 @@ def finish(text: str, args: argparse.Namespace, console: Console) -> int:
     console.print(Markdown(args.out.read_text(encoding="utf-8")))
     console.print(f"[dim]written to {args.out}[/dim]")
     return 0
+
+
+def emit(lines: list[str], notes: list[str], out: Path | None) -> None:
+    """Print the results ``lines``, then the command line that made them and the ``notes``
+    (Markdown bullets), and write them to ``out`` (:func:`write_results`) when given."""
+    text = "\n".join([*lines, "", command_line(), *notes]) + "\n"
+    print(text)
+    if out is not None:
+        write_results(out, text)

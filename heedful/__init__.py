@@ -38,6 +38,8 @@ _LAZY: dict[str, str] = {
     "SourceSpec": "heedful.engine.sources",
     "QUANTITIES": "heedful.engine.targets",
     "Target": "heedful.engine.targets",
+    "trace": "heedful.inside.tracing",
+    "Trace": "heedful.inside.tracing",
 }
 """Public name -> the module that defines it (imported when the name is first used)."""
 
@@ -60,6 +62,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     )
     from heedful.generation import Generation
     from heedful.generation_explanation import GenerationExplanation
+    from heedful.inside.tracing import Trace, trace
     from heedful.loading import from_pretrained_objects, load
     from heedful.model import Model
     from heedful.registry import MethodInfo, register
@@ -101,6 +104,7 @@ __all__ = [
     "SourceSpec",
     "Target",
     "TargetInfo",
+    "Trace",
     "UnsupportedModelError",
     "WordScores",
     "from_pretrained_objects",
@@ -110,4 +114,5 @@ __all__ = [
     "prepare",
     "register",
     "removal_drops",
+    "trace",
 ]

@@ -22,6 +22,7 @@ from rich.text import Text
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from heedful.commands import bench as bench_command
+from heedful.commands import counterfactual as counterfactual_command
 from heedful.commands import heads as heads_command
 from heedful.commands import info as info_command
 from heedful.commands import interest as interest_command
@@ -29,6 +30,7 @@ from heedful.commands import rectify as rectify_command
 from heedful.commands import reproduce as reproduce_command
 from heedful.commands import serve as serve_command
 from heedful.commands import steer as steer_command
+from heedful.commands import trace as trace_command
 from heedful.commands.console import (
     announce,
     bars,
@@ -485,6 +487,8 @@ app.command("info")(info_command.info)
 app.command("reproduce")(reproduce_command.reproduce)
 app.command("rectify")(rectify_command.rectify)
 app.command("steer")(steer_command.steer)
+app.command("trace")(trace_command.trace)
+app.command("counterfactual")(counterfactual_command.counterfactual)
 app.command("serve")(serve_command.serve)
 
 

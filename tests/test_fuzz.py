@@ -427,6 +427,13 @@ COMMANDS = [
     ("reproduce", "nosuch", "--n"),
     ("steer", "-p", "hello there", "-s", "hello", "--seed"),
     ("steer", "-p", "hello there", "-s", "hello", "--option"),
+    ("trace", "good fun", "--corrupt", "good", "--samples"),
+    ("trace", "good fun", "--corrupt", "good", "--noise"),
+    ("trace", "good fun", "--corrupt", "good", "--window"),
+    ("trace", "good fun", "--corrupt", "good", "--kind"),
+    ("counterfactual", "-M", "random", "--k"),
+    ("counterfactual", "-M", "random", "--margin"),
+    ("counterfactual", "-M", "random", "--n"),
     ("heads", "--xi-pos"),
     ("heads", "--n"),
     ("models", "build"),
@@ -446,7 +453,7 @@ def test_cli_other_commands(no_load, tmp_path_factory, command, value):
     args = (*command, value, *extra) if command[0] != "reproduce" else (*command, value, "--store", str(out / "store"), *extra)
     stopped = cli_checks("cli other commands", *args)
     numeric = value.strip().lower()
-    if command[-1] in ("--lam", "--ratio", "--n", "--seed", "--max-steps") and numeric in {"nan", "-1", "inf"} | ({"0"} if command[-1] in ("--n", "--ratio", "--max-steps") else set()):
+    if command[-1] in ("--lam", "--ratio", "--n", "--seed", "--max-steps", "--samples", "--noise", "--window", "--k", "--margin") and numeric in {"nan", "-1", "inf"} | ({"0"} if command[-1] in ("--n", "--ratio", "--max-steps", "--samples", "--noise", "--window", "--k") else set()):
         assert stopped, args
 
 

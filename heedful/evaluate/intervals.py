@@ -56,3 +56,18 @@ def bootstrap_paired_difference(a: np.ndarray, b: np.ndarray, n_boot: int = 1000
         raise ValueError(f"paired values differ in shape: {a.shape} vs {b.shape}")
     keep = np.isfinite(a) & np.isfinite(b)
     return bootstrap_mean(a[keep] - b[keep], n_boot=n_boot, seed=seed)
+
+
+def wilson(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """The 95 % Wilson score interval of a proportion ``successes / n`` (Wilson 1927; NaNs for
+    ``n = 0``): ``(p + z^2 / 2n -+ z sqrt(p (1 - p) / n + z^2 / 4n^2)) / (1 + z^2 / n)``.
+
+    >>> [round(v, 3) for v in wilson(8, 10)]
+    [0.49, 0.943]
+    """
+    if n <= 0:
+        return (math.nan, math.nan)
+    p = successes / n
+    centre = p + z * z / (2 * n)
+    spread = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return ((centre - spread) / (1 + z * z / n), (centre + spread) / (1 + z * z / n))
