@@ -39,6 +39,7 @@ _LAZY: dict[str, str] = {
     "QUANTITIES": "heedful.engine.targets",
     "Target": "heedful.engine.targets",
     "trace": "heedful.inside.tracing",
+    "counterfactual_test": "heedful.inside.counterfactual",
     "Trace": "heedful.inside.tracing",
 }
 """Public name -> the module that defines it (imported when the name is first used)."""
@@ -115,4 +116,5 @@ __all__ = [
     "register",
     "removal_drops",
     "trace",
+    "counterfactual_test",
 ]
