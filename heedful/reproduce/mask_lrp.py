@@ -655,8 +655,8 @@ def _planted_section(plan: _Plan, run: _PlantedRun) -> list[str]:
         paper = PAPER_ROWS.get(group, "")
         name = f"**{group}**" if group == "mask_lrp" else group
         lines.append(
-            f"| {name} | {paper} | {_ci(found['all'])} | {_ci(found['answered'])} | {_fmt(run.code_ratio.get(group))} | "
-            f"{_ci(found['top1'])} | {_ci(found['top3'])} |"
+            f"| {name} | {paper} | {interval_text(*found['all'])} | {interval_text(*found['answered'])} | {_fmt(run.code_ratio.get(group))} | "
+            f"{interval_text(*found['top1'])} | {interval_text(*found['top3'])} |"
         )
     best = max(intervals, key=lambda g: intervals[g]["all"][0] if math.isfinite(intervals[g]["all"][0]) else -math.inf)
     pairs = overlapping({g: (v["all"][1], v["all"][2]) for g, v in intervals.items()})
@@ -742,10 +742,6 @@ def _difference(run: _DatasetRun, a: str, b: str, metric: str) -> tuple[float, f
     return bootstrap_paired_difference(va, vb)
 
 
-def _ci(value: tuple[float, float, float], digits: int = 3, sign: bool = False) -> str:
-    return interval_text(*value, digits=digits, sign=sign)
-
-
 def _excludes_zero(value: tuple[float, float, float]) -> bool:
     return math.isfinite(value[1]) and (value[1] > 0 or value[2] < 0)
 
@@ -781,13 +777,6 @@ def _ranks(values: dict[str, float], higher_better: bool) -> dict[str, int]:
     """Competition ranks (1 = best); values equal to three decimals share a rank."""
     finite = {k: round(v if higher_better else -v, 3) for k, v in values.items() if math.isfinite(v)}
     return {k: 1 + sum(other > v for other in finite.values()) for k, v in finite.items()}
-
-
-def _spearman(a: dict[str, float], b: dict[str, float]) -> float:
-    keys = [k for k in a if k in b and math.isfinite(a[k]) and math.isfinite(b[k])]
-    if len(keys) < 3:
-        return float("nan")
-    return spearman([a[k] for k in keys], [b[k] for k in keys])
 
 
 def _concordance(a: dict[str, float], b: dict[str, float]) -> tuple[int, int]:
@@ -1159,8 +1148,8 @@ def _ordering_notes(run: _DatasetRun, found: dict[str, Any]) -> list[str]:
         paper = ""
         if a == "mask_lrp" and b in pa:
             paper = f" (paper: AOPC {pa['mask_lrp'] - pa[b]:+.3f}, LOdds {pl['mask_lrp'] - pl[b]:+.3f})"
-        lines.append(f"- {label}, paired over the examples: AOPC {_ci(da, sign=True)}, LOdds {_ci(dl, sign=True)}{paper} — {text}.")
-    rho_a, rho_l = _spearman(oa, pa), _spearman(ol, pl)
+        lines.append(f"- {label}, paired over the examples: AOPC {interval_text(*da, sign=True)}, LOdds {interval_text(*dl, sign=True)}{paper} — {text}.")
+    rho_a, rho_l = spearman(oa, pa, minimum=3), spearman(ol, pl, minimum=3)
     ca, ta = _concordance(oa, pa)
     cl, tl = _concordance(ol, pl)
     lines.append(
@@ -1204,7 +1193,7 @@ def _headline_section(runs: list[_DatasetRun], methods: list[str]) -> list[str]:
                 if over:
                     overlaps.append(f"{m} / {nxt}")
                 name = f"**{m}**" if m == "mask_lrp" else m
-                lines.append(f"| {i + 1} | {name} | {_ci(found[m])} | {'yes' if over else 'no' if nxt else '–'} |")
+                lines.append(f"| {i + 1} | {name} | {interval_text(*found[m])} | {'yes' if over else 'no' if nxt else '–'} |")
             lines += ["", "Adjacent pairs whose intervals overlap: " + (", ".join(overlaps) or "none") + ".", ""]
     return lines
 
@@ -1265,9 +1254,9 @@ def _ablation_section(runs: list[_DatasetRun], mask, image: str) -> list[str]:
                 per = ", ".join(f"{x:.4f}" for x in v.seed_means[metric])
                 diff = _difference(run, real, rand, metric)
                 lines.append(
-                    f"| {run.dataset} | {name} | {label} | {_ci(_interval(run, real, metric), 4)} | "
+                    f"| {run.dataset} | {name} | {label} | {interval_text(*_interval(run, real, metric), 4)} | "
                     f"{_fmt(v.mean(metric), v.std(metric), digits=4)} ({per}) | {_fmt(_ours(run, 'chefer', metric)[0], digits=4)} | "
-                    f"{_ci(diff, 4, sign=True)} |"
+                    f"{interval_text(*diff, 4, sign=True)} |"
                 )
             verdicts.append(f"{run.dataset}, {name}: selected vs random masks — {_verdict(run, real, rand)[0]}")
     lines += ["", *[f"- {v}." for v in verdicts], ""]
@@ -1304,14 +1293,14 @@ def _corruption_section(run: _DatasetRun, image: str) -> list[str]:
     ]
     for (rate, a), (_, lo) in zip(_corruption_points(run, "aopc"), _corruption_points(run, "log_odds"), strict=True):
         heads = 1.0 if rate == 1.0 else run.variants[_corrupted_label(rate) if rate else REFERENCE].rate
-        lines.append(f"| {rate:.0%} | {heads:.1%} | {_ci(a)} | {_ci(lo)} |")
+        lines.append(f"| {rate:.0%} | {heads:.1%} | {interval_text(*a)} | {interval_text(*lo)} |")
     rho_a, rho_l = _corruption_trend(run)
     ends = _verdict(run, "mask_lrp", "chefer")
     lines += [
         "",
         f"Trend over the rates: Spearman rho of the mean against the rate {rho_a:+.2f} (AOPC; the paper: falling, "
         f"i.e. negative) and {rho_l:+.2f} (LOdds; the paper: rising). Selected mask (0 %) minus all heads (100 %), paired: "
-        f"AOPC {_ci(ends[1], sign=True)}, LOdds {_ci(ends[2], sign=True)} — {ends[0]}.",
+        f"AOPC {interval_text(*ends[1], sign=True)}, LOdds {interval_text(*ends[2], sign=True)} — {ends[0]}.",
         "",
     ]
     return lines
@@ -1405,15 +1394,15 @@ def _why_section(runs: list[_DatasetRun], mask, planted: _PlantedRun | None, con
             "| thresholds | mask rate | AOPC ↑ [95% CI] | LOdds ↓ [95% CI] | minus the paper's thresholds: AOPC [95% CI] | "
             "Spearman rho with `chefer` |",
             "|---|---|---|---|---|---|",
-            f"| xi_synt 0.1, xi_pos 0.8 (paper) | {mask.rate:.1%} | {_ci(_interval(first, 'mask_lrp', 'aopc'))} | "
-            f"{_ci(_interval(first, 'mask_lrp', 'log_odds'))} | – | {first.sensitivity.get('literal vs chefer', {}).get('spearman', float('nan')):.3f} |",
+            f"| xi_synt 0.1, xi_pos 0.8 (paper) | {mask.rate:.1%} | {interval_text(*_interval(first, 'mask_lrp', 'aopc'))} | "
+            f"{interval_text(*_interval(first, 'mask_lrp', 'log_odds'))} | – | {first.sensitivity.get('literal vs chefer', {}).get('spearman', float('nan')):.3f} |",
         ]
         for label in sweep:
             rho = first.sensitivity.get(f"{label} vs chefer", {}).get("spearman", float("nan"))
             lines.append(
                 f"| {label[len('mask_lrp ('):-1]} | {first.sweep_rates.get(label, float('nan')):.1%} | "
-                f"{_ci(_interval(first, label, 'aopc'))} | {_ci(_interval(first, label, 'log_odds'))} | "
-                f"{_ci(_difference(first, label, 'mask_lrp', 'aopc'), sign=True)} | {rho:.3f} |"
+                f"{interval_text(*_interval(first, label, 'aopc'))} | {interval_text(*_interval(first, label, 'log_odds'))} | "
+                f"{interval_text(*_difference(first, label, 'mask_lrp', 'aopc'), sign=True)} | {rho:.3f} |"
             )
         lines.append("")
     lines += ["**Rank correlation with `chefer` per variant** (mean Spearman rho over the examples) and the share of "
@@ -1517,7 +1506,7 @@ def _claims_section(runs: list[_DatasetRun], mask, planted: _PlantedRun | None, 
         rank = order.index("mask_lrp") + 1
         runner = order[1] if order[0] == "mask_lrp" else order[0]
         d = _difference(run, "mask_lrp", runner, metric)
-        return str(difference_verdict(d, higher)), f"rank {rank} of {len(order)}; Mask-LRP − {runner} {_ci(d, sign=True)}"
+        return str(difference_verdict(d, higher)), f"rank {rank} of {len(order)}; Mask-LRP − {runner} {interval_text(*d, sign=True)}"
 
     rows.append(("Mask-LRP has the highest AOPC of the paper's methods (Table 1)", *per_dataset(lambda r: best(r, "aopc", True))))
     rows.append(("Mask-LRP has the lowest LOdds of the paper's methods (Table 1)", *per_dataset(lambda r: best(r, "log_odds", False))))
@@ -1540,7 +1529,7 @@ def _claims_section(runs: list[_DatasetRun], mask, planted: _PlantedRun | None, 
     def beats(a: str, b: str):
         def fn(run: _DatasetRun):
             _, da, dl = _verdict(run, a, b)
-            return str(all_of([difference_verdict(da, True), difference_verdict(dl, False)])), f"AOPC {_ci(da, sign=True)}, LOdds {_ci(dl, sign=True)}"
+            return str(all_of([difference_verdict(da, True), difference_verdict(dl, False)])), f"AOPC {interval_text(*da, sign=True)}, LOdds {interval_text(*dl, sign=True)}"
         return fn
 
     rows.append(("The selected heads beat random heads of the same rate (Table 1 \"Random\", Sec. 5.4 Q1)", *per_dataset(beats("mask_lrp", RANDOM_MASK))))
@@ -1555,7 +1544,7 @@ def _claims_section(runs: list[_DatasetRun], mask, planted: _PlantedRun | None, 
         rows.append((
             "Explanations degrade as the mask is corrupted and converge to GAE (Figure 4)",
             "holds" if ok else "does not hold",
-            f"{first.dataset}: Spearman rho of mean against rate AOPC {rho_a:+.2f}, LOdds {rho_l:+.2f}; 0 % − 100 % AOPC {_ci(da, sign=True)}",
+            f"{first.dataset}: Spearman rho of mean against rate AOPC {rho_a:+.2f}, LOdds {rho_l:+.2f}; 0 % − 100 % AOPC {interval_text(*da, sign=True)}",
         ))
     if NO_POSITIONAL in first.variants:
         def table3(run: _DatasetRun):
@@ -1565,7 +1554,7 @@ def _claims_section(runs: list[_DatasetRun], mask, planted: _PlantedRun | None, 
                     continue
                 d = _difference(run, label, "mask_lrp", "aopc")
                 ok &= not _excludes_zero(d)
-                parts.append(f"{name} − full AOPC {_ci(d, sign=True)}")
+                parts.append(f"{name} − full AOPC {interval_text(*d, sign=True)}")
             return ("holds" if ok else "does not hold"), ", ".join(parts)
 
         rows.append(("Dropping either mask type barely changes the result (Table 3)", *per_dataset(table3)))
@@ -1608,7 +1597,7 @@ def _claims_section(runs: list[_DatasetRun], mask, planted: _PlantedRun | None, 
                 continue
             ci = bootstrap_paired_difference(planted.values["mask_lrp"]["precision_at_k"], planted.values[other]["precision_at_k"])
             found.append(difference_verdict(ci, True))
-            parts.append(f"− {other} {_ci(ci, sign=True)}")
+            parts.append(f"− {other} {interval_text(*ci, sign=True)}")
         rows.append((
             "Higher precision@20 than Rollout, RawAtt and AttCAT on QA (Table 2)",
             f"{all_of(found)} on the planted proxy (not SQuAD)",

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -159,11 +159,16 @@ def interval_text(estimate: float, low: float, high: float, digits: int = 3, sig
     return f"{text} [{low:{f}}, {high:{f}}]"
 
 
-def spearman(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray) -> float:
-    """Spearman's rank correlation of ``a`` and ``b`` (aligned ``[n]``); NaN with fewer than two
-    values or when either side is constant."""
+def spearman(a: Sequence[float] | np.ndarray | Mapping[Any, float], b: Sequence[float] | np.ndarray | Mapping[Any, float],
+             minimum: int = 2) -> float:
+    """Spearman's rank correlation of ``a`` and ``b`` (aligned ``[n]``, or two mappings aligned on
+    the keys both hold with finite values); NaN with fewer than ``minimum`` values or when either
+    side is constant."""
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        keys = [k for k in a if k in b and math.isfinite(a[k]) and math.isfinite(b[k])]
+        a, b = [a[k] for k in keys], [b[k] for k in keys]
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    if a.size < 2 or np.ptp(a) == 0 or np.ptp(b) == 0:
+    if a.size < max(2, minimum) or np.ptp(a) == 0 or np.ptp(b) == 0:
         return math.nan
     from scipy.stats import spearmanr
 
