@@ -69,7 +69,9 @@ from heedful.reproduce.toolkit import (
     difference_verdict,
     interval_text,
     interval_verdict,
+    mean_interval,
     paired_verdict,
+    values_text,
 )
 
 NAME = "coperturbation"
@@ -809,18 +811,6 @@ def _grid(corner: str, columns: list[str], rows: list[tuple[str, list[str]]]) ->
     ]
 
 
-def _iv(values, digits: int = 2) -> str:
-    """``0.81 [0.78, 0.84]`` from the values' mean and 95 % bootstrap interval."""
-    from heedful.reproduce.coperturbation_studies import interval
-
-    mean, low, high, _ = interval(values)
-    return _iv_of(mean, low, high, digits)
-
-
-def _iv_of(mean: float, low: float, high: float, digits: int = 3) -> str:
-    return interval_text(mean, low, high, digits)
-
-
 def overlap_sentence(rows: list[tuple[str, float, float, float]], higher_better: bool = True) -> str:
     """Which neighbours in the ranking of ``rows`` (name, mean, low, high) have overlapping 95 %
     intervals: ``a > b (apart); b ~ c (overlap)``."""
@@ -860,9 +850,7 @@ def _ahead(bench, a: str, b: str, metric: str) -> tuple[Verdict, tuple[float, fl
 
 def _fixed_interval(result, method: str, r: int) -> tuple[float, float, float, int]:
     """Share of the errors fixed at ratio index ``r`` with its bootstrap interval over errors."""
-    from heedful.reproduce.coperturbation_studies import interval
-
-    return interval(_fixed(result, method, r).tolist())
+    return mean_interval(_fixed(result, method, r).tolist())
 
 
 def _markdown(run: Plan, found: Found, longest: dict[str, float]) -> str:
@@ -992,8 +980,6 @@ def _objective_section(found: Found) -> list[str]:
 
 
 def _solver_section(found: Found) -> list[str]:
-    from heedful.reproduce.coperturbation_studies import interval
-
     c = found.compare
     if not c:
         return []
@@ -1008,7 +994,7 @@ def _solver_section(found: Found) -> list[str]:
     sec_a, sec_l = per(ca, "seconds"), per(cl, "seconds")
     pass_a = per(ca, "forward") + per(ca, "backward")
     pass_l = per(cl, "forward") + per(cl, "backward")
-    mean, low, high, n = interval(rho)
+    mean, low, high, n = mean_interval(rho)
     lines = [
         "## 2. Linearized against optimised co-perturbation",
         "",
@@ -1022,17 +1008,17 @@ def _solver_section(found: Found) -> list[str]:
         "",
         "| | optimised (Adam, defaults) | linearized | linearized, ceiling lifted (`scale=1000`) |",
         "|---|---|---|---|",
-        f"| AOPC ↑ (95 % interval) | {_iv_of(*_summary_row(a, 'aopc'))} | {_iv_of(*_summary_row(b, 'aopc'))} | {_iv_of(*_summary_row(c['lifted'], 'aopc'))} |",
-        f"| sufficiency ↓ | {_iv_of(*_summary_row(a, 'sufficiency'))} | {_iv_of(*_summary_row(b, 'sufficiency'))} | {_iv_of(*_summary_row(c['lifted'], 'sufficiency'))} |",
-        f"| Spearman with the optimised scores, per sentence | 1 | {_iv(c['spearman'])} | {_iv(c['spearman_lifted'])} |",
-        f"| top-20 % overlap with the optimised | 1 | {_iv(c['overlap'])} | {_iv(c['overlap_lifted'])} |",
+        f"| AOPC ↑ (95 % interval) | {interval_text(*_summary_row(a, 'aopc'))} | {interval_text(*_summary_row(b, 'aopc'))} | {interval_text(*_summary_row(c['lifted'], 'aopc'))} |",
+        f"| sufficiency ↓ | {interval_text(*_summary_row(a, 'sufficiency'))} | {interval_text(*_summary_row(b, 'sufficiency'))} | {interval_text(*_summary_row(c['lifted'], 'sufficiency'))} |",
+        f"| Spearman with the optimised scores, per sentence | 1 | {values_text(c['spearman'], 2)} | {values_text(c['spearman_lifted'], 2)} |",
+        f"| top-20 % overlap with the optimised | 1 | {values_text(c['overlap'], 2)} | {values_text(c['overlap_lifted'], 2)} |",
         f"| seconds / sentence | {sec_a:.2f} | {sec_l:.3f} | (same passes) |",
         f"| rows through the model / sentence (forward + backward) | {pass_a:.0f} | {pass_l:.1f} | {pass_l:.1f} |",
         "",
-        f"- Spearman correlation of the two solutions' content-token scores per sentence: mean {_iv_of(mean, low, high, 2)} "
+        f"- Spearman correlation of the two solutions' content-token scores per sentence: mean {interval_text(mean, low, high, 2)} "
         f"over the {n} sentences where both vary; on {int(const.sum())} sentences ({100 * const.mean():.0f} %) every "
         "token's linearized noise sits at the ceiling (a constant ranking: the first-order optimum lies beyond it). "
-        f"Share of the optimised top-20 % tokens also in the linearized top 20 %: {_iv(c['overlap'])}.",
+        f"Share of the optimised top-20 % tokens also in the linearized top 20 %: {values_text(c['overlap'], 2)}.",
         f"- Cost: the linearized solver is {sec_a / sec_l:.0f}x cheaper in wall time and {pass_a / pass_l:.0f}x in rows "
         "through the model (wall times measured in different runs on a shared machine; the row count does not depend "
         "on the load).",
@@ -1048,7 +1034,7 @@ def _solver_section(found: Found) -> list[str]:
     for k in range(3):
         sel = (conf >= edges[k]) & (conf <= edges[k + 1]) if k == 2 else (conf >= edges[k]) & (conf < edges[k + 1])
         cells.append(
-            f"| {edges[k]:.3f}-{edges[k + 1]:.3f} | {int(sel.sum())} | {_iv(rho[sel].tolist())} | {100 * const[sel].mean():.0f} % |"
+            f"| {edges[k]:.3f}-{edges[k + 1]:.3f} | {int(sel.sum())} | {values_text(rho[sel].tolist(), 2)} | {100 * const[sel].mean():.0f} % |"
         )
     lines += [
         "",
@@ -1074,8 +1060,8 @@ def _seed_section(found: Found) -> list[str]:
         secs = f"; {check['seconds']:.1f} s per sentence for the second seed" if check.get("seconds") else ""
         lines.append(
             f"- Optimised solver (defaults: 100 steps x 8 samples), seeds {check['seeds'][0]} and {check['seeds'][1]} on "
-            f"the first {check['n']} comparison sentences: Spearman {_iv(check['spearman'])} (min {min(check['spearman']):.2f}); "
-            f"top-20 % overlap {_iv(check['overlap'])}{secs}. The seed draws the noise; theta starts at 0."
+            f"the first {check['n']} comparison sentences: Spearman {values_text(check['spearman'], 2)} (min {min(check['spearman']):.2f}); "
+            f"top-20 % overlap {values_text(check['overlap'], 2)}{secs}. The seed draws the noise; theta starts at 0."
         )
     lines.append(
         "- Linearized solver at the head: no randomness (the 2 logits' unit vectors give the exact Jacobian norms), "
@@ -1084,7 +1070,7 @@ def _seed_section(found: Found) -> list[str]:
     for probes, res in found.probes.items():
         lines.append(
             f"- Linearized solver at the last layer (M = tokens x 384 elements, Hutchinson with {probes} probes): Spearman "
-            f"between seeds {_iv(res['spearman'])}, {res['seconds']:.2f} s per sentence."
+            f"between seeds {values_text(res['spearman'], 2)}, {res['seconds']:.2f} s per sentence."
         )
     good = [p for p, r in found.probes.items() if np.nanmean(r["spearman"]) >= 0.9]
     if good:
@@ -1119,9 +1105,9 @@ def _faithfulness_section(found: Found) -> list[str]:
         table.insert(1, ("coperturbation (linearized)", lin))
     for group, res in table:
         u = found.uniformity.get(group)
-        uni = _iv_of(*u[:3], 2) if u else "–"
+        uni = interval_text(*u[:3], 2) if u else "–"
         lines.append(
-            f"| {group} | {_iv_of(*_summary_row(res, 'aopc'))} | {_iv_of(*_summary_row(res, 'sufficiency'))} | {uni} | {res.cost['seconds']:.3f} |"
+            f"| {group} | {interval_text(*_summary_row(res, 'aopc'))} | {interval_text(*_summary_row(res, 'sufficiency'))} | {uni} | {res.cost['seconds']:.3f} |"
         )
     aopc = [(g, *_summary_row(r, "aopc")) for g, r in table]
     suff = [(g, *_summary_row(r, "sufficiency")) for g, r in table]
@@ -1172,8 +1158,8 @@ def _rectification_section(found: Found) -> list[str]:
             if fa is not None:
                 at_rows.append((m, *fa[:3]))
             lines.append(
-                f"| {m} | {result.ratios[r]:g} | {int(result.methods[m].fixed[r])} / {result.n_errors} | {_iv_of(*fi[:3], 3)} | "
-                f"+{100 * result.whole_gain(m)[r]:.2f} pts | {_iv_of(*fa[:3], 3) if fa else '–'} |"
+                f"| {m} | {result.ratios[r]:g} | {int(result.methods[m].fixed[r])} / {result.n_errors} | {interval_text(*fi[:3], 3)} | "
+                f"+{100 * result.whole_gain(m)[r]:.2f} pts | {interval_text(*fa[:3], 3) if fa else '–'} |"
             )
         lines += [
             "",
@@ -1210,8 +1196,6 @@ def _rectification_section(found: Found) -> list[str]:
 
 
 def _studies_section(found: Found) -> list[str]:
-    from heedful.reproduce.coperturbation_studies import interval
-
     lines = ["## 6. Lambda (Section 5.2.1, Figure 4) and layers (Section 5.3, Figure 5)", ""]
     ls = found.lam_study
     if ls:
@@ -1226,10 +1210,10 @@ def _studies_section(found: Found) -> list[str]:
         ]
         for j, lam in enumerate(lams):
             lines.append(
-                f"| {lam:g} | {_iv(ls['measured'][:, j].tolist(), 3)} | {_iv(ls['predicted'][:, j].tolist(), 3)} | "
-                f"{_iv(ls['at_ceiling'][:, j].tolist(), 2)} | {_iv(ls['spearman_to_ref'][:, j].tolist(), 2)} |"
+                f"| {lam:g} | {values_text(ls['measured'][:, j].tolist(), 3)} | {values_text(ls['predicted'][:, j].tolist(), 3)} | "
+                f"{values_text(ls['at_ceiling'][:, j].tolist(), 2)} | {values_text(ls['spearman_to_ref'][:, j].tolist(), 2)} |"
             )
-        meas = [interval(ls["measured"][:, j])[0] for j in range(len(lams))]
+        meas = [mean_interval(ls["measured"][:, j])[0] for j in range(len(lams))]
         lines += [
             "",
             f"![lambda study]({found.files['lambda study'].name})",
@@ -1264,8 +1248,8 @@ def _studies_section(found: Found) -> list[str]:
             "|---|---|---|",
         ]
         for j, layer in enumerate(ly["layers"]):
-            lines.append(f"| {layer} | {_iv(ly['concentration'][:, j].tolist())} | {_iv(ly['spearman_to_head'][:, j].tolist())} |")
-        lines += [f"| head | {_iv(ly['head_concentration'].tolist())} | 1 |", "", f"![layer study]({found.files['layer study'].name})", ""]
+            lines.append(f"| {layer} | {values_text(ly['concentration'][:, j].tolist(), 2)} | {values_text(ly['spearman_to_head'][:, j].tolist(), 2)} |")
+        lines += [f"| head | {values_text(ly['head_concentration'].tolist(), 2)} | 1 |", "", f"![layer study]({found.files['layer study'].name})", ""]
     lmap = found.lmap
     if lmap is not None:
         lines += [
@@ -1291,7 +1275,7 @@ def _size_section(found: Found) -> list[str]:
         result = found.rect[name]
         m = "coperturbation (linearized)"
         r = result.best(m)
-        rows.append(f"| {name} | {result.accuracy_before:.2%} | {result.n_errors} | {_iv_of(*_fixed_interval(result, m, r)[:3], 3)} (r = {result.ratios[r]:g}) |")
+        rows.append(f"| {name} | {result.accuracy_before:.2%} | {result.n_errors} | {interval_text(*_fixed_interval(result, m, r)[:3], 3)} (r = {result.ratios[r]:g}) |")
     lines += [
         "| model | accuracy | errors | share fixed, linearized co-perturbation, best r [95 %] |",
         "|---|---|---|---|",
@@ -1308,8 +1292,6 @@ def _size_section(found: Found) -> list[str]:
 
 def _claims(found: Found) -> list[str]:
     """The paper's claims, each with a verdict from this run's numbers."""
-    from heedful.reproduce.coperturbation_studies import interval
-
     rows = []
     c = found.compare
     bench = found.bench
@@ -1323,7 +1305,7 @@ def _claims(found: Found) -> list[str]:
         rows.append((
             "Co-perturbation estimates interest better than LIME, SHAP, RISE, LRP, TDD and individual perturbation (5.2, Figure 3; shown by heatmaps)",
             str(all_of(v for v, _ in versus.values())),
-            f"AOPC {_iv_of(*cpv)}; baselines above it with paired intervals apart: {', '.join(above) or 'none'}; below, apart: {', '.join(below) or 'none'} (n = {bench.n_examples})",
+            f"AOPC {interval_text(*cpv)}; baselines above it with paired intervals apart: {', '.join(above) or 'none'}; below, apart: {', '.join(below) or 'none'} (n = {bench.n_examples})",
         ))
         ip = aopc.get("individual_perturbation")
         if ip is not None:
@@ -1331,7 +1313,7 @@ def _claims(found: Found) -> list[str]:
             rows.append((
                 "Co-perturbation beats word-by-word (individual) perturbation (4.1, 5.2)",
                 str(verdict),
-                f"AOPC {cpv[0]:.3f} against {ip[0]:.3f}" + (f"; paired difference {_iv_of(*d)}" if np.isfinite(d[1]) else ""),
+                f"AOPC {cpv[0]:.3f} against {ip[0]:.3f}" + (f"; paired difference {interval_text(*d)}" if np.isfinite(d[1]) else ""),
             ))
         uni = found.uniformity
         flat = [g for g in ("lrp", "tdd") if g in uni]
@@ -1346,7 +1328,7 @@ def _claims(found: Found) -> list[str]:
     rows.append(("SHAP focuses on function words; RISE on the middle or both ends of the input (5.2)", "cannot be tested here", "needs word classes / the paper's sentences; not measured"))
     if found.lam_study:
         ls = found.lam_study
-        meas = [interval(ls["measured"][:, j])[0] for j in range(len(ls["lams"]))]
+        meas = [mean_interval(ls["measured"][:, j])[0] for j in range(len(ls["lams"]))]
         best = float(ls["lams"][int(np.argmin(meas))])
         rows.append((
             "lambda = 0.6 gives the lowest distortion (MLE) loss; smaller and larger lambdas raise it (5.2.1, Figure 4b)",
@@ -1368,13 +1350,13 @@ def _claims(found: Found) -> list[str]:
     ))
     if found.layer_study:
         ly = found.layer_study
-        first, last = interval(ly["concentration"][:, 0]), interval(ly["concentration"][:, -1])
+        first, last = mean_interval(ly["concentration"][:, 0]), mean_interval(ly["concentration"][:, -1])
         verdict, d = paired_verdict(np.asarray(ly["concentration"][:, -1]), np.asarray(ly["concentration"][:, 0]))
         rows.append((
             "Higher layers concentrate interest on fewer, more relevant words (5.3, Figure 5)",
             str(verdict),
-            f"concentration layer 1 {_iv_of(*first[:3], 2)}, layer {ly['layers'][-1]} {_iv_of(*last[:3], 2)} (n = {first[3]}, linearized); "
-            f"paired difference {_iv_of(*d, 2)}",
+            f"concentration layer 1 {interval_text(*first[:3], 2)}, layer {ly['layers'][-1]} {interval_text(*last[:3], 2)} (n = {first[3]}, linearized); "
+            f"paired difference {interval_text(*d, 2)}",
         ))
     for name, result in found.rect.items():
         m = "coperturbation" if "coperturbation" in result.methods else "coperturbation (linearized)"
@@ -1387,8 +1369,8 @@ def _claims(found: Found) -> list[str]:
         rows.append((
             f"Suppressing the highest-interest tokens of misclassified sentences fixes more errors than chance (5.4.1, Tables 1/3) -- {name}",
             str(verdict),
-            f"`{m}` fixes {_iv_of(*fi[:3], 3)} of {result.n_errors} errors at r = {result.ratios[r]:g}"
-            + (f"; random scores {_iv_of(*fr[:3], 3)}; paired difference {_iv_of(*d, 3)}" if fr else ""),
+            f"`{m}` fixes {interval_text(*fi[:3], 3)} of {result.n_errors} errors at r = {result.ratios[r]:g}"
+            + (f"; random scores {interval_text(*fr[:3], 3)}; paired difference {interval_text(*d, 3)}" if fr else ""),
         ))
         if m == "coperturbation":
             cp = result.error_gain(m)
@@ -1412,7 +1394,7 @@ def _claims(found: Found) -> list[str]:
             ))
     rows.append(("Larger models gain more from rectification (5.4.1, Tables 1/3)", "cannot be tested here", "two zoo classifiers of different families (section 7)"))
     if c:
-        mean, lifted = interval(c["spearman"])[0], interval(c["spearman_lifted"])[0]
+        mean, lifted = mean_interval(c["spearman"])[0], mean_interval(c["spearman_lifted"])[0]
         rows.append((
             "(ours) The linearized solver agrees with the optimised one (Spearman >= 0.8) at >= 50x lower cost",
             "holds" if max(mean, lifted) >= 0.8 else "does not hold",

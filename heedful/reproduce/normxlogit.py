@@ -54,6 +54,7 @@ from heedful.reproduce.toolkit import (
     difference_verdict,
     interval_text,
     interval_verdict,
+    summary_text,
 )
 
 PAPER = "Abbasi et al., *NormXLogit: The Head-on-Top Never Lies*"
@@ -304,11 +305,6 @@ def rows_of(result: Any) -> list[str]:
     return [k for k in (*METHODS, *(v.key for v in VARIANTS)) if k in result.groups]
 
 
-def interval_cell(s: Any, seeds: int = 1) -> str:
-    """``value ± std over seeds [low, high]`` of a summary (the interval where there is one)."""
-    return interval_text(s.value, s.low, s.high, std=s.std if seeds > 1 else None)
-
-
 def ordering_chain(order: list[str], intervals: dict[str, tuple[float, float]]) -> str:
     """``A > B ≈ C``: ``≈`` where the 95 % intervals of adjacent methods overlap
     (:func:`heedful.evaluate.report.overlapping`), ``>`` where they are separated, ``>?`` where
@@ -351,14 +347,14 @@ def _eq8_lines(result: Any, metric: str, higher: bool) -> list[str]:
     s = {k: groups[k].summaries[metric] for k in ("logat", "normxlogit", "logat_far", "normxlogit_far", "random")}
     rnd = s["random"]
     lines = [f"**Eq. 8's ranking direction** ({metric}, {'higher' if higher else 'lower'} is better; random "
-             f"{interval_cell(rnd)}):", ""]
+             f"{summary_text(rnd)}):", ""]
     for near, far in (("logat", "logat_far"), ("normxlogit", "normxlogit_far")):
         ahead_near, sep_near = better(s[near], rnd, higher)
         ahead_far, sep_far = better(s[far], rnd, higher)
         lines.append(
-            f"- {NAMES[near]}: nearest first {interval_cell(s[near])} "
+            f"- {NAMES[near]}: nearest first {summary_text(s[near])} "
             f"({'ahead of' if ahead_near else 'behind'} random{', separated' if sep_near else ', intervals overlap'}); "
-            f"farthest first (the printed sign) {interval_cell(s[far])} "
+            f"farthest first (the printed sign) {summary_text(s[far])} "
             f"({'ahead of' if ahead_far else 'behind'} random{', separated' if sep_far else ', intervals overlap'}); "
             f"nearest first is {'ahead of' if better(s[near], s[far], higher)[0] else 'behind'} the printed sign"
             f"{' (separated)' if better(s[near], s[far], higher)[1] else ' (intervals overlap)'}."
@@ -389,7 +385,7 @@ def _gradient_sign_lines(result: Any, metric: str, higher: bool) -> list[str]:
         a, b = result.groups[l1].summaries[metric], result.groups[signed].summaries[metric]
         ahead, separated = better(b, a, higher)
         lines.append(
-            f"- {NAMES[l1]}: L1 {interval_cell(a)}, signed sum {interval_cell(b)} -- the signed sum is "
+            f"- {NAMES[l1]}: L1 {summary_text(a)}, signed sum {summary_text(b)} -- the signed sum is "
             f"{'ahead' if ahead else 'behind'}{' (separated)' if separated else ' (intervals overlap)'}."
         )
     return ([f"**Gradient aggregation** ({metric}):", "", *lines, ""]) if lines else []
@@ -435,7 +431,7 @@ def case_section(case: Case, result: Any, wall: float, plots: list[Path], ig_ste
         res = result.groups[method]
         cells = [NAMES[method]]
         for metric in case.metrics:
-            cells.append(interval_cell(res.summaries[metric], res.seeds))
+            cells.append(summary_text(res.summaries[metric], res.seeds))
             if metric in case.paper:
                 cells.append(fmt(case.paper[metric].get(method, (None, None))[case.column]))
         cells.append(fmt(res.cost["seconds"], digits=4))
@@ -497,7 +493,7 @@ def case_section(case: Case, result: Any, wall: float, plots: list[Path], ig_ste
             paper_nx = case.paper[metric]["normxlogit"][case.column]
             sep = better(dx, nx, higher)[1]
             lines += [
-                f"- DecompX vs NormXLogit: {interval_cell(dx)} vs {interval_cell(nx)}, {leader(dx.value, nx.value, higher)} "
+                f"- DecompX vs NormXLogit: {summary_text(dx)} vs {summary_text(nx)}, {leader(dx.value, nx.value, higher)} "
                 f"ahead{' (separated)' if sep else ' (intervals overlap)'}; "
                 + (f"the paper ({case.column_name}): {fmt(said)} vs {fmt(paper_nx)}, {leader(said, paper_nx, higher)} ahead."
                    if said is not None else f"the paper has no DecompX number for {case.column_name} (\"N/A\": it "
@@ -1270,7 +1266,7 @@ def _headline(result: Any) -> str:
 
 
 def _cell(result: Any, key: str, metric: str) -> str:
-    return f"{NAMES[key]} {interval_cell(result.groups[key].summaries[metric], result.groups[key].seeds)}"
+    return f"{NAMES[key]} {summary_text(result.groups[key].summaries[metric], result.groups[key].seeds)}"
 
 
 def _versus(result: Any, metric: str, where: str, claim: str, a: str, b: str, prefix: str = "",

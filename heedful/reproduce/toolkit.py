@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from heedful.evaluate.intervals import bootstrap_paired_difference
+from heedful.evaluate.intervals import bootstrap_mean, bootstrap_paired_difference
 
 HOLDS = "holds"
 NOT_SEPARATED = "not separated"
@@ -157,6 +157,30 @@ def interval_text(estimate: float, low: float, high: float, digits: int = 3, sig
     if not (math.isfinite(low) and math.isfinite(high)):
         return text
     return f"{text} [{low:{f}}, {high:{f}}]"
+
+
+def summary_text(summary: Any, seeds: int = 1, digits: int = 3) -> str:
+    """:func:`interval_text` of a bench summary (``value``, ``low``, ``high``, ``std``), with the
+    std over seeds when the method ran with more than one seed."""
+    return interval_text(summary.value, summary.low, summary.high, digits, std=summary.std if seeds > 1 else None)
+
+
+def mean_interval(values: Iterable[float | None]) -> tuple[float, float, float, int]:
+    """Mean, 95 % bootstrap interval and count of the finite ``values`` (NaN bounds for one
+    value; all NaN and count 0 for none)."""
+    arr = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=float)
+    if arr.size == 0:
+        return (math.nan, math.nan, math.nan, 0)
+    if arr.size == 1:
+        return (float(arr[0]), math.nan, math.nan, 1)
+    mean, low, high = bootstrap_mean(arr)
+    return (mean, low, high, int(arr.size))
+
+
+def values_text(values: Iterable[float | None], digits: int = 3) -> str:
+    """``0.81 [0.78, 0.84]``: the finite ``values``' mean and 95 % bootstrap interval
+    (:func:`mean_interval`, :func:`interval_text`)."""
+    return interval_text(*mean_interval(values)[:3], digits)
 
 
 def spearman(a: Sequence[float] | np.ndarray | Mapping[Any, float], b: Sequence[float] | np.ndarray | Mapping[Any, float],
