@@ -1,4 +1,5 @@
-"""Mask-LRP report, the paper's claims: the claims table with a verdict per claim, and the section on why the Mask-LRP ordering comes out as it does."""
+"""Mask-LRP report, the paper's claims: the claims table with a verdict per claim, and the section
+on why the Mask-LRP ordering comes out as it does."""
 
 from __future__ import annotations
 

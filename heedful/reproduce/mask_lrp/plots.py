@@ -1,4 +1,5 @@
-"""Mask-LRP report, plots: the AOPC / LOdds curves against k, the deletion curve, the random-mask ablation and the corruption curve."""
+"""Mask-LRP report, plots: the AOPC / LOdds curves against k, the deletion curve, the random-mask
+ablation and the corruption curve."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""Mask-LRP report, running: the plan from the report's options, the bench runs of both datasets, the variants (random, corrupted and swept head masks), the planted long-context run and the conservation check."""
+"""Mask-LRP report, running: the plan from the report's options, the bench runs of both datasets,
+the variants (random, corrupted and swept head masks), the planted long-context run and the
+conservation check."""
 
 from __future__ import annotations
 

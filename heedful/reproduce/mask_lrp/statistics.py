@@ -1,4 +1,5 @@
-"""Mask-LRP report, statistics: per-example values, intervals and paired differences read from the runs, ranks, concordance and the verdicts of the claims."""
+"""Mask-LRP report, statistics: per-example values, intervals and paired differences read from the
+runs, ranks, concordance and the verdicts of the claims."""
 
 from __future__ import annotations
 

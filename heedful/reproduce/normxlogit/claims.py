@@ -1,4 +1,5 @@
-"""NormXLogit report, the paper's claims: every claim with this run's number and its verdict from the toolkit."""
+"""NormXLogit report, the paper's claims: every claim with this run's number and its verdict from
+the toolkit."""
 
 from __future__ import annotations
 

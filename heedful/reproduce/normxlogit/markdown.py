@@ -1,4 +1,5 @@
-"""NormXLogit report, markdown: the sections of ``normxlogit.md`` (each case's tables, the alignment and logit-lens sections, the cost tables, the coverage of the paper's experiments)."""
+"""NormXLogit report, markdown: the sections of ``normxlogit.md`` (each case's tables, the
+alignment and logit-lens sections, the cost tables, the coverage of the paper's experiments)."""
 
 from __future__ import annotations
 

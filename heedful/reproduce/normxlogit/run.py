@@ -1,4 +1,6 @@
-"""NormXLogit report, running: the cases and their bench runs (Experiment 1), the agreement pairs' layer-wise alignment and logit lens (Experiment 2, cached), and the cost measurements (Tables 4-5)."""
+"""NormXLogit report, running: the cases and their bench runs (Experiment 1), the agreement pairs'
+layer-wise alignment and logit lens (Experiment 2, cached), and the cost measurements (Tables
+4-5)."""
 
 from __future__ import annotations
 

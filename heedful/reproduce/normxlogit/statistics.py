@@ -1,4 +1,5 @@
-"""NormXLogit report, statistics: method orderings and their agreement with the paper's, per-layer intervals and logit-lens summaries, and the verdicts the claims use."""
+"""NormXLogit report, statistics: method orderings and their agreement with the paper's, per-layer
+intervals and logit-lens summaries, and the verdicts the claims use."""
 
 from __future__ import annotations
 
