@@ -144,6 +144,28 @@ def all_of(verdicts: Iterable[Verdict]) -> Verdict:
     return Verdict(NOT_SEPARATED, WRONG_DIRECTION if wrong else "")
 
 
+# ---------------------------------------------------------------------------- report options
+def option_list(value: Any, default: Iterable[str] = ()) -> list[str]:
+    """A report option that names several things (``--option methods=a,b`` or a list): its
+    stripped, non-empty items; ``default`` when the option is absent (None)."""
+    if value is None:
+        return list(default)
+    items = value if isinstance(value, list | tuple) else str(value).split(",")
+    return [str(x).strip() for x in items if str(x).strip()]
+
+
+def count_option(options: Mapping[str, Any], key: str, default: int, minimum: int = 1) -> int:
+    """Report option ``key`` as a whole number of at least ``minimum`` (``default`` when absent);
+    an InputError naming the option otherwise."""
+    from heedful.errors import InputError
+
+    value = str(options.get(key, default)).strip()
+    if not value.isdigit() or int(value) < minimum:
+        what = "a positive whole number" if minimum == 1 else f"a whole number >= {minimum}"
+        raise InputError(f"{key} must be {what}, got {value!r}", hint=f"e.g. {key}={default}")
+    return int(value)
+
+
 # ---------------------------------------------------------------------------- numbers as text
 def interval_text(estimate: float, low: float, high: float, digits: int = 3, sign: bool = False,
                   std: float | None = None) -> str:

@@ -16,6 +16,7 @@ from heedful.evaluate.share import EVERY, Share
 from heedful.reproduce import ReportSettings
 from heedful.reproduce.coperturbation.plots import _plot_lambda_study, _plot_layer_study
 from heedful.reproduce.coperturbation.statistics import _bench_ids, _uniformity
+from heedful.reproduce.toolkit import option_list
 
 NAME = "coperturbation"
 DATASET = "movies"
@@ -114,13 +115,6 @@ class Timings:
         self.stages[stage] = self.stages.get(stage, 0.0) + time.perf_counter() - began
 
 
-def _option_list(value: Any, default: tuple[str, ...]) -> list[str]:
-    if value is None:
-        return list(default)
-    items = value if isinstance(value, list | tuple) else str(value).split(",")
-    return [str(x).strip() for x in items if str(x).strip()]
-
-
 def _store(settings: ReportSettings) -> Path:
     from heedful.cache import heedful_home
 
@@ -217,7 +211,7 @@ def _plan(settings: ReportSettings) -> Plan:
     budget = str(opts.get("budget", "report"))
     if budget not in ("report", "default"):
         raise HeedfulError(f"budget={budget!r} is not 'report' or 'default'")
-    methods = _option_list(opts.get("methods"), METHODS)
+    methods = option_list(opts.get("methods"), METHODS)
     if "coperturbation" not in methods:
         methods.insert(0, "coperturbation")
     if quick:
@@ -238,7 +232,7 @@ def _plan(settings: ReportSettings) -> Plan:
         raise HeedfulError(f"unknown coperturbation section {only!r}", hint="only=stability runs the section on cost, stability and the first-order limit alone")
 
     return Plan(
-        quick=quick, methods=methods, chosen=_option_list(opts.get("models"), MODELS), seed=int(opts.get("seed", 0)),
+        quick=quick, methods=methods, chosen=option_list(opts.get("models"), MODELS), seed=int(opts.get("seed", 0)),
         n_bench=size("n_bench", settings.n or N_BENCH), n_study=size("n_study", N_STUDY),
         n_compare=None if "n_compare" in stored else size("n_compare", N_COMPARE),
         n_rectify="stored" if "n_rectify" in stored else (int(opts["n_rectify"]) if opts.get("n_rectify") else (QUICK["n_rectify"] if quick else None)),

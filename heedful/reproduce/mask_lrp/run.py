@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from heedful.reproduce import ReportSettings
+from heedful.reproduce.toolkit import count_option, option_list
 
 NAME = "mask-lrp"
 DEFAULT_N = 500
@@ -119,22 +120,6 @@ class _Plan:
         return self.dataset_n.get(dataset, self.n)
 
 
-def _as_list(value: Any) -> list[str]:
-    if isinstance(value, str):
-        return [v.strip() for v in value.split(",") if v.strip()]
-    return [str(v) for v in value]
-
-
-def _count(opts: dict, key: str, default: int) -> int:
-    """Option ``key`` as a positive whole number (``default`` when absent); an InputError otherwise."""
-    from heedful.errors import InputError
-
-    value = str(opts.get(key, default))
-    if not value.isdigit() or int(value) < 1:
-        raise InputError(f"{key} must be a positive whole number, got {value!r}", hint=f"e.g. {key}={default}")
-    return int(value)
-
-
 def _plan(settings: ReportSettings) -> _Plan:
     from heedful.cache import heedful_home
     from heedful.errors import InputError
@@ -150,7 +135,7 @@ def _plan(settings: ReportSettings) -> _Plan:
     n = settings.n if settings.n is not None else (QUICK_N if quick else DEFAULT_N)
     if n < 1:
         raise InputError(f"n must be positive, got {n}")
-    methods = _as_list(opts.get("methods", METHODS))
+    methods = option_list(opts.get("methods", METHODS))
     if "mask_lrp" not in methods:
         methods.append("mask_lrp")
     only = None if opts.get("only") in (None, "") else str(opts["only"])
@@ -159,15 +144,15 @@ def _plan(settings: ReportSettings) -> _Plan:
     planted_model = str(opts.get("planted_model", PLANTED_MODEL))
     if planted_model.lower() in ("none", "") and only == "planted":
         raise InputError("only=planted needs a planted_model", hint=f"e.g. planted_model={PLANTED_MODEL}")
-    planted_n = _count(opts, "planted_n", PLANTED_QUICK_N if quick else PLANTED_N)
+    planted_n = count_option(opts, "planted_n", PLANTED_QUICK_N if quick else PLANTED_N)
     dataset_n = {}
-    for item in _as_list(opts.get("dataset_n", DEFAULT_DATASET_N if not quick and settings.n is None else "")):
+    for item in option_list(opts.get("dataset_n", DEFAULT_DATASET_N if not quick and settings.n is None else "")):
         name, _, count = item.rpartition(":")
         if not name or not count.isdigit() or int(count) < 1:
             raise InputError(f"bad dataset_n entry {item!r}", hint="dataset_n=NAME:N[,NAME:N], e.g. dataset_n=amazon:200")
         dataset_n[name] = int(count)
-    datasets = _as_list(opts.get("datasets", DEFAULT_DATASETS))
-    extras = None if "extras" not in opts else [d for d in _as_list(opts["extras"]) if d.lower() != "none"]
+    datasets = option_list(opts.get("datasets", DEFAULT_DATASETS))
+    extras = None if "extras" not in opts else [d for d in option_list(opts["extras"]) if d.lower() != "none"]
     strange = sorted(set(extras or []) - set(datasets))
     if strange:
         raise InputError(f"extras names {strange[0]!r}, which is not a data set of this run",
@@ -178,21 +163,21 @@ def _plan(settings: ReportSettings) -> _Plan:
         split=str(opts.get("split", "test")),
         n=n,
         methods=methods,
-        mask_seeds=_count(opts, "mask_seeds", 2 if quick else 3),
-        random_seeds=_count(opts, "random_seeds", 2),
-        ig_steps=_count(opts, "ig_steps", 4 if quick else 16),
-        batch_size=_count(opts, "batch_size", 16),
+        mask_seeds=count_option(opts, "mask_seeds", 2 if quick else 3),
+        random_seeds=count_option(opts, "random_seeds", 2),
+        ig_steps=count_option(opts, "ig_steps", 4 if quick else 16),
+        batch_size=count_option(opts, "batch_size", 16),
         head_mask=None if opts.get("head_mask") in (None, "") else str(opts["head_mask"]),
         store=Path(settings.store) if settings.store is not None else heedful_home() / "reproduce" / NAME,
         quick=quick,
         progress=settings.progress,
         planted_model=None if planted_model.lower() in ("none", "") else planted_model,
         planted_n=planted_n,
-        planted_length=_count(opts, "planted_length", PLANTED_LENGTH),
-        planted_methods=_as_list(opts["planted_methods"]) if "planted_methods" in opts else [m for m in methods if m not in PLANTED_SKIPPED],
+        planted_length=count_option(opts, "planted_length", PLANTED_LENGTH),
+        planted_methods=option_list(opts["planted_methods"]) if "planted_methods" in opts else [m for m in methods if m not in PLANTED_SKIPPED],
         only=only,
         dataset_n=dataset_n,
-        corruption_seeds=_count(opts, "corruption_seeds", 1),
+        corruption_seeds=count_option(opts, "corruption_seeds", 1),
         extras=extras,
     )
 

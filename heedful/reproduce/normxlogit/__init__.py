@@ -77,7 +77,6 @@ from heedful.reproduce.normxlogit.run import (
     Timing,
     _load_alignment,
     _model_available,
-    _option,
     _save_alignment,
     alignment_scores,
     gradient_aggregation,
@@ -97,6 +96,7 @@ from heedful.reproduce.normxlogit.statistics import (
     pair_agreement,
     verdict,
 )
+from heedful.reproduce.toolkit import count_option
 
 __all__ = ["Alignment", "BERT", "DECODER_CLASSIFIER", "EXP2_METHODS", "LENS_ROWS", "LLAMA", "LM", "METHODS", "PAPER_SST2_ACCURACY", "PAPER_SST2_AOPC", "PAPER_STSB_PEARSON", "RANDOM_SEEDS_EXP2", "_cmp_verdict", "_layers_verdict", "_load_alignment", "_save_alignment", "adjacent_overlaps", "alignment_scores", "alignment_section", "below_random", "leader", "lens_quality", "lens_section", "lens_summary", "ordering", "ordering_chain", "pair_agreement", "plot_alignment", "plot_lens", "verdict", "write"]
 
@@ -113,13 +113,13 @@ def write(out_dir: Path, settings: ReportSettings) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     quick = settings.quick
     n = settings.n or (QUICK_N if quick else DEFAULT_N)
-    ig_steps = int(_option(settings, "ig_steps", QUICK_IG_STEPS if quick else DEFAULT_IG_STEPS))
-    ig_steps_decoder = int(_option(settings, "ig_steps_decoder", QUICK_IG_STEPS if quick else DEFAULT_IG_STEPS_DECODER))
-    n_decoder = int(_option(settings, "n_decoder", min(n, DEFAULT_N_DECODER)))
-    n_agreement = int(_option(settings, "n_agreement", QUICK_N_AGREEMENT if quick else DEFAULT_N_AGREEMENT))
-    n_regression = int(_option(settings, "n_regression", min(n, DEFAULT_N_REGRESSION)))
-    random_seeds = int(_option(settings, "random_seeds", DEFAULT_RANDOM_SEEDS))
-    batch_size = int(_option(settings, "batch_size", 16))
+    ig_steps = count_option(settings.options, "ig_steps", QUICK_IG_STEPS if quick else DEFAULT_IG_STEPS)
+    ig_steps_decoder = count_option(settings.options, "ig_steps_decoder", QUICK_IG_STEPS if quick else DEFAULT_IG_STEPS_DECODER)
+    n_decoder = count_option(settings.options, "n_decoder", min(n, DEFAULT_N_DECODER), minimum=0)
+    n_agreement = count_option(settings.options, "n_agreement", QUICK_N_AGREEMENT if quick else DEFAULT_N_AGREEMENT, minimum=0)
+    n_regression = count_option(settings.options, "n_regression", min(n, DEFAULT_N_REGRESSION), minimum=0)
+    random_seeds = count_option(settings.options, "random_seeds", DEFAULT_RANDOM_SEEDS)
+    batch_size = count_option(settings.options, "batch_size", 16)
     aggregate = gradient_aggregation()
     began = time.perf_counter()
 

@@ -116,10 +116,6 @@ CASES = (
 
 
 # ---------------------------------------------------------------------------- settings
-def _option(settings: ReportSettings, key: str, default: Any) -> Any:
-    return settings.options.get(key, default)
-
-
 def store_dir(settings: ReportSettings) -> Path:
     """The results store of this report: ``settings.store`` or ``heedful_home()/reproduce/normxlogit``."""
     from heedful.cache import heedful_home
