@@ -88,8 +88,6 @@ from heedful.reproduce.normxlogit.run import (
 )
 from heedful.reproduce.normxlogit.statistics import (
     LENS_ROWS,
-    _cmp_verdict,
-    _layers_verdict,
     leader,
     lens_summary,
     ordering,
@@ -97,6 +95,10 @@ from heedful.reproduce.normxlogit.statistics import (
     verdict,
 )
 from heedful.reproduce.toolkit import count_option
+from heedful.reproduce.toolkit import (
+    count_verdict as _layers_verdict,  # the names the report's tests use
+)
+from heedful.reproduce.toolkit import summary_verdict as _cmp_verdict
 
 __all__ = ["Alignment", "BERT", "DECODER_CLASSIFIER", "EXP2_METHODS", "LENS_ROWS", "LLAMA", "LM", "METHODS", "PAPER_SST2_ACCURACY", "PAPER_SST2_AOPC", "PAPER_STSB_PEARSON", "RANDOM_SEEDS_EXP2", "_cmp_verdict", "_layers_verdict", "_load_alignment", "_save_alignment", "adjacent_overlaps", "alignment_scores", "alignment_section", "below_random", "leader", "lens_quality", "lens_section", "lens_summary", "ordering", "ordering_chain", "pair_agreement", "plot_alignment", "plot_lens", "verdict", "write"]
 

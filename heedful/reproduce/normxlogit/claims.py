@@ -21,18 +21,22 @@ from heedful.reproduce.normxlogit.run import (
     Alignment,
     Timing,
 )
-from heedful.reproduce.normxlogit.statistics import _cmp_verdict, _layers_verdict, ordering
+from heedful.reproduce.normxlogit.statistics import ordering
 from heedful.reproduce.toolkit import (
-    CANNOT_BE_TESTED,
-    DOES_NOT_HOLD,
     HOLDS,
     LEGEND,
     Verdict,
     all_of,
+    bench_curve_differences,
     bench_difference,
+    count_verdict,
+    difference_verdict,
+    exact_verdict,
     interval_text,
     interval_verdict,
     summary_text,
+    summary_verdict,
+    untestable,
 )
 
 # ---------------------------------------------------------------------------- claims
@@ -58,7 +62,7 @@ def _versus(result: Any, metric: str, where: str, claim: str, a: str, b: str, pr
     number = f"{_cell(result, a, metric)} vs {prefix}{_cell(result, b, metric)}"
     if all(math.isfinite(v) for v in difference):
         number += f"; paired difference {interval_text(*difference, sign=True)}"
-    return claim, where, number, _cmp_verdict(sa, sb, METRICS[metric].higher_is_better, difference, not_comparable)
+    return claim, where, number, summary_verdict(sa, sb, METRICS[metric].higher_is_better, difference, not_comparable=not_comparable)
 
 
 def _claims_exp1(results: dict[str, Any]) -> list[tuple[str, str, str, str]]:
@@ -99,15 +103,29 @@ def _claims_exp1(results: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                        "(better than random)", "normxlogit_far", "random", ""))
         rows += [_versus(result, metric, where, *claim) for claim in vs]
         if key == DECODER_CLASSIFIER:
-            curves = {k: result.groups[k].summaries[metric].curve for k in (*grads, "random", "normxlogit")}
-            mask = result.spec.protocol.mean_mask
-            ahead = [bool(curves["normxlogit"][j] > max(curves[k][j] for k in curves if k != "normxlogit"))
-                     for j in np.flatnonzero(mask)]
-            rows.append(("Llama 2: NormXLogit has a higher AOPC than the gradient methods and random at every "
-                         "perturbation ratio (§4.2, Figure 2)", where,
-                         f"ahead at {sum(ahead)} of {len(ahead)} ratios (means over examples)",
-                         Verdict(HOLDS if all(ahead) else DOES_NOT_HOLD)))
+            rows.append(_every_ratio(result, metric, where, [*grads, "random"]))
     return rows
+
+
+def _every_ratio(result: Any, metric: str, where: str, others: list[str]) -> tuple[str, str, str, Verdict]:
+    """Llama 2's "ahead at every perturbation ratio" claim: at each ratio that enters the mean, the
+    paired interval of NormXLogit − each other row over the examples (the stored curves)."""
+    from heedful.evaluate.metrics import METRICS
+
+    higher = METRICS[metric].higher_is_better
+    points = np.flatnonzero(result.spec.protocol.mean_mask)
+    diffs = {k: bench_curve_differences(result, "normxlogit", k, metric) for k in others}
+    claim = ("Llama 2: NormXLogit has a higher AOPC than the gradient methods and random at every perturbation ratio "
+             "(§4.2, Figure 2; tested at every ratio)")
+    if not points.size or any(d.shape[0] <= points.max() for d in diffs.values()):
+        return claim, where, "–", count_verdict(0, 0, len(points), missing="no per-example curves in the results store")
+    sign = 1.0 if higher else -1.0
+    ahead = sum(all(sign * diffs[k][j, 0] > 0 for k in others) for j in points)
+    apart = sum(all(difference_verdict(diffs[k][j], higher).word == HOLDS for k in others) for j in points)
+    closest = min(sign * diffs[k][j, 1 if higher else 2] for k in others for j in points)
+    return (claim, where, f"ahead of all {len(others)} at {ahead} of {len(points)} ratios, paired intervals apart at "
+            f"{apart} (the smallest paired lower bound {closest:+.3f})",
+            count_verdict(apart, ahead, len(points), share=1.0))
 
 
 def _claims_cost(results: dict[str, Any], timing: Timing | None) -> list[tuple[str, str, str, str]]:
@@ -119,21 +137,22 @@ def _claims_cost(results: dict[str, Any], timing: Timing | None) -> list[tuple[s
         rows.append(("NormXLogit needs a single forward pass and no backward pass (§4.2)",
                      f"`{first.model_name}`, Experiment 1",
                      f"{fmt(cost['forward'], digits=2)} forward and {fmt(cost['backward'], digits=2)} backward passes per example",
-                     Verdict(HOLDS if ok else DOES_NOT_HOLD)))
+                     exact_verdict(ok)))
     if timing is not None:
         long = [n for n in sorted(timing.repeats) if n >= 360]
         others = [m for m in TIMING_METHODS if m != "normxlogit"]
         for what, table, unit in (("faster", timing.seconds, "time"), ("more memory-efficient", timing.peak_mb, "peak memory")):
             if not long:
                 rows.append((f"For inputs of 360 tokens or more NormXLogit is {what} than its counterparts (§4.2, Tables 4-5)",
-                             "cost section", "no input of 360 tokens or more in this run", Verdict(CANNOT_BE_TESTED)))
+                             "cost section", "no input of 360 tokens or more in this run",
+                             untestable("no input of 360 tokens or more in this run")))
                 continue
             ratios = {n: min(table[(m, n)] / max(table[("normxlogit", n)], 1e-9) for m in others) for n in long}
             rows.append((f"For inputs of 360 tokens or more NormXLogit is {what} than its counterparts (§4.2, Tables 4-5)",
                          f"`{timing.model_name}`, cost section",
                          "; ".join(f"{timing.tokens.get(n, n)} tokens: the closest other method takes {r:.1f}× its {unit}"
                                    for n, r in ratios.items()),
-                         Verdict(HOLDS if all(r > 1 for r in ratios.values()) else DOES_NOT_HOLD)))
+                         exact_verdict(all(r > 1 for r in ratios.values()))))
     return rows
 
 
@@ -149,29 +168,35 @@ def _claims_exp2(al: Alignment | None) -> list[tuple[str, str, str, str]]:
     rows = [("NormXLogit outperforms GlobEnc¬, ALTI¬ and Value Zeroing¬ across almost all layers (§5.2, Figure 4; "
              "tested: ≥ 80 % of layers)", where,
              f"ahead of all three at {ahead} of {al.layers} layers ({separated} with separated intervals)",
-             _layers_verdict(separated, ahead, al.layers))]
+             count_verdict(separated, ahead, al.layers))]
     t, f = idx["logat_target"], idx["logat_foil"]
     above = int((ap[t] > ap[f]).sum())
     above_sep = int((low[t] > high[f]).sum()) if low is not None and high is not None else 0
     rows.append(("LogAt(foil) aligns lower than LogAt(target) (§5.2; tested at ≥ 80 % of layers)", where,
                  f"LogAt(target) above at {above} of {al.layers} layers ({above_sep} with separated intervals)",
-                 _layers_verdict(above_sep, above, al.layers)))
+                 count_verdict(above_sep, above, al.layers)))
     third = max(1, al.layers // 3)
     rise = float(np.mean(ap[t, -third:]) - np.mean(ap[t, :third]))
     fall = float(np.mean(ap[f, -third:]) - np.mean(ap[f, :third]))
     first, last = 0, al.layers - 1
-    if low is not None and high is not None:
+    paired = ""
+    if al.ap_change is not None:  # the same pairs at both layers: the paired difference
+        change = {row: tuple(float(v) for v in al.ap_change[row]) for row in (t, f)}
+        depth = all_of([difference_verdict(change[t], True), difference_verdict(change[f], False)])
+        paired = (f"; layer {last + 1} − layer {first + 1}, paired over the pairs: LogAt(target) "
+                  f"{interval_text(*change[t], sign=True)}, LogAt(foil) {interval_text(*change[f], sign=True)}")
+    elif low is not None and high is not None:
         def at(row: int, layer: int) -> tuple[float, float, float]:
             return float(ap[row, layer]), float(low[row, layer]), float(high[row, layer])
 
         depth = all_of([interval_verdict(at(t, last), at(t, first)), interval_verdict(at(f, first), at(f, last))])
     else:
-        depth = Verdict(CANNOT_BE_TESTED, "no per-layer intervals")
+        depth = untestable("no per-layer intervals")
     rows.append(("With depth the target's alignment rises and the foil's drops (§5.2)", where,
                  f"last third minus first third of layers: LogAt(target) {rise:+.3f}, LogAt(foil) {fall:+.3f}; "
                  f"layer {last + 1} vs layer {first + 1} (intervals): LogAt(target) {alignment_cell(al, 'ap', t, last)} vs "
                  f"{alignment_cell(al, 'ap', t, first)}, LogAt(foil) {alignment_cell(al, 'ap', f, last)} vs "
-                 f"{alignment_cell(al, 'ap', f, first)}",
+                 f"{alignment_cell(al, 'ap', f, first)}{paired}",
                  depth))
     p = idx["logat_plural"]
     if np.isfinite(ap[p]).any():
@@ -183,7 +208,7 @@ def _claims_exp2(al: Alignment | None) -> list[tuple[str, str, str, str]]:
         if low is not None and high is not None:
             plural = interval_verdict((ap[p, pl], low[p, pl], high[p, pl]), (flat[br, bl], low[other, bl], high[other, bl]))
         else:
-            plural = Verdict(CANNOT_BE_TESTED, "no per-layer intervals")
+            plural = untestable("no per-layer intervals")
         rows.append(('LogAt of the word "plural" outperforms all other methods by a notable margin (§5.2, A.3)', where,
                      f"best LogAt(plural) {alignment_cell(al, 'ap', p, pl)} at layer {pl + 1} vs best other "
                      f"{EXP2_NAMES[EXP2_METHODS[other]]} {alignment_cell(al, 'ap', other, bl)} at layer {bl + 1}",
@@ -204,7 +229,7 @@ UNTESTABLE = (
 def claims_section(results: dict[str, Any], al: Alignment | None, timing: Timing | None) -> list[str]:
     """Markdown: every claim of the paper with this run's number and a verdict."""
     rows = _claims_exp1(results) + _claims_cost(results, timing) + _claims_exp2(al)
-    rows += [(claim, "–", why, Verdict(CANNOT_BE_TESTED)) for claim, why in UNTESTABLE]
+    rows += [(claim, "–", why, untestable(why)) for claim, why in UNTESTABLE]
     lines = [
         "## The paper's claims against this run",
         "",

@@ -249,6 +249,9 @@ class Alignment:
     """The logit lens at the anchor per layer (:data:`LENS_ROWS`, each ``[layer]``; ``*_low`` /
     ``*_high``: 95 % bootstrap intervals), and ``evidence_first``: share of pairs whose first
     token is evidence."""
+    ap_change: np.ndarray | None = None
+    """``[method, 3]``: AP at the last layer minus AP at the first, paired over the pairs, with its
+    95 % paired bootstrap interval (estimate, low, high)."""
 
 
 def lens_quality(adapter, hidden_states: tuple, anchor, targets, foils) -> dict[str, np.ndarray]:
@@ -360,7 +363,7 @@ def alignment_scores(
     return scores, evidence, lens
 
 
-ALIGNMENT_VERSION = 3  # bump when the alignment computation changes, so cached results are redone
+ALIGNMENT_VERSION = 4  # bump when the alignment computation changes, so cached results are redone
 EXP2_REGISTERED = ("logat", "normxlogit", "globenc", "alti", "value_zeroing", "embedding_norm", "random")
 """The registered methods whose outputs the alignment is computed from."""
 
@@ -401,7 +404,7 @@ def _load_alignment(path: Path) -> Alignment | None:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    keys = ("dot", "ap", "dot_std", "ap_std", "dot_low", "dot_high", "ap_low", "ap_high")
+    keys = ("dot", "ap", "dot_std", "ap_std", "dot_low", "dot_high", "ap_low", "ap_high", "ap_change")
     arrays = {k: None if data.get(k) is None else np.array(data[k], dtype=float) for k in keys}
     paradigms = {p: {k: np.array(v, dtype=float) for k, v in d.items()} for p, d in data["paradigms"].items()}
     lens = None if data.get("lens") is None else {k: np.array(v, dtype=float) for k, v in data["lens"].items()}
@@ -413,6 +416,7 @@ def run_alignment(settings: ReportSettings, n: int, batch_size: int) -> Alignmen
     """Experiment 2 analogue on ``n`` agreement pairs with the causal LM (kept in the results
     store folder, so a rerun reads it back)."""
     import heedful
+    from heedful.evaluate.intervals import bootstrap_paired_difference
     from heedful.evaluate.metrics import average_precision_score, dot_product_score
     from heedful.evaluate.protocol import get_protocol
 
@@ -466,11 +470,12 @@ def run_alignment(settings: ReportSettings, n: int, batch_size: int) -> Alignmen
         paradigms[paradigm] = {k: np.nanmean(v[:, :, chosen], axis=2) for k, v in per_example.items()}
         paradigms[paradigm]["n"] = np.array(int(chosen.sum()))
     bounds = {k: per_layer_intervals(v) for k, v in per_example.items()}
+    ap_change = np.array([bootstrap_paired_difference(row[-1], row[0]) for row in per_example["ap"]])
     al = Alignment(
         n=len(items), layers=layers, dot=mean["dot"], ap=mean["ap"], dot_std=std["dot"], ap_std=std["ap"],
         paradigms=paradigms, skipped=skipped, seconds=time.perf_counter() - began, model_name=LM,
         dot_low=bounds["dot"][0], dot_high=bounds["dot"][1], ap_low=bounds["ap"][0], ap_high=bounds["ap"][1],
-        lens=lens_summary(lens, evidence),
+        lens=lens_summary(lens, evidence), ap_change=ap_change,
     )
     _save_alignment(al, cache)
     return al

@@ -8,15 +8,6 @@ from typing import Any
 
 import numpy as np
 
-from heedful.reproduce.toolkit import (
-    DOES_NOT_HOLD,
-    HOLDS,
-    NOT_SEPARATED,
-    Verdict,
-    difference_verdict,
-    interval_verdict,
-)
-
 
 # ---------------------------------------------------------------------------- ordering
 def ordering(values: dict[str, float], higher_is_better: bool) -> list[str]:
@@ -107,21 +98,3 @@ def lens_summary(lens: dict[str, list[np.ndarray]], evidence: list[np.ndarray]) 
             found[f"{key}_low"], found[f"{key}_high"] = per_layer_intervals(stack)
     found["evidence_first"] = np.array(float(np.mean([bool(e[0]) for e in evidence])) if evidence else np.nan)
     return found
-
-
-def _cmp_verdict(a: Any, b: Any, higher: bool, difference: tuple[float, float, float] | None = None,
-                 not_comparable: str | None = None) -> Verdict:
-    """The claim "``a`` is ahead of ``b``" (summaries): from the 95 % paired interval of the
-    difference ``a - b`` where there is one (the two scored on the same examples), else from the
-    two marginal intervals."""
-    if difference is not None and all(math.isfinite(v) for v in difference):
-        return difference_verdict(difference, higher, not_comparable=not_comparable)
-    return interval_verdict((a.value, a.low, a.high), (b.value, b.low, b.high), higher, not_comparable=not_comparable)
-
-
-def _layers_verdict(separated: int, ahead: int, layers: int, share: float = 0.8) -> Verdict:
-    """A claim over layers ("almost all"): holds when ``separated`` layers reach ``share`` of them,
-    not separated when only the direction does, else does not hold."""
-    if separated >= share * layers:
-        return Verdict(HOLDS)
-    return Verdict(NOT_SEPARATED) if ahead >= share * layers else Verdict(DOES_NOT_HOLD)
