@@ -37,10 +37,12 @@ the Jacobian norm ``||J_j||_F`` (no ties at the ceiling)."""
 N_COMPARE = 200
 """Test sentences on which the linearized and the optimised solutions are compared."""
 N_BENCH = 500
-COLLAPSE_RATIO = 0.9
-"""The erasure ratio Figure 8 reaches: the collapse after the peak is tested only on a grid that gets there."""
 """Test sentences of the faithfulness benchmark of every method (the comparison's N_COMPARE are
 their first)."""
+COLLAPSE_RATIO = 0.9
+"""The erasure ratio Figure 8 reaches: the collapse after the peak is tested only on a grid that gets there."""
+BEYOND_SWEEP = (0.6, 0.7, 0.8, 0.9)
+"""Erasure ratios the report adds to rectify's sweep (which stops at 0.5), up to :data:`COLLAPSE_RATIO`."""
 N_STUDY = 100
 """Test sentences of the lambda, layer and probe studies (linearized solver)."""
 N_RECTIFY = {"minilm-sentiment": 500, "smollm2-sentiment": 200}
@@ -237,7 +239,7 @@ def _plan(settings: ReportSettings) -> Plan:
         n_compare=None if "n_compare" in stored else size("n_compare", N_COMPARE),
         n_rectify="stored" if "n_rectify" in stored else (int(opts["n_rectify"]) if opts.get("n_rectify") else (QUICK["n_rectify"] if quick else None)),
         check=int(opts.get("check", QUICK["check"] if quick else CHECK_SENTENCES)), steering=steering == "on",
-        ratios=tuple(QUICK["ratios"] if quick else _rect().SWEEP_RATIOS), method_options=method_options,
+        ratios=tuple(QUICK["ratios"] if quick else (*_rect().SWEEP_RATIOS, *BEYOND_SWEEP)), method_options=method_options,
         study_options=study_options, store=_store(settings), n_seed=size("n_seed", N_SEED), n_warm=size("n_warm", N_WARM),
         until=_until(opts.get("until")), only=only, share=Share.parse(opts.get("share"), "share="), workers=_workers(opts.get("workers")),
         stability=stability == "on",

@@ -27,8 +27,6 @@ def _uniformity(bench, store: Path, model) -> dict[str, tuple]:
     """Per method: mean (and interval) over sentences of the normalised entropy of ``|scores|``
     over content tokens (1: every token the same magnitude), from the stored explanations."""
     from heedful.evaluate.store import ResultsStore
-    from heedful.reproduce import coperturbation_studies as st
-
     ids, _ = _bench_ids(model, bench)
     found = {}
     with ResultsStore(store) as db:
@@ -43,7 +41,7 @@ def _uniformity(bench, store: Path, model) -> dict[str, tuple]:
                 if mag.size > 1 and mag.sum() > 0:
                     p = mag / mag.sum()
                     values.append(float(-(p * np.log(np.clip(p, 1e-300, None))).sum() / np.log(mag.size)))
-            found[run_.group] = st.interval(values)
+            found[run_.group] = mean_interval(values)
     return found
 
 
