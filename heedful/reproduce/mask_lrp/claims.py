@@ -21,12 +21,20 @@ from heedful.reproduce.mask_lrp.run import (
 from heedful.reproduce.mask_lrp.statistics import (
     _corruption_trend,
     _difference,
-    _excludes_zero,
     _interval,
     _ours,
     _verdict,
 )
-from heedful.reproduce.toolkit import LEGEND, all_of, difference_verdict, interval_text
+from heedful.reproduce.toolkit import (
+    LEGEND,
+    all_of,
+    difference_verdict,
+    equivalence_verdict,
+    exact_verdict,
+    interval_text,
+    threshold_verdict,
+    untestable,
+)
 
 
 def _layers_of(mask) -> str:
@@ -176,15 +184,21 @@ def _reading(runs: list[_DatasetRun], mask, conservation: dict[str, dict[str, fl
     return [" ".join(text), ""]
 
 
+BARELY = 0.05
+"""'Barely changes' (Table 3): the paired AOPC difference within this share of the full mask's AOPC."""
+
+
 def _claims_section(runs: list[_DatasetRun], mask, planted: _PlantedRun | None, conservation: dict[str, dict[str, float]]) -> list[str]:
-    """Every claim of the paper against this run: holds / does not hold / cannot be tested here,
-    with the number behind the verdict (all computed above in this run)."""
+    """Every claim of the paper against this run with a verdict of the toolkit (one row per data
+    set where the data sets disagree) and the number behind it (all computed above in this run)."""
     rows: list[tuple[str, str, str]] = []
 
-    def per_dataset(fn) -> tuple[str, str]:
-        verdicts, numbers = zip(*(fn(run) for run in runs), strict=True)
-        verdict = verdicts[0] if len(set(verdicts)) == 1 else "mixed (" + "; ".join(f"{r.dataset}: {v}" for r, v in zip(runs, verdicts, strict=True)) + ")"
-        return verdict, "; ".join(f"{r.dataset}: {n}" for r, n in zip(runs, numbers, strict=True))
+    def per_dataset(claim: str, fn) -> list[tuple[str, str, str]]:
+        """One row when every data set gives the claim the same verdict, else one row per data set."""
+        found = [(run.dataset, str(v), n) for run in runs for v, n in [fn(run)]]
+        if len({v for _, v, _ in found}) == 1:
+            return [(claim, found[0][1], "; ".join(f"{d}: {n}" for d, _, n in found))]
+        return [(f"{claim} -- {d}", v, n) for d, v, n in found]
 
     def best(run: _DatasetRun, metric: str, higher: bool):
         paper = [m for m in PAPER_ROWS if m not in (RANDOM_MASK,) and (m in run.values)]
@@ -193,62 +207,67 @@ def _claims_section(runs: list[_DatasetRun], mask, planted: _PlantedRun | None, 
         rank = order.index("mask_lrp") + 1
         runner = order[1] if order[0] == "mask_lrp" else order[0]
         d = _difference(run, "mask_lrp", runner, metric)
-        return str(difference_verdict(d, higher)), f"rank {rank} of {len(order)}; Mask-LRP − {runner} {interval_text(*d, sign=True)}"
+        return difference_verdict(d, higher), f"rank {rank} of {len(order)}; Mask-LRP − {runner} {interval_text(*d, sign=True)}"
 
-    rows.append(("Mask-LRP has the highest AOPC of the paper's methods (Table 1)", *per_dataset(lambda r: best(r, "aopc", True))))
-    rows.append(("Mask-LRP has the lowest LOdds of the paper's methods (Table 1)", *per_dataset(lambda r: best(r, "log_odds", False))))
+    rows += per_dataset("Mask-LRP has the highest AOPC of the paper's methods (Table 1)", lambda r: best(r, "aopc", True))
+    rows += per_dataset("Mask-LRP has the lowest LOdds of the paper's methods (Table 1)", lambda r: best(r, "log_odds", False))
 
     def improvement(run: _DatasetRun):
         base = [m for m in PAPER_ROWS if m not in (RANDOM_MASK, "mask_lrp") and m in run.values]
-        found = []
-        ok = True
+        verdicts, found = [], []
         for metric, higher in (("aopc", True), ("log_odds", False)):
             vals = {m: _ours(run, m, metric)[0] for m in base}
             top = max(vals, key=vals.get) if higher else min(vals, key=vals.get)
-            ours = _ours(run, "mask_lrp", metric)[0]
-            rel = (ours - vals[top]) / abs(vals[top]) * (1 if higher else -1)
-            ok &= rel >= 0.0356
-            found.append(f"{metric.replace('log_odds', 'LOdds').replace('aopc', 'AOPC')} {rel:+.1%} vs {top}")
-        return ("holds" if ok else "does not hold"), ", ".join(found)
+            # the paired difference Mask-LRP − best baseline against 3.56 % of the baseline's value
+            d, margin = _difference(run, "mask_lrp", top, metric), 0.0356 * abs(vals[top])
+            verdicts.append(threshold_verdict(d, margin if higher else -margin, above=higher))
+            name = metric.replace("log_odds", "LOdds").replace("aopc", "AOPC")
+            found.append(f"{name} {interval_text(*d, 4, sign=True)} vs {top} (3.56 %: {'+' if higher else '−'}{margin:.4f})")
+        return all_of(verdicts), ", ".join(found)
 
-    rows.append(("≥ 3.56 % better AOPC and LOdds than the best baseline (abstract, contribution 3)", *per_dataset(improvement)))
+    rows += per_dataset("≥ 3.56 % better AOPC and LOdds than the best baseline (abstract, contribution 3; tested on the "
+                        "paired difference)", improvement)
 
     def beats(a: str, b: str):
         def fn(run: _DatasetRun):
             _, da, dl = _verdict(run, a, b)
-            return str(all_of([difference_verdict(da, True), difference_verdict(dl, False)])), f"AOPC {interval_text(*da, sign=True)}, LOdds {interval_text(*dl, sign=True)}"
+            return all_of([difference_verdict(da, True), difference_verdict(dl, False)]), f"AOPC {interval_text(*da, sign=True)}, LOdds {interval_text(*dl, sign=True)}"
         return fn
 
-    rows.append(("The selected heads beat random heads of the same rate (Table 1 \"Random\", Sec. 5.4 Q1)", *per_dataset(beats("mask_lrp", RANDOM_MASK))))
-    rows.append(("… the same in the authors' code's form (variant=\"reference\")", *per_dataset(beats(REFERENCE, RANDOM_REFERENCE))))
-    rows.append(("Cutting irrelevant heads improves on the unmasked rollout GAE (contribution 2; Table 1 Ours vs GAE)", *per_dataset(beats("mask_lrp", "chefer"))))
-    rows.append(("Even a random mask beats GAE (Sec. 5.4 Q2)", *per_dataset(beats(RANDOM_MASK, "chefer"))))
+    rows += per_dataset("The selected heads beat random heads of the same rate (Table 1 \"Random\", Sec. 5.4 Q1)", beats("mask_lrp", RANDOM_MASK))
+    rows += per_dataset("… the same in the authors' code's form (variant=\"reference\")", beats(REFERENCE, RANDOM_REFERENCE))
+    rows += per_dataset("Cutting irrelevant heads improves on the unmasked rollout GAE (contribution 2; Table 1 Ours vs GAE)", beats("mask_lrp", "chefer"))
+    rows += per_dataset("Even a random mask beats GAE (Sec. 5.4 Q2)", beats(RANDOM_MASK, "chefer"))
     first = runs[0]
     if any(k.startswith("mask_lrp (corrupted") for k in first.variants):
         rho_a, rho_l = _corruption_trend(first)
-        text, da, _ = _verdict(first, "mask_lrp", "chefer")
-        ok = rho_a < 0 and rho_l > 0 and text.startswith("better on both")
+        _, da, dl = _verdict(first, "mask_lrp", "chefer")
+        degrade = all_of([exact_verdict(rho_a < 0 and rho_l > 0), difference_verdict(da, True), difference_verdict(dl, False)])
         rows.append((
-            "Explanations degrade as the mask is corrupted and converge to GAE (Figure 4)",
-            "holds" if ok else "does not hold",
-            f"{first.dataset}: Spearman rho of mean against rate AOPC {rho_a:+.2f}, LOdds {rho_l:+.2f}; 0 % − 100 % AOPC {interval_text(*da, sign=True)}",
+            "Explanations degrade as the mask is corrupted and converge to GAE (Figure 4; tested: both means move "
+            "monotonically toward GAE's, and the 0 % mask is apart from GAE on both metrics)",
+            str(degrade),
+            f"{first.dataset}: Spearman rho of mean against rate AOPC {rho_a:+.2f}, LOdds {rho_l:+.2f}; 0 % − 100 % AOPC "
+            f"{interval_text(*da, sign=True)}, LOdds {interval_text(*dl, sign=True)}",
         ))
     if NO_POSITIONAL in first.variants:
         def table3(run: _DatasetRun):
-            parts, ok = [], True
+            parts, verdicts = [], []
+            margin = BARELY * abs(_ours(run, "mask_lrp", "aopc")[0])
             for label, name in ((NO_POSITIONAL, "w/o M_pos"), (NO_SYNTACTIC, "w/o M_synt")):
                 if label not in run.variants:
                     continue
                 d = _difference(run, label, "mask_lrp", "aopc")
-                ok &= not _excludes_zero(d)
-                parts.append(f"{name} − full AOPC {interval_text(*d, sign=True)}")
-            return ("holds" if ok else "does not hold"), ", ".join(parts)
+                verdicts.append(equivalence_verdict(d, margin))
+                parts.append(f"{name} − full AOPC {interval_text(*d, 4, sign=True)}")
+            return all_of(verdicts), ", ".join(parts) + f" (margin ±{margin:.4f})"
 
-        rows.append(("Dropping either mask type barely changes the result (Table 3)", *per_dataset(table3)))
+        rows += per_dataset(f"Dropping either mask type barely changes the result (Table 3; tested: the paired difference "
+                            f"within ±{BARELY:.0%} of the full mask's AOPC)", table3)
     if "alti" in first.values:
-        rows.append(("Mask-LRP beats ALTC/ALTI (Table 4)", *per_dataset(beats("mask_lrp", "alti"))))
+        rows += per_dataset("Mask-LRP beats ALTC/ALTI (Table 4)", beats("mask_lrp", "alti"))
     else:
-        rows.append(("Mask-LRP beats ALTC/ALTI (Table 4)", "cannot be tested here", "`alti` not in this run's methods"))
+        rows.append(("Mask-LRP beats ALTC/ALTI (Table 4)", str(untestable("`alti` not in this run's methods")), "–"))
 
     def depth(m) -> tuple[float, float]:
         pos = np.nonzero(m.positional)[0]
@@ -259,19 +278,19 @@ def _claims_section(runs: list[_DatasetRun], mask, planted: _PlantedRun | None, 
     if planted is not None and planted.mask is not None:
         models.append((planted.result.model_name.rsplit("@", 1)[0], planted.mask))
     found = [(name, *depth(m), m.shape[0]) for name, m in models]
-    testable = [f for f in found if math.isfinite(f[1]) and math.isfinite(f[2])]
-    each = {n: "holds" if p < s else "does not hold" for n, p, s, _ in testable}
-    verdict = ("cannot be tested here" if not testable else next(iter(each.values())) if len(set(each.values())) == 1
-               else "mixed (" + "; ".join(f"{n}: {v}" for n, v in each.items()) + ")")
-    rows.append((
-        "Positional heads sit in earlier blocks, syntactic heads in later ones (Sec. 5.5, Figure 5)", verdict,
-        "; ".join(f"{n}: mean block of positional heads {p:.1f}, of syntactic heads {s:.1f} (of {L})" for n, p, s, L in found),
-    ))
+    claim = "Positional heads sit in earlier blocks, syntactic heads in later ones (Sec. 5.5, Figure 5)"
+    each = {n: exact_verdict(p < s) if math.isfinite(p) and math.isfinite(s) else untestable("a mask without both head kinds")
+            for n, p, s, _ in found}
+    text = {n: f"{n}: mean block of positional heads {p:.1f}, of syntactic heads {s:.1f} (of {L})" for n, p, s, L in found}
+    if len({str(v) for v in each.values()}) == 1:
+        rows.append((claim, str(next(iter(each.values()))), "; ".join(text.values())))
+    else:
+        rows += [(f"{claim} -- {n}", str(v), text[n]) for n, v in each.items()]
     if conservation:
         lit, ref = conservation["Eq. 10 as written"], conservation["the authors' code"]
         rows.append((
             "The normalisation keeps relevance conserved under the mask (Sec. 4.3)",
-            "holds" if lit["worst"] < 1e-4 else "does not hold",
+            str(exact_verdict(lit["worst"] < 1e-4)),
             f"as written: largest per-block change of the relevance sum {lit['worst']:.1e}; the authors' code: input sum "
             f"{ref['input']:.3f} of 1 (largest per-block change {ref['worst']:.3f})",
         ))
@@ -287,14 +306,14 @@ def _claims_section(runs: list[_DatasetRun], mask, planted: _PlantedRun | None, 
             parts.append(f"− {other} {interval_text(*ci, sign=True)}")
         rows.append((
             "Higher precision@20 than Rollout, RawAtt and AttCAT on QA (Table 2)",
-            f"{all_of(found)} on the planted proxy (not SQuAD)",
-            f"{planted.dataset}, n = {len(planted.ids)}: Mask-LRP " + ", ".join(parts),
+            str(all_of(found)),
+            f"on the planted proxy (not SQuAD): {planted.dataset}, n = {len(planted.ids)}: Mask-LRP " + ", ".join(parts),
         ))
     else:
-        rows.append(("Higher precision@20 than Rollout, RawAtt and AttCAT on QA (Table 2)", "cannot be tested here", "planted section not run"))
+        rows.append(("Higher precision@20 than Rollout, RawAtt and AttCAT on QA (Table 2)", str(untestable("the planted section did not run")), "–"))
     rows += [
         ("The results hold for BERT-base on SST-2, IMDB, Yelp, MNLI, QQP and on SQuAD v1/v2 with BERT, GPT-2, RoBERTa",
-         "cannot be tested here", "no such checkpoints or data on this machine (docs: MODELS.md); a 6-block MiniLM on movie / product snippets instead"),
+         str(untestable("no such checkpoints or data on this machine (docs: MODELS.md)")), "a 6-block MiniLM on movie / product snippets instead"),
     ]
     lines = [
         "## Claims of the paper against this run",

@@ -8,6 +8,7 @@ import math
 import numpy as np
 
 from heedful.reproduce.mask_lrp.run import CORRUPTION_RATES, _corrupted_label, _DatasetRun
+from heedful.reproduce.toolkit import spearman
 
 
 # ---------------------------------------------------------------------------- numbers
@@ -126,7 +127,5 @@ def _verdict(run: _DatasetRun, a: str, b: str) -> tuple[str, tuple, tuple]:
 
 def _corruption_trend(run: _DatasetRun) -> tuple[float, float]:
     """Spearman rho of the mean AOPC and of the mean LOdds against the corruption rate."""
-    from scipy.stats import spearmanr
-
     rates = [r for r, _ in _corruption_points(run, "aopc")]
-    return tuple(float(spearmanr(rates, [v[0] for _, v in _corruption_points(run, m)]).statistic) for m in ("aopc", "log_odds"))
+    return tuple(spearman(rates, [v[0] for _, v in _corruption_points(run, m)]) for m in ("aopc", "log_odds"))
