@@ -195,3 +195,23 @@ def test_threshold_and_count_verdicts_read_the_direction_they_are_given():
     assert threshold_verdict((0.45, 0.4, 0.55), 0.5) == Verdict(NOT_SEPARATED, WRONG_DIRECTION)
     assert count_verdict(0, 0, 0).word == CANNOT_BE_TESTED and count_verdict(8, 8, 10, share=0.8) == Verdict(HOLDS)
     assert untestable("no QA data") == Verdict(CANNOT_BE_TESTED, "no QA data")
+
+
+def test_coverage_lists_name_the_papers_rows_with_a_status_each():
+    from heedful.reproduce.coperturbation.markdown import PAPER_EXPERIMENTS as COPERTURBATION
+    from heedful.reproduce.mask_lrp.markdown import PAPER_EXPERIMENTS as MASK_LRP
+    from heedful.reproduce.normxlogit.markdown import PAPER_EXPERIMENTS as NORMXLOGIT
+    from heedful.reproduce.toolkit import coverage_section
+
+    for entries in (COPERTURBATION, MASK_LRP, NORMXLOGIT):
+        lines = coverage_section(entries)
+        assert len(lines) == len(entries) + 5 and all(how for _, _, how in entries)
+    named = {report: " ".join(what for what, _, _ in entries) for report, entries in
+             (("coperturbation", COPERTURBATION), ("mask-lrp", MASK_LRP))}
+    for needle in ("QNLI and QQP", "Figure 3a", "Figure 3b on OPT", "Table 2", "Figure 8", "Figure 9"):
+        assert needle in named["coperturbation"], needle
+    for needle in ("Table 1", "Table 2", "Table 3", "Table 4", "Figure 3", "Figure 4", "Figure 5", "Figure 6", "Appendix"):
+        assert needle in named["mask-lrp"], needle
+    with pytest.raises(ValueError, match="not one of"):
+        coverage_section([("Figure 1", "partly", "x")])
+    assert coverage_section([("Table 5", "analogue (time only)", "x")])[-2] == "| Table 5 | analogue (time only) | x |"

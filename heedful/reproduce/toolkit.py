@@ -235,6 +235,24 @@ def count_option(options: Mapping[str, Any], key: str, default: int, minimum: in
     return int(value)
 
 
+# ---------------------------------------------------------------------------- coverage
+COVERAGE = ("reproduced", "analogue", "not reproduced")
+"""How a report covers each experiment, table and figure of its paper: run as the paper ran it,
+run on an analogue (other models, data or protocol; the row says which), or not run (the row says
+why)."""
+
+
+def coverage_section(entries: Iterable[tuple[str, str, str]], heading: str = "## The paper's experiments here") -> list[str]:
+    """Markdown: every experiment, table and figure of the paper (``entries``: what, status, how or
+    why not), each with a status of :data:`COVERAGE` (a bracketed qualifier may follow it)."""
+    rows = list(entries)
+    for what, status, _ in rows:
+        if not any(status == word or status.startswith(word + " (") for word in COVERAGE):
+            raise ValueError(f"coverage of {what!r}: {status!r} is not one of {', '.join(COVERAGE)}")
+    lines = [heading, "", "| experiment | here | how, or why not |", "|---|---|---|"]
+    return lines + [f"| {what} | {status} | {how} |" for what, status, how in rows] + [""]
+
+
 # ---------------------------------------------------------------------------- numbers as text
 def interval_text(estimate: float, low: float, high: float, digits: int = 3, sign: bool = False,
                   std: float | None = None) -> str:

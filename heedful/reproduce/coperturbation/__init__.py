@@ -77,6 +77,7 @@ from heedful.reproduce.coperturbation.run import (
     _stability_alone,
     _stored_prefix,
     _stored_rectify_n,
+    seed_agreement_of,
 )
 
 __all__ = ["DATASET", "Found", "N_BENCH", "N_COMPARE", "Timings", "_available", "_claims", "_compare_inputs", "_comparison", "_engine", "_grid", "_lambda_notes", "_optimised_key", "_plan", "_record_timings", "_seed_check", "_sizes", "_stored_prefix", "_stored_rectify_n", "overlap_sentence", "write"]
@@ -118,6 +119,7 @@ def write(out_dir: Path, settings: ReportSettings) -> Path:
             if name == STABILITY_MODEL and run.stability:
                 began = time.perf_counter()
                 found.stability = _stability(model, run, say)
+                found.seed_agreement = seed_agreement_of(found.stability) or found.seed_agreement
                 run.timings.add("cost, stability and the first-order limit", began)
         else:
             _second_model(model, name, run, found, out_dir, say, settings.progress)

@@ -187,6 +187,10 @@ class Found:
     layer_study: dict[str, np.ndarray] = field(default_factory=dict)
     probes: dict[int, dict] = field(default_factory=dict)
     check: dict | None = None
+    seed_agreement: dict | None = None
+    """The optimised solver's seed agreement at its defaults as the stability section measured it
+    (``spearman`` per sentence, ``n`` dev sentences): the one seed figure the report quotes when
+    it is there; else the seed check's (:data:`CHECK_SENTENCES` test sentences)."""
     lmap: Any = None
     sweep: Any = None
     second: dict[str, Any] = field(default_factory=dict)
@@ -285,6 +289,25 @@ def _stability(model, run: Plan, say):
     say(f"cost and seed stability on {run.n_seed} dev sentences, warm start on {run.n_warm}")
     cs.measure(model, folder, run.n_seed, run.n_warm, run.until, say, run.share, overrides)
     return cs.summarise(folder, run.n_seed, run.n_warm)
+
+
+def seed_agreement_of(stability: Any) -> dict | None:
+    """The defaults' row of a stability summary as ``{"spearman": [...], "n": n}`` (None without one)."""
+    from heedful.reproduce import coperturbation_stability as cs
+
+    row = next((r for r in stability.settings if r["setting"] == cs.DEFAULTS), None) if stability is not None else None
+    return None if row is None or not row["n"] else {"spearman": list(row["spearman"]), "n": int(row["n"])}
+
+
+def _stored_seed_agreement(run: Plan) -> dict | None:
+    """The stability section's seed agreement at the defaults, read from the store when a run of
+    that section left its units there (nothing is computed)."""
+    from heedful.reproduce import coperturbation_stability as cs
+
+    folder = run.store / ("stability-quick" if run.quick else "stability")
+    if not folder.is_dir() or not any(folder.iterdir()):
+        return None
+    return seed_agreement_of(cs.summarise(folder, run.n_seed, run.n_warm))
 
 
 def _stability_alone(out_dir: Path, run: Plan) -> Path:
@@ -399,7 +422,8 @@ def _main_model(model, name: str, run: Plan, found: Found, out_dir: Path, say, p
     found.rect[name] = _rectification(model, name, run, run.methods, out_dir, found)
     run.timings.add(f"rectification {name}", began)
 
-    if run.check > 0:
+    found.seed_agreement = _stored_seed_agreement(run)
+    if run.check > 0 and found.seed_agreement is None:  # one seed figure: the stability section's when stored
         began = time.perf_counter()
         say(f"optimised co-perturbation with seeds {run.seed} and {run.seed + 1} on {run.check} sentences")
         found.check = _seed_check(model, ids, run.coperturbation(), run.store, about, run.seed, run.check)

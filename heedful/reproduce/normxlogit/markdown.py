@@ -37,6 +37,7 @@ from heedful.reproduce.normxlogit.statistics import (
     verdict,
 )
 from heedful.reproduce.toolkit import (
+    coverage_section,
     interval_text,
     summary_text,
 )
@@ -520,6 +521,4 @@ PAPER_EXPERIMENTS: tuple[tuple[str, str, str], ...] = (
 
 def experiments_section() -> list[str]:
     """Markdown: every experiment of the paper and whether this report reproduces it."""
-    lines = ["## The paper's experiments here", "", "| experiment | here | how, or why not |", "|---|---|---|"]
-    lines += [f"| {what} | {status} | {how} |" for what, status, how in PAPER_EXPERIMENTS]
-    return lines + [""]
+    return coverage_section(PAPER_EXPERIMENTS)
