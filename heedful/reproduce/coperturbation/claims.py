@@ -84,7 +84,7 @@ def _claims(found: Found) -> list[str]:
                 + f"; most uniform methods: {', '.join(order[:3])}",
             ))
     rows.append(("SHAP focuses on function words; RISE on the middle or both ends of the input (5.2)",
-                 str(untestable("needs word classes of the tokens (a part-of-speech tagger); not measured")), "–"))
+                 str(untestable("needs the word classes of the tokens, from a part-of-speech tagger; not measured")), "–"))
     if found.lam_study:
         ls = found.lam_study
         meas = [mean_interval(ls["measured"][:, j])[0] for j in range(len(ls["lams"]))]
@@ -166,7 +166,7 @@ def _claims(found: Found) -> list[str]:
                 f"{_pct(cp[r])}",
             ))
     rows.append(("Larger models gain more from rectification (5.4.1, Tables 1/3)",
-                 str(untestable("one model per size: two zoo classifiers of different families (section 7)")), "–"))
+                 str(untestable("one model per size: two zoo classifiers of different families, see section 7")), "–"))
     if c:
         plain, lifted = mean_interval(c["spearman"]), mean_interval(c["spearman_lifted"])
         better = lifted if lifted[0] > plain[0] else plain
