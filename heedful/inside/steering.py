@@ -222,19 +222,27 @@ def _added(h: torch.Tensor, z: torch.Tensor, timestep: int | None) -> torch.Tens
     return h + pad
 
 
-def _decode(model, vector: SteeringVector, ids: torch.Tensor, lead: int, timestep: int | None) -> str:
-    """Greedy decoding of as many tokens as the sentence has, from its first ``lead`` ids,
-    with ``vector`` injected (the injected timestep counts from the start of the sequence)."""
+def _decode(model, vector: SteeringVector | None, ids: torch.Tensor, lead: int, timestep: int | None) -> str:
+    """Greedy decoding of as many tokens as the sentence ``ids`` has, from its first ``lead``
+    ids, with ``vector`` injected (``None``: the model alone; the injected timestep counts from
+    the start of the sequence, so every step is a full pass)."""
     adapter = model.adapter
     with torch.no_grad(), adapter.intercept() as hooks:
-        z = vector.vector.detach()
-        hooks.replace("block_out", lambda h: _added(h, z, timestep), [vector.layer])
+        if vector is not None:
+            z = vector.vector.detach()
+            hooks.replace("block_out", lambda h: _added(h, z, timestep), [vector.layer])
         out = ids[:, :lead]
-        for _ in range(ids.shape[1] - lead):  # full passes: the timestep is a position of the whole sequence
+        for _ in range(ids.shape[1] - lead):
             nxt = adapter.hf_model(input_ids=out, use_cache=False).logits[:, -1].argmax(-1, keepdim=True)
             out = torch.cat([out, nxt], dim=1)
     skip = 1 if model.tokenizer.bos_token_id is not None else 0
     return model.tokenizer.decode(out[0, skip:].tolist())
+
+
+def unsteered(model, sentence: str) -> str:
+    """What greedy decoding writes from ``sentence``'s start without a vector (as many tokens)."""
+    ids, lead = _start_ids(model, sentence)
+    return _decode(model, None, ids.to(model.adapter.device), lead, None)
 
 
 def transfer(model, extracted: Extracted, offset: torch.Tensor, coefficient: float) -> str:
