@@ -29,7 +29,7 @@ def steer(
     layer: Annotated[int, typer.Option("--layer", help="Block whose output the vector is added to (0-based).")] = 6,
     coefficient: Annotated[float, typer.Option("--coefficient", "-c", help="Factor on the vector.")] = 4.0,
     dataset: Annotated[str, typer.Option("--dataset", "-d", help="mean: labelled texts (movies, ... or a CSV / JSONL path); --sweep: the snippets to continue.")] = "movies",
-    n: Annotated[int, typer.Option("--n", "-n", help="mean / --sweep: use the first N texts.")] = 100,
+    n: Annotated[int, typer.Option("--n", "-n", help="mean: use the first N texts; --sweep: N prompts.")] = 100,
     sentence: Annotated[str | None, typer.Option("--sentence", help="extract: the sentence the vector must make the model write.")] = None,
     sweep: Annotated[bool, typer.Option("--sweep", help="Measure success (judged by --judge) against perplexity over --coefficients on movie snippets.")] = False,
     coefficients: Annotated[str, typer.Option("--coefficients", help="--sweep: comma-separated coefficients.")] = "-8,-4,0,4,8",
@@ -141,9 +141,9 @@ def _activation_steering(
     if sweep:
         from heedful.inside.sweep import sentiment_sweep, snippet_prompts
 
-        data = load_dataset(dataset, "test", n)
-        away = "0" if toward.upper().startswith("POS") else "1"
-        prompts = snippet_prompts(data, prompt_words, label=away if any(e.label is not None for e in data) else None)
+        data = load_dataset(dataset, "test")
+        away = "0" if toward.upper().startswith("POS") else "1"  # steer snippets of the other sentiment
+        prompts = snippet_prompts(data, prompt_words, label=away if any(e.label is not None for e in data) else None, n=n)
         result = sentiment_sweep(loaded, load_model(judge), prompts, found, chosen, toward=toward, max_new_tokens=new_tokens, seed=seed)
         table = Table(title=f"{kind} vector at block {found.layer}: {len(prompts)} prompts, judged {toward} by {judge}")
         for column in ("coefficient", "success", "95% interval", "perplexity (geo. mean)", "95% interval", "first continuation"):
@@ -151,7 +151,7 @@ def _activation_steering(
         for row in result.rows:
             table.add_row(
                 f"{row.coefficient:g}", f"{row.success:.2f}", f"[{row.success_low:.2f}, {row.success_high:.2f}]",
-                f"{row.perplexity:.1f}", f"[{row.perplexity_low:.1f}, {row.perplexity_high:.1f}]", row.examples[0] if row.examples else "",
+                f"{row.perplexity:.1f}", f"[{row.perplexity_low:.1f}, {row.perplexity_high:.1f}]", _one_line(row.examples[0]) if row.examples else "",
             )
         out.print(table)
         err.print(f"{result.seconds:.0f} s")
@@ -168,6 +168,11 @@ def _activation_steering(
     table.add_row("without the vector", prompt + decode(plain.continuations[0], skip_special_tokens=True))
     table.add_row("with the vector", prompt + decode(steered.continuations[0], skip_special_tokens=True))
     out.print(table)
+
+
+def _one_line(text: str, width: int = 60) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else flat[: width - 1] + "…"
 
 
 def _coefficients(text: str) -> list[float]:

@@ -209,7 +209,7 @@ def extract(
         for p in params:
             p.requires_grad_(True)
     vector.vector = z.detach().cpu()
-    return Extracted(vector, float(loss), done, decoded == sentence, decoded)
+    return Extracted(vector, float(loss.detach()), done, decoded == sentence, decoded)
 
 
 def _added(h: torch.Tensor, z: torch.Tensor, timestep: int | None) -> torch.Tensor:

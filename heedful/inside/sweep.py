@@ -38,13 +38,16 @@ def wilson(successes: int, n: int) -> tuple[float, float]:
     p = successes / n
     centre = (p + Z95**2 / (2 * n)) / (1 + Z95**2 / n)
     half = Z95 * math.sqrt(p * (1 - p) / n + Z95**2 / (4 * n * n)) / (1 + Z95**2 / n)
-    return (centre - half, centre + half)
+    low = 0.0 if successes == 0 else centre - half  # exactly 0 (1) at p = 0 (1), not float residue
+    high = 1.0 if successes == n else centre + half
+    return (low, high)
 
 
-def snippet_prompts(dataset: Dataset, words: int = 6, label=None) -> list[str]:
-    """The first ``words`` words of each snippet (of label ``label`` only, when given)."""
+def snippet_prompts(dataset: Dataset, words: int = 6, label=None, n: int | None = None) -> list[str]:
+    """The first ``words`` words of the first ``n`` snippets (of label ``label`` only, when
+    given) that have more words than that."""
     chosen = [e.text for e in dataset if label is None or str(e.label) == str(label)]
-    prompts = [" ".join(text.split()[:words]) for text in chosen if len(text.split()) > words]
+    prompts = [" ".join(text.split()[:words]) for text in chosen if len(text.split()) > words][:n]
     if not prompts:
         raise InputError(f"no snippet has more than {words} words", hint="use a smaller --prompt-words or more texts")
     return prompts
