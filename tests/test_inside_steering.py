@@ -10,7 +10,16 @@ from conftest import run_cli, saved_tiny
 
 from heedful.datasets import Dataset, Example
 from heedful.errors import InputError
-from heedful.inside.steering import SteeringVector, _decode, _start_ids, contrastive, extract, mean_difference, transfer, unsteered
+from heedful.inside.steering import (
+    SteeringVector,
+    _decode,
+    _start_ids,
+    contrastive,
+    extract,
+    mean_difference,
+    transfer,
+    unsteered,
+)
 from heedful.inside.sweep import sentiment_sweep, snippet_prompts, wilson
 
 POSITIVE, NEGATIVE = "we loved every minute", "what a waste of a talented cast"

@@ -44,14 +44,14 @@ class Item:
 
 def span_weights(batch: Batch, example: Sequence[int], spans: Sequence[tuple[int, int] | None], pooling: str) -> torch.Tensor:
     """``[K, N]`` pooling weights of ``K`` spans over their example's ``N`` positions (each row
-    sums to 1; a row of zeros: no token overlaps the span). ``None``: every non-special token."""
+    sums to 1; a row of zeros: no token overlaps the span). ``None``: the whole text (every
+    token of the text with characters; special tokens have no offsets)."""
     weights = torch.zeros(len(spans), batch.seq_len)
     for k, (b, span) in enumerate(zip(example, spans, strict=True)):
         offsets = batch.offsets[b]
-        if span is None:
-            hits = [t for t, o in enumerate(offsets) if o is not None and o[1] > o[0]]
-        else:
-            hits = [t for t, o in enumerate(offsets) if o is not None and o[0] < span[1] and o[1] > span[0]]
+        start, end = (0, len(batch.texts[b])) if span is None else span
+        # tokens of no characters (a byte-level tokenizer's lone space) belong to no word
+        hits = [t for t, o in enumerate(offsets) if o is not None and o[1] > o[0] and o[0] < end and o[1] > start]
         if not hits:
             continue
         if pooling == "mean":
