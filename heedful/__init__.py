@@ -30,6 +30,7 @@ _LAZY: dict[str, str] = {
     "from_pretrained_objects": "heedful.loading",
     "load": "heedful.loading",
     "Model": "heedful.model",
+    "probe": "heedful.inside.probing",
     "Problem": "heedful.problem",
     "prepare": "heedful.problem",
     "MethodInfo": "heedful.registry",
@@ -41,7 +42,7 @@ _LAZY: dict[str, str] = {
 """Public name -> the module that defines it (imported when the name is first used)."""
 
 # Subpackages reached as attributes after ``import heedful`` (``heedful.datasets.load(...)``).
-_SUBPACKAGES = frozenset({"datasets", "evaluate", "render", "testing", "zoo"})
+_SUBPACKAGES = frozenset({"datasets", "evaluate", "inside", "render", "testing", "zoo"})
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
     from heedful.attribution import get_method, methods
@@ -55,6 +56,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     )
     from heedful.generation import Generation
     from heedful.generation_explanation import GenerationExplanation
+    from heedful.inside.probing import probe
     from heedful.loading import from_pretrained_objects, load
     from heedful.model import Model
     from heedful.problem import Problem, prepare
@@ -106,5 +108,6 @@ __all__ = [
     "load",
     "methods",
     "prepare",
+    "probe",
     "register",
 ]

@@ -80,10 +80,10 @@ def _reachable_sentence(lm, layer: int) -> str:
     """A sentence some vector at ``layer`` makes the tiny model write: greedy decoding from
     "the movie"'s first token with a random vector added, kept when its text re-tokenizes to the
     same ids (no replacement characters), so that it is reachable by construction."""
-    ids, lead = _start_ids(lm, "the movie")
+    ids, lead, front = _start_ids(lm, "the movie")
     for seed in range(20):
         z = torch.randn(lm.adapter.hidden_size, generator=torch.Generator().manual_seed(seed)) * 3
-        text = _decode(lm, SteeringVector(layer, z), ids, lead, None)
+        text = _decode(lm, SteeringVector(layer, z), ids, lead, None, front)
         again = lm.tokenizer.decode(lm.tokenizer(text, add_special_tokens=False)["input_ids"])
         if "\ufffd" not in text and again == text and unsteered(lm, text) != text:
             return text

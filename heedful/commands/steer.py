@@ -31,6 +31,8 @@ def steer(
     dataset: Annotated[str, typer.Option("--dataset", "-d", help="mean: labelled texts (movies, ... or a CSV / JSONL path); --sweep: the snippets to continue.")] = "movies",
     n: Annotated[int, typer.Option("--n", "-n", help="mean: use the first N texts; --sweep: N prompts.")] = 100,
     sentence: Annotated[str | None, typer.Option("--sentence", help="extract: the sentence the vector must make the model write.")] = None,
+    steps: Annotated[int, typer.Option("--steps", help="extract: optimisation steps (Adam).")] = 300,
+    lr: Annotated[float, typer.Option("--lr", help="extract: Adam's learning rate.")] = 0.1,
     sweep: Annotated[bool, typer.Option("--sweep", help="Measure success (judged by --judge) against perplexity over --coefficients on movie snippets.")] = False,
     coefficients: Annotated[str, typer.Option("--coefficients", help="--sweep: comma-separated coefficients.")] = "-8,-4,0,4,8",
     judge: Annotated[str, typer.Option("--judge", help="--sweep: sentiment classifier judging the continuations.")] = "minilm-sentiment",
@@ -69,7 +71,7 @@ def steer(
             raise InputError("--suppress (input suppression) and --vector (activation steering) are two modes", hint="give one of them")
         _activation_steering(
             model, prompt, vector or "caa", positive, negative, layer, coefficient, dataset, n, sentence, sweep,
-            coefficients, judge, toward, prompt_words, out_json, max_new_tokens, seed,
+            coefficients, judge, toward, prompt_words, out_json, max_new_tokens, seed, steps, lr,
         )
         return
     if not suppress or prompt is None:
@@ -92,7 +94,7 @@ def steer(
 
 def _activation_steering(
     model, prompt, kind, positive, negative, layer, coefficient, dataset, n, sentence, sweep,
-    coefficients, judge, toward, prompt_words, out_json, max_new_tokens, seed,
+    coefficients, judge, toward, prompt_words, out_json, max_new_tokens, seed, steps, lr,
 ) -> None:
     import json
 
@@ -114,8 +116,10 @@ def _activation_steering(
     if not sweep and kind != "extract" and prompt is None:
         raise InputError("what should the model continue?", hint='--prompt "The movie was"')
     chosen = _coefficients(coefficients) if sweep else []
-    if n < 1 or prompt_words < 1:
-        raise InputError("--n and --prompt-words must be at least 1", hint="drop them for the defaults")
+    if n < 1 or prompt_words < 1 or steps < 1:
+        raise InputError("--n, --prompt-words and --steps must be at least 1", hint="drop them for the defaults")
+    if not lr > 0:
+        raise InputError(f"--lr must be positive, got {lr}", hint="e.g. --lr 0.1")
     if out_json is not None:
         check_writable(out_json, "--out")
     new_tokens = max_new_tokens if max_new_tokens is not None else 20
@@ -128,7 +132,7 @@ def _activation_steering(
         neg = [e.text for e in texts if str(e.label).lower() in NEGATIVE_LABELS]
         found = steering.mean_difference(loaded, pos, neg, layer)
     else:
-        extracted = steering.extract(loaded, sentence, layer, seed=seed)
+        extracted = steering.extract(loaded, sentence, layer, steps=steps, lr=lr, seed=seed)
         out.print(f"extracted at block {extracted.vector.layer} in {extracted.steps} steps (loss {extracted.loss:.4f} nats/token); "
                   f"reproduces the sentence: {'yes' if extracted.reproduced else 'no'}")
         table = Table(show_header=True)

@@ -149,16 +149,19 @@ class Extracted:
     decoded: str
 
 
-def _start_ids(model, sentence: str) -> tuple[torch.Tensor, int]:
-    """``[1, T]`` ids: the BOS token (if the tokenizer has one) then the sentence; and the
-    number of leading ids decoding starts from (1: the BOS, else the sentence's first token)."""
+def _start_ids(model, sentence: str) -> tuple[torch.Tensor, int, int]:
+    """``[1, T]`` ids of the sentence as the tokenizer encodes it alone (with the special
+    tokens it puts in front, e.g. BERT-style ``[CLS]`` or Llama's BOS; trailing ones dropped),
+    the number of leading ids decoding starts from (the special tokens in front, else the
+    sentence's first token) and the number of special tokens in front (not part of the text)."""
     tokenizer = model.tokenizer
-    ids = tokenizer(sentence, add_special_tokens=False)["input_ids"]
-    if not ids:
+    plain = tokenizer(sentence, add_special_tokens=False)["input_ids"]
+    if not plain:
         raise InputError("the sentence to extract a vector for is empty", hint="give a sentence")
-    bos = tokenizer.bos_token_id
-    lead = [bos] if bos is not None else []
-    return torch.tensor([lead + ids]), max(len(lead), 1)
+    full = tokenizer(sentence)["input_ids"]
+    front = next((k for k in range(len(full) - len(plain) + 1) if full[k : k + len(plain)] == plain), 0)
+    ids = full[: front + len(plain)]
+    return torch.tensor([ids]), max(front, 1), front
 
 
 def extract(
@@ -167,8 +170,8 @@ def extract(
     layer: int,
     *,
     timestep: int | None = 0,
-    steps: int = 200,
-    lr: float = 0.05,
+    steps: int = 300,
+    lr: float = 0.1,
     seed: int = 0,
     check_every: int = 20,
 ) -> Extracted:
@@ -177,7 +180,7 @@ def extract(
     ``timestep`` (``None``: every position), writes exactly ``sentence``."""
     layer = check_layer(model, layer)
     adapter = model.adapter
-    ids, lead = _start_ids(model, sentence)
+    ids, lead, front = _start_ids(model, sentence)
     ids = ids.to(adapter.device)
     generator = torch.Generator().manual_seed(seed)
     z = torch.empty(1, adapter.hidden_size)
@@ -202,7 +205,7 @@ def extract(
                     optimiser.step()
                 progress.advance()
                 if done % check_every == 0 or done == steps:
-                    decoded = _decode(model, vector, ids, lead, timestep)
+                    decoded = _decode(model, vector, ids, lead, timestep, front)
                     if decoded == sentence:
                         break
     finally:
@@ -222,10 +225,11 @@ def _added(h: torch.Tensor, z: torch.Tensor, timestep: int | None) -> torch.Tens
     return h + pad
 
 
-def _decode(model, vector: SteeringVector | None, ids: torch.Tensor, lead: int, timestep: int | None) -> str:
+def _decode(model, vector: SteeringVector | None, ids: torch.Tensor, lead: int, timestep: int | None, front: int = 0) -> str:
     """Greedy decoding of as many tokens as the sentence ``ids`` has, from its first ``lead``
     ids, with ``vector`` injected (``None``: the model alone; the injected timestep counts from
-    the start of the sequence, so every step is a full pass)."""
+    the start of the sequence, so every step is a full pass); the ``front`` special tokens are
+    not part of the text."""
     adapter = model.adapter
     with torch.no_grad(), adapter.intercept() as hooks:
         if vector is not None:
@@ -235,19 +239,18 @@ def _decode(model, vector: SteeringVector | None, ids: torch.Tensor, lead: int, 
         for _ in range(ids.shape[1] - lead):
             nxt = adapter.hf_model(input_ids=out, use_cache=False).logits[:, -1].argmax(-1, keepdim=True)
             out = torch.cat([out, nxt], dim=1)
-    skip = 1 if model.tokenizer.bos_token_id is not None else 0
-    return model.tokenizer.decode(out[0, skip:].tolist())
+    return model.tokenizer.decode(out[0, front:].tolist())
 
 
 def unsteered(model, sentence: str) -> str:
     """What greedy decoding writes from ``sentence``'s start without a vector (as many tokens)."""
-    ids, lead = _start_ids(model, sentence)
-    return _decode(model, None, ids.to(model.adapter.device), lead, None)
+    ids, lead, front = _start_ids(model, sentence)
+    return _decode(model, None, ids.to(model.adapter.device), lead, None, front)
 
 
 def transfer(model, extracted: Extracted, offset: torch.Tensor, coefficient: float) -> str:
     """What greedy decoding writes with ``extracted``'s vector plus ``coefficient * offset`` (the
     lecture's table: ``z(sentence) + k * z_tonegative``)."""
-    ids, lead = _start_ids(model, extracted.vector.meta["sentence"])
+    ids, lead, front = _start_ids(model, extracted.vector.meta["sentence"])
     moved = SteeringVector(extracted.vector.layer, extracted.vector.vector + coefficient * offset, "extracted")
-    return _decode(model, moved, ids.to(model.adapter.device), lead, extracted.vector.meta["timestep"])
+    return _decode(model, moved, ids.to(model.adapter.device), lead, extracted.vector.meta["timestep"], front)
