@@ -3,3 +3,7 @@ probing: :mod:`heedful.inside.amnesic`) and how adding a vector to the residual 
 language model (:mod:`heedful.inside.steering`). Everything reads and writes hidden states
 through the adapters' roles (:mod:`heedful.adapters.roles`), so every family with roles is
 covered."""
+
+from heedful.inside import amnesic, probing, properties, representations, steering, sweep
+
+__all__ = ["amnesic", "probing", "properties", "representations", "steering", "sweep"]
