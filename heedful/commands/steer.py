@@ -29,7 +29,7 @@ def steer(
     layer: Annotated[int, typer.Option("--layer", help="Block whose output the vector is added to (0-based).")] = 6,
     coefficient: Annotated[float, typer.Option("--coefficient", "-c", help="Factor on the vector.")] = 4.0,
     dataset: Annotated[str, typer.Option("--dataset", "-d", help="mean: labelled texts (movies, ... or a CSV / JSONL path); --sweep: the snippets to continue.")] = "movies",
-    n: Annotated[int, typer.Option("--n", "-n", help="mean: use the first N texts; --sweep: N prompts.")] = 100,
+    n: Annotated[int, typer.Option("--n", "-n", help="mean: the first N texts of each sentiment; --sweep: N prompts.")] = 100,
     sentence: Annotated[str | None, typer.Option("--sentence", help="extract: the sentence the vector must make the model write.")] = None,
     steps: Annotated[int, typer.Option("--steps", help="extract: optimisation steps (Adam).")] = 300,
     lr: Annotated[float, typer.Option("--lr", help="extract: Adam's learning rate.")] = 0.1,
@@ -127,9 +127,9 @@ def _activation_steering(
     if kind == "caa":
         found = steering.contrastive(loaded, positive, negative, layer)
     elif kind == "mean":
-        texts = load_dataset(dataset, "train", n)
-        pos = [e.text for e in texts if str(e.label).lower() in POSITIVE_LABELS]
-        neg = [e.text for e in texts if str(e.label).lower() in NEGATIVE_LABELS]
+        texts = load_dataset(dataset, "train")  # the first n texts of each sentiment
+        pos = [e.text for e in texts if str(e.label).lower() in POSITIVE_LABELS][:n]
+        neg = [e.text for e in texts if str(e.label).lower() in NEGATIVE_LABELS][:n]
         found = steering.mean_difference(loaded, pos, neg, layer)
     else:
         extracted = steering.extract(loaded, sentence, layer, steps=steps, lr=lr, seed=seed)
