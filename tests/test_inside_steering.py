@@ -165,3 +165,26 @@ def test_cli_steer_vector_prints_both_generations(monkeypatch, capsys, lm_dir):
 def test_cli_steer_bad_input_is_one_line_and_exit_2(monkeypatch, capsys, lm_dir, args, message):
     code, _, err = run_cli(monkeypatch, capsys, "steer", "--model", lm_dir, *args)
     assert code == 2 and message in err and "Traceback" not in err, err
+
+
+def test_cli_steer_mean_vector_takes_n_texts_of_each_sentiment(monkeypatch, capsys, lm_dir, tmp_path):
+    """The mean-difference vector of ``--dataset``'s labels: the command's vector is the API's on
+    the first N texts of each sentiment (the file lists the positives first)."""
+    rows = ["text,label"] + [f"good film number {i},1" for i in range(4)] + ["a dull plot,0", "a waste of time,0", "boring,0"]
+    data = tmp_path / "labelled.csv"
+    data.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    seen = {}
+    real = mean_difference
+
+    def spy(model, positive, negative, layer, read="mean"):
+        seen["sets"] = (list(positive), list(negative))
+        return real(model, positive, negative, layer, read)
+
+    monkeypatch.setattr("heedful.inside.steering.mean_difference", spy)
+    code, out, err = run_cli(
+        monkeypatch, capsys, "steer", "--model", lm_dir, "--vector", "mean", "--dataset", str(data), "-n", "2",
+        "--layer", "0", "--prompt", PROMPT, "--max-new-tokens", "3",
+    )
+    assert code == 0, err
+    assert seen["sets"] == (["good film number 0", "good film number 1"], ["a dull plot", "a waste of time"])
+    assert "with the vector" in out
