@@ -212,3 +212,22 @@ def test_cli_probe_prints_layers_and_writes_a_plot(monkeypatch, capsys, bert_dir
 def test_cli_probe_bad_input_is_one_line_and_exit_2(monkeypatch, capsys, bert_dir, tmp_path, args, message):
     code, _, err = run_cli(monkeypatch, capsys, "probe", "--model", bert_dir, "--dataset", "agreement", "--plot", str(tmp_path / "p.png"), *args)
     assert code == 2 and message in err and "Traceback" not in err, err
+
+
+def test_dependency_items_are_edges_to_the_head_and_pair_features_concatenate(tiny):
+    """Edge probing's ``dep``: one item per non-root word, its span and its head's span, labelled
+    with the relation; the pair's features are ``[pool(dependent); pool(head)]``."""
+    text = "The sister of the doctors writes a letter."
+    texts, items = property_items(_dataset([text, "Critics loved the film."]), "dep")
+    first = [i for i in items if i.example == 0]
+    assert {text[slice(*i.span)] for i in first} == {w for w in ("The", "sister", "of", "the", "doctors", "a", "letter", ".")}
+    subject = next(i for i in first if text[slice(*i.span)] == "sister")
+    assert subject.label == "nsubj" and text[slice(*subject.pair)] == "writes"
+    model = tiny("bert")
+    feats, kept = span_features(model, texts, items, [0, 2])
+    width = model.adapter.hidden_size
+    assert feats.shape == (2, len(items), 2 * width) and kept.all()
+    alone, _ = span_features(model, texts, [subject.__class__(0, subject.span, "", ""), subject.__class__(0, subject.pair, "", "")], [0, 2])
+    k = items.index(subject)
+    np.testing.assert_allclose(feats[:, k, :width], alone[:, 0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(feats[:, k, width:], alone[:, 1], rtol=1e-5, atol=1e-6)
