@@ -21,6 +21,9 @@ $(STAMP): $(CORE)
 	# lxt (AttnLRP's reference, tests/test_relevance_rules.py) without its requirements:
 	# bitsandbytes / open_clip_torch / torchvision would replace the pinned torch
 	$(BIN)/python -m pip install --quiet --no-deps lxt==2.1
+	# steering-vectors (contrastive activation addition's oracle, tests/test_inside_steering.py)
+	# without its requirements: it declares transformers<5, yet runs on transformers 5 as tested
+	$(BIN)/python -m pip install --quiet --no-deps steering-vectors==0.12.2
 	touch $(STAMP)
 
 demo: $(CORE)  ## set up heedful alone, assemble the default model on first use (seconds), explain a sentence

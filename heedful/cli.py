@@ -26,6 +26,7 @@ from heedful.commands import counterfactual as counterfactual_command
 from heedful.commands import heads as heads_command
 from heedful.commands import info as info_command
 from heedful.commands import interest as interest_command
+from heedful.commands import probe as probe_command
 from heedful.commands import rectify as rectify_command
 from heedful.commands import reproduce as reproduce_command
 from heedful.commands import serve as serve_command
@@ -484,6 +485,7 @@ app.add_typer(bench_command.app, name="bench")
 app.add_typer(interest_command.app, name="interest")
 app.command("heads")(heads_command.heads)
 app.command("info")(info_command.info)
+app.command("probe")(probe_command.probe)
 app.command("reproduce")(reproduce_command.reproduce)
 app.command("rectify")(rectify_command.rectify)
 app.command("steer")(steer_command.steer)
