@@ -40,6 +40,7 @@ from heedful.commands.console import (
     progress,
     read_text_file,
 )
+from heedful.commands.interrupts import noticing
 from heedful.commands.options import options
 from heedful.errors import HeedfulError, did_you_mean
 from heedful.memory import parse_memory
@@ -485,7 +486,7 @@ def main() -> None:
         raise SystemExit(2)
     bars.configure(mode)
     sys.argv[1:] = _progress_flags_first(sys.argv[1:])
-    with warnings.catch_warnings(record=True) as caught, reporting(bars):
+    with warnings.catch_warnings(record=True) as caught, reporting(bars), noticing() as interrupts:
         warnings.simplefilter("always")
         try:
             code = app(standalone_mode=False)
@@ -505,10 +506,12 @@ def main() -> None:
             where = f" {exc.filename}" if exc.filename else ""
             _fail(caught, f"{exc.strerror or exc}{where}", "check the path and its permissions")
         except (KeyboardInterrupt, typer.Abort):
-            err.print("[yellow]interrupted[/]")
+            interrupts.say()
             raise SystemExit(130) from None
         finally:
             _flush_warnings(caught)
+    if code == 130 and interrupts.received:  # typer turned the KeyboardInterrupt into a bare exit code
+        interrupts.say()
     if isinstance(code, int) and code:
         raise SystemExit(code)
 

@@ -29,6 +29,7 @@ from heedful.adapters.needs import NEEDS, refusal
 from heedful.adapters.roles import BlockRoles, HeadRoles, LRPRoles, ModelRoles, NormSite
 from heedful.batch import Batch
 from heedful.errors import Hint, InputError, UnsupportedModelError, did_you_mean
+from heedful.interrupt import interruptible
 from heedful.memory import (
     FORWARD,
     Fit,
@@ -974,7 +975,7 @@ class ModelAdapter:
     def grad(self, output: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
         """``d sum(output) / d inputs`` (one backward pass over ``output.shape[0]`` sequences)."""
         self.counter.backward += output.shape[0]
-        (g,) = torch.autograd.grad(output.sum(), inputs)
+        (g,) = torch.autograd.grad(interruptible(output.sum()), inputs)  # Ctrl-C lands mid-pass
         return g
 
 
