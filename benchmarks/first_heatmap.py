@@ -65,12 +65,12 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "first_heatmap.md")
     args = parser.parse_args()
 
+    revision = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     rows = []
     with tempfile.TemporaryDirectory(prefix="heedful-first-") as tmp:
         for installer in args.installer or ["uv"]:
             rows.append(one_run(installer, args.fresh_home, args.python, Path(tmp)))
             print(rows[-1], file=sys.stderr)
-    revision = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     lines = [
         "# The first heatmap after a fresh clone",
         "",

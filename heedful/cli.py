@@ -508,6 +508,13 @@ def main() -> None:
         except (KeyboardInterrupt, typer.Abort):
             interrupts.say()
             raise SystemExit(130) from None
+        except Exception:
+            if not interrupts.received:
+                raise
+            # the interrupt, wrapped: Python 3.11 turns a KeyboardInterrupt raised while a class
+            # is made (a dataclass field's __set_name__, mid-import) into a RuntimeError
+            interrupts.say()
+            raise SystemExit(130) from None
         finally:
             _flush_warnings(caught)
     if code == 130 and interrupts.received:  # typer turned the KeyboardInterrupt into a bare exit code

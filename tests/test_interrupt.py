@@ -103,3 +103,29 @@ def test_heedful_explain_stopped_by_sigint_says_so_and_exits_130(tmp_path):
     text = err.read_text()
     assert "Traceback" not in text, text[-2000:]
     assert text.rstrip().splitlines()[-1] == "interrupted (Ctrl-C): stopped before the end; nothing more was written"
+
+
+class _InterruptedWhileMade:
+    """A class attribute whose ``__set_name__`` receives Ctrl-C, as a dataclass field of a
+    module imported when Ctrl-C came: Python 3.11 wraps that KeyboardInterrupt in a RuntimeError."""
+
+    def __set_name__(self, owner, name):
+        signal.raise_signal(signal.SIGINT)
+
+
+@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="signals reach the main thread only")
+def test_an_interrupt_wrapped_by_python_still_exits_130_with_the_line(monkeypatch, capsys):
+    """Ctrl-C while a module is imported (a class being made) reaches the command line as a
+    RuntimeError: it is still an interrupt -- the line and exit 130, no traceback."""
+    from conftest import run_cli
+
+    from heedful import cli
+
+    def loading(*args, **kwargs):
+        class Roles:  # noqa: F841  (made as a module's class would be, mid-import)
+            field = _InterruptedWhileMade()
+
+    monkeypatch.setattr(cli, "load_model", loading)
+    code, _, err = run_cli(monkeypatch, capsys, "explain", "a charming journey")
+    assert code == 130
+    assert err.rstrip().splitlines()[-1] == "interrupted (Ctrl-C): stopped before the end; nothing more was written"
