@@ -66,14 +66,14 @@ def test_a_ctrl_c_lands_during_the_backward_pass():
 def test_the_adapters_backward_enters_python_at_every_node(tiny, monkeypatch):
     """Every gradient method's backward (``ModelAdapter.grad``) runs the interrupt check at each
     node of the graph; the scores are those of a plain backward."""
-    import heedful.adapters.base as base
+    import heedful.adapters.passes as passes
 
     calls = []
     monkeypatch.setattr(interrupt, "_check", lambda grads: calls.append(1))
     model = tiny("bert")
     hooked = model.explain("a charming and often affecting journey", "integrated_gradients", n_steps=8)
     assert len(calls) > 20  # one per node: embeddings, every layer's products, the head
-    monkeypatch.setattr(base, "interruptible", lambda output: output)
+    monkeypatch.setattr(passes, "interruptible", lambda output: output)
     plain = model.explain("a charming and often affecting journey", "integrated_gradients", n_steps=8)
     assert hooked.scores.tolist() == plain.scores.tolist()
 
