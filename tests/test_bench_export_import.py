@@ -38,10 +38,10 @@ from heedful.evaluate import (
     from_records,
     get_protocol,
 )
+from heedful.evaluate.alignment import AlignmentError
 from heedful.evaluate.bench import BenchSpec, run_bench
 from heedful.evaluate.bench_import import ImportSpec, run_import
 from heedful.evaluate.export import COLUMNS, arrow_schema, distinct_runs
-from heedful.evaluate.imports import AlignmentError
 from heedful.fingerprint import model_fingerprint
 
 ROWS = [

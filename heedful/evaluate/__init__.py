@@ -21,11 +21,11 @@
   and scores them beside heedful's methods, :mod:`heedful.evaluate.bench_import`).
 """
 
+from heedful.evaluate.alignment import AlignmentError
 from heedful.evaluate.evaluation import MetricResult, ModelInput, evaluate, model_inputs
 from heedful.evaluate.export import export_store
 from heedful.evaluate.generation import GenerationFaithfulness, generation_faithfulness
 from heedful.evaluate.imports import (
-    AlignmentError,
     from_captum,
     from_inseq,
     from_json,

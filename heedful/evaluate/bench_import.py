@@ -39,6 +39,7 @@ from heedful.datasets.examples import Dataset, Example
 from heedful.engine.options import canonical_json
 from heedful.engine.targets import Target
 from heedful.errors import HeedfulError, InputError
+from heedful.evaluate.alignment import align
 from heedful.evaluate.bench import (
     BenchResult,
     BenchSpec,
@@ -56,9 +57,8 @@ from heedful.evaluate.bench import (
 )
 from heedful.evaluate.evaluation import ModelInput, check_metric, gold_class_index
 from heedful.evaluate.export import IMPORTED_OPTION
-from heedful.evaluate.imports import (
+from heedful.evaluate.imported_records import (
     Record,
-    align,
     captum_records,
     inseq_records,
     read_csv,
@@ -396,7 +396,7 @@ def run_import(spec: ImportSpec, console=None, progress: bool = True) -> BenchRe
         if older is not None:
             notes.append(older.describe(name).replace("recomputed", "imported again"))
         left = {item.id for item in todo} - {e.details["example_id"] for e in explanations}
-        if left:  # generated steps whose tokens no text encodes to (see heedful.evaluate.imports.Record.optional)
+        if left:  # generated steps whose tokens no text encodes to (see heedful.evaluate.imported_records.Record.optional)
             notes.append(f"{name}: {len(left)} generation steps left out: their tokens are not how the model encodes their text")
             inputs = [i for i in inputs if i.id not in left]
             if not inputs:
