@@ -18,6 +18,7 @@ from typing import Annotated, Literal
 import numpy as np
 import torch
 
+from heedful.attribution.gradient import gradient_reference
 from heedful.engine.options import AT_LEAST_ONE, NON_NEGATIVE, OPEN_UNIT, RUNTIME, Range
 from heedful.engine.perturb import removable_positions
 from heedful.engine.problem import Problem
@@ -225,6 +226,7 @@ def _below_refined(pooled: torch.Tensor, refined: torch.Tensor, exact: torch.Ten
     spans=True,
     needs_sources=True,
     version=3,
+    reference=gradient_reference,  # the default coarse method's backward runs through it: no second forward
 )
 @torch.no_grad()
 def hierarchical(
