@@ -4,7 +4,7 @@ computed of each (the same hook as the context benchmark), and whether their top
 One JSON line per document, written as soon as it is done (a loaded machine may stop a run
 early; the ratio of two back-to-back calls stays meaningful under load).
 
-    python benchmarks/hierarchical_speed.py --length 512 --docs 10 [--first 0] [--keep 3] [--threads 1] > out.jsonl
+    python benchmarks/hierarchical_speed.py --length 512 --docs 10 [--first 0] [--keep K] [--threads 1] > out.jsonl
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--length", type=int, default=512)
     parser.add_argument("--docs", type=int, default=10)
     parser.add_argument("--first", type=int, default=0, help="skip this many documents")
-    parser.add_argument("--keep", type=int, default=3)
+    parser.add_argument("--keep", type=int, default=None, help="hierarchical's keep (default: its own)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--max-memory", default="4GB")
     parser.add_argument("--seed", type=int, default=0)
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     for i, ex in enumerate(list(data)[args.first :], start=args.first):
         spans = [tuple(s) for s in ex.meta["sources"]]
         row: dict = {"doc": i, "length": args.length, "sources": len(spans), "planted": ex.meta["answer_source"]}
-        for label, method, options in (("loo", "source_loo", {}), ("hier", "hierarchical", {"keep": args.keep})):
+        for label, method, options in (("loo", "source_loo", {}), ("hier", "hierarchical", {} if args.keep is None else {"keep": args.keep})):
             positions[0] = 0
             began = time.perf_counter()
             e = lm.explain(ex.text, method, target=ex.target, sources=spans, **options)
