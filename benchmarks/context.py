@@ -21,7 +21,7 @@ long documents of 512 to 4,096 tokens, in one run.
    accuracy only, and the other configurations run there with ``--all-long``.
 4. Agreement with exact LOO: Spearman correlation of the source scores and whether the top
    source is the same; planted accuracy: whether the planted sentence is the top (top-3)
-   source. Hierarchical ranks sources by the summed token scores of the sources it kept.
+   source. Hierarchical ranks its kept sources by exact LOO and the rest below them by their coarse scores.
    Beside it, what Spearman over all sources is made of: how many sources each configuration
    scores other than exactly zero (a Lasso leaves many at zero, tied) and its Spearman with
    exact LOO over those alone, and how far exact LOO's planted source stands above the rest.

@@ -645,7 +645,7 @@ ORACLES: dict[str, tuple[str, ...]] = {
     "tdd": ("test_perturbation_tdd.py::test_tdd_matches_the_reference_on_gpt2",),
     # context
     "context_cite": ("test_context.py::test_context_cite_with_every_mask_equals_an_exact_least_squares_fit",),
-    "hierarchical": ("test_context.py::test_hierarchical_refines_only_the_top_sources_with_token_leave_one_out",),
+    "hierarchical": ("test_context.py::test_hierarchical_leaves_out_the_top_sources_exactly_and_ranks_the_rest_below_them",),
     "source_loo": ("test_context.py::test_source_loo_with_and_without_the_cache_equals_removing_each_source_by_hand",),
     # baseline
     "random": ("test_oracles.py::test_random_scores_are_uniform_and_seeded_per_text",),

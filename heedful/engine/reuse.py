@@ -5,7 +5,8 @@ passes start from the example's key/value cache there and compute only the rest.
 This is AttriBoT's exact cache reuse (Liu et al. 2024, "AttriBoT: A Bag of Tricks for
 Efficiently Approximating Leave-One-Out Context Attribution", Sec. 3.1): removing a late source
 costs only the tokens after it. The example's cache comes from one pass
-(:meth:`~heedful.adapters.ModelAdapter.prefix_states`); rows are sorted by where they start
+(:meth:`~heedful.adapters.ModelAdapter.prefix_states`) over the positions up to the latest
+copy's start; rows are sorted by where they start
 differing and cut into chunks that share the shortest prefix of their rows (each row recomputes
 its own few extra positions after it), under the runner's token budget and the memory budget
 left beside the examples' cache (a copy whose continuing pass would not fit it even alone runs
@@ -162,7 +163,10 @@ def _reused(
     adapter, batch = problem.adapter, problem.batch
     target = problem.target.select(example).with_anchor(perturbed.anchor)
     lengths = perturbed.attention_mask.sum(dim=1)
-    states = adapter.prefix_states(batch)
+    # no copy continues past the latest start: the cache's pass stops there (hierarchical keeps a
+    # few sources, often early ones, and saves much of a full pass)
+    needed = max(int(start.max()), 1)
+    states = adapter.prefix_states(batch.with_ids(batch.input_ids[:, :needed], batch.attention_mask[:, :needed]))
     values = torch.zeros(len(example), device="cpu")  # collected on the CPU (each chunk's .cpu())
     budget = TOKEN_BUDGET if rows is None else None
     chunks = prefix_chunks(start, lengths, budget or 1 << 62, fits)
