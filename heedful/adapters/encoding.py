@@ -14,6 +14,21 @@ from heedful.engine.readable import readable_tokens
 from heedful.errors import Hint, InputError, did_you_mean
 
 
+def check_lengths(encoded: Sequence[Sequence[int]], limit: int, truncation: bool) -> list[int]:
+    """The texts whose untruncated ids ``encoded`` pass ``limit`` tokens: refused in one line
+    without ``truncation``, else truncated with a warning."""
+    lengths = [len(ids) for ids in encoded]
+    too_long = [i for i, n in enumerate(lengths) if n > limit]
+    if too_long and not truncation:
+        raise InputError(
+            f"text {too_long[0]} has {lengths[too_long[0]]} tokens; the model accepts at most {limit}",
+            hint=Hint("shorten the text, or allow truncation (truncation=True)", "shorten the text, or allow truncation (drop --no-truncate)"),
+        )
+    if too_long:
+        warnings.warn(f"{len(too_long)} text(s) longer than {limit} tokens were truncated", stacklevel=4)
+    return too_long
+
+
 class Encoding:
     """The tokenizer side of :class:`~heedful.adapters.ModelAdapter` (mixed into it): reads its
     ``tokenizer``, ``task`` and config, and the family's ``is_decoder`` and ``token_types``."""
@@ -115,18 +130,7 @@ class Encoding:
             raise InputError("either every text has a pair or none does")
 
         args = (texts, pairs) if has_pairs else (texts,)
-        lengths = [len(ids) for ids in self.tokenizer(*args, truncation=False)["input_ids"]]
-        too_long = [i for i, n in enumerate(lengths) if n > limit]
-        if too_long and not truncation:
-            raise InputError(
-                f"text {too_long[0]} has {lengths[too_long[0]]} tokens; the model accepts at most {limit}",
-                hint=Hint("shorten the text, or allow truncation (truncation=True)", "shorten the text, or allow truncation (drop --no-truncate)"),
-            )
-        if too_long:
-            warnings.warn(
-                f"{len(too_long)} text(s) longer than {limit} tokens were truncated",
-                stacklevel=2,
-            )
+        too_long = check_lengths(self.tokenizer(*args, truncation=False)["input_ids"], limit, truncation)
         enc = self.tokenizer(
             *args,
             padding=True,
@@ -241,23 +245,29 @@ class Encoding:
                 )
             return folded[value.lower()]
         if self.task in ("masked_lm", "causal_lm"):
-            if isinstance(value, int):
-                vocab = getattr(self.config, "vocab_size", None)
-                if value < 0 or (vocab is not None and value >= vocab):
-                    raise InputError(
-                        f"token id {value} is out of range for a vocabulary of {vocab} tokens",
-                        hint="give a token id in 0..vocab_size-1, or the token itself as a string",
-                    )
-                return value
-            ids = self.tokenizer(value, add_special_tokens=False)["input_ids"]
-            if len(ids) != 1:
-                pieces = self.tokenizer.convert_ids_to_tokens(ids)
-                raise InputError(
-                    f"target {value!r} is {len(ids)} tokens ({pieces}); a token target must be one token",
-                    hint="give a single token (for next-token targets include its leading space, e.g. ' Paris')",
-                )
-            return int(ids[0])
+            return self.token_column(
+                value, "give a single token (for next-token targets include its leading space, e.g. ' Paris')"
+            )
         raise InputError(f"a {self.task} model has no classes to choose from")
+
+    def token_column(self, value: int | str, several: str) -> int:
+        """The vocabulary column of a token target: an id in range, or a string that tokenizes
+        (as a continuation) to one token; ``several`` is the hint when it is more."""
+        if isinstance(value, int):
+            vocab = getattr(self.config, "vocab_size", None)
+            if value < 0 or (vocab is not None and value >= vocab):
+                raise InputError(
+                    f"token id {value} is out of range for a vocabulary of {vocab} tokens",
+                    hint="give a token id in 0..vocab_size-1, or the token itself as a string",
+                )
+            return value
+        ids = self.continuation_ids(value)
+        if len(ids) != 1:
+            pieces = self.tokenizer.convert_ids_to_tokens(ids)
+            raise InputError(
+                f"target {value!r} is {len(ids)} tokens ({pieces}); a token target must be one token", hint=several
+            )
+        return int(ids[0])
 
     def output_name(self, index: int) -> str:
         """The name of output column ``index`` as people read it: a class label, ``"value"``, or

@@ -11,14 +11,14 @@ looked for from where the last one ended). A token opens a new word where its pi
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
 
+from heedful.adapters.encoding import check_lengths
 from heedful.engine.batch import Batch
-from heedful.errors import Hint, InputError
+from heedful.errors import InputError
 
 if TYPE_CHECKING:
     from heedful.adapters.base import ModelAdapter
@@ -61,15 +61,7 @@ def encode_pieces(adapter: ModelAdapter, texts: list[str], truncation: bool, lim
         if not isinstance(text, str) or not text.strip():
             raise InputError(f"text {i} is empty" if len(texts) > 1 else "the text is empty", hint="give a text with at least one word")
     tokenizer = adapter.tokenizer
-    lengths = [len(ids) for ids in tokenizer(texts, truncation=False)["input_ids"]]
-    too_long = [i for i, n in enumerate(lengths) if n > limit]
-    if too_long and not truncation:
-        raise InputError(
-            f"text {too_long[0]} has {lengths[too_long[0]]} tokens; the model accepts at most {limit}",
-            hint=Hint("shorten the text, or allow truncation (truncation=True)", "shorten the text, or allow truncation (drop --no-truncate)"),
-        )
-    if too_long:
-        warnings.warn(f"{len(too_long)} text(s) longer than {limit} tokens were truncated", stacklevel=3)
+    too_long = check_lengths(tokenizer(texts, truncation=False)["input_ids"], limit, truncation)
     encoded = tokenizer(texts, truncation=True, max_length=limit)["input_ids"]
     specials = set(tokenizer.all_special_ids)
     width = max(len(ids) for ids in encoded)

@@ -226,22 +226,7 @@ class Seq2SeqAdapter(GenericAdapter):
 
     def output_index(self, value: int | str) -> int:
         """The vocabulary column of a target token (an id, or a string of one target token)."""
-        if isinstance(value, int):
-            vocab = getattr(self.config, "vocab_size", None)
-            if value < 0 or (vocab is not None and value >= vocab):
-                raise InputError(
-                    f"token id {value} is out of range for a vocabulary of {vocab} tokens",
-                    hint="give a token id in 0..vocab_size-1, or the token itself as a string",
-                )
-            return value
-        ids = self.continuation_ids(value)
-        if len(ids) != 1:
-            pieces = self.tokenizer.convert_ids_to_tokens(ids)
-            raise InputError(
-                f"target {value!r} is {len(ids)} tokens ({pieces}); a token target must be one token",
-                hint="give a single token, or the whole output as a span",
-            )
-        return int(ids[0])
+        return self.token_column(value, "give a single token, or the whole output as a span")
 
     def _check_roles(self) -> None:
         if self.task != SEQ2SEQ_TASK:
