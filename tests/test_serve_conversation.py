@@ -93,3 +93,14 @@ def test_bad_conversations_are_one_line(client, body, status, says):
     assert done.status_code == status, done.text
     found = done.json()
     assert says in found["error"] and "\n" not in found["error"] and found["hint"], found
+
+
+def test_long_work_is_asked_about_until_confirmed(client, monkeypatch):
+    from heedful.engine import workload
+
+    monkeypatch.setattr(workload, "LONG_SECONDS", 0.0)
+    body = {"messages": CONVERSATION, "answer": PLANTED}
+    asked = client.post("/api/conversation", json=body)
+    assert asked.status_code == 409, asked.text
+    assert asked.json()["error"].startswith("this request will take about ") and asked.json()["estimate"]["forward"] >= 1
+    assert client.post("/api/conversation", json={**body, "confirm": True}).status_code == 200

@@ -232,17 +232,19 @@ class Server:
         return [{"role": m.role, "content": m.content} for m in messages]
 
     def _conversation_job(self, body: ConversationBody) -> Job:
-        from heedful.serve.conversation import explain_conversation
+        from heedful.serve.conversation import check_chat_model, explain_conversation, split_answer
 
         name = self.catalog.check(body.model)
-        messages = self.check_messages(body.messages)
+        turns, answer, origin = split_answer(self.check_messages(body.messages), body.answer)
         new_tokens = self.settings.max_new_tokens if body.max_new_tokens is None else self.check_new_tokens(body.max_new_tokens)
         options = {body.method: body.options} if body.options else {}
         runs = self.bind(name, [body.method], options)
 
         def run(model: Model, report: Callable[[str], None]) -> dict[str, Any]:
             (info, bound), = runs or bind_methods([body.method], options, model.task, self.settings)
-            return explain_conversation(model, messages, body.answer, info, bound, new_tokens, report)
+            check_chat_model(model)
+            ask(body, model.estimate(turns, info.name, **bound))
+            return explain_conversation(model, turns, answer, origin, info, bound, new_tokens, report)
 
         return self._submit("conversation", name, 2, run)
 

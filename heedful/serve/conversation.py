@@ -48,6 +48,14 @@ def shares(scores: Sequence[float]) -> np.ndarray:
     return values / total if total > 0 else np.zeros_like(values)
 
 
+def check_chat_model(model: Model) -> None:
+    if model.task != "causal_lm":
+        raise InputError(
+            f"{model.name} is a {model.task} model; a conversation needs a chat (causal language) model",
+            hint="pick a language model with a chat template (task causal_lm in GET /api/models)",
+        )
+
+
 def generated_answer(model: Model, messages: Messages, max_new_tokens: int) -> str:
     """What the model writes after the conversation (greedy, up to its end of sequence)."""
     generation = model.generate([messages], max_new_tokens)
@@ -62,23 +70,20 @@ def generated_answer(model: Model, messages: Messages, max_new_tokens: int) -> s
 
 def explain_conversation(
     model: Model,
-    messages: Messages,
+    turns: Messages,
     answer: str | None,
+    origin: str,
     info: MethodInfo,
     options: dict[str, Any],
     max_new_tokens: int,
     report: Report,
 ) -> dict[str, Any]:
-    """Every turn of ``messages`` with its score and share for the assistant's ``answer``
-    (see :func:`split_answer`), with ``info``'s method over the turns as sources."""
+    """Every turn of ``turns`` with its score and share for the assistant's ``answer`` (``None``:
+    the model writes it), with ``info``'s method over the turns as sources; ``turns``,
+    ``answer`` and ``origin`` as :func:`split_answer` gives them."""
     from heedful.serve.compute import number, numbers
 
-    if model.task != "causal_lm":
-        raise InputError(
-            f"{model.name} is a {model.task} model; a conversation needs a chat (causal language) model",
-            hint="pick a language model with a chat template (task causal_lm in GET /api/models)",
-        )
-    turns, answer, origin = split_answer(messages, answer)
+    check_chat_model(model)
     if answer is None:
         report("writing the assistant's answer")
         answer = generated_answer(model, turns, max_new_tokens)
