@@ -221,3 +221,11 @@ def test_serve_hub_flags_that_cannot_apply_are_one_line(tmp_path, args, says):
     assert done.returncode == 2, done.stderr[-2000:]
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 2 and says in lines[0] and "Traceback" not in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(("repo", "names"), [("tiny/pickled", "--allow-pickle"), ("tiny/custom-code", "--trust-remote-code")])
+def test_serve_refuses_what_cannot_load_safely_in_one_line(hub, tmp_path, repo, names):
+    done = _run(["serve", "--model", repo, "--port", str(_free_port())], tmp_path / "hf", hub.url, cli=True)
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 2 and names in lines[1] and "Traceback" not in done.stderr, done.stderr
