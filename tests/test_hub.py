@@ -229,3 +229,11 @@ def test_serve_refuses_what_cannot_load_safely_in_one_line(hub, tmp_path, repo, 
     assert done.returncode == 2, done.stderr[-2000:]
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 2 and names in lines[1] and "Traceback" not in done.stderr, done.stderr
+
+
+def test_serve_passes_allow_pickle_to_the_hub_path(hub, tmp_path):
+    done = _run(["serve", "--model", "tiny/pickled", "--allow-pickle", "--port", str(_free_port())], tmp_path / "hf", hub.url, cli=True)
+    # allowed, the pickle is downloaded and handed to transformers (which finds no model in it)
+    assert done.returncode == 2 and "cannot load the weights of tiny/pickled" in done.stderr, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    assert any(r.endswith("/pytorch_model.bin") for r in hub.requests if r.startswith("GET"))
