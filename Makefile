@@ -9,10 +9,25 @@ CORE   := $(VENV)/.heedful-core
 
 # heedful and torch alone: all `make demo` needs (the extras below are for tests, serving, benchmarks).
 PIN    := -c constraints.txt
+CORE_PACKAGES := torch==2.13.0 -e .
 
+# uv (from PyPI) installs torch and the rest in seconds where pip takes minutes
+# (benchmarks/results/first_heatmap.md): the uv on the PATH, else one pip installs into the venv;
+# pip alone where uv cannot be had or fails, or with INSTALLER=pip. uv reads pip's find-links (a
+# folder of local wheels, such as a CPU torch) from UV_FIND_LINKS, filled in from
+# PIP_FIND_LINKS or pip's configuration when unset.
+INSTALLER ?= uv
 $(CORE): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet $(PIN) torch==2.13.0 -e .
+	@uv=; if [ "$(INSTALLER)" = uv ]; then uv=$$(command -v uv || true); \
+	if [ -z "$$uv" ] && $(BIN)/python -m pip install --quiet uv >/dev/null 2>&1; then uv=$(BIN)/uv; fi; fi; \
+	links=$${UV_FIND_LINKS:-$${PIP_FIND_LINKS:-$$($(BIN)/python -m pip config get global.find-links 2>/dev/null || true)}}; \
+	if [ -n "$$uv" ] && env $${links:+UV_FIND_LINKS="$$links"} "$$uv" pip install --quiet --python $(BIN)/python $(PIN) $(CORE_PACKAGES); then \
+		echo "installed with uv ($$uv)"; \
+	else \
+		echo "installing with pip$${uv:+ (uv failed)}"; \
+		$(BIN)/python -m pip install --quiet $(PIN) $(CORE_PACKAGES); \
+	fi
 	touch $(CORE)
 
 $(STAMP): $(CORE)
@@ -21,6 +36,9 @@ $(STAMP): $(CORE)
 	# lxt (AttnLRP's reference, tests/test_relevance_rules.py) without its requirements:
 	# bitsandbytes / open_clip_torch / torchvision would replace the pinned torch
 	$(BIN)/python -m pip install --quiet --no-deps lxt==2.1
+	# steering-vectors (contrastive activation addition's oracle, tests/test_inside_steering.py)
+	# without its requirements: it declares transformers<5, yet runs on transformers 5 as tested
+	$(BIN)/python -m pip install --quiet --no-deps steering-vectors==0.12.2
 	touch $(STAMP)
 
 demo: $(CORE)  ## set up heedful alone, assemble the default model on first use (seconds), explain a sentence

@@ -7,7 +7,11 @@ which is what the ``heedful`` script runs. One untimed run of each warms the dis
 median of ``--runs`` timed runs is reported (the targets: ``--help`` <= 0.5 s, ``methods``
 <= 1 s, ``explain`` <= 3 s). With ``--baseline REF`` the same commands also run on the checkout
 of commit REF (extracted with ``git archive`` into a temporary folder), interleaved run by run
-so that the machine's load falls on both sides alike.
+so that the machine's load falls on both sides alike. Each run's CPU seconds (user + system, of the
+process and its children) are reported beside its wall time: on a shared machine the wall time
+waits for the cores, the CPU time is the work. A second table splits ``explain`` into its phases
+(interpreter, the command line's imports, torch, transformers' model code, heedful's loading
+code, loading the model, explaining, rendering), measured the same way in fresh processes.
 
     python benchmarks/startup.py                       # -> benchmarks/results/startup.md
     python benchmarks/startup.py --baseline ef4f6a2    # before / after
@@ -17,8 +21,10 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -38,16 +44,56 @@ COMMANDS: dict[str, tuple[list[str], float | None]] = {
 """Name -> (the interpreter's arguments, target seconds)."""
 
 
-def run_once(args: list[str], checkout: Path) -> float:
-    """Wall seconds of one fresh ``python ARGS`` with ``checkout`` first on the path (stdout and
-    stderr to a pipe, as when piped; a failing command stops the benchmark)."""
+def _children_cpu() -> float:
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
+def run_once(args: list[str], checkout: Path) -> tuple[float, float]:
+    """Wall and CPU seconds of one fresh ``python ARGS`` with ``checkout`` first on the path
+    (stdout and stderr to a pipe, as when piped; a failing command stops the benchmark)."""
     env = {**os.environ, "PYTHONPATH": str(checkout), "COLUMNS": "100"}
+    cpu = _children_cpu()
     began = time.perf_counter()
     done = subprocess.run([sys.executable, *args], cwd=checkout, env=env, capture_output=True, text=True)
     elapsed = time.perf_counter() - began
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(args)} failed in {checkout}:\n{done.stderr[-2000:]}")
-    return elapsed
+    return elapsed, _children_cpu() - cpu
+
+
+PHASES = f"""
+import io, json, time
+marks = [("interpreter start-up", None)]
+began = (time.process_time(), time.perf_counter())
+def mark(name):
+    marks.append((name, (time.process_time(), time.perf_counter())))
+import heedful.cli; mark("the command line (typer, rich, heedful.cli)")
+import torch; mark("import torch")
+import transformers.modeling_utils; mark("transformers' model code (modeling_utils)")
+import heedful.loading; mark("heedful's loading code (adapters, model)")
+model = heedful.load("minilm-sentiment", progress=False); mark("loading the model (config, weights, tokenizer)")
+expl = model.explain({TEXT!r}); mark("explaining (NormXLogit)")
+from rich.console import Console
+from heedful.render.terminal import heatmap_text
+Console(file=io.StringIO(), width=100).print(heatmap_text(expl)); mark("rendering the heatmap")
+last, out = began, []
+for name, at in marks[1:]:
+    out.append((name, at[0] - last[0], at[1] - last[1])); last = at
+print(json.dumps(out))
+"""
+"""Run in a fresh process: ``[(phase, CPU s, wall s)]`` of ``heedful explain``'s work."""
+
+
+def phases(checkout: Path) -> list[tuple[str, float, float]]:
+    """One fresh process through :data:`PHASES`, with the interpreter's own start-up (wall and
+    CPU of ``python -c pass``) as the first phase."""
+    env = {**os.environ, "PYTHONPATH": str(checkout)}
+    bare_wall, bare_cpu = run_once(["-c", "pass"], checkout)
+    done = subprocess.run([sys.executable, "-c", PHASES], cwd=checkout, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"the phases of explain failed:\n{done.stderr[-2000:]}")
+    return [("interpreter start-up", bare_cpu, bare_wall), *(tuple(p) for p in json.loads(done.stdout.splitlines()[-1]))]
 
 
 def extract(ref: str, into: Path) -> Path:
@@ -76,16 +122,20 @@ def main() -> int:
         if args.baseline:
             sides = {f"before ({args.baseline})": extract(args.baseline, Path(tmp)), **sides}
         times: dict[tuple[str, str], list[float]] = {}
+        cpus: dict[tuple[str, str], list[float]] = {}
         for name, (command, _) in COMMANDS.items():
             for checkout in sides.values():
                 run_once(command, checkout)  # warm-up: disk cache, built model, compiled bytecode
             for _ in range(args.runs):
                 for side, checkout in sides.items():
-                    times.setdefault((name, side), []).append(run_once(command, checkout))
+                    wall, cpu = run_once(command, checkout)
+                    times.setdefault((name, side), []).append(wall)
+                    cpus.setdefault((name, side), []).append(cpu)
             print(name, {side: fmt_s(statistics.median(times[name, side])) for side in sides}, file=sys.stderr)
+        split = [phases(ROOT) for _ in range(args.runs)]
     loads.append(os.getloadavg()[0])
 
-    header = "| command | " + " | ".join(f"{side}: median (min-max)" for side in sides) + " | target |"
+    header = "| command | " + " | ".join(f"{side}: median (min-max) | CPU" for side in sides) + " | target |"
     lines = [
         "# Start-up of the command line",
         "",
@@ -94,15 +144,28 @@ def main() -> int:
         f'`explain` runs the zoo model `minilm-sentiment` (built) with NormXLogit on "{TEXT}" and prints the heatmap.',
         "",
         header,
-        "|---|" + "---:|" * len(sides) + "---:|",
+        "|---|" + "---:|---:|" * len(sides) + "---:|",
     ]
     for name, (_, target) in COMMANDS.items():
         cells = []
         for side in sides:
             found = times[name, side]
-            cells.append(f"{fmt_s(statistics.median(found))} ({fmt_s(min(found))}-{fmt_s(max(found))})")
+            cells.append(f"{fmt_s(statistics.median(found))} ({fmt_s(min(found))}-{fmt_s(max(found))}) | {fmt_s(statistics.median(cpus[name, side]))}")
         lines.append(f"| `{name}` | " + " | ".join(cells) + f" | {'-' if target is None else f'<= {target:g} s'} |")
+    names = [name for name, _, _ in split[0]]
     lines += [
+        "",
+        f"Where `heedful explain` spends its time (this checkout; each phase in a fresh process, median of {args.runs}; "
+        "CPU: user + system seconds of the process):",
+        "",
+        "| phase | CPU | wall |",
+        "|---|---:|---:|",
+        *(
+            f"| {name} | {fmt_s(statistics.median(run[i][1] for run in split))} | {fmt_s(statistics.median(run[i][2] for run in split))} |"
+            for i, name in enumerate(names)
+        ),
+        f"| all | {fmt_s(statistics.median(sum(p[1] for p in run) for run in split))} | "
+        f"{fmt_s(statistics.median(sum(p[2] for p in run) for run in split))} |",
         "",
         command_line(),
         f"- date: {dt.datetime.now().astimezone().isoformat(timespec='seconds')}",

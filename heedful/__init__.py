@@ -31,6 +31,7 @@ _LAZY: dict[str, str] = {
     "from_pretrained_objects": "heedful.loading",
     "load": "heedful.loading",
     "Model": "heedful.model",
+    "probe": "heedful.inside.probing",
     "Problem": "heedful.engine.problem",
     "prepare": "heedful.engine.problem",
     "MethodInfo": "heedful.registry",
@@ -45,7 +46,7 @@ _LAZY: dict[str, str] = {
 """Public name -> the module that defines it (imported when the name is first used)."""
 
 # Subpackages reached as attributes after ``import heedful`` (``heedful.datasets.load(...)``).
-_SUBPACKAGES = frozenset({"datasets", "evaluate", "render", "testing", "zoo"})
+_SUBPACKAGES = frozenset({"datasets", "evaluate", "inside", "render", "testing", "zoo"})
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
     from heedful.attribution import get_method, methods
@@ -63,6 +64,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     )
     from heedful.generation import Generation
     from heedful.generation_explanation import GenerationExplanation
+    from heedful.inside.probing import probe
     from heedful.inside.tracing import Trace, trace
     from heedful.loading import from_pretrained_objects, load
     from heedful.model import Model
@@ -113,6 +115,7 @@ __all__ = [
     "load",
     "methods",
     "prepare",
+    "probe",
     "register",
     "removal_drops",
     "trace",

@@ -26,6 +26,7 @@ from heedful.commands import counterfactual as counterfactual_command
 from heedful.commands import heads as heads_command
 from heedful.commands import info as info_command
 from heedful.commands import interest as interest_command
+from heedful.commands import probe as probe_command
 from heedful.commands import rectify as rectify_command
 from heedful.commands import reproduce as reproduce_command
 from heedful.commands import serve as serve_command
@@ -42,6 +43,7 @@ from heedful.commands.console import (
     progress,
     read_text_file,
 )
+from heedful.commands.interrupts import noticing
 from heedful.commands.options import options
 from heedful.engine.memory import parse_memory
 from heedful.errors import HeedfulError, InputError, did_you_mean
@@ -484,6 +486,7 @@ app.add_typer(bench_command.app, name="bench")
 app.add_typer(interest_command.app, name="interest")
 app.command("heads")(heads_command.heads)
 app.command("info")(info_command.info)
+app.command("probe")(probe_command.probe)
 app.command("reproduce")(reproduce_command.reproduce)
 app.command("rectify")(rectify_command.rectify)
 app.command("steer")(steer_command.steer)
@@ -509,7 +512,7 @@ def main() -> None:
         raise SystemExit(2)
     bars.configure(mode)
     sys.argv[1:] = _progress_flags_first(sys.argv[1:])
-    with warnings.catch_warnings(record=True) as caught, reporting(bars):
+    with warnings.catch_warnings(record=True) as caught, reporting(bars), noticing() as interrupts:
         warnings.simplefilter("always")
         try:
             code = app(standalone_mode=False)
@@ -529,10 +532,19 @@ def main() -> None:
             where = f" {exc.filename}" if exc.filename else ""
             _fail(caught, f"{exc.strerror or exc}{where}", "check the path and its permissions")
         except (KeyboardInterrupt, typer.Abort):
-            err.print("[yellow]interrupted[/]")
+            interrupts.say()
+            raise SystemExit(130) from None
+        except Exception:
+            if not interrupts.received:
+                raise
+            # the interrupt, wrapped: Python 3.11 turns a KeyboardInterrupt raised while a class
+            # is made (a dataclass field's __set_name__, mid-import) into a RuntimeError
+            interrupts.say()
             raise SystemExit(130) from None
         finally:
             _flush_warnings(caught)
+    if code == 130 and interrupts.received:  # typer turned the KeyboardInterrupt into a bare exit code
+        interrupts.say()
     if isinstance(code, int) and code:
         raise SystemExit(code)
 

@@ -224,6 +224,8 @@ TINY_FAMILIES: dict[str, TinyFamily] = {
         {**_SMALL, "use_parallel_residual": True, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}},
     ),
     "phi": TinyFamily("PhiConfig", {**_SMALL, "partial_rotary_factor": 0.5, "qk_layernorm": True}),
+    # rotary positions on half of each 8-wide head, as GPT-J-6B rotates 64 of 256
+    "gptj": TinyFamily("GPTJConfig", {"n_embd": 32, "n_layer": 2, "n_head": 4, "n_inner": 64, "n_positions": 64, "rotary_dim": 4}),
     "smollm3": TinyFamily("SmolLM3Config", {**_SMALL, "num_key_value_heads": 2, "no_rope_layer_interval": 2}),
     "stablelm": TinyFamily(
         "StableLmConfig",

@@ -555,6 +555,30 @@ def test_occlusion_refuses_a_stride_past_its_window_in_one_line():
     assert refused.value.hint and "\n" not in str(refused.value.message)
 
 
+# =========================================================================== windowed gradient norm
+
+
+def gradient_norm_window_oracle(one: Alone, window: int) -> np.ndarray:
+    """The L2 norm of ``d f / d e_j`` by ``torch.autograd`` on the raw model's forward from its
+    word embeddings, then for each token ``i`` the plain mean of those norms over the positions
+    ``i - (window - 1) // 2 .. i + window // 2`` that exist in the text."""
+    embeds = one.hf.get_input_embeddings()(one.ids).detach().requires_grad_(True)
+    with torch.enable_grad():
+        (grad,) = torch.autograd.grad(one.score(one.hf(inputs_embeds=embeds)), embeds)
+    norms = [float(torch.linalg.vector_norm(grad[0, j].double())) for j in range(one.n)]
+    scores = np.zeros(one.n)
+    for i in range(one.n):
+        held = [norms[j] for j in range(i - (window - 1) // 2, i + window // 2 + 1) if 0 <= j < one.n]
+        scores[i] = sum(held) / len(held)
+    return scores
+
+
+@pytest.mark.parametrize("window", [1, 2, 3, 5])
+@pytest.mark.parametrize(("family", "task"), [("bert", "classification"), ("bert", "masked_lm"), ("llama", "classification"), ("gpt2", "causal_lm")])
+def test_gradient_norm_window_equals_a_plain_loop_over_autograd_norms(family, task, window):
+    check_each(cached_model(family, task), "gradient_norm_window", functools.partial(gradient_norm_window_oracle, window=window), window=window)
+
+
 # =========================================================================== every method has one
 
 ORACLES: dict[str, tuple[str, ...]] = {
@@ -573,6 +597,7 @@ ORACLES: dict[str, tuple[str, ...]] = {
     # gradients: Captum, completeness, a loop over the same noise
     "grad_x_input": ("test_gradient_methods.py::test_saliency_and_grad_x_input_equal_captum",),
     "saliency": ("test_gradient_methods.py::test_saliency_and_grad_x_input_equal_captum",),
+    "gradient_norm_window": ("test_oracles.py::test_gradient_norm_window_equals_a_plain_loop_over_autograd_norms",),
     "integrated_gradients": (
         "test_gradient_methods.py::test_integrated_gradients_equal_captum",
         "test_gradient_methods.py::test_integrated_gradients_completeness",

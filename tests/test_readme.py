@@ -49,6 +49,10 @@ COMMANDS: dict[str, str] = {
     "heedful interest layers 'a charming and often affecting journey' --out layers.png": TINY,
     "heedful interest lambda-sweep 'a charming and often affecting journey' -w charming -w often --out lam.png": TINY,
     "heedful steer --prompt 'The impact of climate change has become more evident in recent years.' --suppress 'in recent years' --html steer.html": TINY,
+    "heedful probe --model minilm-sentiment --property number --mdl --amnesic 1 --plot number.png": TINY,
+    "heedful trace 'The capital of France is' --model smollm2-135m --corrupt France --target ' Paris'": TINY,
+    "heedful steer --model smollm2-135m --vector caa --positive 'I love this' --negative 'I hate this' --layer 6 --coefficient 4 --prompt 'The movie was'": TINY,
+    "heedful steer --model smollm2-135m --vector extract --sentence 'the taste is excellent!' --layer 6": TINY,
     "heedful bench --model smollm2-135m --dataset prompts.jsonl --methods random,saliency,grad_x_input --generate 20 --out results/": TINY,
     "heedful bench --model minilm-sentiment --dataset mydata.csv --methods saliency,normxlogit --metrics average_precision,dot_product,token_f1,iou,auprc --preset ferret --out results/": TINY,
     "heedful bench merge results/ shard1/ shard2/": TINY,
@@ -57,6 +61,11 @@ COMMANDS: dict[str, str] = {
     # the movie-review data, a zoo model's scale, a server or a Ray cluster: the slow suite
     "heedful models build smollm2-135m": ZOO,
     "heedful heads --model minilm-sentiment --dataset movies --out mask.json": ZOO,
+    "heedful probe --model minilm-sentiment --property pos --layers all": ZOO,
+    "heedful trace 'The capital of France is' --model smollm2-135m --counterfactual 'The capital of Italy is' --kind head --metric logit_diff --json": ZOO,
+    # (the stand-in's tokenizer splits the two capitals into different lengths)
+    "heedful counterfactual --model minilm-sentiment --dataset movies --n 100 --method saliency --method leave_one_out": ZOO,
+    "heedful steer --sweep --model smollm2-135m --vector caa --positive 'I love this' --negative 'I hate this' --layer 6 --coefficients -4,0,1,2,4,8 -n 30 --out sweep.json": ZOO,
     "heedful rectify --model minilm-sentiment --dataset movies --method coperturbation,leave_one_out,random --sweep --out results/": ZOO,
     "heedful bench --model minilm-sentiment --dataset movies --methods random,grad_x_input,normxlogit --metrics aopc,sufficiency,accuracy,log_odds --preset normxlogit --n 200 --out results/": ZOO,
     "heedful bench --model smollm2-135m --dataset planted --option dataset.length=1024 --n 30 --methods random,saliency,grad_x_input,context_cite --metrics source_top1,source_top3,precision_at_k,source_comprehensiveness,lds --out results/": ZOO,
@@ -87,6 +96,10 @@ SHORTER = {
     "heedful interest layers 'a charming and often affecting journey' --out layers.png": " --max-steps 20",
     "heedful interest lambda-sweep 'a charming and often affecting journey' -w charming -w often --out lam.png": " --max-steps 20",
     "heedful steer --prompt 'The impact of climate change has become more evident in recent years.' --suppress 'in recent years' --html steer.html": " --max-new-tokens 8 -o max_steps=20",
+    # the stand-in has 2 blocks (click keeps an option's last value)
+    "heedful steer --model smollm2-135m --vector caa --positive 'I love this' --negative 'I hate this' --layer 6 --coefficient 4 --prompt 'The movie was'": " --layer 1 --max-new-tokens 6",
+    "heedful steer --model smollm2-135m --vector extract --sentence 'the taste is excellent!' --layer 6": " --layer 1 --steps 20",
+    "heedful probe --model minilm-sentiment --property number --mdl --amnesic 1 --plot number.png": " -n 60",
 }
 """Options appended in the default suite only, where an example's solver steps or generated
 tokens would cost the tiny stand-ins most of a minute (the slow suite runs them as written)."""

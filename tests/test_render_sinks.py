@@ -4,13 +4,14 @@ stored scores are unchanged."""
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from heedful.render.colors import POSITIVE, scaled_positions
+from heedful.render.colors import NEGATIVE, POSITIVE, scaled_positions
 from heedful.render.generation import generation_fragment
 from heedful.render.html import explanation_page, heatmap_html, layer_grid_html
 from heedful.render.terminal import heatmap_text
@@ -61,12 +62,24 @@ def test_specials_and_a_lone_first_token():
 
 
 def test_a_generation_scales_each_step_without_the_first_token(tiny):
+    """Each step's colours (in the page's data) leave a huge first-token score out of the scale:
+    the first token is painted at full strength and the strongest of the others too; with
+    ``sinks=False`` the first token alone is, every other one nearly white."""
     lm = tiny("gpt2", "causal_lm")
     found = lm.explain_generation("the plot is", "saliency", max_new_tokens=2)
     scores = np.array(found.scores, dtype=float)
     scores[:, 0] = 1e3
     sunk = replace(found, scores=scores)
-    limits = re.search(r'"limits": \[([^\]]*)\]', generation_fragment(sunk)).group(1)
-    assert all(float(v) < 1e3 for v in limits.split(","))
-    limits = re.search(r'"limits": \[([^\]]*)\]', generation_fragment(sunk, sinks=False)).group(1)
-    assert all(float(v) == 1e3 for v in limits.split(","))
+    full = "rgb({},{},{})".format(*POSITIVE)
+
+    def colours(fragment: str) -> list[list]:
+        block = re.search(r'<script type="application/json">(.*?)</script>', fragment).group(1)
+        return json.loads(block)["colors"]
+
+    for t, row in enumerate(colours(generation_fragment(sunk))):
+        assert row[0][0] == full
+        strongest = 1 + int(np.nanargmax(np.abs(scores[t, 1:])))
+        assert row[strongest][0] in (full, "rgb({},{},{})".format(*NEGATIVE))
+    for row in colours(generation_fragment(sunk, sinks=False)):
+        assert row[0][0] == full
+        assert all(cell is None or cell[0] != full for cell in row[1:])

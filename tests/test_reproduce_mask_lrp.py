@@ -161,3 +161,42 @@ def test_examples_per_dataset():
     with pytest.raises(InputError, match="extras names 'imdb'"):
         report._plan(ReportSettings(store="/tmp/unused", options={"extras": "imdb"}))
     assert report._plan(ReportSettings(store="/tmp/unused", options={"extras": "none"})).extras == []
+
+
+def _synthetic_run(dataset: str, gains: dict[str, float], n: int = 80, seed: int = 0):
+    """A data set's run with per-example AOPC / LOdds for the paper's methods: ``gains[m]`` is the
+    AOPC that method ``m`` adds over the examples' shared difficulty (LOdds falls by as much)."""
+    from types import SimpleNamespace
+
+    from heedful.reproduce.mask_lrp.run import _DatasetRun
+
+    rng = np.random.default_rng(seed)
+    difficulty = rng.normal(0.3, 0.1, n)
+    values = {m: {"aopc": difficulty + g + rng.normal(0, 0.01, n), "log_odds": -difficulty - g + rng.normal(0, 0.01, n)}
+              for m, g in gains.items()}
+    groups = {m: SimpleNamespace(seeds=1, summaries={k: SimpleNamespace(value=float(v.mean()), std=0.0) for k, v in vs.items()})
+              for m, vs in values.items()}
+    result = SimpleNamespace(groups=groups, model_name="tiny@x")
+    return _DatasetRun(dataset, result, [str(i) for i in range(n)], {}, values, {}, 0.0)
+
+
+def test_claims_give_every_data_set_a_verdict_word_and_test_the_margin_on_paired_differences():
+    from types import SimpleNamespace
+
+    from heedful.reproduce.mask_lrp.claims import _claims_section
+    from heedful.reproduce.mask_lrp.run import RANDOM_MASK
+    from heedful.reproduce.toolkit import VERDICTS
+
+    base = {"raw_attention": 0.0, "rollout": 0.01, "chefer": 0.05, "lrp": 0.02}
+    movies = _synthetic_run("movies", {**base, "mask_lrp": 0.2, RANDOM_MASK: 0.0})  # far ahead: holds
+    amazon = _synthetic_run("amazon", {**base, "mask_lrp": 0.0501, RANDOM_MASK: 0.05}, seed=1)  # level: not separated
+    mask = SimpleNamespace(positional=np.array([1, 0]), syntactic=np.array([[0], [1]]), shape=(2, 1))
+    lines = _claims_section([movies, amazon], mask, None, {})
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ")[1] for line in lines if line.startswith("| ") and " | " in line}
+    assert all(any(v.startswith(w) for w in VERDICTS) for c, v in rows.items() if c != "claim (paper)"), rows
+    beats = 'The selected heads beat random heads of the same rate (Table 1 "Random", Sec. 5.4 Q1)'
+    assert rows[f"{beats} -- movies"] == "holds" and rows[f"{beats} -- amazon"].startswith("not separated")
+    margin = "≥ 3.56 % better AOPC and LOdds than the best baseline (abstract, contribution 3; tested on the paired difference)"
+    assert rows[f"{margin} -- movies"] == "holds"  # +0.15 against a margin of 3.56 % of 0.35
+    assert rows[f"{margin} -- amazon"] == "does not hold"  # +0.0001 [-0.003, +0.003]: under a margin of 0.0125
+    assert rows["Positional heads sit in earlier blocks, syntactic heads in later ones (Sec. 5.5, Figure 5)"] == "holds"

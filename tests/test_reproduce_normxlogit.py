@@ -191,3 +191,32 @@ def test_quick_report(tmp_path):
     decoder_ready = nx.DECODER_CLASSIFIER in zoo.ENTRIES and zoo.is_built(nx.DECODER_CLASSIFIER)
     assert f"### {nx.DECODER_CLASSIFIER} (decoder)" in text
     assert ("**Not run**" in text) != decoder_ready  # a missing decoder is said, not silently dropped
+
+
+def test_depth_claim_reads_the_paired_change_over_the_pairs():
+    """'With depth the target's alignment rises and the foil's drops': the same pairs at both
+    layers, so the verdict comes from the paired interval of last − first layer, not from two
+    marginal intervals (which here are apart and would read holds)."""
+    from heedful.reproduce.normxlogit.claims import _claims_exp2
+    from heedful.reproduce.toolkit import HOLDS, NOT_SEPARATED
+
+    layers, rows = 6, len(nx.EXP2_METHODS)
+    ap = np.full((rows, layers), 0.5)
+    t, f = nx.EXP2_METHODS.index("logat_target"), nx.EXP2_METHODS.index("logat_foil")
+    ap[t] = np.linspace(0.3, 0.9, layers)
+    ap[f] = np.linspace(0.6, 0.4, layers)
+    change = np.zeros((rows, 3))
+    change[t] = (0.6, 0.5, 0.7)  # rises, apart from 0
+    change[f] = (-0.2, -0.45, 0.05)  # the drop's paired interval contains 0
+
+    def claim(ap_change):
+        al = nx.Alignment(40, layers, ap, ap, ap * 0, ap * 0, {}, {}, 1.0, "lm@x", ap - 0.01, ap + 0.01, ap - 0.01,
+                          ap + 0.01, None, ap_change)
+        return {c: (number, verdict) for c, _, number, verdict in _claims_exp2(al)}[
+            "With depth the target's alignment rises and the foil's drops (§5.2)"]
+
+    number, verdict = claim(change)
+    assert verdict.word == NOT_SEPARATED and "paired over the pairs" in number and "-0.200 [-0.450, +0.050]" in number
+    change[f] = (-0.2, -0.3, -0.1)
+    assert claim(change)[1].word == HOLDS
+    assert claim(None)[1].word == HOLDS  # a cache without the paired change: the marginal intervals

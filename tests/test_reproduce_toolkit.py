@@ -145,3 +145,73 @@ def test_bench_difference_pairs_the_stored_per_example_values(tiny, tmp_path):
     assert bench_difference(result, "saliency", "random", "aopc")[0] == pytest.approx(
         result.groups["saliency"].summaries["aopc"].value - result.groups["random"].summaries["aopc"].value)
     assert all(math.isnan(v) for v in bench_difference(result, "saliency", "lime", "aopc"))  # a row the bench has not
+
+
+def _every_verdict_function():
+    """Each verdict function of the toolkit with its inputs for every outcome of its claim:
+    (apart, right direction), (apart, wrong direction), (overlapping) -> the word expected."""
+    from heedful.reproduce.toolkit import (
+        count_verdict,
+        equivalence_verdict,
+        exact_verdict,
+        threshold_verdict,
+    )
+
+    rng = np.random.default_rng(5)
+    shared = rng.normal(0, 1, 120)
+    ahead, behind = shared + 0.5 + rng.normal(0, 0.05, 120), shared + rng.normal(0, 0.05, 120)
+    return {
+        "difference_verdict": (difference_verdict, {
+            HOLDS: ((0.3, 0.2, 0.4),), DOES_NOT_HOLD: ((-0.3, -0.4, -0.2),), NOT_SEPARATED: ((0.02, -0.01, 0.05),)}),
+        "interval_verdict": (interval_verdict, {
+            HOLDS: (HIGH, LOW), DOES_NOT_HOLD: (LOW, HIGH), NOT_SEPARATED: (HIGH, NEAR_HIGH)}),
+        "paired_verdict": (lambda *a, **k: paired_verdict(*a, **k)[0], {
+            HOLDS: (ahead, behind), DOES_NOT_HOLD: (behind, ahead), NOT_SEPARATED: (ahead, ahead + rng.normal(0, 0.05, 120))}),
+        "threshold_verdict": (threshold_verdict, {
+            HOLDS: ((0.9, 0.85, 0.95), 0.8), DOES_NOT_HOLD: ((0.7, 0.65, 0.75), 0.8), NOT_SEPARATED: ((0.81, 0.75, 0.87), 0.8)}),
+        "equivalence_verdict": (equivalence_verdict, {
+            HOLDS: ((0.001, -0.004, 0.006), 0.01), DOES_NOT_HOLD: ((-0.05, -0.07, -0.03), 0.01),
+            NOT_SEPARATED: ((0.008, -0.002, 0.018), 0.01)}),
+        "count_verdict": (count_verdict, {HOLDS: (29, 30, 30), DOES_NOT_HOLD: (3, 10, 30), NOT_SEPARATED: (12, 27, 30)}),
+        "exact_verdict": (exact_verdict, {HOLDS: (True,), DOES_NOT_HOLD: (False,)}),
+    }
+
+
+@pytest.mark.parametrize("name", list(_every_verdict_function()))
+def test_every_verdict_function_gives_every_outcome_its_word(name):
+    fn, outcomes = _every_verdict_function()[name]
+    for word, args in outcomes.items():
+        assert fn(*args).word == word, (name, word, args)
+        why = "the paper's error set is the intersection of its models' errors"
+        assert fn(*args, not_comparable=why) == Verdict(NOT_COMPARABLE, why)  # another population
+        assert fn(*args, missing="no NLI data") == Verdict(CANNOT_BE_TESTED, "no NLI data")
+
+
+def test_threshold_and_count_verdicts_read_the_direction_they_are_given():
+    from heedful.reproduce.toolkit import count_verdict, threshold_verdict, untestable
+
+    assert threshold_verdict((0.3, 0.2, 0.4), 0.5, above=False) == Verdict(HOLDS)  # under half: the claim "below"
+    assert threshold_verdict((0.6, 0.55, 0.65), 0.5, above=False) == Verdict(DOES_NOT_HOLD)
+    assert threshold_verdict((0.45, 0.4, 0.55), 0.5) == Verdict(NOT_SEPARATED, WRONG_DIRECTION)
+    assert count_verdict(0, 0, 0).word == CANNOT_BE_TESTED and count_verdict(8, 8, 10, share=0.8) == Verdict(HOLDS)
+    assert untestable("no QA data") == Verdict(CANNOT_BE_TESTED, "no QA data")
+
+
+def test_coverage_lists_name_the_papers_rows_with_a_status_each():
+    from heedful.reproduce.coperturbation.markdown import PAPER_EXPERIMENTS as COPERTURBATION
+    from heedful.reproduce.mask_lrp.markdown import PAPER_EXPERIMENTS as MASK_LRP
+    from heedful.reproduce.normxlogit.markdown import PAPER_EXPERIMENTS as NORMXLOGIT
+    from heedful.reproduce.toolkit import coverage_section
+
+    for entries in (COPERTURBATION, MASK_LRP, NORMXLOGIT):
+        lines = coverage_section(entries)
+        assert len(lines) == len(entries) + 5 and all(how for _, _, how in entries)
+    named = {report: " ".join(what for what, _, _ in entries) for report, entries in
+             (("coperturbation", COPERTURBATION), ("mask-lrp", MASK_LRP))}
+    for needle in ("QNLI and QQP", "Figure 3a", "Figure 3b on OPT", "Table 2", "Figure 8", "Figure 9"):
+        assert needle in named["coperturbation"], needle
+    for needle in ("Table 1", "Table 2", "Table 3", "Table 4", "Figure 3", "Figure 4", "Figure 5", "Figure 6", "Appendix"):
+        assert needle in named["mask-lrp"], needle
+    with pytest.raises(ValueError, match="not one of"):
+        coverage_section([("Figure 1", "partly", "x")])
+    assert coverage_section([("Table 5", "analogue (time only)", "x")])[-2] == "| Table 5 | analogue (time only) | x |"

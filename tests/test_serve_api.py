@@ -182,6 +182,9 @@ def test_generate_matches_explain_generation(client, models):
     np.testing.assert_allclose(matrix, direct.scores, atol=1e-6, equal_nan=True)
     np.testing.assert_allclose(data["probabilities"], direct.probabilities, atol=1e-6)
     assert 'class="hf-gen"' in data["html"]
+    from heedful.render.generation import SCRIPT
+
+    assert f"<script>{SCRIPT}</script>" in data["html"]  # the page binds the hover by running it
 
 
 # ---------------------------------------------------------------------------- bad input

@@ -127,6 +127,15 @@ def _wait(driver, condition, what: str):
         pytest.fail(f"the page did not show {what} within {WAIT_S:.0f} s{'; it says: ' + error if error else ''}")
 
 
+def _tick_only(driver, names) -> None:
+    """Tick exactly the methods ``names`` (the page ticks a default one by itself)."""
+    from selenium.webdriver.common.by import By
+
+    for box in driver.find_elements(By.CSS_SELECTOR, "#methods .method-row input[type=checkbox]"):
+        if box.is_selected() != (box.get_attribute("value") in names):
+            driver.execute_script("arguments[0].scrollIntoView({block: 'center'}); arguments[0].click();", box)
+
+
 def _shown_tokens(driver, method: str) -> list[tuple[str, float]]:
     """``(token, score)`` of every scored piece of ``method``'s token heatmap: the raw token from
     the renderer's ``data-token``, the score from its tooltip ``title="reads as: +score"``."""
@@ -149,8 +158,7 @@ def test_page_shows_the_apis_heatmaps_and_aopc(served, browser, tmp_path):
     box = browser.find_element(By.ID, "text")
     box.clear()
     box.send_keys(TEXT)
-    for method in METHODS:
-        browser.find_element(By.ID, f"method-{method}").click()
+    _tick_only(browser, METHODS)
     browser.find_element(By.ID, "explain").click()
     _wait(
         browser,
@@ -180,6 +188,12 @@ def test_page_shows_the_apis_heatmaps_and_aopc(served, browser, tmp_path):
     assert _timeless("".join(shown_html)) == _timeless(_fragments(api))
     curves = browser.find_elements(By.CSS_SELECTOR, "#curve-plot svg polyline.series")
     assert len(curves) == len(METHODS)
+    # the curve's end point (everything deleted) is drawn apart and explained under the plot
+    assert all(m["curve"]["fraction"][-1] == 1.0 for m in api["methods"])
+    ends = browser.find_elements(By.CSS_SELECTOR, "#curve-plot svg circle.end")
+    assert len(ends) == len(METHODS) and all("no evidence" in e.find_element(By.TAG_NAME, "title").get_attribute("textContent") for e in ends)
+    note = browser.find_element(By.ID, "curve-end")
+    assert note.is_displayed() and "100 %" in note.text and "above the original" in note.text
 
     shot = tmp_path / "heedful-serve.png"
     browser.execute_script("window.scrollTo(0, 0);")
@@ -234,7 +248,7 @@ def test_the_page_asks_before_long_work(served, browser, monkeypatch):
         box = browser.find_element(By.ID, "text")
         box.clear()
         box.send_keys(TEXT)
-        browser.find_element(By.ID, f"method-{METHODS[0]}").click()
+        _tick_only(browser, METHODS[:1])
         browser.find_element(By.ID, "explain").click()
         if answer:
             _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#heatmaps .heatmap[data-method]"), "the results")
@@ -370,3 +384,103 @@ def test_hostile_text_runs_no_script_on_the_served_page(served, browser):
     _wait(browser, lambda d: d.find_element(By.ID, "generation").is_displayed() and d.find_elements(By.CSS_SELECTOR, "#generation-html .hf-gen"), "the generation")
     _no_script_ran(browser, "the page after a generation")
     assert PWNED in browser.execute_script("return document.getElementById('generation-html').textContent")
+
+
+# ---------------------------------------------------------------------------- generation view
+PROMPT = "the movie was"
+
+
+def _hover(driver, element) -> None:
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    ActionChains(driver).move_to_element(element).perform()
+
+
+def _source_cells(driver) -> list[tuple[str, bool, str]]:
+    """``(computed background, faded, tooltip)`` of every source token of the generation view."""
+    return driver.execute_script(
+        "return Array.from(document.querySelectorAll('#generation-html .hf-src .hf-tok')).map(function (s) {"
+        " return [getComputedStyle(s).backgroundColor, s.classList.contains('hf-future'), s.title]; });"
+    )
+
+
+def _colour_map(row: list, special: list[bool]) -> list[str | None]:
+    """The colour every view gives the scores of one step (:class:`heedful.render.colors.Scale`
+    over the views' scale positions), as the browser reports a computed colour; ``None`` for a
+    token not written yet."""
+    import numpy as np
+
+    from heedful.render.colors import Scale, scaled_positions
+
+    values = np.array([np.nan if v is None else v for v in row], dtype=float)
+    scale = Scale.fit(values, scaled_positions(special))
+    return [None if not np.isfinite(v) else "rgb({}, {}, {})".format(*scale.rgb(v)) for v in values]
+
+
+def test_the_generation_view_colours_labels_and_hovers(served, browser):
+    """Generate and explain on the page: the step label is set, the source tokens are coloured by
+    step 0's scores, hovering a generated token recolours them by that step's scores -- every
+    cell's colour equal to the scores' colour map (the scores from the API for the same request)
+    -- and switching models clears the generation."""
+    import httpx
+    from selenium.webdriver.common.by import By
+
+    base, _ = served
+    browser.get("about:blank")
+    browser.get(f"{base}/")
+    _wait(browser, lambda d: d.execute_script("return document.body.dataset.ready === 'true'"), "its form")
+    _pick_model(browser, LM)
+    _type(browser, PROMPT)
+    _tick_only(browser, ["saliency"])
+    browser.find_element(By.ID, "max-new-tokens").clear()
+    browser.find_element(By.ID, "max-new-tokens").send_keys("4")
+    browser.find_element(By.ID, "generate").click()
+    _wait(browser, lambda d: d.find_element(By.ID, "generation").is_displayed() and d.find_elements(By.CSS_SELECTOR, "#generation-html .hf-gen"), "the generation")
+
+    request = {"model": LM, "prompt": PROMPT, "max_new_tokens": 4, "method": "saliency", "options": {}}
+    response = httpx.post(f"{base}/api/generate", json=request, timeout=WAIT_S)
+    assert response.status_code == 200, response.text
+    api = response.json()
+    steps = len(api["generated"])
+    assert steps >= 2
+    generated = browser.find_elements(By.CSS_SELECTOR, "#generation-html .hf-out .hf-tok")
+    assert len(generated) == steps
+    for t in [0, steps - 1, 1]:
+        if t:
+            _hover(browser, generated[t])
+        label = browser.find_element(By.CSS_SELECTOR, "#generation-html .hf-step").text
+        assert label.startswith(f"step {t}: "), label
+        assert generated[t].get_attribute("class").split() == ["hf-tok", "hf-on"]
+        expected = _colour_map(api["matrix"][t], api["special"])
+        cells = _source_cells(browser)
+        assert len(cells) == len(expected) == len(api["source_tokens"])
+        assert [None if faded else colour for colour, faded, _ in cells] == expected, f"step {t}"
+        assert any(c not in (None, "rgb(255, 255, 255)") for c in expected), "nothing to colour: a useless check"
+        shown = [float(title) for _, faded, title in cells if not faded]
+        assert shown == pytest.approx([v for v in api["matrix"][t] if v is not None], rel=1e-3, abs=1e-6)
+
+    _pick_model(browser, MODEL)
+    assert not browser.find_element(By.ID, "generation").is_displayed()
+    assert browser.execute_script("return document.getElementById('generation-html').children.length") == 0
+
+
+def test_the_method_picker_says_what_each_computes_and_ticks_a_default(served, browser):
+    """Each method's row reads one line on what it computes (its summary), its cost on hover; a
+    fresh page ticks one method (the library's default) so Explain works at once."""
+    from selenium.webdriver.common.by import By
+
+    import heedful
+
+    base, _ = served
+    browser.get("about:blank")
+    browser.get(f"{base}/")
+    _wait(browser, lambda d: d.execute_script("return document.body.dataset.ready === 'true'"), "its form")
+    ticked = [b.get_attribute("value") for b in browser.find_elements(By.CSS_SELECTOR, "#methods .method-row input:checked")]
+    assert ticked == ["normxlogit"]
+    for name in ("integrated_gradients", "leave_one_out"):
+        row = browser.find_element(By.CSS_SELECTOR, f'#methods .method[data-name="{name}"] .what')
+        info = heedful.get_method(name)
+        assert row.text == info.summary and "\n" not in row.text
+        assert row.get_attribute("title") == f"cost: {info.cost}"
+    browser.find_element(By.ID, "explain").click()
+    _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, '#heatmaps .heatmap[data-method="normxlogit"]'), "the default method's heatmap")

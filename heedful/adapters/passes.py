@@ -22,6 +22,7 @@ from heedful.engine.batch import Batch
 from heedful.engine.memory import release_heap
 from heedful.engine.precision import active_precision
 from heedful.errors import InputError
+from heedful.interrupt import interruptible
 
 
 @dataclass
@@ -385,5 +386,5 @@ class Passes:
     def grad(self, output: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
         """``d sum(output) / d inputs`` (one backward pass over ``output.shape[0]`` sequences)."""
         self.counter.backward += output.shape[0]
-        (g,) = torch.autograd.grad(output.sum(), inputs)
+        (g,) = torch.autograd.grad(interruptible(output.sum()), inputs)  # Ctrl-C lands mid-pass
         return g

@@ -317,6 +317,33 @@ class PhiAdapter(_DecoderAdapter):
         )
 
 
+class GPTJAdapter(PhiAdapter):
+    """GPT-J (``modeling_gptj.GPTJBlock``): Phi's block under other names -- one LayerNorm
+    ``ln_1`` feeds attention and MLP in parallel, ``x + out(attn(n(x))) + fc_out(act(fc_in(n(x))))``;
+    query, key and value projections without biases; rotary positions on the first
+    ``rotary_dim`` dimensions of each head, rotated in interleaved pairs; a final ``ln_f``."""
+
+    family = "gptj"
+    blocks_at = "h"
+    final_norm_at = "ln_f"
+
+    def block_roles(self, layer: nn.Module) -> BlockRoles:
+        heads, att, mlp = self.config.num_attention_heads, layer.attn, layer.mlp
+        norm = _layer_norm(layer.ln_1)
+        return _block(
+            layer,
+            attention=att,
+            qkv=_sites(heads, att.q_proj, att.k_proj, att.v_proj),
+            out=att.out_proj,
+            mlp=(mlp, mlp.fc_in, mlp.act, mlp.fc_out),
+            norms=(norm, norm),
+            heads=heads,
+            pre_ln=True,
+            rotary=True,
+            parallel=True,
+        )
+
+
 class SmolLM3Adapter(LlamaAdapter):
     """SmolLM3 (``modeling_smollm3``): Llama's block, with rotary positions left out of every
     ``no_rope_layer_interval``-th layer (``self_attn.use_rope``)."""
@@ -445,6 +472,7 @@ RECENT_FAMILIES: dict[str, type[ModelAdapter]] = {
     "olmo2": Olmo2Adapter,
     "gpt_neox": GPTNeoXAdapter,
     "phi": PhiAdapter,
+    "gptj": GPTJAdapter,
     "smollm3": SmolLM3Adapter,
     "modernbert": ModernBertAdapter,
     "stablelm": StableLmAdapter,

@@ -12,6 +12,7 @@ import typer
 from rich.markup import escape
 
 from heedful.commands.console import announce
+from heedful.commands.interrupts import say_interrupted
 from heedful.commands.options import key_value
 from heedful.engine.memory import parse_memory
 from heedful.errors import HeedfulError, Interrupted, install_hint
@@ -160,7 +161,7 @@ def bench(
         with strict_precision(strict):
             result = run_bench(spec, console=err_console, engine=runner, on_plan=lambda plan: announce(plan.work, "explanations"))
     except Interrupted as exc:  # Ctrl-C: what the store kept, and how to resume
-        err_console.print(exc.message, highlight=False, markup=False, soft_wrap=True)
+        say_interrupted(exc.message)
         raise typer.Exit(130) from None
     files = write_report(result)
     extra = result.engine.lines() if result.engine is not None and engine == "ray" else []

@@ -180,19 +180,19 @@ GENERATION_CSS = """
 
 SCRIPT = """
 document.querySelectorAll('.hf-gen').forEach(function (box) {
+  if (box.hfBound) return;
+  box.hfBound = true;
   var data = JSON.parse(box.querySelector('script[type="application/json"]').textContent);
   var src = box.querySelectorAll('.hf-src .hf-tok');
   var out = box.querySelectorAll('.hf-out .hf-tok');
   function show(t) {
     out.forEach(function (el, i) { el.classList.toggle('hf-on', i === t); });
     src.forEach(function (el, j) {
-      var v = data.scores[t][j];
-      if (v === null) { el.style.background = ''; el.classList.add('hf-future'); el.title = ''; return; }
+      var v = data.scores[t][j], c = data.colors[t][j];
+      if (v === null) { el.style.background = ''; el.style.color = ''; el.classList.add('hf-future'); el.title = ''; return; }
       el.classList.remove('hf-future');
-      var a = Math.min(1, Math.abs(v) / (data.limits[t] || 1));
-      var c = v < 0 ? [67, 147, 195] : [214, 96, 77];
-      el.style.background = 'rgb(' + c.map(function (x) { return Math.round(255 + (x - 255) * a); }).join(',') + ')';
-      el.style.color = a > 0.65 ? '#fff' : '#000';
+      el.style.background = c[0];
+      el.style.color = c[1];
       el.title = (v >= 0 ? '+' : '') + v.toPrecision(4);
     });
     box.querySelector('.hf-step').textContent = data.steps[t];
@@ -201,6 +201,9 @@ document.querySelectorAll('.hf-gen').forEach(function (box) {
   show(0);
 });
 """
+"""Binds every generation view on the page once (a view inserted later is bound when the script
+runs again): hovering generated token ``t`` paints each source token with step ``t``'s colours,
+computed by :class:`~heedful.render.colors.Scale` (one colour map for every view)."""
 
 
 SCRIPT_SAFE = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026"})
@@ -214,19 +217,28 @@ def script_json(data: object) -> str:
     return json.dumps(data).translate(SCRIPT_SAFE)
 
 
+def step_colors(expl: GenerationExplanation, sinks: bool = True) -> list[list[tuple[str, str] | None]]:
+    """``[T][S]``: the CSS background and text colour of every token for each step (``None``
+    where the token was not written yet), each step on its own :class:`Scale` (the views'
+    scale positions, ``sinks`` as in :func:`generation_table`)."""
+    colors = []
+    for row in np.asarray(expl.scores, dtype=float)[:, : len(expl.tokens)]:
+        scale = _row_scale(row, expl.special, sinks)
+        colors.append([
+            None if not np.isfinite(v) else ("rgb({},{},{})".format(*scale.rgb(v)), "rgb({},{},{})".format(*scale.text_rgb(v)))
+            for v in row
+        ])
+    return colors
+
+
 def generation_fragment(expl: GenerationExplanation, index: int = 0, sinks: bool = True) -> str:
     """One generation: the whole text as tokens (hover a generated token to colour every token
     by its score for that step) and the data it needs, inline (``sinks`` as in
     :func:`generation_table`)."""
     width = len(expl.tokens)
-    limits = []
-    scaled = scaled_positions(expl.special, sinks)
-    for t in range(expl.steps):
-        finite = [abs(v) for v, keep in zip(expl.scores[t], scaled, strict=True) if np.isfinite(v) and keep]
-        limits.append(max(finite) if finite and max(finite) > 0 else 1.0)
     data = {
         "scores": [[None if not np.isfinite(v) else round(float(v), 6) for v in row[:width]] for row in expl.scores],
-        "limits": limits,
+        "colors": step_colors(expl, sinks),
         "steps": [
             f"step {t}: {_visible(tok)!r} (p = {p:.3f})"
             for t, (tok, p) in enumerate(zip(expl.generated_tokens, expl.probabilities, strict=True))
@@ -262,7 +274,8 @@ def generation_fragment(expl: GenerationExplanation, index: int = 0, sinks: bool
 
 
 def generation_snippet(expl: GenerationExplanation) -> str:
-    """One generation with its style and script inline (for notebooks)."""
+    """One generation with its style and hover script inline (for notebooks, and the served
+    page, which runs the fragments' scripts as it inserts them)."""
     return f"<style>{CSS}{GENERATION_CSS}</style>{generation_fragment(expl)}<script>{SCRIPT}</script>"
 
 

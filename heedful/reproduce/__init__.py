@@ -1,10 +1,11 @@
 """Reproduction reports: one command per founding paper regenerates ``docs/results/<name>.md``.
 
-Each report is a module of this package with a ``write(out_dir, settings) -> Path``
-function that runs the paper's experiments on the zoo models (through
-:func:`heedful.evaluate.run_bench` and the studies), writes the markdown report
-and its plots into ``out_dir`` and returns the report's path. ``REPORTS`` is the
-one place that lists them; ``heedful reproduce NAME`` runs one.
+Each report is a package of this one (``run``, ``statistics``, ``plots``, ``markdown``,
+``claims``) whose ``write(out_dir, settings) -> Path`` runs the paper's experiments on the
+zoo models (through :func:`heedful.evaluate.run_bench` and the studies), writes the markdown
+report and its plots into ``out_dir`` and returns the report's path; what they share (the
+verdicts, interval text, Spearman, options, coverage lists) is :mod:`heedful.reproduce.toolkit`.
+``REPORTS`` is the one place that lists them; ``heedful reproduce NAME`` runs one.
 """
 
 from __future__ import annotations

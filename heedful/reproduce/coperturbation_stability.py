@@ -42,8 +42,7 @@ import torch
 from heedful.attribution import coperturbation as cp
 from heedful.evaluate.share import EVERY, Share
 from heedful.files.atomic import atomic_file
-from heedful.reproduce.coperturbation_studies import interval
-from heedful.reproduce.toolkit import interval_text, spearman
+from heedful.reproduce.toolkit import mean_interval, spearman, values_text
 
 DEV_SEED = 20261123
 """Seed of the permutation of the movies train split whose first sentences form the dev split."""
@@ -445,7 +444,7 @@ def choose(settings: list[dict[str, Any]]) -> dict[str, Any]:
     reasons: dict[str, str] = {}
     eligible = []
     for r in settings:
-        mean = interval(r["spearman"])[0]
+        mean = mean_interval(r["spearman"])[0]
         if not mean >= TARGET_SPEARMAN:
             reasons[r["setting"].label] = f"Spearman {mean:.3f} < {TARGET_SPEARMAN}"
             continue
@@ -457,21 +456,18 @@ def choose(settings: list[dict[str, Any]]) -> dict[str, Any]:
         eligible.append(r)
     # rows through the model decide the cost (CPU time is noisy on a shared machine); settings within
     # 2 % of each other's rows cost the same, and the one whose seeds agree most is taken
-    eligible.sort(key=lambda r: (round(r["relative_rows"] / 0.02), -interval(r["spearman"])[0]))
+    eligible.sort(key=lambda r: (round(r["relative_rows"] / 0.02), -mean_interval(r["spearman"])[0]))
     return {"chosen": eligible[0] if eligible else None, "eligible": eligible, "reasons": reasons}
 
 
 def _paired(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float, int]:
     """Mean, 95 % interval and count of ``a - b`` over their common prefix of sentences."""
     n = min(len(a), len(b))
-    mean, low, high, _ = interval([x - y for x, y in zip(a[:n], b[:n], strict=True)])
+    mean, low, high, _ = mean_interval([x - y for x, y in zip(a[:n], b[:n], strict=True)])
     return mean, low, high, n
 
 
 # ------------------------------------------------------------------------------ markdown
-def _iv(values: Sequence[float], digits: int = 3) -> str:
-    return interval_text(*interval(values)[:3], digits)
-
 
 def section(found: Stability, n_seed: int, n_warm: int, heading: str = "##") -> list[str]:
     """The report's section on cost, stability and the first-order limit."""
@@ -503,12 +499,12 @@ def _first_order_lines(first: dict | None) -> list[str]:
     cost = first["cost"]
     ratio = cost["optimised"]["cpu"] / max(cost["linearized"]["cpu"], 1e-12)
     rows = [
-        f"| AOPC ↑ | {_iv(first['aopc']['optimised'])} | {_iv(first['aopc']['linearized'])} | {_iv(first['aopc'].get('random', []))} |",
-        f"| sufficiency ↓ | {_iv(first['sufficiency']['optimised'])} | {_iv(first['sufficiency']['linearized'])} | {_iv(first['sufficiency'].get('random', []))} |",
+        f"| AOPC ↑ | {values_text(first['aopc']['optimised'])} | {values_text(first['aopc']['linearized'])} | {values_text(first['aopc'].get('random', []))} |",
+        f"| sufficiency ↓ | {values_text(first['sufficiency']['optimised'])} | {values_text(first['sufficiency']['linearized'])} | {values_text(first['sufficiency'].get('random', []))} |",
         f"| CPU s / sentence | {cost['optimised']['cpu']:.3f} | {cost['linearized']['cpu']:.4f} | – |",
         f"| rows through the model / sentence | {cost['optimised']['rows']:.0f} | {cost['linearized']['rows']:.1f} | – |",
     ]
-    mean, low, high, count = interval(first["spearman"])
+    mean, low, high, count = mean_interval(first["spearman"])
     return [
         "### The first-order limit",
         "",
@@ -542,9 +538,9 @@ def _seed_lines(found: Stability, n_seed: int) -> list[str]:
         rhos = [x for x in r["spearman"] if math.isfinite(x)]
         share = np.mean([x >= TARGET_SPEARMAN for x in rhos]) if rhos else math.nan
         table.append(
-            f"| {s.label} (`{opts}`) | {r['n']} | {_iv(r['spearman'])} | {_fmt(r['spearman_difference'])} | {min(rhos) if rhos else math.nan:.3f} | "
+            f"| {s.label} (`{opts}`) | {r['n']} | {values_text(r['spearman'])} | {_fmt(r['spearman_difference'])} | {min(rhos) if rhos else math.nan:.3f} | "
             f"{100 * share:.0f} % | {r['cost']['rows']:.0f} ({r['relative_rows']:.2f}×) | {r['cost']['cpu']:.2f} "
-            f"({r['relative_cpu']:.2f}×) | {_fmt(r['level_difference'])} | {_iv(r['aopc'])} | {_iv(r['sufficiency'])} |"
+            f"({r['relative_cpu']:.2f}×) | {_fmt(r['level_difference'])} | {values_text(r['aopc'])} | {values_text(r['sufficiency'])} |"
         )
     lines = [
         "### Seed agreement",
@@ -568,7 +564,7 @@ def _seed_lines(found: Stability, n_seed: int) -> list[str]:
         lines.append(
             f"- Cheapest setting with mean Spearman ≥ {TARGET_SPEARMAN} and AOPC not lower than the baseline's: "
             f"**{c['setting'].label}** (`{', '.join(f'{k}={v}' for k, v in c['setting'].options.items()) or 'baseline'}`): "
-            f"Spearman {_iv(c['spearman'])}, cost {c['relative_rows']:.2f}× the baseline's rows, AOPC difference "
+            f"Spearman {values_text(c['spearman'])}, cost {c['relative_rows']:.2f}× the baseline's rows, AOPC difference "
             f"to the baseline {_fmt(d)} (paired over {d[3]} sentences, seed 0)."
         )
     else:
@@ -598,8 +594,8 @@ def _warm_lines(warm: dict | None, n_warm: int) -> list[str]:
         "",
         "| | cold start (baseline: theta = 0, best state) | warm start, best state | warm start, keep=average |",
         "|---|---|---|---|",
-        f"| J at step 1 | {_iv(warm['start_cold'], 4)} | {_iv(warm['start_warm'], 4)} | (same run) |",
-        f"| steps to the cold start's level | {_iv(cs, 1)} | {_iv(ws, 1)} (reached by {warm['warm_reached']} of {n}) | (same run) |",
+        f"| J at step 1 | {values_text(warm['start_cold'], 4)} | {values_text(warm['start_warm'], 4)} | (same run) |",
+        f"| steps to the cold start's level | {values_text(cs, 1)} | {values_text(ws, 1)} (reached by {warm['warm_reached']} of {n}) | (same run) |",
     ]
     if warm["chunks_timed"]:
         lines += [
@@ -609,7 +605,7 @@ def _warm_lines(warm: dict | None, n_warm: int) -> list[str]:
     lines += [
         f"| CPU s / sentence, whole run ({BASELINE['max_steps']} steps at most) | {rc['cold']['cpu']:.2f} | {rc['warm']['cpu']:.2f} | (same run) |",
         *(
-            f"| {label} | {_iv(warm[m]['cold'])} | {_iv(warm[m]['warm'])} | {_iv(warm[m]['warm_average'])} |"
+            f"| {label} | {values_text(warm[m]['cold'])} | {values_text(warm[m]['warm'])} | {values_text(warm[m]['warm_average'])} |"
             for m, label in (("aopc", "AOPC ↑"), ("sufficiency", "sufficiency ↓"))
         ),
         "",
@@ -617,7 +613,7 @@ def _warm_lines(warm: dict | None, n_warm: int) -> list[str]:
     if not warm["chunks_timed"]:
         lines.append(f"- No chunk of {CHUNK} sentences had every sentence at the cold start's level on both sides, so no time to the level is given.")
     lines += [
-        f"- Steps saved per sentence (cold minus warm, where both reach the level): {_iv(saved, 1)}.",
+        f"- Steps saved per sentence (cold minus warm, where both reach the level): {values_text(saved, 1)}.",
         *(
             f"- {label} minus cold (paired): AOPC {_fmt(_paired(warm['aopc'][side], warm['aopc']['cold']))}; "
             f"sufficiency {_fmt(_paired(warm['sufficiency'][side], warm['sufficiency']['cold']))}."
@@ -626,11 +622,11 @@ def _warm_lines(warm: dict | None, n_warm: int) -> list[str]:
     ]
     agreement = warm["agreement"]
     if "warm_linearized" in agreement:
-        nearer = interval(agreement["warm_linearized"])[1] > interval(agreement["cold_linearized"])[2]
+        nearer = mean_interval(agreement["warm_linearized"])[1] > mean_interval(agreement["cold_linearized"])[2]
         lines.append(
             "- Where the warm start ends (Spearman per sentence, seed 0): with the linearized solution "
-            f"{_iv(agreement['warm_linearized'])} (the cold start: {_iv(agreement['cold_linearized'])}); with the cold "
-            f"start's solution {_iv(agreement['warm_cold'])}."
+            f"{values_text(agreement['warm_linearized'])} (the cold start: {values_text(agreement['cold_linearized'])}); with the cold "
+            f"start's solution {values_text(agreement['warm_cold'])}."
             + (
                 " The warm start stays nearer the deterministic first-order shape it starts from (intervals apart): "
                 "its seeds agree more because they share that start, and it ends at a different optimum from the "

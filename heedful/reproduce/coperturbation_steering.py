@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from heedful.interest.steer import Steering
+from heedful.reproduce.toolkit import exact_verdict
 
 MODEL = "smollm2-135m"
 CASES: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -176,7 +177,7 @@ def steering_section(
                     f"| {c.mode} | {label} | {_quote(text)} | {m.time_words} | {m.impact_words} | "
                     f"{m.distinct_trigrams:.2f} | {m.words} | {c.seconds / 2:.1f} |"
                 )
-            verdict = "holds" if holds(m_orig, m_steer) else "does not hold"
+            verdict = str(exact_verdict(holds(m_orig, m_steer)))
             claims.append(
                 (
                     f"Suppressing “{', '.join(words)}” steers the continuation away from time toward the impact "

@@ -25,7 +25,6 @@ import torch
 
 from heedful.attribution import coperturbation as cp
 from heedful.attribution.noise import HEAD, NoiseProbe
-from heedful.evaluate.intervals import bootstrap_mean
 from heedful.explanation import Explanation
 from heedful.model import Model
 from heedful.reproduce.toolkit import spearman
@@ -36,17 +35,6 @@ STUDY_LAMS = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0)
 STUDY_BATCH = 16
 DISTORTION_SAMPLES = 4
 """Fresh noise draws per sentence and lambda for the measured distortion of :func:`lambda_study`."""
-
-
-def interval(values: Sequence[float]) -> tuple[float, float, float, int]:
-    """Mean, 95 % bootstrap interval and count of the finite ``values``."""
-    arr = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=float)
-    if arr.size == 0:
-        return (math.nan, math.nan, math.nan, 0)
-    if arr.size == 1:
-        return (float(arr[0]), math.nan, math.nan, 1)
-    mean, low, high = bootstrap_mean(arr)
-    return (mean, low, high, int(arr.size))
 
 
 def _top(scores: np.ndarray, share: float = TOP_SHARE) -> set[int]:

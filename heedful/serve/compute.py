@@ -159,7 +159,7 @@ def curve(model: Model, text: str, target: str | int | None, info: MethodInfo, o
 def generate(model: Model, prompt: str, max_new_tokens: int, info: MethodInfo, options: dict[str, Any], report: Report) -> dict[str, Any]:
     """``POST /api/generate``: what a causal language model writes after ``prompt`` (greedy, at
     most ``max_new_tokens``), every generated token explained over the tokens before it."""
-    from heedful.render.generation import generation_fragment
+    from heedful.render.generation import generation_snippet
 
     if model.task != "causal_lm":
         raise InputError(
@@ -179,5 +179,5 @@ def generate(model: Model, prompt: str, max_new_tokens: int, info: MethodInfo, o
         "matrix": [numbers(row) for row in found.scores],
         "probabilities": numbers(found.probabilities),
         "seconds": number(found.cost.seconds * found.steps + found.generation_seconds),
-        "html": generation_fragment(found),
+        "html": generation_snippet(found),  # its style and hover script with it: the page runs them
     }

@@ -10,6 +10,9 @@
 (function () {
   const $ = (id) => document.getElementById(id);
   const SVG = 'http://www.w3.org/2000/svg';
+  const DEFAULT_METHODS = ['normxlogit', 'grad_x_input', 'saliency'];
+  /** Ticked when no method is: the library's default first (NormXLogit: one forward pass), else
+   * the cheapest gradient methods. */
   const COLORS = ['#b3452f', '#0969da', '#1a7f37', '#8250df', '#bf8700', '#1b7c83', '#cf222e', '#6e7781'];
 
   const state = {
@@ -172,9 +175,25 @@
     await modelChanged();
   }
 
+  /** Hide and forget the shown results: they belong to the model they were computed with. */
+  function clearResults() {
+    state.last = null;
+    state.lastRequest = null;
+    state.lastGeneration = null;
+    $('results').hidden = true;
+    $('heatmaps').replaceChildren();
+    $('generation').hidden = true;
+    $('generation-html').replaceChildren();
+    $('conversation-result').hidden = true;
+    $('turns').replaceChildren();
+    state.lastConversation = null;
+    $('error').hidden = true;
+  }
+
   async function modelChanged() {
     const model = currentModel();
     if (!model) return;
+    clearResults();
     $('model-status').textContent = model.built
       ? `${model.task}${model.labels ? ' · labels: ' + model.labels.join(', ') : ''}`
       : 'not built yet: the first request builds it (progress shown below).';
@@ -242,6 +261,11 @@
     }
     const known = new Set(state.methods.filter((m) => m.supported !== false).map((m) => m.name));
     state.selected = state.selected.filter((name) => known.has(name));
+    const chosen = restoring && restoring.get('methods') !== null;  // an address's own pick, even none
+    if (!state.selected.length && !chosen) {
+      const fallback = DEFAULT_METHODS.find((name) => known.has(name)) || [...known][0];
+      if (fallback) state.selected = [fallback];
+    }
     box.replaceChildren(...state.methods.map((m) => methodRow(m, restoring)));
     state.restoring = null;
     filterMethods();
@@ -291,7 +315,11 @@
     box.checked = state.selected.includes(method.name);
     const row = el('div', { class: 'method' + (supported ? '' : ' unsupported'), 'data-name': method.name }, [
       el('div', { class: 'method-row' }, [box, el('label', { for: id, text: method.name }), el('span', { class: 'family', text: method.family })]),
-      el('div', { class: 'cost', text: supported ? method.cost : 'not available for this model' }),
+      el('div', {
+        class: 'what',
+        text: supported ? (method.summary || method.cost) : 'not available for this model',
+        title: `cost: ${method.cost}`,
+      }),
     ]);
     const options = el('div', { class: 'options', hidden: true });
     for (const option of method.options || []) options.append(...optionInput(method, option, restoring));
@@ -538,7 +566,7 @@
     $('metrics-note').textContent = notes.join(' · ');
     $('metrics-note').hidden = !notes.length;
     const series = answer.methods.map((m, i) => m.curve && {
-      name: m.name, color: methodColor(i), x: m.curve.fraction, y: m.curve.value,
+      name: m.name, color: methodColor(i), x: m.curve.fraction, y: m.curve.value, openEnd: true,
     }).filter(Boolean);
     $('curve-card').hidden = !series.length;
     if (series.length) plot($('curve-plot'), series, 'fraction of tokens deleted', `probability of ${target.label ?? 'the prediction'}`);
@@ -582,7 +610,8 @@
     return { ticks, lo: Math.min(lo, ticks[0]), hi: Math.max(hi, ticks[ticks.length - 1]) };
   }
 
-  /** A line plot of ``series`` ([{name, color, x: [..], y: [..]}]) drawn into ``container``. */
+  /** A line plot of ``series`` ([{name, color, x: [..], y: [..], openEnd}]) drawn into
+   * ``container``; with ``openEnd`` a point at x = 1 (everything removed) is drawn hollow. */
   function plot(container, series, xLabel, yLabel) {
     const W = 520, H = 280, m = { l: 54, r: 14, t: 12, b: 40 };
     const xs = series.flatMap((s) => s.x), ys = series.flatMap((s) => s.y).filter((v) => Number.isFinite(v));
@@ -606,8 +635,13 @@
       line.append(svg('title', {}, s.name));
       root.append(line);
       for (const [x, y] of points) {
-        const dot = svg('circle', { cx: X(x).toFixed(1), cy: Y(y).toFixed(1), r: 2.5, fill: s.color });
-        dot.append(svg('title', {}, `${s.name}: ${Number(y).toPrecision(4)} at ${Number(x).toPrecision(3)}`));
+        const open = s.openEnd && x >= 1;
+        const dot = svg('circle', {
+          class: open ? 'end' : 'point', cx: X(x).toFixed(1), cy: Y(y).toFixed(1), r: open ? 3.5 : 2.5,
+          fill: open ? '#fff' : s.color, stroke: s.color,
+        });
+        const what = open ? ' (every rankable token removed: the model with no evidence left)' : '';
+        dot.append(svg('title', {}, `${s.name}: ${Number(y).toPrecision(4)} at ${Number(x).toPrecision(3)}${what}`));
         root.append(dot);
       }
     }
