@@ -149,3 +149,91 @@ def test_a_revision_or_id_that_cannot_apply_fails_before_any_work(name, revision
 
     with pytest.raises(heedful.HeedfulError, match=says):
         heedful.load(name, revision=revision)
+
+
+SCORES = """
+import json, sys
+import heedful
+m = heedful.load(sys.argv[1], revision=sys.argv[2], progress=False)
+print(json.dumps([float(s) for s in m.explain("The capital of France is", "saliency").scores]))
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _served_scores(port: int, process: subprocess.Popen, deadline_s: float = 120.0) -> list[float]:
+    """The saliency scores ``heedful serve`` at ``port`` answers, once it is up."""
+    import time
+    import urllib.error
+    import urllib.request
+
+    body = json.dumps({"model": "tiny/llama", "text": "The capital of France is", "methods": ["saliency"], "curve": False}).encode()
+    started = time.monotonic()
+    while time.monotonic() - started < deadline_s:
+        assert process.poll() is None, process.stderr.read() if process.stderr else ""
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/api/explain", data=body, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=60) as answer:  # noqa: S310  (loopback)
+                return json.loads(answer.read())["methods"][0]["scores"]
+        except (urllib.error.URLError, ConnectionError):
+            time.sleep(0.3)
+    raise AssertionError("heedful serve did not answer")
+
+
+def test_serve_loads_a_hub_model_at_its_pinned_revision(hub, tmp_path):
+    home, port = tmp_path / "hf", _free_port()
+    env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_HOME": str(home), "HF_HUB_DISABLE_TELEMETRY": "1"}
+    env.pop("HF_HUB_OFFLINE", None)
+    command = [sys.executable, "-m", "heedful", "serve", "--model", "tiny/llama", "--revision", "v1", "--port", str(port)]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        served = _served_scores(port, process)
+    finally:
+        process.terminate()
+        process.wait(30)
+    assert process.returncode == 0
+    # the served model is v1's commit (one layer), as a direct load of that commit explains it
+    assert [p.name for p in (home / "hub" / "models--tiny--llama" / "snapshots").iterdir()] == [OLD]
+    pinned = json.loads(_run(["tiny/llama", OLD], home, hub.url, offline=True, script=SCORES).stdout.strip().splitlines()[-1])
+    assert served == pytest.approx(pinned, rel=1e-5, abs=1e-7)
+    latest = json.loads(_run(["tiny/llama", MAIN], home, hub.url, script=SCORES).stdout.strip().splitlines()[-1])
+    assert served != pytest.approx(latest, rel=1e-3, abs=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--revision", "v1"], "no --model is given"),
+        (["--model", "tiny/llama", "--model", "tiny/other", "--revision", "v1"], "pins one hub model, and 2 are given"),
+        (["--model", "minilm-sentiment", "--revision", "v1"], "is for hub ids"),
+        (["--model", "tiny/llama@v1", "--revision", "v2"], "names a revision and revision='v2' another"),
+    ],
+)
+def test_serve_hub_flags_that_cannot_apply_are_one_line(tmp_path, args, says):
+    with socket.socket() as sock:  # no hub: each is refused before any download
+        sock.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    done = _run(["serve", *args, "--port", str(_free_port())], tmp_path / "hf", closed, cli=True)
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 2 and says in lines[0] and "Traceback" not in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(("repo", "names"), [("tiny/pickled", "--allow-pickle"), ("tiny/custom-code", "--trust-remote-code")])
+def test_serve_refuses_what_cannot_load_safely_in_one_line(hub, tmp_path, repo, names):
+    done = _run(["serve", "--model", repo, "--port", str(_free_port())], tmp_path / "hf", hub.url, cli=True)
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 2 and names in lines[1] and "Traceback" not in done.stderr, done.stderr
+
+
+def test_serve_passes_allow_pickle_to_the_hub_path(hub, tmp_path):
+    done = _run(["serve", "--model", "tiny/pickled", "--allow-pickle", "--port", str(_free_port())], tmp_path / "hf", hub.url, cli=True)
+    # allowed, the pickle is downloaded and handed to transformers (which finds no model in it)
+    assert done.returncode == 2 and "cannot load the weights of tiny/pickled" in done.stderr, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    assert any(r.endswith("/pytorch_model.bin") for r in hub.requests if r.startswith("GET"))

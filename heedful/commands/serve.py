@@ -31,6 +31,9 @@ def serve(
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Most generated tokens per request.")] = 32,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds a request may take, waiting included.")] = 120.0,
     queue_size: Annotated[int, typer.Option("--queue-size", help="Requests waiting behind the running one (more: HTTP 429).")] = 8,
+    revision: Annotated[str | None, typer.Option("--revision", help="Hub ids: the branch, tag or commit of the one --model to load (or --model ORG/NAME@REV).")] = None,
+    allow_pickle: Annotated[bool, typer.Option("--allow-pickle", help="Hub ids: load pickled weights when a repository has no safetensors (unpickling runs code).")] = False,
+    trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="Run a repository's own model code (auto_map), as transformers does.")] = False,
 ) -> None:
     """Serve a web page to explain, compare and evaluate texts, and its JSON API (docs at
     /docs), at http://HOST:PORT. One worker computes the requests in order, each model in
@@ -42,6 +45,8 @@ def serve(
     from heedful.serve.running import run
     from heedful.serve.settings import LOOPBACK
 
+    if revision is not None and not model:
+        raise InputError(f"--revision {revision} pins a hub model, and no --model is given", hint="add --model ORG/NAME (or give --model ORG/NAME@REV)")
     if not 0 <= port <= 65535:
         raise InputError(f"port {port} does not exist", hint="pass --port between 1 and 65535 (0: any free port)")
     loopback = host in LOOPBACK
@@ -55,12 +60,17 @@ def serve(
         store=store, max_chars=max_chars, max_methods=max_methods, max_n_steps=max_n_steps,
         max_n_samples=max_n_samples, max_new_tokens=max_new_tokens, timeout_s=timeout, queue_size=queue_size,
         device=device, dtype=dtype, allowed_hosts=LOOPBACK_NAMES if loopback else None,
+        revision=revision, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code,
     )
     app = create_app(settings)
     server = app.state.server
-    for name in settings.models:  # before the first request, so it does not wait for them
-        with err.status(f"loading {name} …"):
-            server.worker.watch(server.catalog.get(name))
+    try:
+        for name in settings.models:  # before the first request, so it does not wait for them
+            with err.status(f"loading {name} …"):
+                server.worker.watch(server.catalog.get(name))
+    except BaseException:
+        server.worker.stop()
+        raise
     shown = f"[{host}]" if ":" in host else host
     out.print(f"heedful serve: http://{shown}:{port}  (API docs: /docs; stop with Ctrl+C)")
     run(app, host, port)

@@ -93,14 +93,34 @@ class GenerateBody(Asked):
     options: dict[str, Any] = Field(default_factory=dict)
 
 
+class Message(Body):
+    """One message of a conversation."""
+
+    role: str = Field(..., description="system, user, assistant (or any role the model's chat template knows).")
+    content: str = Field(..., description="The message's text.")
+
+
+class ConversationBody(Asked):
+    """``POST /api/conversation``."""
+
+    model: str | None = None
+    messages: list[Message] = Field(..., description='The conversation, [{"role": ..., "content": ...}, ...].')
+    answer: str | None = Field(None, description="The assistant's answer to explain (default: the last message if the assistant wrote it, else what the model writes).")
+    method: str = Field("source_loo", description="A context method (source_loo, context_cite, hierarchical) or any method, pooled per turn.")
+    options: dict[str, Any] = Field(default_factory=dict, description="The method's options.")
+    max_new_tokens: int | None = Field(None, description="When the model writes the answer: at most this many tokens (default and limit: the server's max_new_tokens).")
+
+
 class JobBody(Body):
     """``POST /api/jobs``: any computing route's body, run as a job whose progress streams."""
 
-    kind: Literal["explain", "compare", "curve", "generate"]
+    kind: Literal["explain", "compare", "curve", "generate", "conversation"]
     request: dict[str, Any]
 
 
-BODIES: dict[str, type[Body]] = {"explain": ExplainBody, "compare": ExplainBody, "curve": CurveBody, "generate": GenerateBody}
+BODIES: dict[str, type[Body]] = {
+    "explain": ExplainBody, "compare": ExplainBody, "curve": CurveBody, "generate": GenerateBody, "conversation": ConversationBody,
+}
 
 
 # ---------------------------------------------------------------------------- the app
@@ -135,6 +155,8 @@ class Server:
             return self._explain_job(kind, body)  # type: ignore[arg-type]
         if kind == "curve":
             return self._curve_job(body)  # type: ignore[arg-type]
+        if kind == "conversation":
+            return self._conversation_job(body)  # type: ignore[arg-type]
         return self._generate_job(body)  # type: ignore[arg-type]
 
     def _submit(self, kind: str, name: str, steps: int, run: Callable[[Model, Callable[[str], None]], Any]) -> Job:
@@ -184,16 +206,52 @@ class Server:
 
         return self._submit("curve", name, 2, run)
 
+    def check_new_tokens(self, asked: int) -> int:
+        limit = self.settings.max_new_tokens
+        if not 1 <= asked <= limit:
+            raise ApiError(
+                422,
+                f"max_new_tokens={asked} is not in [1, {limit}] (this server's limit)",
+                f"ask for 1 to {limit} tokens, or start heedful serve with --max-new-tokens",
+            )
+        return asked
+
+    def check_messages(self, messages: list[Message]) -> list[dict[str, str]]:
+        """The conversation as plain messages: at least one, each with a role and text, their
+        text within the server's ``max_chars``."""
+        if not messages:
+            raise ApiError(422, "the conversation has no messages", 'give [{"role": "user", "content": "..."}, ...]')
+        for k, message in enumerate(messages):
+            if not message.role.strip():
+                raise ApiError(422, f"message {k} has no role", 'give each message as {"role": "user", "content": "..."}')
+            if not message.content.strip():
+                raise ApiError(422, f"message {k} ({message.role}) has no text content", 'give each message a non-empty "content" string')
+        length = sum(len(m.content) for m in messages)
+        if length > self.settings.max_chars:
+            raise too_long("the conversation", length, self.settings.max_chars, "--max-chars")
+        return [{"role": m.role, "content": m.content} for m in messages]
+
+    def _conversation_job(self, body: ConversationBody) -> Job:
+        from heedful.serve.conversation import check_chat_model, explain_conversation, split_answer
+
+        name = self.catalog.check(body.model)
+        turns, answer, origin = split_answer(self.check_messages(body.messages), body.answer)
+        new_tokens = self.settings.max_new_tokens if body.max_new_tokens is None else self.check_new_tokens(body.max_new_tokens)
+        options = {body.method: body.options} if body.options else {}
+        runs = self.bind(name, [body.method], options)
+
+        def run(model: Model, report: Callable[[str], None]) -> dict[str, Any]:
+            (info, bound), = runs or bind_methods([body.method], options, model.task, self.settings)
+            check_chat_model(model)
+            ask(body, model.estimate(turns, info.name, **bound))
+            return explain_conversation(model, turns, answer, origin, info, bound, new_tokens, report)
+
+        return self._submit("conversation", name, 2, run)
+
     def _generate_job(self, body: GenerateBody) -> Job:
         name = self.catalog.check(body.model)
         prompt = self.check_text(body.prompt, "prompt")
-        limit = self.settings.max_new_tokens
-        if not 1 <= body.max_new_tokens <= limit:
-            raise ApiError(
-                422,
-                f"max_new_tokens={body.max_new_tokens} is not in [1, {limit}] (this server's limit)",
-                f"ask for 1 to {limit} tokens, or start heedful serve with --max-new-tokens",
-            )
+        self.check_new_tokens(body.max_new_tokens)
         options = {body.method: body.options} if body.options else {}
         runs = self.bind(name, [body.method], options)
 
@@ -362,6 +420,10 @@ def _routes(app: FastAPI, server: Server) -> None:
     @app.post("/api/generate", summary="Generate after a prompt and explain every generated token")
     async def generate(body: GenerateBody, request: Request) -> dict[str, Any]:
         return await answer(server.job("generate", body), request)
+
+    @app.post("/api/conversation", summary="A conversation's turns, each with its share of the assistant's answer")
+    async def conversation(body: ConversationBody, request: Request) -> dict[str, Any]:
+        return await answer(server.job("conversation", body), request)
 
     @app.get("/api/runs", summary="The bench runs of this server's results store (--store)")
     def runs() -> list[dict[str, Any]]:

@@ -186,7 +186,7 @@ class Catalog:
             stage(f"building {name} (first use)" if building else f"loading {name}")
         import heedful
 
-        model = heedful.load(name, device=self.settings.device or "cpu", dtype=self.settings.dtype, progress=False)
+        model = heedful.load(name, device=self.settings.device or "cpu", dtype=self.settings.dtype, progress=False, **self.settings.hub(name))
         with self._lock:
             self.loaded[name] = model
         return model

@@ -32,7 +32,10 @@ class ServeSettings:
     (``None``: cpu); ``dtype``: what they are stored and run in (``"fp32"``, ``"bf16"``,
     ``"fp16"``; :func:`heedful.load`). ``allowed_hosts``: the ``Host`` headers answered (``None``: any); a
     loopback server answers only loopback names, so a web page elsewhere cannot reach it by
-    pointing a domain name at 127.0.0.1 (DNS rebinding)."""
+    pointing a domain name at 127.0.0.1 (DNS rebinding). ``revision``, ``allow_pickle``,
+    ``trust_remote_code``: how the models started with are fetched from the hub
+    (:func:`heedful.load`; a ``revision`` pins the one model started with, which ``models``
+    may also name as ``ORG/NAME@REV``)."""
 
     models: list[str] = field(default_factory=_default_models)
     store: Path | None = None
@@ -46,6 +49,9 @@ class ServeSettings:
     device: str | None = None
     dtype: str = "fp32"
     allowed_hosts: list[str] | None = None
+    revision: str | None = None
+    allow_pickle: bool = False
+    trust_remote_code: bool = False
 
     def __post_init__(self) -> None:
         if not self.models:
@@ -53,6 +59,11 @@ class ServeSettings:
         for name in ("max_chars", "max_methods", "max_n_steps", "max_n_samples", "max_new_tokens", "queue_size"):
             if int(getattr(self, name)) < 1:
                 raise InputError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.revision is not None and len(self.models) != 1:
+            raise InputError(
+                f"--revision {self.revision} pins one hub model, and {len(self.models)} are given",
+                hint="pin each as --model ORG/NAME@REV instead",
+            )
         from heedful.engine.precision import (
             check_dtype,  # imports torch, which serving loads anyway
         )
@@ -64,6 +75,14 @@ class ServeSettings:
             self.store = Path(self.store).expanduser()
             if self.store.exists() and not self.store.is_dir():
                 raise InputError(f"the results store {self.store} is a file", hint="pass the folder `heedful bench --out` wrote")
+
+    def hub(self, name: str) -> dict[str, object]:
+        """:func:`heedful.load`'s hub arguments for model ``name`` (those set for the models the
+        server was started with; none for the zoo models it loads on request)."""
+        if name not in self.models:
+            return {}
+        found = {"revision": self.revision, "allow_pickle": self.allow_pickle, "trust_remote_code": self.trust_remote_code}
+        return {k: v for k, v in found.items() if v}
 
     @property
     def default_model(self) -> str:

@@ -22,6 +22,7 @@
     last: null,           // last explain answer (what is shown)
     lastRequest: null,
     lastGeneration: null,
+    lastConversation: null,
     lastRun: null,
     busy: false,
     restoring: null,      // hash state waiting for models / methods to load
@@ -136,6 +137,7 @@
     state.busy = busy;
     $('explain').disabled = busy;
     $('generate').disabled = busy;
+    $('conversation').disabled = busy;
     if (busy) {
       showProgress({ stage: text || 'sending', done: 0, total: 0 });
       $('error').hidden = true;
@@ -182,6 +184,9 @@
     $('heatmaps').replaceChildren();
     $('generation').hidden = true;
     $('generation-html').replaceChildren();
+    $('conversation-result').hidden = true;
+    $('turns').replaceChildren();
+    state.lastConversation = null;
     $('error').hidden = true;
   }
 
@@ -194,6 +199,7 @@
       : 'not built yet: the first request builds it (progress shown below).';
     updateTargets(model);
     $('generate-box').hidden = !model.decoder;
+    $('conversation-box').hidden = model.task !== 'causal_lm';
     await loadMethods(model.name);
     writeHash();
   }
@@ -666,6 +672,68 @@
     }
   }
 
+  // ------------------------------------------------------------------ conversations
+  /** The text box read as a conversation: a JSON list of {role, content} messages. */
+  function readConversation(text) {
+    let messages;
+    try {
+      messages = JSON.parse(text);
+    } catch (err) {
+      throw new ApiError('the text is not a JSON conversation', 'paste [{"role": "user", "content": "..."}, ...]');
+    }
+    if (!Array.isArray(messages) || !messages.length
+        || !messages.every((m) => m && typeof m === 'object' && !Array.isArray(m) && 'role' in m)) {
+      throw new ApiError('the text is not a list of messages', 'paste [{"role": "system", "content": "..."}, {"role": "user", "content": "..."}, ...]');
+    }
+    return messages;
+  }
+
+  async function conversationClicked() {
+    if (state.busy) return;
+    const r = formRequest();
+    let messages;
+    try {
+      messages = readConversation(r.text);
+    } catch (err) {
+      return showError($('error'), err);
+    }
+    const method = $('conversation-method').value;
+    const request = { model: r.model, messages, method, options: r.options[method] || {} };
+    const typed = $('conversation-answer').value;
+    if (typed.trim()) request.answer = typed;
+    setBusy(true, 'queued');
+    try {
+      const answer = await askedJob('conversation', request, '/api/conversation');
+      state.lastConversation = answer;
+      renderConversation(answer);
+    } catch (err) {
+      showError($('error'), err);
+    } finally {
+      setBusy(false);
+    }
+  }
+
+  function renderConversation(answer) {
+    const top = Math.max(1e-12, ...answer.turns.map((t) => Math.abs(t.share || 0)));
+    const rows = answer.turns.map((t) => {
+      const share = t.share || 0;
+      const bar = el('span', { class: share < 0 ? 'bar negative' : 'bar', style: `width:${(6 * Math.abs(share) / top).toFixed(2)}rem` });
+      return el('li', { class: 'turn', 'data-share': share }, [
+        el('span', { class: 'role', text: t.role }),
+        el('span', { class: 'content', text: t.content }),
+        el('span', { class: 'share', title: `score ${fmt(t.score, 4)}` }, [bar, el('span', { text: `${(100 * share).toFixed(1)}%` })]),
+      ]);
+    });
+    rows.push(el('li', { class: 'turn answer' }, [
+      el('span', { class: 'role', text: 'assistant' }),
+      el('span', { class: 'content', text: answer.answer }),
+      el('span', { class: 'share', text: `explained (${answer.answer_from})` }),
+    ]));
+    $('turns').replaceChildren(...rows);
+    $('conversation-summary').textContent = `${answer.model} · ${answer.method} · ${fmt(answer.seconds, 2)} s`;
+    $('conversation-result').hidden = false;
+  }
+
   // ------------------------------------------------------------------ downloads
   let cssText = null;
 
@@ -794,6 +862,9 @@
     $('methods').addEventListener('change', writeHash);
     $('method-filter').addEventListener('input', filterMethods);
     $('generate').addEventListener('click', generateClicked);
+    $('conversation').addEventListener('click', conversationClicked);
+    $('download-conv-json').addEventListener('click', () => state.lastConversation && download(`${fileStem()}-conversation.json`,
+      'application/json', JSON.stringify(state.lastConversation, null, 2)));
     document.querySelectorAll('input[name="units"]').forEach((r) => r.addEventListener('change', applyUnits));
     $('tab-explain').addEventListener('click', () => showView('explain'));
     $('tab-runs').addEventListener('click', () => showView('runs'));
