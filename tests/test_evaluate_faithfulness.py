@@ -405,3 +405,65 @@ def test_seed_interval_is_that_of_the_mean_over_seeds():
     aopc = [METRICS["aopc"].compute(m) for _, m in seeds]
     expected = bootstrap_mean(np.mean([a.values for a in aopc], axis=0))[1:]
     assert _seed_interval(METRICS["aopc"], aopc, p) == pytest.approx(expected)
+
+
+# --------------------------------------------------------------------------- soft (Zhao & Aletras 2023)
+@torch.no_grad()
+def _soft_by_hand(model, text: str, scores: np.ndarray) -> tuple[float, float]:
+    """Zhao & Aletras 2023 Eq. 2-3 as a plain loop: scores min-max normalised over the content
+    tokens; every word-embedding dimension of token i kept with probability 1 - s_i (soft
+    comprehensiveness) or s_i (soft sufficiency), one uniform draw per text (seed 0)."""
+    enc = model.tokenizer(text, return_special_tokens_mask=True)
+    ids, special = torch.tensor([enc["input_ids"]]), enc["special_tokens_mask"]
+    embeds = model.hf_model.get_input_embeddings()(ids)[0]  # [N, E]
+    content = [i for i in range(len(special)) if not special[i]]
+    low, high = min(scores[i] for i in content), max(scores[i] for i in content)
+    draw = torch.rand(embeds.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    p0 = _probs(model, enc["input_ids"])
+    label = int(p0.argmax())
+    values = []
+    for erase in (True, False):
+        perturbed = embeds.clone()
+        for i in content:
+            s = (scores[i] - low) / (high - low)
+            keep_probability = 1 - s if erase else s
+            for d in range(embeds.shape[1]):
+                if not draw[i, d] < keep_probability:
+                    perturbed[i, d] = 0.0
+        p = torch.softmax(model.hf_model(inputs_embeds=perturbed[None]).logits[0].float(), -1).double()[label]
+        values.append(max(0.0, p0[label] - float(p)))
+    return values[0], 1.0 - values[1]
+
+
+@pytest.mark.parametrize("family", ["bert", "llama"])
+def test_soft_comprehensiveness_and_soft_sufficiency_equal_a_plain_loop(tiny, family):
+    model = tiny(family)
+    expls = _with_scores(model.explain(TEXTS, "saliency"))
+    protocol = get_protocol("default", specials="exclude")  # the content tokens are the rankable ones
+    result = evaluate(model, expls, ["soft_comprehensiveness", "soft_sufficiency"], protocol, batch_size=2)
+    for b, (text, e) in enumerate(zip(TEXTS, expls, strict=True)):
+        comp, suff = _soft_by_hand(model, text, np.asarray(e.scores))
+        assert result["soft_comprehensiveness"].per_example.values[b] == pytest.approx(comp, abs=2e-6)
+        assert result["soft_sufficiency"].per_example.values[b] == pytest.approx(suff, abs=2e-6)
+    # every score counts: a ranking-preserving change of the scores changes the soft metrics
+    squeezed = [dataclasses.replace(e, scores=np.asarray(e.scores) ** 3) for e in expls]
+    again = evaluate(model, squeezed, ["soft_comprehensiveness"], protocol)
+    assert not np.allclose(again["soft_comprehensiveness"].per_example.values, result["soft_comprehensiveness"].per_example.values)
+
+
+def test_soft_comprehensiveness_refuses_a_regression_model_in_one_line(tiny):
+    model = tiny("bert", "regression")
+    with pytest.raises(InputError, match="soft_comprehensiveness needs class probabilities"):
+        evaluate(model, model.explain(TEXTS, "saliency"), ["soft_comprehensiveness"])
+
+
+def test_soft_sufficiency_measurements_survive_the_results_store_records(tiny):
+    from heedful.evaluate.evaluation import from_records, measure, to_records
+
+    model = tiny("bert")
+    expls = _with_scores(model.explain(TEXTS, "saliency"))
+    protocol = get_protocol("default")
+    m = measure(model.adapter, expls, protocol, ["soft"])
+    back = from_records(protocol, {"soft": to_records(m, "soft")}, len(expls))
+    for name in ("soft_comprehensiveness", "soft_sufficiency"):
+        np.testing.assert_array_equal(METRICS[name].compute(back).values, METRICS[name].compute(m).values)

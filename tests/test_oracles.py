@@ -642,6 +642,10 @@ ORACLES: dict[str, tuple[str, ...]] = {
     ),
     "lime": ("test_perturbation_surrogate.py::test_lime_matches_captum_on_the_same_samples",),
     "rise": ("test_oracles.py::test_rise_equals_a_loop_over_fixed_masks",),
+    "solvability_beam": (
+        "test_solvability.py::test_solvability_beam_finds_the_brute_force_optimum_when_the_beam_holds_every_ordering",
+        "test_solvability.py::test_solvability_beam_of_one_is_the_greedy_search",
+    ),
     "tdd": ("test_perturbation_tdd.py::test_tdd_matches_the_reference_on_gpt2",),
     # context
     "context_cite": ("test_context.py::test_context_cite_with_every_mask_equals_an_exact_least_squares_fit",),

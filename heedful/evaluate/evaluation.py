@@ -26,6 +26,7 @@ from heedful.engine.targets import Target
 from heedful.errors import InputError
 from heedful.evaluate import context as ctx
 from heedful.evaluate import perturbation as pert
+from heedful.evaluate import soft
 from heedful.evaluate.metrics import (
     METRICS,
     Measurements,
@@ -176,8 +177,8 @@ def model_inputs(
 
 
 # ---------------------------------------------------------------------------- measuring
-SOURCES = ("remove", "keep", "loo", "ablations")
-TOKEN_SOURCES = ("remove", "keep", "loo")
+SOURCES = ("remove", "keep", "loo", "soft", "ablations")
+TOKEN_SOURCES = ("remove", "keep", "loo", "soft")
 """The measurements read off token perturbations (``ablations`` removes whole sources)."""
 
 
@@ -219,6 +220,8 @@ def _measure(
         m.x, m.keep, m.keep_valid = pert.curve(prepared, "keep", chunk)
     if m.x is None:
         m.x = protocol.curve_ratios
+    if "soft" in sources:
+        m.soft_erased, m.soft_kept = soft.measure_soft(prepared)
     if "loo" in sources:
         drops, mask = pert.leave_one_out(prepared, chunk)
         scores = prepared.scores.numpy()
@@ -271,7 +274,9 @@ def to_records(m: Measurements, source: str) -> list[dict]:
     records = []
     for b in range(m.n):
         base = {f"original_{f}": getattr(m.original, f)[b].item() for f in pert.Outputs.FIELDS}
-        if source == "loo":
+        if source == "soft":
+            base.update(soft.soft_records(m.soft_erased, m.soft_kept)[b])
+        elif source == "loo":
             base["drops"] = m.loo_drops[b].tolist()
             base["scores"] = m.loo_scores[b].tolist()
         else:
@@ -309,6 +314,8 @@ def from_records(protocol: Protocol, records: dict[str, list[dict]], n: int) -> 
                 m.remove, m.remove_valid = outs, valid
             else:
                 m.keep, m.keep_valid = outs, valid
+    if "soft" in records:
+        m.soft_erased, m.soft_kept = soft.soft_from_records(records["soft"])
     if "loo" in records:
         m.loo_drops = [np.asarray(r["drops"], dtype=float) for r in records["loo"]]
         m.loo_scores = [np.asarray(r["scores"], dtype=float) for r in records["loo"]]

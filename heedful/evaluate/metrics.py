@@ -7,7 +7,9 @@ more metric never costs another forward pass over data already measured:
   (:func:`heedful.evaluate.perturbation.curve`): AOPC / comprehensiveness, log-odds, accuracy
   (drop), Pearson (drop), deletion area;
 * ``keep`` curve -- outputs with only the top-ranked tokens kept: sufficiency, insertion area;
-* ``loo`` -- leave-one-out drops: tau-LOO.
+* ``loo`` -- leave-one-out drops: tau-LOO;
+* ``soft`` -- outputs with every token's embedding dimensions dropped in proportion to its
+  normalised score (:mod:`heedful.evaluate.soft`): soft comprehensiveness and sufficiency.
 
 Plausibility metrics compare scores with evidence and need no forward pass.
 
@@ -29,6 +31,10 @@ pearson_drop       high  ``r(x) - r(x \\ top_k)``, mean over k
 deletion           low   area under the watched output as top tokens are removed, over the
                          ratio span (Petsiuk et al. 2018, RISE §4.1, for text)
 insertion          high  area under the output as only the top tokens are kept
+soft_compre-      high  ``max(0, p(x) - p(x_C))``, ``x_C`` each embedding dimension of token
+hensiveness              ``i`` kept with probability ``1 - s_i`` (Zhao & Aletras 2023, Eq. 2)
+soft_sufficiency   high  ``1 - max(0, p(x) - p(x_S))``, kept with probability ``s_i`` (Zhao &
+                         Aletras 2023, Eq. 3)
 tau_loo            high  Kendall tau-b between leave-one-out drops and scores (ferret; Jain &
                          Wallace 2019)
 dot_product        high  ``E . norm(S)``: score mass on the evidence (NormXLogit §5.1, after
@@ -100,6 +106,8 @@ class Measurements:
     source_scores: list[np.ndarray | None] | None = None
     answer_source: np.ndarray | None = None
     content: list[np.ndarray] | None = None
+    soft_erased: Outputs | None = None
+    soft_kept: Outputs | None = None
 
     @property
     def kept_mask(self) -> np.ndarray:
@@ -356,6 +364,21 @@ def _insertion(m: Measurements) -> PerExample:
     return PerExample(_area(m.x, curves, valid), curves)
 
 
+def _soft_drop(m: Measurements, outs: Outputs | None, metric: str) -> np.ndarray:
+    """``max(0, p(x) - p(x'))`` ``[B]`` of the soft-perturbed copies ``outs`` (NaN: skipped example)."""
+    outs = _require(outs, "soft", metric)
+    drop = np.maximum(0.0, m.original.probability - outs.probability)
+    return np.where(m.kept_mask, drop, np.nan)
+
+
+def _soft_comprehensiveness(m: Measurements) -> PerExample:
+    return PerExample(_soft_drop(m, m.soft_erased, "soft_comprehensiveness"))
+
+
+def _soft_sufficiency(m: Measurements) -> PerExample:
+    return PerExample(1.0 - _soft_drop(m, m.soft_kept, "soft_sufficiency"))
+
+
 def _tau_loo(m: Measurements) -> PerExample:
     from scipy.stats import kendalltau
 
@@ -489,6 +512,12 @@ METRICS: dict[str, Metric] = {
         _m("deletion", "faithfulness", "remove", False, "area under the output as top tokens are removed", _deletion),
         _m("insertion", "faithfulness", "keep", True, "area under the output as top tokens are kept", _insertion),
         _m("tau_loo", "faithfulness", "loo", True, "Kendall tau of leave-one-out drops and scores", _tau_loo, curve_kind=None),
+        _m("soft_comprehensiveness", "faithfulness", "soft", True,
+           "probability drop when each token's embedding is erased in proportion to its score",
+           _soft_comprehensiveness, curve_kind=None, needs_probability=True),
+        _m("soft_sufficiency", "faithfulness", "soft", True,
+           "1 - probability drop when each token's embedding is kept in proportion to its score",
+           _soft_sufficiency, curve_kind=None, needs_probability=True),
         _m("dot_product", "plausibility", "evidence", True, "normalised score mass on the evidence",
            _plausibility("dot_product"), curve_kind="layer"),
         _m("average_precision", "plausibility", "evidence", True, "average precision of the ranking against the evidence",
@@ -530,8 +559,8 @@ def register_metric(
     """
     if name in METRICS:
         raise ValueError(f"metric {name!r} registered twice")
-    if source not in ("remove", "keep", "loo", "ablations", "evidence"):
-        raise ValueError(f"metric {name!r}: source must be remove, keep, loo, ablations or evidence, not {source!r}")
+    if source not in ("remove", "keep", "loo", "soft", "ablations", "evidence"):
+        raise ValueError(f"metric {name!r}: source must be remove, keep, loo, soft, ablations or evidence, not {source!r}")
 
     def deco(compute: Callable[[Measurements], PerExample]) -> Callable[[Measurements], PerExample]:
         METRICS[name] = Metric(

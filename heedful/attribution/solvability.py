@@ -1,0 +1,122 @@
+"""An explanation that solves the removal metric it is scored by: the beam search of Zhou & Shah
+(2023) over token orderings, each ordering scored by the comprehensiveness and/or sufficiency
+curve it produces (:mod:`heedful.engine.ablation` runs every removal batched)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
+
+import torch
+
+from heedful.attribution._precision import MethodPrecision
+from heedful.engine.ablation import removal_drops
+from heedful.engine.options import AT_LEAST_ONE, RUNTIME
+from heedful.engine.perturb import Removal, removable_positions
+from heedful.engine.problem import Problem
+from heedful.progress import task
+from heedful.registry import register
+
+Objective = Literal["comprehensiveness", "sufficiency", "both"]
+
+
+def beam_forwards(beam: int, tokens: int, objective: str) -> int:
+    """Forward passes the search runs for ``tokens`` removable tokens (the reference excluded):
+    at step ``t`` (a prefix of ``t`` tokens chosen) each of the ``min(beam, tokens!/(tokens-t)!)``
+    live orderings tries the ``tokens - t`` tokens left, one removal each (two for ``"both"``);
+    the step that has one token left runs nothing (its prefix is the whole text for every beam)."""
+    total, alive = 0, 1
+    for t in range(tokens - 1):
+        total += alive * (tokens - t)
+        alive = min(beam, alive * (tokens - t))
+    return total * (2 if objective == "both" else 1)
+
+
+def _passes(options: Mapping[str, Any], tokens: int) -> tuple[float, float]:
+    return (1 + beam_forwards(options["beam"], tokens, options["objective"]), 0)
+
+
+@register(
+    "solvability_beam",
+    family="perturbation",
+    cost="1 + ~beam * N^2 / 2 forwards (x2 for objective='both'; batched per step)",
+    passes=_passes,
+)
+@torch.no_grad()
+def solvability_beam(
+    problem: Problem,
+    *,
+    beam: Annotated[int, AT_LEAST_ONE] = 4,
+    objective: Objective = "comprehensiveness",
+    removal: Removal = "auto",
+    output: Literal["logit", "probability"] = "probability",
+    precision: MethodPrecision = "fp32",
+    internal_batch_size: Annotated[int | None, AT_LEAST_ONE, RUNTIME] = None,
+) -> torch.Tensor:
+    """Token ranks of the ordering a beam search finds to maximise comprehensiveness and/or minimise sufficiency.
+
+    The explanation is an ordering ``o`` of the ``M`` removable tokens, and it directly optimises
+    the metric it will be scored by. ``objective="comprehensiveness"`` maximises the AOPC of the
+    deletion curve ``sum_k f(x) - f(x without o_1..o_k)``; ``"sufficiency"`` minimises that of the
+    keep curve ``sum_k f(x) - f(x with only o_1..o_k)``; ``"both"`` maximises their difference
+    (comprehensiveness minus sufficiency, the paper's combined target). The orderings are built
+    one token at a time: at each step every one of the ``beam`` best prefixes is extended by each
+    token it lacks, each extension scored by its prefix's curve so far plus the output drop of
+    its new prefix removed (or kept), all extensions of all examples in one batched
+    :func:`~heedful.engine.ablation.removal_drops`; the ``beam`` best extensions survive.
+    ``beam=1`` is the greedy search; a beam of ``M!`` is exhaustive. The scores are the best
+    ordering as ranks, ``M - k + 1`` for the ``k``-th token (``M`` for the first), 0 for special
+    tokens ``[B, N]``: only the order carries meaning, not the gaps.
+
+    ``f`` is the target's ``probability`` (as comprehensiveness is defined) or ``logit``;
+    ``removal`` and ``precision`` as for leave-one-out.
+
+    Cost: ``1 + sum_{t=0}^{M-2} min(beam, M!/(M-t)!) * (M - t)`` forwards per example, about
+    ``beam * M^2 / 2`` (twice that for ``"both"``), run in ``M - 1`` batched steps.
+
+    Source: Zhou & Shah 2023, The Solvability of Interpretability Evaluation Metrics (EACL
+    Findings), Sec. 3 (beam search over feature orderings)
+    """
+    allowed = removable_positions(problem.batch, problem.target)  # [B, N]
+    bsz, width = allowed.shape
+    device = allowed.device
+    counts = allowed.sum(dim=1)  # M_b
+    most = int(counts.max()) if bsz else 0
+    used = torch.zeros(bsz, beam, width, dtype=torch.bool, device=device)  # each beam's prefix
+    order = torch.zeros(bsz, beam, max(most, 1), dtype=torch.long, device=device)
+    score = torch.full((bsz, beam), -math.inf, dtype=torch.float64, device=device)
+    score[:, 0] = 0.0  # one live (empty) ordering to start from
+    eye = torch.eye(width, dtype=torch.bool, device=device)
+    drop = dict(output=output, removal=removal, precision=precision, rows=internal_batch_size)
+    with task(f"solvability beam steps ({bsz} texts)", total=max(most - 1, 0)) as steps:
+        for t in range(most):
+            left = counts - t  # [B] tokens not yet placed
+            valid = score.isfinite()[:, :, None] & allowed[:, None, :] & ~used  # [B, W, N]
+            grown = used[:, :, None, :] | eye  # [B, W, N(new token), N]
+            measured = valid & (left > 1)[:, None, None]  # the last token's step changes no ranking
+            gain = torch.zeros(bsz, beam, width, dtype=torch.float64, device=device)
+            if measured.any():
+                if objective != "sufficiency":
+                    remove = grown & measured[..., None]
+                    gain += removal_drops(problem, remove.view(bsz, -1, width), **drop).view(bsz, beam, width).double()
+                if objective != "comprehensiveness":
+                    keep_only = allowed[:, None, None, :] & ~grown & measured[..., None]
+                    gain -= removal_drops(problem, keep_only.view(bsz, -1, width), **drop).view(bsz, beam, width).double()
+                steps.advance()
+            total = torch.where(valid, score[:, :, None] + gain, torch.full_like(gain, -math.inf)).view(bsz, -1)
+            best = torch.sort(total, dim=1, descending=True, stable=True)  # stable: ties keep beam-then-position order
+            top, index = best.values[:, :beam], best.indices[:, :beam]  # [B, W]
+            parent, token = index // width, index % width
+            rows = torch.arange(bsz, device=device)[:, None]
+            active = (left > 0)[:, None]  # an example with every token placed keeps its beams
+            used = torch.where(active[..., None], used[rows, parent] | eye[token], used)
+            new_order = order[rows, parent]
+            new_order[:, :, t] = token
+            order = torch.where(active[..., None], new_order, order)
+            score = torch.where(active, top, score)
+    scores = torch.zeros(bsz, width + 1, dtype=problem.reference.logits.dtype, device=device)
+    rank = (counts[:, None] - torch.arange(order.shape[2], device=device)[None, :]).to(scores.dtype)  # [B, M]
+    placed = torch.arange(order.shape[2], device=device)[None, :] < counts[:, None]
+    scores.scatter_(1, torch.where(placed, order[:, 0], width), rank)  # unplaced slots -> an extra column, cut off
+    return scores[:, :width]

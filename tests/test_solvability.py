@@ -1,0 +1,104 @@
+"""solvability_beam (Zhou & Shah 2023) against a brute-force search over every ordering of the
+removable tokens and a greedy search written as a plain loop, on the raw transformers model."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from conftest import cached_model
+from test_oracles import Alone
+
+import heedful
+from heedful.attribution.solvability import beam_forwards
+
+TEXTS = {"bert": ("a bad film", "so good"), "llama": ("good", "bad")}
+"""Texts of at most 6 removable tokens on each tiny tokenizer (the brute force tries M! orderings)."""
+
+
+class Curves:
+    """The explained probability of one text with any set of its removable tokens removed (or all
+    others removed), by hand: ``[MASK]`` for an encoder, deletion for a decoder."""
+
+    def __init__(self, one: Alone) -> None:
+        self.one = one
+        self.removable = [i for i in range(one.n) if not one.special[i]]
+        self.cache: dict[frozenset[int], float] = {}
+        self.full = self.prob(frozenset())
+
+    def prob(self, removed: frozenset[int]) -> float:
+        if removed not in self.cache:
+            ids = self.one.ids[0]
+            if self.one.is_encoder:
+                kept = ids.clone()
+                kept[sorted(removed)] = self.one.tok.mask_token_id
+            else:
+                kept = torch.tensor([t for i, t in enumerate(ids.tolist()) if i not in removed])
+            with torch.no_grad():
+                self.cache[removed] = float(torch.softmax(self.one.logits(self.one.hf(input_ids=kept[None])), -1)[self.one.label])
+        return self.cache[removed]
+
+    def gain(self, prefix: tuple[int, ...], objective: str) -> float:
+        """The objective's term for one prefix: its removal's drop (comprehensiveness), minus the
+        drop of keeping only it (sufficiency)."""
+        value = 0.0
+        if objective != "sufficiency":
+            value += self.full - self.prob(frozenset(prefix))
+        if objective != "comprehensiveness":
+            value -= self.full - self.prob(frozenset(self.removable) - frozenset(prefix))
+        return value
+
+    def value(self, order: tuple[int, ...], objective: str) -> float:
+        """The objective summed over the ordering's prefixes (AOPC x M), the last (whole-text) prefix
+        left out as the search leaves it out: it is the same for every ordering."""
+        return sum(self.gain(order[: k + 1], objective) for k in range(len(order) - 1))
+
+
+def _orders(model, texts, **options) -> list[tuple[int, ...]]:
+    """heedful's orderings: positions by descending score, the special tokens (score 0) left out."""
+    found = model.explain(list(texts), "solvability_beam", output="probability", **options)
+    return [tuple(sorted((i for i, s in enumerate(e.scores) if s > 0), key=lambda i: -e.scores[i])) for e in found]
+
+
+@pytest.mark.parametrize("objective", ["comprehensiveness", "sufficiency", "both"])
+@pytest.mark.parametrize(("family", "task"), [("bert", "classification"), ("llama", "classification")])
+def test_solvability_beam_finds_the_brute_force_optimum_when_the_beam_holds_every_ordering(family, task, objective):
+    model = cached_model(family, task)
+    texts = TEXTS[family]
+    curves = [Curves(Alone(model, t)) for t in texts]
+    assert all(2 <= len(c.removable) <= 6 for c in curves), [len(c.removable) for c in curves]
+    found = _orders(model, texts, beam=720, objective=objective)
+    for c, order in zip(curves, found, strict=True):
+        assert sorted(order) == c.removable, "every removable token is ranked, nothing else"
+        best = max(c.value(p, objective) for p in itertools.permutations(c.removable))
+        assert c.value(order, objective) >= best - 1e-5, (order, c.value(order, objective), best)
+
+
+@pytest.mark.parametrize(("family", "task"), [("bert", "classification"), ("llama", "classification")])
+def test_solvability_beam_of_one_is_the_greedy_search(family, task):
+    model = cached_model(family, task)
+    texts = ("a charming , unbelievably affecting journey", "dull")
+    found = _orders(model, texts, beam=1)
+    for text, order in zip(texts, found, strict=True):
+        c = Curves(Alone(model, text))
+        greedy: list[int] = []
+        while len(greedy) < len(c.removable) - 1:
+            left = [i for i in c.removable if i not in greedy]
+            greedy.append(max(left, key=lambda i: c.gain((*greedy, i), "comprehensiveness")))
+        greedy += [i for i in c.removable if i not in greedy]
+        assert list(order) == greedy
+
+
+def test_solvability_beam_reports_the_forwards_it_runs():
+    model = cached_model("bert", "classification")
+    e = model.explain("a bad film", "solvability_beam", beam=3, objective="both")
+    m = len(Curves(Alone(model, "a bad film")).removable)
+    assert e.cost.forward_passes == 1 + beam_forwards(3, m, "both")
+    # M = 5, beam 3: steps try 5, 3 x 4, 3 x 3, 3 x 2 removals; twice for "both"
+    assert beam_forwards(3, 5, "both") == 2 * (5 + 12 + 9 + 6)
+
+
+def test_solvability_beam_refuses_a_beam_of_zero_in_one_line():
+    with pytest.raises(heedful.InputError, match="beam=0"):
+        cached_model("bert", "classification").explain("a bad film", "solvability_beam", beam=0)
