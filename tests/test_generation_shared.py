@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from heedful.generation import prepare_steps
-from heedful.generation_shared import _groups, explain_shared
+from heedful.generation_shared import SharedSteps, _groups, explain_shared
 from heedful.memory import Need, estimate
 
 PROMPTS = ["the cat sat on the mat and", "a dog ran", "birds"]
@@ -55,6 +55,15 @@ def test_shared_path_equals_the_per_step_path_with_one_forward_per_sequence(tiny
     else:
         assert (plain_fwd, fwd) == (rows, sequences)
     assert plain_bwd == bwd == points * rows  # one backward per step row and point, as before
+
+
+@pytest.mark.parametrize("steps", [1, 3])
+def test_steps_per_backward_changes_nothing_but_the_grouping(tiny, steps, monkeypatch):
+    lm = tiny("llama", "causal_lm")
+    monkeypatch.setattr(SharedSteps, "steps_per_backward", steps)
+    _, plain, (_, plain_bwd), scores, (fwd, bwd) = _both(lm, "grad_x_input", {})
+    np.testing.assert_allclose(scores.numpy(), plain.numpy(), atol=1e-5 * float(plain.abs().max()), rtol=1e-4)
+    assert (fwd, bwd) == (len(PROMPTS), plain_bwd)
 
 
 def test_shared_path_groups_sequences_under_the_memory_budget(tiny):
