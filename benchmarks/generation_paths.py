@@ -53,11 +53,11 @@ def main(argv: list[str] | None = None) -> int:
         options = dict(OPTIONS[method], **({"n_steps": args.ig_steps} if method == "integrated_gradients" else {}))
         bound = info.bind(options, lm.adapter.device)
 
-        def per_step():
+        def per_step(info=info, bound=bound):
             problem, _, _ = prepare_steps(lm.adapter, generation, info, "logit")
             return info.fn(problem, **bound).detach()
 
-        def shared():
+        def shared(info=info, bound=bound):
             return explain_shared(lm.adapter, generation, info, bound, "logit")[3]
 
         def shared_per_step_backward():
