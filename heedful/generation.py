@@ -171,6 +171,13 @@ def _prefix_text(batch: Batch, b: int, n: int) -> str:
     return batch.texts[b][: max(ends)] if ends else ""
 
 
+def step_request(adapter: ModelAdapter, generation: Generation, example: torch.Tensor, step: torch.Tensor) -> Columns:
+    """The step rows' targets: row ``r`` explains token ``y_t`` of example ``b`` (``example[r]``,
+    ``step[r]``) ``[R]``."""
+    tokens = [generation.continuations[b][t] for b, t in zip(example.tolist(), step.tolist(), strict=True)]
+    return Columns(indices=tuple((y,) for y in tokens), weights=(1.0,), labels=tuple(adapter.output_name(y) for y in tokens))
+
+
 def prepare_steps(
     adapter: ModelAdapter, generation: Generation, info: MethodInfo | None = None, quantity: str = "log_prob"
 ) -> tuple[Problem, torch.Tensor, torch.Tensor]:
@@ -183,11 +190,7 @@ def prepare_steps(
     and any problem larger than that, gets :func:`shared_reference` -- one pass per sequence for
     all its steps -- and the method runs its own passes chunk by chunk."""
     batch, example, step = step_rows(generation)
-    request = Columns(
-        indices=tuple((generation.continuations[b][t],) for b, t in zip(example.tolist(), step.tolist(), strict=True)),
-        weights=(1.0,),
-        labels=tuple(adapter.output_name(generation.continuations[b][t]) for b, t in zip(example.tolist(), step.tolist(), strict=True)),
-    )
+    request = step_request(adapter, generation, example, step)
     hidden = info is not None and info.needs_hidden
     attentions = info is not None and info.needs_attentions
     fits = keeps_graph(adapter, batch.lengths) is not None

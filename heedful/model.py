@@ -33,6 +33,7 @@ from heedful.errors import InputError
 from heedful.explanation import Cost, Explanation, Explanations, TargetInfo
 from heedful.generation import Generation, force, generate, prepare_steps
 from heedful.generation_explanation import GenerationExplanation, assemble_generation
+from heedful.generation_shared import explain_shared
 from heedful.registry import MethodInfo
 
 ProgressHook = Callable[[int], None]
@@ -543,8 +544,13 @@ class Model:
         generation = self._generation(
             info, bound, prompts, max_new_tokens, continuation, generation_config, chat, truncation, max_length
         )
-        (problem, example, step), shared = self._timed(lambda: prepare_steps(self.adapter, generation, info, quantity))
-        scores, own = self._timed(lambda: info.fn(problem, **bound).detach())
+        found_shared, shared = self._timed(lambda: explain_shared(self.adapter, generation, info, bound, quantity))
+        if found_shared is not None:  # one forward per sequence for all its steps
+            problem, example, step, scores = found_shared
+            own = (0.0, 0, 0)
+        else:
+            (problem, example, step), shared = self._timed(lambda: prepare_steps(self.adapter, generation, info, quantity))
+            scores, own = self._timed(lambda: info.fn(problem, **bound).detach())
         problem.release_graph()
         rows = max(len(problem), 1)
         cost = Cost(*((a + b) / rows for a, b in zip(shared, own, strict=True)))

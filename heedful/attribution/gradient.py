@@ -193,9 +193,15 @@ def baseline_embeddings(problem: Problem, baseline: str) -> torch.Tensor:
     """Reference input ``[B, N, E]``: content tokens replaced by the ``[PAD]`` / ``[MASK]`` /
     unknown-token embedding (special tokens kept, as is usual for text; ``"unk"`` is Inseq's
     default baseline), or all-zero embeddings."""
-    adapter, batch = problem.adapter, problem.batch
     if baseline == "zero":
         return torch.zeros_like(problem.word_embeddings())
+    return baseline_of(problem.adapter, problem.batch, baseline)
+
+
+def baseline_of(adapter: ModelAdapter, batch: Batch, baseline: str) -> torch.Tensor:
+    """:func:`baseline_embeddings` of ``batch``'s own ids ``[B, N, E]``."""
+    if baseline == "zero":
+        return torch.zeros_like(adapter.embed(batch.input_ids.to(adapter.device)))
     if baseline == "pad":
         token = adapter.pad_token_id
     elif baseline in ("mask", "unk"):

@@ -1,0 +1,89 @@
+"""heedful's two paths of generation attribution, back to back in one process on one machine
+load: the per-step rows (every step its own forward and backward over its prefix,
+:func:`heedful.generation.prepare_steps`) and the shared-prefix path (one forward per sequence,
+per path point for integrated gradients, and the steps' backward passes from its graph vmapped
+over their cotangents, :mod:`heedful.generation_shared`) -- and, with ``--per-step-backward``,
+the shared path with a plain backward per step. Their ratio holds on a loaded machine, where absolute times
+do not; scores are checked equal.
+
+    python benchmarks/generation_paths.py [--model smollm2-135m] [--n 16] [--steps 20] [--ig-steps 8]
+                                          [--repeats 1] [--threads 2] [--methods ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import warnings
+
+import torch
+from generation import prompts_of  # noqa: E402  (benchmarks/ is the script's folder)
+
+import heedful
+from heedful.generation import prepare_steps
+from heedful.generation_shared import SharedSteps, explain_shared
+
+OPTIONS = {"saliency": {}, "grad_x_input": {}, "integrated_gradients": {"baseline": "unk"}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--n", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--words", type=int, default=8)
+    parser.add_argument("--ig-steps", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--methods", nargs="+", default=list(OPTIONS), choices=list(OPTIONS))
+    parser.add_argument("--per-step-backward", action="store_true", help="also time the shared path with a backward per step")
+    args = parser.parse_args(argv)
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(args.threads)
+    print(f"load average {os.getloadavg()[0]:.2f} before", flush=True)
+    lm = heedful.load(args.model)
+    if lm.tokenizer.unk_token_id is None:
+        OPTIONS["integrated_gradients"]["baseline"] = "pad"
+    generation = lm.generate(prompts_of(args.n, args.words), args.steps, generation_config={"min_new_tokens": args.steps})
+    print(f"{args.model}: {len(generation.steps)} prompts x {args.steps} tokens", flush=True)
+    for method in args.methods:
+        info = lm.method(method)
+        options = dict(OPTIONS[method], **({"n_steps": args.ig_steps} if method == "integrated_gradients" else {}))
+        bound = info.bind(options, lm.adapter.device)
+
+        def per_step(info=info, bound=bound):
+            problem, _, _ = prepare_steps(lm.adapter, generation, info, "logit")
+            return info.fn(problem, **bound).detach()
+
+        def shared(info=info, bound=bound):
+            return explain_shared(lm.adapter, generation, info, bound, "logit")[3]
+
+        def shared_per_step_backward():
+            SharedSteps.steps_per_backward = 1
+            try:
+                return shared()
+            finally:
+                SharedSteps.steps_per_backward = None
+
+        extra = {"shared, a backward per step": shared_per_step_backward} if args.per_step_backward else {}
+        paths = {"per-step": per_step, "shared": shared, **extra}
+        found = {name: [] for name in paths}
+        scores = {}
+        for _ in range(args.repeats):
+            for name, call in paths.items():  # interleaved, so that both see the same load
+                began = time.perf_counter()
+                scores[name] = call()
+                found[name].append(time.perf_counter() - began)
+        worst = max(float((s - scores["per-step"]).abs().max()) for s in scores.values())
+        largest = float(scores["per-step"].abs().max())
+        times = ", ".join(f"{name} {min(t):.2f} s" for name, t in found.items())
+        ratio = min(found["per-step"]) / min(found["shared"])
+        print(f"{method}: {times}; per-step / shared {ratio:.2f}x; max abs diff {worst:.1e} (max abs score {largest:.3g})", flush=True)
+    print(f"load average {os.getloadavg()[0]:.2f} after", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
