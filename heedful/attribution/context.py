@@ -280,7 +280,7 @@ def hierarchical(
         token_scores = token_scores[:, -1]
     pooled = sources.pool(token_scores)  # [B, S]
     counts = sources.counts.cpu()
-    valid = torch.arange(pooled.shape[1])[None, :] < counts[:, None]
+    valid = torch.arange(pooled.shape[1], device=pooled.device)[None, :] < counts[:, None]
     ranked = torch.where(valid, pooled, torch.full_like(pooled, -torch.inf))
     k = min(keep, pooled.shape[1])
     cutoff = ranked.topk(k, dim=1).values[:, -1:]
