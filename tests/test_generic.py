@@ -48,7 +48,7 @@ UNKNOWN: dict[str, tuple[Callable[[], tf.PretrainedConfig], str, str]] = {
     # name: (config, task, tokenizer: "bpe" or "wordpiece") -- 2 layers, width 32, 4 heads
     "bloom": (lambda: tf.BloomConfig(vocab_size=_bpe(), hidden_size=32, n_layer=2, n_head=4, **SMALL), "causal_lm", "bpe"),
     "mpt": (lambda: tf.MptConfig(vocab_size=_bpe(), d_model=32, n_layers=2, n_heads=4, max_seq_len=64, init_config={"init_std": INIT_RANGE}), "causal_lm", "bpe"),
-    "gptj": (lambda: tf.GPTJConfig(vocab_size=_bpe(), n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_positions=64, **SMALL), "causal_lm", "bpe"),
+    "gpt_neo": (lambda: tf.GPTNeoConfig(vocab_size=_bpe(), hidden_size=32, num_layers=2, num_heads=4, attention_types=[[["global", "local"], 1]], max_position_embeddings=64, window_size=8, **SMALL), "causal_lm", "bpe"),
     "gpt_bigcode": (lambda: tf.GPTBigCodeConfig(vocab_size=_bpe(), n_embd=32, n_layer=2, n_head=4, n_positions=64, **SMALL), "causal_lm", "bpe"),
     "codegen": (lambda: tf.CodeGenConfig(vocab_size=_bpe(), n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_positions=64, n_ctx=64, **SMALL), "causal_lm", "bpe"),
     "falcon": (lambda: tf.FalconConfig(vocab_size=_bpe(), hidden_size=32, num_hidden_layers=2, num_attention_heads=4, **SMALL), "classification", "bpe"),
