@@ -10,7 +10,6 @@ from typing import Annotated, Any, Literal
 
 import torch
 
-from heedful.attribution._precision import MethodPrecision
 from heedful.engine.ablation import removal_drops
 from heedful.engine.options import AT_LEAST_ONE, RUNTIME
 from heedful.engine.perturb import Removal, removable_positions
@@ -51,7 +50,6 @@ def solvability_beam(
     objective: Objective = "comprehensiveness",
     removal: Removal = "auto",
     output: Literal["logit", "probability"] = "probability",
-    precision: MethodPrecision = "fp32",
     internal_batch_size: Annotated[int | None, AT_LEAST_ONE, RUNTIME] = None,
 ) -> torch.Tensor:
     """Token ranks of the ordering a beam search finds to maximise comprehensiveness and/or minimise sufficiency.
@@ -70,7 +68,8 @@ def solvability_beam(
     tokens ``[B, N]``: only the order carries meaning, not the gaps.
 
     ``f`` is the target's ``probability`` (as comprehensiveness is defined) or ``logit``;
-    ``removal`` and ``precision`` as for leave-one-out.
+    ``removal`` as for leave-one-out. Passes run in float32 only: a search turns small rounding
+    differences between candidates into a different ordering, and the scores are its ranks.
 
     Cost: ``1 + sum_{t=0}^{M-2} min(beam, M!/(M-t)!) * (M - t)`` forwards per example, about
     ``beam * M^2 / 2`` (twice that for ``"both"``), run in ``M - 1`` batched steps.
@@ -88,7 +87,7 @@ def solvability_beam(
     score = torch.full((bsz, beam), -math.inf, dtype=torch.float64, device=device)
     score[:, 0] = 0.0  # one live (empty) ordering to start from
     eye = torch.eye(width, dtype=torch.bool, device=device)
-    drop = dict(output=output, removal=removal, precision=precision, rows=internal_batch_size)
+    drop = dict(output=output, removal=removal, rows=internal_batch_size)
     with task(f"solvability beam steps ({bsz} texts)", total=max(most - 1, 0)) as steps:
         for t in range(most):
             left = counts - t  # [B] tokens not yet placed
