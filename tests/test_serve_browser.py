@@ -9,10 +9,12 @@ same explanations (one renderer). A screenshot is saved under the test's tempora
 
 from __future__ import annotations
 
+import contextlib
 import re
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
@@ -48,16 +50,11 @@ def _free_port() -> socket.socket:
     return sock
 
 
-@pytest.fixture(scope="module")
-def served(tiny):
-    """``(base URL, model)``: uvicorn serving ``create_app`` with the tiny BERT preloaded, in a
-    background thread; stopped (bounded) after the module."""
+@contextlib.contextmanager
+def serving(app) -> Iterator[str]:
+    """The base URL of uvicorn serving ``app`` on a free loopback port in a background thread;
+    stopped (bounded) on exit."""
     uvicorn = pytest.importorskip("uvicorn")
-    pytest.importorskip("fastapi")
-    from heedful.serve import ServeSettings, create_app
-
-    model = tiny("bert")
-    app = create_app(ServeSettings(models=[MODEL, LM]), preloaded={MODEL: model, LM: tiny("gpt2", "causal_lm")})
     sock = _free_port()
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
@@ -67,10 +64,26 @@ def served(tiny):
         assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
         time.sleep(0.05)
     host, port = sock.getsockname()
-    yield f"http://{host}:{port}", model
-    server.should_exit = True
-    thread.join(WAIT_S)
-    sock.close()
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(WAIT_S)
+        sock.close()
+
+
+@pytest.fixture(scope="module")
+def served(tiny):
+    """``(base URL, model)``: uvicorn serving ``create_app`` with the tiny BERT preloaded, in a
+    background thread; stopped (bounded) after the module."""
+    pytest.importorskip("uvicorn")
+    pytest.importorskip("fastapi")
+    from heedful.serve import ServeSettings, create_app
+
+    model = tiny("bert")
+    app = create_app(ServeSettings(models=[MODEL, LM]), preloaded={MODEL: model, LM: tiny("gpt2", "causal_lm")})
+    with serving(app) as base:
+        yield base, model
 
 
 @pytest.fixture(scope="module")

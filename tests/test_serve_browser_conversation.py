@@ -7,12 +7,10 @@ line on the page."""
 from __future__ import annotations
 
 import json
-import threading
-import time
 
 import pytest
 from test_conversation import CONVERSATION, PLANTED, planted  # noqa: F401  (the fixture)
-from test_serve_browser import CHROMEDRIVER, CHROMIUM, WAIT_S, _free_port, _wait, browser  # noqa: F401
+from test_serve_browser import CHROMEDRIVER, CHROMIUM, WAIT_S, _wait, browser, serving  # noqa: F401
 
 CHAT = "tiny-chat"
 
@@ -24,24 +22,12 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def served(planted):  # noqa: F811
-    uvicorn = pytest.importorskip("uvicorn")
+    pytest.importorskip("uvicorn")
     pytest.importorskip("fastapi")
     from heedful.serve import ServeSettings, create_app
 
-    app = create_app(ServeSettings(models=[CHAT]), preloaded={CHAT: planted})
-    sock = _free_port()
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + WAIT_S
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.05)
-    host, port = sock.getsockname()
-    yield f"http://{host}:{port}"
-    server.should_exit = True
-    thread.join(WAIT_S)
-    sock.close()
+    with serving(create_app(ServeSettings(models=[CHAT]), preloaded={CHAT: planted})) as base:
+        yield base
 
 
 def _paste(driver, text: str) -> None:
