@@ -154,6 +154,20 @@ def keep(store: Path, key: str, found: dict) -> None:
         part.write_text(json.dumps(found), encoding="utf-8")
 
 
+def position_counter(lm) -> list[int]:
+    """``[n]``: the token positions every forward of ``lm``'s backbone runs, counted from now
+    (reset by setting ``n`` to 0)."""
+    positions = [0]
+
+    def count(module, args, kwargs):
+        ids = kwargs.get("input_ids")
+        ids = kwargs.get("inputs_embeds") if ids is None else ids
+        positions[0] += 0 if ids is None else int(ids.shape[0] * ids.shape[1])
+
+    lm.adapter.backbone.register_forward_pre_hook(count, with_kwargs=True)
+    return positions
+
+
 def run_config(
     model_name: str, method: str, options: dict, docs: list[dict], threads: int, max_memory: str, subset: int | None,
     store: Path | None = None, keys: list[str | None] | None = None,
@@ -170,14 +184,7 @@ def run_config(
     warnings.filterwarnings("ignore")
     torch.set_num_threads(threads)
     lm = heedful.load(model_name, max_memory=max_memory)
-    positions = [0]
-
-    def count(module, args, kwargs):
-        ids = kwargs.get("input_ids")
-        ids = kwargs.get("inputs_embeds") if ids is None else ids
-        positions[0] += 0 if ids is None else int(ids.shape[0] * ids.shape[1])
-
-    lm.adapter.backbone.register_forward_pre_hook(count, with_kwargs=True)
+    positions = position_counter(lm)
     lm.explain(docs[0]["text"][:200], "saliency")  # warm-up
     found = []
     for i, doc in enumerate(docs):

@@ -16,6 +16,7 @@ import time
 import warnings
 
 import numpy as np
+from context import position_counter
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,14 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     lm = heedful.load(args.model, max_memory=args.max_memory)
     data = datasets.load("planted", "test", n=args.first + args.docs, length=args.length, tokenizer=lm.tokenizer, seed=args.seed)
-    positions = [0]
-
-    def count(module, a, kwargs):
-        ids = kwargs.get("input_ids")
-        ids = kwargs.get("inputs_embeds") if ids is None else ids
-        positions[0] += 0 if ids is None else int(ids.shape[0] * ids.shape[1])
-
-    lm.adapter.backbone.register_forward_pre_hook(count, with_kwargs=True)
+    positions = position_counter(lm)
     lm.explain(data[0].text[:200], "saliency")  # warm-up
     for i, ex in enumerate(list(data)[args.first :], start=args.first):
         spans = [tuple(s) for s in ex.meta["sources"]]
