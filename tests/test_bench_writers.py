@@ -127,7 +127,14 @@ def _whole_steps(rows: dict[str, list[tuple]]) -> set[tuple[str, str]]:
     return evaluated
 
 
-@pytest.mark.parametrize("methods", [(ALL, ALL), (["random", "grad_x_input"], ["grad_x_input", "integrated_gradients"])], ids=["same", "overlapping"])
+@pytest.mark.parametrize(
+    "methods",
+    [
+        # two processes on the same methods: the overlapping case covers the same claims on fewer rows
+        pytest.param((ALL, ALL), id="same", marks=pytest.mark.slow),
+        pytest.param((["random", "grad_x_input"], ["grad_x_input", "integrated_gradients"]), id="overlapping"),
+    ],
+)
 def test_two_benches_on_one_store_write_every_row_once(model_dir, data_csv, reference, tmp_path, methods):
     out = tmp_path / "out"
     started = time.monotonic()

@@ -18,12 +18,20 @@ from hub_server import LoopbackHub, Repo, folder_files
 from heedful.testing import tiny_hf
 
 LOAD = """
-import json, sys
+import json, os, sys
+from pathlib import Path
 import heedful
-m = heedful.load(sys.argv[1], revision=(sys.argv[2] or None), progress=False)
-e = m.explain("The capital of France is", "saliency")
-print(json.dumps({"task": m.task, "name": m.name, "tokens": len(e.scores), "layers": m.hf_model.config.num_hidden_layers}))
+found = []
+for name, revision in zip(sys.argv[1::2], sys.argv[2::2]):
+    m = heedful.load(name, revision=(revision or None), progress=False)
+    e = m.explain("The capital of France is", "saliency")
+    snapshots = Path(os.environ["HF_HOME"]) / "hub" / "models--tiny--llama" / "snapshots"
+    found.append({"task": m.task, "name": m.name, "tokens": len(e.scores), "layers": m.hf_model.config.num_hidden_layers,
+                  "snapshots": sorted(p.name for p in snapshots.iterdir())})
+print(json.dumps(found))
 """
+"""Loads each (name, revision) pair of its arguments in turn, in one process, and prints what each
+load gave and which snapshots the cache then holds."""
 
 MAIN, OLD = "a" * 40, "b" * 40
 
@@ -78,42 +86,94 @@ def _run(args: list[str], home: Path, endpoint: str, offline: bool = False, cli:
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
 
 
-def _loaded(done: subprocess.CompletedProcess) -> dict:
+CASES = """
+import contextlib, io, json, sys, traceback
+from heedful.cli import main
+found = []
+for args in json.loads(sys.argv[1]):
+    sys.argv = ["heedful", *args]
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            main()
+            code = 0
+        except SystemExit as stop:
+            code = stop.code if isinstance(stop.code, int) else 1
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+    found.append({"returncode": code, "stderr": err.getvalue()})
+print(json.dumps(found))
+"""
+"""Runs several command lines in one process (each through the CLI's ``main``, as the ``heedful``
+script runs it): a fresh process per case would cost a torch import each, and ``huggingface_hub``
+reads its environment once per process anyway."""
+
+
+def _cli_cases(cases: list[list[str]], home: Path, endpoint: str) -> list[subprocess.CompletedProcess]:
+    """Each command line of ``cases`` run by :data:`CASES` in one fresh process: its exit code and
+    stderr, as a completed process."""
+    done = _run([json.dumps(cases)], home, endpoint, script=CASES)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return [subprocess.CompletedProcess(args, r["returncode"], "", r["stderr"])
+            for args, r in zip(cases, json.loads(done.stdout.strip().splitlines()[-1]), strict=True)]
+
+
+def _closed_endpoint() -> str:
+    """The address of a loopback port nobody listens on."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def _loaded(done: subprocess.CompletedProcess) -> list[dict]:
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def test_a_hub_id_downloads_once_then_loads_offline_at_its_revision(hub, tmp_path):
     home = tmp_path / "hf"
-    first = _loaded(_run(["tiny/llama", ""], home, hub.url))
-    assert first == {"task": "causal_lm", "name": "tiny/llama", "tokens": first["tokens"], "layers": 2}
+    # the default branch, then a revision named as every command's --model takes it: each its own
+    # weights, each download leaving its commit's snapshot alone in the cache
+    first, branch = _loaded(_run(["tiny/llama", "", "tiny/llama@v1", ""], home, hub.url))
+    assert first == {"task": "causal_lm", "name": "tiny/llama", "tokens": first["tokens"], "layers": 2, "snapshots": [MAIN]}
+    assert branch["layers"] == 1 and branch["snapshots"] == sorted([MAIN, OLD])
     downloads = [r for r in hub.requests if r.startswith("GET /tiny/llama/resolve/")]
     assert any(r.endswith("/model.safetensors") for r in downloads)
-    snapshots = home / "hub" / "models--tiny--llama" / "snapshots"
-    assert [p.name for p in snapshots.iterdir()] == [MAIN]
     seen = len(hub.requests)
-    # the cache serves it with the hub unreachable by rule
-    assert _loaded(_run(["tiny/llama", ""], home, hub.url, offline=True))["layers"] == 2
+    # the cache serves both with the hub unreachable by rule, the second by its commit
+    latest, pinned = _loaded(_run(["tiny/llama", "", "tiny/llama", OLD], home, hub.url, offline=True))
+    assert (latest["layers"], pinned["layers"]) == (2, 1)
     assert len(hub.requests) == seen
-    # a revision is honoured: a branch (named as every command's --model takes it), then its
-    # commit, each with its own weights
-    assert _loaded(_run(["tiny/llama@v1", ""], home, hub.url))["layers"] == 1
-    assert _loaded(_run(["tiny/llama", OLD], home, hub.url, offline=True))["layers"] == 1
-    assert sorted(p.name for p in snapshots.iterdir()) == sorted([MAIN, OLD])
 
 
-@pytest.mark.parametrize(
-    ("repo", "says", "names"),
-    [
-        ("tiny/pickled", "has only pickled weights (pytorch_model.bin)", "--allow-pickle"),
-        ("tiny/gated", "is a gated repository", "hf auth login"),
-        ("tiny/corrupt", "the download of model.safetensors from tiny/corrupt is corrupt", "run the same command again"),
-        ("tiny/custom-code", "runs its own Python code", "--trust-remote-code"),
-        ("tiny/missing", "no model repository 'tiny/missing'", "hf auth login"),
-    ],
-)
-def test_what_cannot_load_safely_is_one_line(hub, tmp_path, repo, says, names):
-    done = _run(["explain", "The capital of France is", "--model", repo, "--method", "saliency"], tmp_path / "hf", hub.url, cli=True)
+UNSAFE = [
+    ("tiny/pickled", "has only pickled weights (pytorch_model.bin)", "--allow-pickle"),
+    ("tiny/gated", "is a gated repository", "hf auth login"),
+    ("tiny/corrupt", "the download of model.safetensors from tiny/corrupt is corrupt", "run the same command again"),
+    ("tiny/custom-code", "runs its own Python code", "--trust-remote-code"),
+    ("tiny/missing", "no model repository 'tiny/missing'", "hf auth login"),
+]
+SERVE_UNSAFE = [("tiny/pickled", "--allow-pickle"), ("tiny/custom-code", "--trust-remote-code")]
+
+
+@pytest.fixture(scope="module")
+def refused(hub, tmp_path_factory) -> dict[tuple[str, str], subprocess.CompletedProcess]:
+    """``heedful explain`` on each :data:`UNSAFE` repository and ``heedful serve`` on each
+    :data:`SERVE_UNSAFE` one, against the loopback hub, keyed by (command, repo), and the cache
+    they share."""
+    home = tmp_path_factory.mktemp("refused") / "hf"
+    cases = [("explain", ["explain", "The capital of France is", "--model", repo, "--method", "saliency"]) for repo, _, _ in UNSAFE]
+    cases += [("serve", ["serve", "--model", repo, "--port", str(_free_port())]) for repo, _ in SERVE_UNSAFE]
+    results = _cli_cases([args for _, args in cases], home, hub.url)
+    found = {(command, args[args.index("--model") + 1]): done for (command, args), done in zip(cases, results, strict=True)}
+    found[("cache", "")] = home
+    return found
+
+
+@pytest.mark.parametrize(("repo", "says", "names"), UNSAFE)
+def test_what_cannot_load_safely_is_one_line(hub, refused, repo, says, names):
+    done = refused[("explain", repo)]
     assert done.returncode == 2, done.stderr[-2000:]
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 2 and says in lines[0] and names in lines[1], done.stderr
@@ -121,14 +181,12 @@ def test_what_cannot_load_safely_is_one_line(hub, tmp_path, repo, says, names):
     if repo == "tiny/pickled":
         assert not any(r.endswith(".bin") for r in hub.requests if r.startswith("GET"))
     if repo == "tiny/corrupt":  # the corrupt file is not left in the cache to be served later
-        assert not list((tmp_path / "hf" / "hub").rglob("model.safetensors"))
+        assert not list((refused[("cache", "")] / "hub" / "models--tiny--corrupt").rglob("model.safetensors"))
 
 
 def test_an_unreachable_hub_is_one_line_within_ten_seconds(tmp_path):
-    with socket.socket() as sock:  # a port nobody listens on
-        sock.bind(("127.0.0.1", 0))
-        closed = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    fetched = _loaded(_run(["tiny/llama"], tmp_path / "hf", closed, script=FETCH))
+    closed = _closed_endpoint()
+    fetched = json.loads(_run(["tiny/llama"], tmp_path / "hf", closed, script=FETCH).stdout.strip().splitlines()[-1])
     assert fetched["seconds"] < 10 and "cannot reach" in fetched["error"]
     done = _run(["explain", "hello", "--model", "tiny/llama"], tmp_path / "hf", closed, cli=True)
     assert done.returncode == 2 and "cannot reach" in done.stderr and "Traceback" not in done.stderr
@@ -154,8 +212,11 @@ def test_a_revision_or_id_that_cannot_apply_fails_before_any_work(name, revision
 SCORES = """
 import json, sys
 import heedful
-m = heedful.load(sys.argv[1], revision=sys.argv[2], progress=False)
-print(json.dumps([float(s) for s in m.explain("The capital of France is", "saliency").scores]))
+found = []
+for revision in sys.argv[2:]:
+    m = heedful.load(sys.argv[1], revision=revision, progress=False)
+    found.append([float(s) for s in m.explain("The capital of France is", "saliency").scores])
+print(json.dumps(found))
 """
 
 
@@ -198,34 +259,38 @@ def test_serve_loads_a_hub_model_at_its_pinned_revision(hub, tmp_path):
     assert process.returncode == 0
     # the served model is v1's commit (one layer), as a direct load of that commit explains it
     assert [p.name for p in (home / "hub" / "models--tiny--llama" / "snapshots").iterdir()] == [OLD]
-    pinned = json.loads(_run(["tiny/llama", OLD], home, hub.url, offline=True, script=SCORES).stdout.strip().splitlines()[-1])
+    pinned, latest = _loaded(_run(["tiny/llama", OLD, MAIN], home, hub.url, script=SCORES))
     assert served == pytest.approx(pinned, rel=1e-5, abs=1e-7)
-    latest = json.loads(_run(["tiny/llama", MAIN], home, hub.url, script=SCORES).stdout.strip().splitlines()[-1])
     assert served != pytest.approx(latest, rel=1e-3, abs=1e-5)
 
 
-@pytest.mark.parametrize(
-    ("args", "says"),
-    [
-        (["--revision", "v1"], "no --model is given"),
-        (["--model", "tiny/llama", "--model", "tiny/other", "--revision", "v1"], "pins one hub model, and 2 are given"),
-        (["--model", "minilm-sentiment", "--revision", "v1"], "is for hub ids"),
-        (["--model", "tiny/llama@v1", "--revision", "v2"], "names a revision and revision='v2' another"),
-    ],
-)
-def test_serve_hub_flags_that_cannot_apply_are_one_line(tmp_path, args, says):
-    with socket.socket() as sock:  # no hub: each is refused before any download
-        sock.bind(("127.0.0.1", 0))
-        closed = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    done = _run(["serve", *args, "--port", str(_free_port())], tmp_path / "hf", closed, cli=True)
+SERVE_FLAGS = [
+    (["--revision", "v1"], "no --model is given"),
+    (["--model", "tiny/llama", "--model", "tiny/other", "--revision", "v1"], "pins one hub model, and 2 are given"),
+    (["--model", "minilm-sentiment", "--revision", "v1"], "is for hub ids"),
+    (["--model", "tiny/llama@v1", "--revision", "v2"], "names a revision and revision='v2' another"),
+]
+
+
+@pytest.fixture(scope="module")
+def serve_flags(tmp_path_factory) -> list[subprocess.CompletedProcess]:
+    """``heedful serve`` with each of :data:`SERVE_FLAGS`, with no hub to reach: each must be
+    refused before any download."""
+    cases = [["serve", *args, "--port", str(_free_port())] for args, _ in SERVE_FLAGS]
+    return _cli_cases(cases, tmp_path_factory.mktemp("flags") / "hf", _closed_endpoint())
+
+
+@pytest.mark.parametrize("case", range(len(SERVE_FLAGS)), ids=[says for _, says in SERVE_FLAGS])
+def test_serve_hub_flags_that_cannot_apply_are_one_line(serve_flags, case):
+    done, says = serve_flags[case], SERVE_FLAGS[case][1]
     assert done.returncode == 2, done.stderr[-2000:]
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 2 and says in lines[0] and "Traceback" not in done.stderr, done.stderr
 
 
-@pytest.mark.parametrize(("repo", "names"), [("tiny/pickled", "--allow-pickle"), ("tiny/custom-code", "--trust-remote-code")])
-def test_serve_refuses_what_cannot_load_safely_in_one_line(hub, tmp_path, repo, names):
-    done = _run(["serve", "--model", repo, "--port", str(_free_port())], tmp_path / "hf", hub.url, cli=True)
+@pytest.mark.parametrize(("repo", "names"), SERVE_UNSAFE)
+def test_serve_refuses_what_cannot_load_safely_in_one_line(refused, repo, names):
+    done = refused[("serve", repo)]
     assert done.returncode == 2, done.stderr[-2000:]
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 2 and names in lines[1] and "Traceback" not in done.stderr, done.stderr

@@ -70,6 +70,7 @@ def _twice(name: str, tmp_path: Path, writes: Counter, n: int | None, **options:
     return first, second
 
 
+@pytest.mark.slow  # about 90 s on 2 cores (every method of the report on MiniLM, twice): run with -m slow
 def test_mask_lrp_quick_report_and_rerun(zoo_ready, tmp_path: Path, writes: Counter):
     mask = HeadMask.from_array(np.eye(6, 12, dtype=int), {"model": "minilm-sentiment", "dataset": "movies"})
     first, second = _twice(
@@ -87,6 +88,7 @@ def test_mask_lrp_quick_report_and_rerun(zoo_ready, tmp_path: Path, writes: Coun
     )
 
 
+@pytest.mark.slow  # about 80 s on 2 cores (both zoo models, Experiment 2, timing): run with -m slow
 def test_normxlogit_quick_report_and_rerun(zoo_ready, tmp_path: Path, writes: Counter):
     first, second = _twice(
         "normxlogit", tmp_path, writes, 3, ig_steps=2, ig_steps_decoder=2, n_agreement=6, random_seeds=2,
