@@ -126,6 +126,7 @@ def test_killed_worker_is_retried_and_nothing_is_lost_or_doubled(cluster, model,
     assert report.tasks == 18 and f"{report.retries} retried" in report.lines()[0]
 
 
+@pytest.mark.slow  # a second Ray driver process after a kill, about 15 s on 2 cores: run with -m slow
 def test_killed_driver_resumes_with_the_same_command(cluster, model, model_dir, data_csv, local, tmp_path):
     args = [
         "bench", "--model", model_dir, "--dataset", data_csv, "--methods", "random,grad_x_input", "--metrics", "aopc,sufficiency",

@@ -19,6 +19,7 @@ def model() -> heedful.Model:
     return heedful.load("minilm-sentiment")
 
 
+@pytest.mark.slow  # 1,000 snippets through MiniLM, about 30 s on 2 cores: run with -m slow
 def test_held_out_accuracy_meets_target_measured_here(model):
     """Accuracy on the 1,000 held-out movie snippets, measured on the model as loaded (not read
     from what its build recorded), and the build's record agrees with it."""

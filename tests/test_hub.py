@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_cases import run_cli_cases
 from hub_server import LoopbackHub, Repo, folder_files
 
 from heedful.testing import tiny_hf
@@ -77,46 +78,25 @@ except HeedfulError as error:
 """
 
 
-def _run(args: list[str], home: Path, endpoint: str, offline: bool = False, cli: bool = False, script: str = LOAD) -> subprocess.CompletedProcess:
+def _environment(home: Path, endpoint: str, offline: bool = False) -> dict[str, str]:
+    """The environment a user sets for the hub at ``endpoint`` with its cache in ``home``."""
     env = {**os.environ, "HF_ENDPOINT": endpoint, "HF_HOME": str(home), "HF_HUB_DISABLE_TELEMETRY": "1"}
     env.pop("HF_HUB_OFFLINE", None)
     if offline:
         env["HF_HUB_OFFLINE"] = "1"
+    return env
+
+
+def _run(args: list[str], home: Path, endpoint: str, offline: bool = False, cli: bool = False, script: str = LOAD) -> subprocess.CompletedProcess:
+    env = _environment(home, endpoint, offline)
     command = [sys.executable, "-m", "heedful", *args] if cli else [sys.executable, "-c", script, *args]
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
 
 
-CASES = """
-import contextlib, io, json, sys, traceback
-from heedful.cli import main
-found = []
-for args in json.loads(sys.argv[1]):
-    sys.argv = ["heedful", *args]
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        try:
-            main()
-            code = 0
-        except SystemExit as stop:
-            code = stop.code if isinstance(stop.code, int) else 1
-        except BaseException:
-            traceback.print_exc()
-            code = 1
-    found.append({"returncode": code, "stderr": err.getvalue()})
-print(json.dumps(found))
-"""
-"""Runs several command lines in one process (each through the CLI's ``main``, as the ``heedful``
-script runs it): a fresh process per case would cost a torch import each, and ``huggingface_hub``
-reads its environment once per process anyway."""
-
-
 def _cli_cases(cases: list[list[str]], home: Path, endpoint: str) -> list[subprocess.CompletedProcess]:
-    """Each command line of ``cases`` run by :data:`CASES` in one fresh process: its exit code and
-    stderr, as a completed process."""
-    done = _run([json.dumps(cases)], home, endpoint, script=CASES)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return [subprocess.CompletedProcess(args, r["returncode"], "", r["stderr"])
-            for args, r in zip(cases, json.loads(done.stdout.strip().splitlines()[-1]), strict=True)]
+    """Each command line of ``cases`` run in one fresh process (``huggingface_hub`` reads its
+    environment once per process, so they share ``home`` and ``endpoint``)."""
+    return run_cli_cases(cases, env=_environment(home, endpoint), timeout=120)
 
 
 def _closed_endpoint() -> str:
@@ -247,8 +227,7 @@ def _served_scores(port: int, process: subprocess.Popen, deadline_s: float = 120
 
 def test_serve_loads_a_hub_model_at_its_pinned_revision(hub, tmp_path):
     home, port = tmp_path / "hf", _free_port()
-    env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_HOME": str(home), "HF_HUB_DISABLE_TELEMETRY": "1"}
-    env.pop("HF_HUB_OFFLINE", None)
+    env = _environment(home, hub.url)
     command = [sys.executable, "-m", "heedful", "serve", "--model", "tiny/llama", "--revision", "v1", "--port", str(port)]
     process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:

@@ -4,13 +4,12 @@ checked against ``transformers``' own passes, and every view, refusal and bad in
 from __future__ import annotations
 
 import functools
-import subprocess
-import sys
 import warnings
 
 import numpy as np
 import pytest
 import torch
+from cli_cases import run_cli_cases
 
 import heedful
 from heedful.evaluate.generation import generation_faithfulness
@@ -200,20 +199,18 @@ def marian_dir(tmp_path_factory):
         return build_tiny_marian(tmp_path_factory.mktemp("tiny-marian") / "opus-tiny")
 
 
-def _cli(*args: str, cwd) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "heedful", *args], cwd=cwd, capture_output=True, text=True, timeout=300)
-
-
 def test_cli_prints_both_sides_and_writes_a_page_then_refuses_a_missing_output(marian_dir, tmp_path):
-    done = _cli("explain", SOURCE, "--model", str(marian_dir), "--continuation", TARGET, "--method", "saliency", "--html", "t.html", cwd=tmp_path)
-    assert done.returncode == 0, done.stderr
+    written, refused = run_cli_cases([
+        ["explain", SOURCE, "--model", str(marian_dir), "--continuation", TARGET, "--method", "saliency", "--html", "t.html"],
+        ["explain", SOURCE, "--model", str(marian_dir), "--method", "saliency"],
+    ], cwd=tmp_path)
+    assert written.returncode == 0, written.stderr
     page = (tmp_path / "t.html").read_text(encoding="utf-8")
     assert 'data-side="source"' in page and "http" not in page.split("<body>")[1].split("</script>")[0]
-    done = _cli("explain", SOURCE, "--model", str(marian_dir), "--method", "saliency", cwd=tmp_path)
-    assert done.returncode == 2, done.stderr
-    lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1 and "output" in lines[0] and "--continuation" in done.stderr
-    assert "Traceback" not in done.stderr
+    assert refused.returncode == 2, refused.stderr
+    lines = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "output" in lines[0] and "--continuation" in refused.stderr
+    assert "Traceback" not in refused.stderr
 
 
 def test_an_encoder_decoder_classifier_keeps_the_generic_adapter():
