@@ -31,8 +31,8 @@ def steer(
     negative_file: Annotated[str | None, typer.Option("--negative-file", help="mean, iti: negative texts, one per line.")] = None,
     layer: Annotated[int | None, typer.Option("--layer", help="Block whose output the vector is added to (0-based; default 6; iti chooses its heads).")] = None,
     coefficient: Annotated[float, typer.Option("--coefficient", "-c", help="Factor on the vector.")] = 4.0,
-    dataset: Annotated[str, typer.Option("--dataset", "-d", help="mean: labelled texts (movies, ... or a CSV / JSONL path); --sweep: the snippets to continue.")] = "movies",
-    n: Annotated[int, typer.Option("--n", "-n", help="mean: the first N texts of each sentiment; --sweep: N prompts.")] = 100,
+    dataset: Annotated[str, typer.Option("--dataset", "-d", help="mean, iti: labelled texts (movies, ... or a CSV / JSONL path); --sweep: the snippets to continue.")] = "movies",
+    n: Annotated[int, typer.Option("--n", "-n", help="mean, iti: the first N texts of each sentiment; --sweep: N prompts.")] = 100,
     sentence: Annotated[str | None, typer.Option("--sentence", help="extract: the sentence the vector must make the model write.")] = None,
     steps: Annotated[int, typer.Option("--steps", help="extract: optimisation steps (Adam).")] = 300,
     lr: Annotated[float, typer.Option("--lr", help="extract: Adam's learning rate.")] = 0.1,
@@ -59,6 +59,10 @@ def steer(
     Activation steering (--vector caa|mean|extract): builds the vector at --layer, generates from
     PROMPT greedily without and with --coefficient times the vector added to the block's output
     at every position, and prints both; --sweep measures it on movie snippets instead.
+
+    Inference-time intervention (--vector iti): a probe per attention head on the labelled texts
+    chooses the --heads best heads; each is shifted along its --direction by --coefficient
+    standard deviations before the attention output projection, at every position.
 
     Input suppression (--suppress): estimates co-perturbation interest over PROMPT (explained output: the next-token logits),
     suppresses the --suppress words by scaling their tokens' input word embeddings by --weight
