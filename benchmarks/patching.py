@@ -7,7 +7,8 @@ clean prompt inside the run on a corrupted one -- a prompt pair of the same toke
 rows per cell) -- and reads the target token's probability at the last position. Three ways:
 
 * heedful: ``heedful.trace(..., atp=False)``, every cell a row of batched passes sized by the
-  memory budget;
+  memory budget, continuing the clean prompt's key/value cache over the positions before the
+  first corrupted token;
 * nnsight, a trace per cell: ``with model.trace(corrupted): layers[l].output[:, p] = clean``,
   the loop of nnsight's activation-patching tutorial written plainly;
 * nnsight, one trace with an invoke per cell (its ``LanguageModel`` batches the invokes into
@@ -152,7 +153,8 @@ def main() -> None:
         f"- {library_versions('torch', 'transformers', 'nnsight')}; {torch.get_num_threads()} torch threads",
         f"- heedful's passes: the rows of the cells in chunks sized by the memory budget ({format_bytes(model.adapter.max_memory)}), "
         "the head read at the last position only; the cells of positions before the first corrupted token (equal in both runs of a causal model, "
-        f"so their effect is 0) run no pass: {ran} of {cells} cells ran. nnsight runs every cell through the model as built (logits at every position).",
+        f"so their effect is 0) run no pass: {ran} of {cells} cells ran, each continuing the clean prompt's key/value cache over those {first} positions "
+        f"and computing the other {runs.width - first}. nnsight runs every cell through the model as built (logits at every position).",
     ]
     emit(lines, notes, args.out)
 

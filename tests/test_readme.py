@@ -66,6 +66,8 @@ COMMANDS: dict[str, str] = {
     # (the stand-in's tokenizer splits the two capitals into different lengths)
     "heedful counterfactual --model minilm-sentiment --dataset movies --n 100 --method saliency --method leave_one_out": ZOO,
     "heedful steer --sweep --model smollm2-135m --vector caa --positive 'I love this' --negative 'I hate this' --layer 6 --coefficients -4,0,1,2,4,8 -n 30 --out sweep.json": ZOO,
+    "heedful steer --model smollm2-135m --vector iti --heads 16 --coefficient 5 --prompt 'The movie was'": ZOO,
+    "heedful steer --sweep --model smollm2-135m --vector iti --heads 16 --coefficients 0,5,10,15,20 -n 30 --out sweep-iti.json": ZOO,
     "heedful rectify --model minilm-sentiment --dataset movies --method coperturbation,leave_one_out,random --sweep --out results/": ZOO,
     "heedful bench --model minilm-sentiment --dataset movies --methods random,grad_x_input,normxlogit --metrics aopc,sufficiency,accuracy,log_odds --preset normxlogit --n 200 --out results/": ZOO,
     "heedful bench --model smollm2-135m --dataset planted --option dataset.length=1024 --n 30 --methods random,saliency,grad_x_input,context_cite --metrics source_top1,source_top3,precision_at_k,source_comprehensiveness,lds --out results/": ZOO,

@@ -253,6 +253,30 @@ def test_cells_left_unchanged_by_the_corruption_run_no_pass(models, monkeypatch)
     np.testing.assert_allclose(expected[:, :first], 0, atol=1e-6)
 
 
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_grid_passes_continue_the_clean_prefix_and_compute_only_the_changed_positions(models, monkeypatch, family):
+    """A causal model computes the positions before the corrupted span alike in every run: the
+    grid's passes continue the clean prompt's key/value cache there and run only the positions
+    from the span on -- with the plain loop's grid."""
+    model = models(family)
+    adapter = model.adapter
+    real, seen = type(adapter).forward, []
+
+    def spy(self, batch, anchor, **kw):
+        if kw.get("prefix") is not None:
+            seen.append((kw["inputs_embeds"].shape[:2], kw["prefix"][2], anchor.tolist()))
+        return real(self, batch, anchor, **kw)
+
+    monkeypatch.setattr(type(adapter), "forward", spy)
+    trace = heedful.trace(model, PROMPT, corrupt="france", samples=2, atp=False)
+    monkeypatch.undo()
+    first, layers, width = trace.corrupted[0], *trace.effect.shape
+    assert seen == [((layers * (width - first) * 2, width - first), first, [width - 1 - first] * layers * (width - first) * 2)]
+    expected = plain_loop(model, _runs(model, samples=2), "residual")
+    scale = max(1e-3, float(np.abs(expected).max()))
+    np.testing.assert_allclose(trace.effect, expected, atol=1e-5 * scale + 1e-7, rtol=1e-4)
+
+
 def test_graddrop_has_one_estimate_per_cell_and_agrees_in_magnitude(models):
     model = models("llama")
     trace = heedful.trace(model, PROMPT, corrupt="france", samples=2, gradient_dropout=True)
@@ -275,7 +299,7 @@ def test_ctrl_c_keeps_the_layers_computed(models, monkeypatch):
             raise KeyboardInterrupt
         return real(adapter, runs, embeds)
 
-    monkeypatch.setattr(patching, "forward_rows", interrupted)  # calls: clean, corrupted, then passes of 2 cells; layer 0 has 5 changed cells
+    monkeypatch.setattr(patching, "forward_rows", interrupted)  # calls: clean and corrupted, then passes of 2 cells; layer 0 has 5 changed cells
     trace = heedful.trace(model, PROMPT, corrupt="france", samples=2, atp=False)
     assert not trace.complete
     rows = np.isfinite(trace.effect).all(axis=1)

@@ -1,6 +1,7 @@
 """``heedful steer``: change what a language model writes, by activation steering (a vector
 added to one layer's residual stream: contrastive activation addition, a mean-difference vector,
-or Subramani et al.'s extracted vector) or by input suppression (scaling chosen prompt words'
+or Subramani et al.'s extracted vector; or inference-time intervention, probe-chosen heads
+shifted along their direction) or by input suppression (scaling chosen prompt words'
 embeddings, the seed paper's Section 5.4.2), and the measured sentiment sweep (``--sweep``).
 Registered in :mod:`heedful.cli`; heavy imports happen inside."""
 
@@ -13,7 +14,7 @@ import typer
 
 from heedful.commands.interest import OptionOpt, check_run, settings_options
 
-VECTORS = ("caa", "mean", "extract")
+VECTORS = ("caa", "mean", "extract", "iti")
 POSITIVE_LABELS = {"1", "positive", "pos"}
 NEGATIVE_LABELS = {"0", "negative", "neg"}
 
@@ -23,16 +24,20 @@ def steer(
     suppress: Annotated[
         list[str] | None, typer.Option("--suppress", "-s", help="Input suppression: word or phrase of the prompt to suppress; repeatable.")
     ] = None,
-    vector: Annotated[str | None, typer.Option("--vector", help="Activation steering: caa (contrastive pair), mean (mean difference over --dataset's labels) or extract (Subramani et al.: --sentence).")] = None,
+    vector: Annotated[str | None, typer.Option("--vector", help="Activation steering: caa (contrastive pair), mean (mean difference over --dataset's labels), extract (Subramani et al.: --sentence) or iti (inference-time intervention: --heads probe-chosen heads shifted by --coefficient standard deviations).")] = None,
     positive: Annotated[list[str] | None, typer.Option("--positive", help="caa: positive prompt; repeatable, paired with --negative.")] = None,
     negative: Annotated[list[str] | None, typer.Option("--negative", help="caa: negative prompt; repeatable.")] = None,
-    layer: Annotated[int, typer.Option("--layer", help="Block whose output the vector is added to (0-based).")] = 6,
+    positive_file: Annotated[str | None, typer.Option("--positive-file", help="mean, iti: positive texts, one per line (instead of --dataset).")] = None,
+    negative_file: Annotated[str | None, typer.Option("--negative-file", help="mean, iti: negative texts, one per line.")] = None,
+    layer: Annotated[int | None, typer.Option("--layer", help="Block whose output the vector is added to (0-based; default 6; iti chooses its heads).")] = None,
     coefficient: Annotated[float, typer.Option("--coefficient", "-c", help="Factor on the vector.")] = 4.0,
-    dataset: Annotated[str, typer.Option("--dataset", "-d", help="mean: labelled texts (movies, ... or a CSV / JSONL path); --sweep: the snippets to continue.")] = "movies",
-    n: Annotated[int, typer.Option("--n", "-n", help="mean: the first N texts of each sentiment; --sweep: N prompts.")] = 100,
+    dataset: Annotated[str, typer.Option("--dataset", "-d", help="mean, iti: labelled texts (movies, ... or a CSV / JSONL path); --sweep: the snippets to continue.")] = "movies",
+    n: Annotated[int, typer.Option("--n", "-n", help="mean, iti: the first N texts of each sentiment; --sweep: N prompts.")] = 100,
     sentence: Annotated[str | None, typer.Option("--sentence", help="extract: the sentence the vector must make the model write.")] = None,
     steps: Annotated[int, typer.Option("--steps", help="extract: optimisation steps (Adam).")] = 300,
     lr: Annotated[float, typer.Option("--lr", help="extract: Adam's learning rate.")] = 0.1,
+    heads: Annotated[int, typer.Option("--heads", help="iti: the K heads of best probe accuracy that are shifted.")] = 16,
+    direction: Annotated[str, typer.Option("--direction", help="iti: mass_mean (the paper's) or probe (the probe's weights).")] = "mass_mean",
     sweep: Annotated[bool, typer.Option("--sweep", help="Measure success (judged by --judge) against perplexity over --coefficients on movie snippets.")] = False,
     coefficients: Annotated[str, typer.Option("--coefficients", help="--sweep: comma-separated coefficients.")] = "-8,-4,0,4,8",
     judge: Annotated[str, typer.Option("--judge", help="--sweep: sentiment classifier judging the continuations.")] = "minilm-sentiment",
@@ -55,6 +60,10 @@ def steer(
     PROMPT greedily without and with --coefficient times the vector added to the block's output
     at every position, and prints both; --sweep measures it on movie snippets instead.
 
+    Inference-time intervention (--vector iti): a probe per attention head on the labelled texts
+    chooses the --heads best heads; each is shifted along its --direction by --coefficient
+    standard deviations before the attention output projection, at every position.
+
     Input suppression (--suppress): estimates co-perturbation interest over PROMPT (explained output: the next-token logits),
     suppresses the --suppress words by scaling their tokens' input word embeddings by --weight
     (default 0: their content is erased, their positions kept; no attention masking, so the
@@ -72,6 +81,7 @@ def steer(
         _activation_steering(
             model, prompt, vector or "caa", positive, negative, layer, coefficient, dataset, n, sentence, sweep,
             coefficients, judge, toward, prompt_words, out_json, max_new_tokens, seed, steps, lr,
+            positive_file, negative_file, heads, direction,
         )
         return
     if not suppress or prompt is None:
@@ -95,6 +105,7 @@ def steer(
 def _activation_steering(
     model, prompt, kind, positive, negative, layer, coefficient, dataset, n, sentence, sweep,
     coefficients, judge, toward, prompt_words, out_json, max_new_tokens, seed, steps, lr,
+    positive_file=None, negative_file=None, heads=16, direction="mass_mean",
 ) -> None:
     import json
 
@@ -107,12 +118,26 @@ def _activation_steering(
 
     if kind not in VECTORS:
         raise InputError(f"unknown steering vector {kind!r}", hint=did_you_mean(kind, VECTORS, "vector"))
+    if kind == "iti" and layer is not None:
+        raise InputError("inference-time intervention chooses its heads by their probes; it takes no --layer", hint="drop --layer, set --heads")
+    if kind not in ("mean", "iti") and (positive_file is not None or negative_file is not None):
+        raise InputError("--positive-file and --negative-file are the labelled sets of --vector mean or iti", hint="--positive / --negative for caa")
+    if (positive_file is None) != (negative_file is None):
+        raise InputError("give both --positive-file and --negative-file", hint="one text per line in each")
+    if kind == "iti":
+        from heedful.inside.iti import DIRECTIONS
+
+        if direction not in DIRECTIONS:
+            raise InputError(f"unknown --direction {direction!r}", hint=did_you_mean(direction, DIRECTIONS, "direction"))
+        if heads < 1:
+            raise InputError(f"--heads must be at least 1, got {heads}", hint="the paper shifts 48 of LLaMA-7B's 1024 heads")
+    layer = 6 if layer is None else layer
     if kind == "caa" and (not positive or not negative):
         raise InputError("a contrastive vector needs --positive and --negative prompts", hint='e.g. --positive "I love this" --negative "I hate this"')
     if kind == "extract" and sentence is None:
         raise InputError("an extracted vector needs the --sentence it must make the model write", hint='e.g. --sentence "the taste is excellent!"')
     if sweep and kind == "extract":
-        raise InputError("the sweep adds one vector to every prompt; an extracted vector belongs to its sentence", hint="--vector caa or mean")
+        raise InputError("the sweep adds one vector to every prompt; an extracted vector belongs to its sentence", hint="--vector caa, mean or iti")
     if not sweep and kind != "extract" and prompt is None:
         raise InputError("what should the model continue?", hint='--prompt "The movie was"')
     chosen = _coefficients(coefficients) if sweep else []
@@ -126,11 +151,17 @@ def _activation_steering(
     loaded = load_model(model)
     if kind == "caa":
         found = steering.contrastive(loaded, positive, negative, layer)
-    elif kind == "mean":
-        texts = load_dataset(dataset, "train")  # the first n texts of each sentiment
-        pos = [e.text for e in texts if str(e.label).lower() in POSITIVE_LABELS][:n]
-        neg = [e.text for e in texts if str(e.label).lower() in NEGATIVE_LABELS][:n]
-        found = steering.mean_difference(loaded, pos, neg, layer)
+    elif kind in ("mean", "iti"):
+        pos, neg = _labelled_sets(dataset, n, positive_file, negative_file)
+        if kind == "mean":
+            found = steering.mean_difference(loaded, pos, neg, layer)
+        else:
+            from heedful.inside.iti import iti
+
+            found = iti(loaded, pos, neg, heads=heads, direction=direction, seed=seed)
+            scores = found.head_accuracy
+            err.print(f"iti: the {len(found.heads)} of {found.accuracy.numel()} heads whose probes score best on the held-out texts "
+                      f"(validation accuracy {float(scores.min()):.2f} to {float(scores.max()):.2f})")
     else:
         extracted = steering.extract(loaded, sentence, layer, steps=steps, lr=lr, seed=seed)
         out.print(f"extracted at block {extracted.vector.layer} in {extracted.steps} steps (loss {extracted.loss:.4f} nats/token); "
@@ -149,7 +180,7 @@ def _activation_steering(
         away = "0" if toward.upper().startswith("POS") else "1"  # steer snippets of the other sentiment
         prompts = snippet_prompts(data, prompt_words, label=away if any(e.label is not None for e in data) else None, n=n)
         result = sentiment_sweep(loaded, load_model(judge), prompts, found, chosen, toward=toward, max_new_tokens=new_tokens, seed=seed)
-        table = Table(title=f"{kind} vector at block {found.layer}: {len(prompts)} prompts, judged {toward} by {judge}")
+        table = Table(title=f"{kind} at {found.where}: {len(prompts)} prompts, judged {toward} by {judge}")
         for column in ("coefficient", "success", "95% interval", "perplexity (geo. mean)", "95% interval", "first continuation"):
             table.add_column(column)
         for row in result.rows:
@@ -165,13 +196,32 @@ def _activation_steering(
         return
     plain = loaded.generate(prompt, new_tokens)
     steered = found.generate(loaded, prompt, coefficient, new_tokens)
-    table = Table(title=f"{kind} vector at block {found.layer}, coefficient {coefficient:g} (greedy)")
+    table = Table(title=f"{kind} at {found.where}, coefficient {coefficient:g} (greedy)")
     table.add_column("")
     table.add_column("generation")
     decode = loaded.tokenizer.decode
     table.add_row("without the vector", prompt + decode(plain.continuations[0], skip_special_tokens=True))
     table.add_row("with the vector", prompt + decode(steered.continuations[0], skip_special_tokens=True))
     out.print(table)
+
+
+def _labelled_sets(dataset: str, n: int, positive_file: str | None, negative_file: str | None) -> tuple[list[str], list[str]]:
+    """The positive and negative texts: the files' lines, or the first ``n`` texts of each
+    sentiment of ``dataset``'s train split."""
+    if positive_file is not None and negative_file is not None:
+        from heedful.commands.console import read_text_file
+
+        pos, neg = (
+            [line.strip() for line in read_text_file(path, what).splitlines() if line.strip()]
+            for path, what in ((positive_file, "--positive-file"), (negative_file, "--negative-file"))
+        )
+        return pos, neg
+    from heedful.datasets import load as load_dataset
+
+    texts = load_dataset(dataset, "train")
+    pos = [e.text for e in texts if str(e.label).lower() in POSITIVE_LABELS][:n]
+    neg = [e.text for e in texts if str(e.label).lower() in NEGATIVE_LABELS][:n]
+    return pos, neg
 
 
 def _one_line(text: str, width: int = 60) -> str:

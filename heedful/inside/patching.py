@@ -11,6 +11,12 @@ rows of a few batched passes, as many rows per pass as the adapter's memory budg
 (:meth:`heedful.adapters.ModelAdapter.fit`); at each layer one ``torch.where`` writes the clean
 values into the rows whose cell restores there.
 
+In a causal model the positions before the first one the corruption changes are computed
+identically in the clean run and in every corrupted row, restored or not: the passes continue
+the clean prompt's key/value cache there (:meth:`heedful.adapters.ModelAdapter.prefix_states`,
+as :mod:`heedful.engine.reuse` does for removals) and compute only the positions from the first
+changed one on -- "The capital of France is" against "... Italy is" runs 2 of its 5 positions.
+
 The roles (:mod:`heedful.adapters.roles`) name where the tensors pass, so this works on every
 family with roles:
 
@@ -27,12 +33,12 @@ head        context    one head's slice ``[d]`` of the merged heads entering ``a
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import torch
 
-from heedful.adapters import ModelAdapter
+from heedful.adapters import ModelAdapter, PrefixStates
 from heedful.engine.batch import Batch
 from heedful.engine.memory import Need
 from heedful.errors import InputError, UnsupportedModelError
@@ -96,13 +102,16 @@ class Readout:
 class Runs:
     """One prompt's clean and corrupted inputs: ``batch`` (one example of ``N`` positions),
     ``anchor`` ``[1]``, ``clean`` word embeddings ``[1, N, E]``, ``corrupted`` ``[S, N, E]`` (``S``
-    noise samples, or one corrupted prompt), ``readout`` the score of a pass."""
+    noise samples, or one corrupted prompt), ``readout`` the score of a pass; ``prefix``: the
+    clean prompt's key/value cache over its first ``p`` positions and ``p``, which passes over
+    corrupted rows continue (:func:`with_shared_prefix`; ``None``: full passes)."""
 
     batch: Batch
     anchor: torch.Tensor
     clean: torch.Tensor
     corrupted: torch.Tensor
     readout: Readout
+    prefix: tuple[PrefixStates, int] | None = None
 
     @property
     def samples(self) -> int:
@@ -114,10 +123,38 @@ class Runs:
 
 
 def forward_rows(adapter: ModelAdapter, runs: Runs, embeds: torch.Tensor) -> torch.Tensor:
-    """Logits ``[R, C]`` at the anchor for rows of input embeddings ``[R, N, E]``."""
+    """Logits ``[R, C]`` at the anchor for rows of input embeddings ``[R, N, E]`` (with
+    ``runs.prefix``: the rows continue the clean cache, and only their positions from ``p`` on
+    are computed -- the sites the interception sees are ``[R, N - p, ...]``)."""
     rows = embeds.shape[0]
     mask = runs.batch.attention_mask.to(embeds.device).expand(rows, -1)
-    return adapter.forward(runs.batch, runs.anchor.expand(rows), inputs_embeds=embeds, attention_mask=mask).logits
+    if runs.prefix is None:
+        return adapter.forward(runs.batch, runs.anchor.expand(rows), inputs_embeds=embeds, attention_mask=mask).logits
+    states, shared = runs.prefix
+    continued = (states, torch.zeros(rows, dtype=torch.long, device=embeds.device), shared)
+    anchor = (runs.anchor - shared).expand(rows)
+    return adapter.forward(runs.batch, anchor, inputs_embeds=embeds[:, shared:], attention_mask=mask, prefix=continued).logits
+
+
+def shared_positions(adapter: ModelAdapter, runs: Runs) -> int:
+    """How many leading positions every corrupted row has exactly as the clean input -- which a
+    causal model computes identically in all runs -- up to the anchor's (0 for a model without a
+    key/value cache)."""
+    if not adapter.is_decoder:
+        return 0
+    same = (runs.corrupted == runs.clean).all(dim=0).all(dim=-1)  # [N]
+    return min(int(same.long().cumprod(0).sum()), int(runs.anchor.min()))
+
+
+def with_shared_prefix(adapter: ModelAdapter, runs: Runs) -> Runs:
+    """``runs`` whose passes over corrupted rows continue the clean prompt's cache over the
+    :func:`shared_positions` (unchanged when there are none)."""
+    shared = shared_positions(adapter, runs)
+    if shared == 0:
+        return runs
+    batch = runs.batch
+    states = adapter.prefix_states(batch.with_ids(batch.input_ids[:, :shared], batch.attention_mask[:, :shared]))
+    return replace(runs, prefix=(states, shared))
 
 
 def recorded(adapter: ModelAdapter, runs: Runs, embeds: torch.Tensor, kind: str) -> tuple[list[torch.Tensor], torch.Tensor]:
@@ -153,7 +190,7 @@ def _restore(mask: torch.Tensor, clean: torch.Tensor, value: torch.Tensor) -> to
 class Patched:
     """The scores of the corrupted runs with each cell restored: ``scores`` ``[C]`` (the mean over
     the ``S`` samples; NaN where not computed), ``done`` ``[C]`` which cells were, ``passes``
-    the batched passes run, ``interrupted`` whether Ctrl-C stopped the work."""
+    the passes run (the shared prefix's and the batched rows'), ``interrupted`` whether Ctrl-C stopped the work."""
 
     scores: torch.Tensor
     done: torch.Tensor
@@ -178,21 +215,24 @@ def patch(
     memory budget allows, :func:`rows_per_pass`); the cells are scored in order, so a
     ``KeyboardInterrupt`` keeps every cell whose samples all ran (``interrupted``, ``done``)."""
     cells, samples = restore.shape[0], runs.samples
+    runs = with_shared_prefix(adapter, runs)
+    shared = 0 if runs.prefix is None else runs.prefix[1]
     total = cells * samples
     rows = rows or min(rows_per_pass(adapter, runs.width), max(MIN_ROWS, -(-total // STEPS)))
     device = runs.corrupted.device
     restore = restore.to(device)
     per_row = torch.full((total,), float("nan"))
-    passes, interrupted = 0, False
+    passes, interrupted = int(shared > 0), False  # the prefix's pass
     starts = range(0, total, rows)
     with torch.no_grad(), task(description, len(starts), shown=len(starts) > 1) as progress:
         try:
             for start in starts:
                 index = torch.arange(start, min(start + rows, total), device=device)
-                chunk = restore[index // samples]  # [R, L, N, G]
+                chunk = restore[index // samples, :, shared:]  # [R, L, N - p, G]: the positions computed
                 with adapter.intercept() as hooks:
                     for layer in chunk.any(dim=(0, 2, 3)).nonzero().flatten().tolist():
-                        rule: Callable = partial(_restore, chunk[:, layer], grouped(clean_states[layer], restore.shape[-1]))
+                        clean = grouped(clean_states[layer][:, shared:], restore.shape[-1])
+                        rule: Callable = partial(_restore, chunk[:, layer], clean)
                         hooks.replace(role_of(kind), rule, layers=[layer], per_head=kind == "head")
                     scores = runs.readout(forward_rows(adapter, runs, runs.corrupted[index % samples]))
                 per_row[start : start + len(index)] = scores.cpu()

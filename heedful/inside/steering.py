@@ -38,14 +38,45 @@ from heedful.progress import task
 READS = ("last", "mean")
 
 
+class Steerer:
+    """What steers generation: :meth:`applied` opens a block inside which every forward pass of
+    the model is steered, ``coefficient`` times; :meth:`generate` writes under it. A
+    :class:`SteeringVector` and an inference-time intervention
+    (:class:`heedful.inside.iti.HeadIntervention`) are both steerers, so the sweep
+    (:mod:`heedful.inside.sweep`) and ``heedful steer`` take either."""
+
+    kind: str
+    layer: int | None
+    """The block a one-layer steerer acts at (``None``: several)."""
+
+    def applied(self, model, coefficient: float = 1.0) -> contextlib.AbstractContextManager[None]:
+        raise NotImplementedError
+
+    @property
+    def where(self) -> str:
+        """Where it acts, for people (e.g. ``"block 6"``)."""
+        raise NotImplementedError
+
+    def generate(self, model, prompts: str | Sequence[str], coefficient: float = 1.0, max_new_tokens: int = 20, **options) -> Generation:
+        """Greedy continuations of ``prompts`` steered with ``coefficient`` (``options``: any
+        ``transformers`` generation option)."""
+        batch = model.encode(prompts)
+        with self.applied(model, coefficient):
+            return generate(model.adapter, batch, max_new_tokens, **options)
+
+
 @dataclass
-class SteeringVector:
+class SteeringVector(Steerer):
     """``vector`` ``[D]`` added at the output of block ``layer``; ``kind`` says how it was made."""
 
     layer: int
     vector: torch.Tensor
     kind: str = "caa"
     meta: dict = field(default_factory=dict)
+
+    @property
+    def where(self) -> str:
+        return f"block {self.layer}"
 
     @contextlib.contextmanager
     def applied(self, model, coefficient: float = 1.0, timestep: int | None = None) -> Iterator[None]:
@@ -57,13 +88,6 @@ class SteeringVector:
         with adapter.intercept() as hooks:
             hooks.replace("block_out", _adder(shift, timestep), [self.layer])
             yield
-
-    def generate(self, model, prompts: str | Sequence[str], coefficient: float = 1.0, max_new_tokens: int = 20, **options) -> Generation:
-        """Greedy continuations of ``prompts`` with the vector added (``options``: any
-        ``transformers`` generation option)."""
-        batch = model.encode(prompts)
-        with self.applied(model, coefficient):
-            return generate(model.adapter, batch, max_new_tokens, **options)
 
 
 def _adder(shift: torch.Tensor, timestep: int | None):
@@ -91,25 +115,37 @@ def check_layer(model, layer: int) -> int:
 def activations(model, texts: Sequence[str], layer: int, read: str = "last", batch_size: int = 16) -> torch.Tensor:
     """``[len(texts), D]`` float32: block ``layer``'s output at each text's last token
     (``read="mean"``: averaged over its tokens), in batches."""
+    return states(model, texts, "block_out", [layer], read, batch_size)[:, 0]
+
+
+def states(
+    model, texts: Sequence[str], role: str, layers: Sequence[int], read: str = "last", batch_size: int = 16, description: str | None = None
+) -> torch.Tensor:
+    """``[len(texts), len(layers), W]`` float32 (on the CPU): ``role``'s tensor ``[B, N, W]`` in
+    each of ``layers`` at each text's last token (``read="mean"``: averaged over its tokens), in
+    batches of right-padded texts (``description``: shown as a progress bar)."""
     if read not in READS:
         raise InputError(f"unknown read {read!r}", hint=f"choose one of {', '.join(READS)}")
     if not texts or any(not t.strip() for t in texts):
         raise InputError("steering needs non-empty texts", hint="give each prompt some words")
     adapter = model.adapter
     found = []
-    for start in range(0, len(texts), batch_size):
-        batch = model.encode(list(texts[start : start + batch_size]))
-        anchor, _ = adapter.anchor_positions(batch)
-        with torch.no_grad(), adapter.intercept() as hooks:
-            outs = hooks.record("block_out", [layer])
-            adapter.forward(batch, anchor)
-        h = outs[layer].float()
-        mask = batch.attention_mask.to(h.device)
-        if read == "last":
-            found.append(h[torch.arange(len(batch)), (batch.lengths - 1).to(h.device)])
-        else:
-            found.append((h * mask[..., None]).sum(1) / mask.sum(1, keepdim=True))
-    return torch.cat(found).cpu()
+    starts = range(0, len(texts), batch_size)
+    with task(description or "reading states", len(texts), shown=description is not None and len(starts) > 1) as progress:
+        for start in starts:
+            batch = model.encode(list(texts[start : start + batch_size]))
+            anchor, _ = adapter.anchor_positions(batch)
+            with torch.no_grad(), adapter.intercept() as hooks:
+                outs = hooks.record(role, layers)
+                adapter.forward(batch, anchor)
+            h = torch.stack([outs[layer % adapter.num_layers] for layer in layers], dim=2).float()  # [B, N, L, W]
+            mask = batch.attention_mask.to(h.device)
+            if read == "last":
+                found.append(h[torch.arange(len(batch)), (batch.lengths - 1).to(h.device)].cpu())
+            else:
+                found.append(((h * mask[..., None, None]).sum(1) / mask.sum(1)[:, None, None]).cpu())
+            progress.advance(len(batch))
+    return torch.cat(found)
 
 
 def contrastive(

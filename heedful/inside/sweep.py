@@ -2,7 +2,9 @@
 classifier calls positive, and what that costs in fluency, over a range of coefficients.
 
 For each coefficient ``c`` every prompt (the first words of a movie-review snippet) is continued
-greedily with ``c * vector`` added (:class:`~heedful.inside.steering.SteeringVector`); a judge
+greedily steered ``c`` times (:class:`~heedful.inside.steering.Steerer`: ``c * vector`` added by a
+:class:`~heedful.inside.steering.SteeringVector`, or the heads shifted by ``c`` standard deviations
+by an inference-time intervention, :class:`~heedful.inside.iti.HeadIntervention`); a judge
 (a sentiment classifier, e.g. ``minilm-sentiment``) labels each *continuation alone*;
 **success** is the share labelled ``toward``, with its Wilson 95 % interval; **fluency** is the
 unsteered model's perplexity of the continuation given the prompt (``exp`` of the mean
@@ -25,7 +27,7 @@ from heedful.datasets import Dataset
 from heedful.errors import InputError
 from heedful.evaluate.intervals import bootstrap_mean
 from heedful.generation import Generation
-from heedful.inside.steering import SteeringVector
+from heedful.inside.steering import Steerer
 from heedful.progress import task
 
 Z95 = 1.959963984540054
@@ -71,11 +73,16 @@ class SweepRow:
 
 @dataclass
 class SweepResult:
+    """``layer``: the steering vector's block (``None`` for a steerer of several, see ``where``);
+    ``kind``: the steerer's kind (``caa``, ``mean``, ``iti``, ...)."""
+
     toward: str
-    layer: int
+    layer: int | None
     rows: list[SweepRow]
     prompts: list[str]
     seconds: float = 0.0
+    kind: str = ""
+    where: str = ""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -105,7 +112,7 @@ def sentiment_sweep(
     lm,
     judge,
     prompts: Sequence[str],
-    vector: SteeringVector,
+    vector: Steerer,
     coefficients: Sequence[float],
     *,
     toward: str = "POSITIVE",
@@ -135,4 +142,4 @@ def sentiment_sweep(
             values = np.asarray([v for v in logppl if np.isfinite(v)])
             mean, plow, phigh = bootstrap_mean(values, seed=seed)
             rows.append(SweepRow(float(c), hits / len(texts), low, high, math.exp(mean), math.exp(plow), math.exp(phigh), len(texts), texts[:shown]))
-    return SweepResult(toward, vector.layer, rows, list(prompts), time.perf_counter() - began)
+    return SweepResult(toward, vector.layer, rows, list(prompts), time.perf_counter() - began, vector.kind, vector.where)

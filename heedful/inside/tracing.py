@@ -265,9 +265,11 @@ def prepare_runs(
         if not positions:
             raise InputError("the counterfactual prompt is the prompt itself", hint="change the words whose effect you want to trace")
         corrupted = embeds[1:]
-    with torch.no_grad():
-        logits = adapter.forward(clean_batch, anchor).logits
-    column = int(logits[0].argmax()) if target is None else adapter.output_index(target)
+    if target is None:
+        with torch.no_grad():
+            column = int(adapter.forward(clean_batch, anchor).logits[0].argmax())
+    else:
+        column = adapter.output_index(target)
     other: int | None = None
     if metric == "logit_diff":
         if contrast is None and counterfactual is None:
@@ -324,15 +326,15 @@ def trace(
     )
     layers, width = len(adapter.roles().blocks), runs.width
     cells = restore_cells(layers, width, groups, kind, window)
-    with torch.no_grad():
-        clean_states, clean_score = recorded(adapter, runs, runs.clean, kind)
+    with torch.no_grad():  # the clean and the corrupted rows in one pass
+        states, both = recorded(adapter, runs, torch.cat([runs.clean, runs.corrupted]), kind)
+    clean_states, corrupted_states = [s[:1] for s in states], [s[1:] for s in states]
+    clean_score, corrupted_scores = both[:1], both[1:]
     began = time.perf_counter()
     estimate = attribution_patching(adapter, runs, kind, clean_states, cells) if atp else None
     dropped = graddrop(adapter, runs, kind, clean_states, cells) if gradient_dropout else None
     atp_seconds = time.perf_counter() - began
     began = time.perf_counter()
-    with torch.no_grad():
-        corrupted_states, corrupted_scores = recorded(adapter, runs, runs.corrupted, kind)
     unchanged = unchanged_sites(clean_states, corrupted_states, groups)
     needed = (cells & ~unchanged[None]).flatten(1).any(dim=1)  # a cell restoring only unchanged sites changes nothing
     patched = patch(adapter, runs, kind, clean_states, cells[needed], description=f"tracing {layers} layers")
