@@ -98,3 +98,16 @@ def lens_summary(lens: dict[str, list[np.ndarray]], evidence: list[np.ndarray]) 
             found[f"{key}_low"], found[f"{key}_high"] = per_layer_intervals(stack)
     found["evidence_first"] = np.array(float(np.mean([bool(e[0]) for e in evidence])) if evidence else np.nan)
     return found
+
+
+def layers_ahead(al: Any, key: str = "ap") -> tuple[int, int]:
+    """Layers where NormXLogit is ahead of every one of
+    :data:`~heedful.reproduce.normxlogit.run.VERSUS` on ``key``: by the paired
+    difference's estimate, and with its 95 % paired interval apart from 0 (the toolkit's *holds*).
+    ``al``: an :class:`~heedful.reproduce.normxlogit.run.Alignment` with ``versus``."""
+    from heedful.reproduce.toolkit import HOLDS, difference_verdict
+
+    diffs = al.versus[key]  # [3, L, 3]
+    ahead = int((diffs[:, :, 0] > 0).all(axis=0).sum())
+    apart = sum(all(difference_verdict(tuple(d[k])).word == HOLDS for d in diffs) for k in range(al.layers))
+    return ahead, int(apart)
