@@ -75,15 +75,24 @@ norm over the median norm of the other positions."""
 
 def per_layer_intervals(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """95 % bootstrap intervals of the mean over examples (NaNs left out) of ``values``
-    ``[..., E]`` -> ``low``, ``high`` ``[...]``."""
-    from heedful.evaluate.intervals import bootstrap_mean
+    ``[..., E]`` -> ``low``, ``high`` ``[...]``: each row's :func:`~heedful.evaluate.intervals.bootstrap_mean`
+    of its finite values, the rows with the same finite examples resampled together (the same
+    seeded resamples, so the same intervals as one row at a time)."""
+    from heedful.evaluate.intervals import bootstrap_indices
 
-    flat = values.reshape(-1, values.shape[-1])
+    flat = values.reshape(-1, values.shape[-1]) if values.shape[-1] else np.empty((int(np.prod(values.shape[:-1])), 0))
     low, high = np.full(flat.shape[0], np.nan), np.full(flat.shape[0], np.nan)
-    for i, row in enumerate(flat):
-        finite = row[np.isfinite(row)]
-        if finite.size > 1:
-            _, low[i], high[i] = bootstrap_mean(finite)
+    finite = np.isfinite(flat)
+    patterns: dict[bytes, list[int]] = {}
+    for i, row in enumerate(finite):
+        if row.sum() > 1:
+            patterns.setdefault(np.packbits(row).tobytes(), []).append(i)
+    for rows in patterns.values():
+        kept = flat[np.ix_(rows, np.flatnonzero(finite[rows[0]]))]  # [r, k]
+        draws = bootstrap_indices(kept.shape[1])  # [n_boot, k]
+        for start in range(0, len(rows), 8):  # [8, n_boot, k] at a time
+            means = kept[start : start + 8][:, draws].mean(axis=-1)
+            low[rows[start : start + 8]], high[rows[start : start + 8]] = np.percentile(means, [2.5, 97.5], axis=-1)
     return low.reshape(values.shape[:-1]), high.reshape(values.shape[:-1])
 
 
