@@ -290,6 +290,8 @@ def _focus_found(shap_function: float, rise_middle: float):
 
 def _claim_rows(found) -> dict[str, str]:
     text = "\n".join(cp._claims(found))
+    # every row of the claims table has its three cells (no stray | inside a cell)
+    assert all(line.count("|") == 4 for line in text.splitlines() if line.startswith("|")), text
     return {line.split(" | ")[0].lstrip("| "): line.split(" | ")[1] for line in text.splitlines()
             if line.startswith("| ") and " | " in line}
 
@@ -335,6 +337,8 @@ def test_plausibility_claim_against_the_papers_baselines_with_lrp_as_attnlrp():
 
     text = "\n".join(focus_section(found))
     assert "## 4b. Plausibility" in text and "| attnlrp | LRP (Ali et al. 2022" in text
+    table = [line for line in text.splitlines() if line.startswith("|")]
+    assert len({line.count("|") for line in table}) == 1  # every row as wide as the header
 
 
 def test_plausibility_and_focus_run_on_the_stored_explanations(tmp_path: Path, tiny):

@@ -81,7 +81,7 @@ def _readings(found: Any) -> list[tuple[str, Any, str]]:
     if "signed" in p:
         rows.append(("average precision of the ranking", p["signed"], "average_precision"))
     if "magnitude" in p:
-        rows.append(("share of |score| mass on the evidence", p["magnitude"], "dot_product"))
+        rows.append(("share of the absolute score mass on the evidence", p["magnitude"], "dot_product"))
     return rows
 
 
@@ -215,7 +215,7 @@ def focus_claims(found: Any) -> list[tuple[str, str, str]]:
     if not found.focus:
         why = "the focus reading (spaCy's part-of-speech tags of the bench's sentences) did not run"
         return [("SHAP focuses on function words; RISE on the middle or both ends of the input (5.2)", str(untestable(why)), "–")]
-    top = f"top {100 * TOP_SHARE:.0f} % of content tokens by |score|"
+    top = f"top {100 * TOP_SHARE:.0f} % of content tokens by absolute score"
     rows = []
     parts = (
         ("SHAP focuses on function words (5.2; tested: share of the {top} mass on closed-class words ({pos}) above random "
@@ -250,7 +250,7 @@ def focus_section(found: Any) -> list[str]:
             "judgement of this sentence). Scores are read as the bench's plausibility metrics on the same "
             f"{bench.n_examples} sentences and stored explanations as section 4 (sentences without evidence left out): "
             "the average precision of each method's ranking (scores as the method gives them: a signed method ranks "
-            "words against the prediction last), and the share of its |score| mass on the evidence. [low, high]: 95 % "
+            "words against the prediction last), and the share of its absolute score mass on the evidence. [low, high]: 95 % "
             "bootstrap interval over sentences; the paired column is co-perturbation minus the method, bootstrapped "
             "over the same sentences.",
             "",
@@ -274,8 +274,8 @@ def focus_section(found: Any) -> list[str]:
         base = mean_interval(f["base"])
         lines += [
             "**Where each method puts its weight** (the paper: \"SHAP focuses on function words; RISE on the middle or "
-            f"both ends\"). For each sentence, the top {100 * TOP_SHARE:.0f} % of content tokens by |score| (at least "
-            "one): the share of their |score| mass on function words (spaCy `en_core_web_sm`'s universal tags "
+            f"both ends\"). For each sentence, the top {100 * TOP_SHARE:.0f} % of content tokens by absolute score (at least "
+            "one): the share of their absolute score mass on function words (spaCy `en_core_web_sm`'s universal tags "
             f"{', '.join(FUNCTION_POS)}) and in the first, middle and last third of the sentence (by relative token "
             f"position). Means over {f['n']} sentences, 95 % bootstrap intervals; a seeded method: the mean over its seeds "
             f"per sentence. Function words make {interval_text(*base[:3])} of the content tokens.",
