@@ -406,10 +406,9 @@ def anchor_section(al: Alignment) -> list[str]:
     header = "| paradigm (BLiMP counterpart) | anchor | n | " + " | ".join(EXP2_NAMES[m] for m in EXP2_METHODS) + " |"
     rule = "|" + "---|" * (len(EXP2_METHODS) + 3)
     for key, title, fold in (("ap", "Average precision", False), ("dot", "Dot product", True)):
-        lines += ["", *(["<details><summary>"] if fold else []),
-                  f"**{title} per paradigm at layer {layer + 1}** (NormXLogit's best AP layer with the anchor), with "
-                  "and without the anchor position; brackets: 95 % bootstrap intervals over the paradigm's pairs."
-                  + ("</summary>" if fold else ""), "", header, rule]
+        what = (f"{title} per paradigm at layer {layer + 1} (NormXLogit's best AP layer with the anchor), with and "
+                "without the anchor position; brackets: 95 % bootstrap intervals over the paradigm's pairs")
+        lines += ["", f"<details><summary>{what}</summary>" if fold else f"**{what}.**", "", header, rule]
         for paradigm in al.paradigms:
             for reading, what in ((al, "with"), (free, "without")):
                 vals = reading.paradigms.get(paradigm)
