@@ -14,7 +14,9 @@ from heedful.evaluate import evaluate, get_protocol, model_inputs
 from heedful.evaluate.evaluation import ModelInput, considered_positions
 from heedful.evaluate.metrics import (
     auprc_score,
+    average_precision_rows,
     average_precision_score,
+    dot_product_rows,
     dot_product_score,
     hard_rationale,
     iou_score,
@@ -53,6 +55,25 @@ def test_dot_product_normalisations():
     assert dot_product_score(SCORES, EVIDENCE, "none") == pytest.approx(1.1)
     # equal scores (NormXLogit's random baseline): |E| / n
     assert dot_product_score(np.ones(6), EVIDENCE) == pytest.approx(2 / 6)
+
+
+def test_row_metrics_equal_the_scalar_ones_ties_included():
+    """The batched average precision and dot product give, row by row, what sklearn's average
+    precision (tied scores: one threshold) and :func:`dot_product_score` give."""
+    rng = np.random.default_rng(0)
+    for trial in range(200):
+        n = int(rng.integers(2, 14))
+        scores = rng.integers(0, 3, size=(6, n)).astype(float) if trial % 2 else rng.normal(size=(6, n))
+        evidence = rng.random(n) < 0.4
+        if not evidence.any() or evidence.all():
+            continue
+        np.testing.assert_allclose(average_precision_rows(scores, evidence), [sk_ap(evidence, row) for row in scores],
+                                   rtol=1e-12, atol=1e-12)
+        for how in ("softmax", "l1", "none"):
+            np.testing.assert_allclose(dot_product_rows(scores, evidence, how),
+                                       [dot_product_score(row, evidence, how) for row in scores], rtol=1e-12, atol=1e-12)
+    assert np.isnan(average_precision_rows(SCORES[None], np.zeros(6, dtype=bool))).all()
+    np.testing.assert_allclose(dot_product_rows(np.zeros((1, 6)), EVIDENCE, "l1"), [0.0])
 
 
 def test_auprc_f1_iou_as_ferret():

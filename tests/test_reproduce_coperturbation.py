@@ -242,3 +242,143 @@ def test_claims_use_the_five_verdicts_with_paired_intervals():
     assert rows["... and collapses with more erasure, towards r = 0.9 (Figure 8) -- apart"] == "cannot be tested here (the r grid stops at 0.5)"
     assert rows["Higher layers concentrate interest on fewer, more relevant words (5.3, Figure 5)"] == "holds"
     assert "paired difference" in text and "**not separated**" in text and "**not comparable**" in text
+
+
+# ----------------------------------------------------------------------------- Figure 3: plausibility, function words, positions
+def _fake_explanation(scores):
+    """[CLS] the cat and a dog [SEP] with the given content scores ``[5]``."""
+    from types import SimpleNamespace
+
+    offsets = [(0, 0), (0, 3), (4, 7), (8, 11), (12, 13), (14, 17), (0, 0)]
+    return SimpleNamespace(special=[True] + [False] * 5 + [True], offsets=offsets,
+                           scores=np.array([9.0, *scores, 9.0]), text="the cat and a dog")
+
+
+WORDS = [(0, 3, "DET"), (4, 7, "NOUN"), (8, 11, "CCONJ"), (12, 13, "DET"), (14, 17, "NOUN")]
+
+
+def test_token_classes_and_focus_of_read_function_words_and_thirds():
+    from heedful.reproduce.coperturbation.focus import focus_of, token_classes
+
+    keep, function, third = token_classes(_fake_explanation([0.0] * 5), WORDS)
+    assert keep.tolist() == [1, 2, 3, 4, 5]  # the special tokens are not content
+    assert function.tolist() == [True, False, True, True, False]
+    assert third.tolist() == [0, 0, 1, 2, 2]  # relative positions 0, .25, .5, .75, 1
+    # top 20 % of 5 tokens = 1 token: the largest |score|
+    np.testing.assert_allclose(focus_of(np.array([0.1, -3.0, 0.2, 0.3, 0.4]), function, third, 0.2), [0, 1, 0, 0])
+    # top 2 (share 0.4): "and" (function, middle) 3.0 and "dog" (content, last) 1.0
+    np.testing.assert_allclose(focus_of(np.array([0.1, 0.2, 3.0, 0.0, -1.0]), function, third, 0.4), [0.75, 0, 0.75, 0.25])
+    assert np.isnan(focus_of(np.array([1.0, 2.0]), function[:2], third[:2])).all()  # fewer than 3 tokens
+    assert np.isnan(focus_of(np.zeros(5), function, third)).all()  # no mass
+
+
+def _focus_found(shap_function: float, rise_middle: float):
+    """A Found whose focus has per-sentence shares: random at chance (0.3 function words, thirds
+    equal), SHAP and RISE shifted as given."""
+    rng = np.random.default_rng(0)
+    n = 60
+
+    def shares(function, middle):
+        ends = (1 - middle) / 2
+        return np.column_stack([function + rng.normal(0, 0.05, n), *(np.array([ends, middle, ends])[:, None]
+                                                                     + rng.normal(0, 0.05, (3, n)))])
+
+    focus = {"shares": {"random": shares(0.3, 1 / 3), "kernel_shap": shares(shap_function, 1 / 3),
+                        "rise": shares(0.3, rise_middle)}, "base": np.full(n, 0.3), "n": n}
+    return cp.Found(notes=[], focus=focus)
+
+
+def _claim_rows(found) -> dict[str, str]:
+    text = "\n".join(cp._claims(found))
+    # every row of the claims table has its three cells (no stray | inside a cell)
+    assert all(line.count("|") == 4 for line in text.splitlines() if line.startswith("|")), text
+    return {line.split(" | ")[0].lstrip("| "): line.split(" | ")[1] for line in text.splitlines()
+            if line.startswith("| ") and " | " in line}
+
+
+def test_function_word_and_position_claims_read_the_paired_difference_from_random():
+    rows = _claim_rows(_focus_found(shap_function=0.6, rise_middle=0.15))
+    shap = next(v for k, v in rows.items() if k.startswith("SHAP focuses on function words"))
+    middle = next(v for k, v in rows.items() if k.startswith("RISE focuses on the middle"))
+    ends = next(v for k, v in rows.items() if k.startswith("... or on both ends"))
+    assert (shap, middle, ends) == ("holds", "does not hold", "holds")
+    rows = _claim_rows(_focus_found(shap_function=0.3, rise_middle=1 / 3))
+    assert next(v for k, v in rows.items() if k.startswith("SHAP focuses")).startswith("not separated")
+    rows = _claim_rows(cp.Found(notes=[]))
+    assert next(v for k, v in rows.items() if k.startswith("SHAP focuses")).startswith("cannot be tested here")
+    assert next(v for k, v in rows.items() if k.startswith("Co-perturbation's interest falls")).startswith("cannot be tested here")
+
+
+def test_plausibility_claim_against_the_papers_baselines_with_lrp_as_attnlrp():
+    from types import SimpleNamespace
+
+    from heedful.evaluate.metrics import Summary
+    from heedful.reproduce.coperturbation.focus import PAPER_FIGURE3, PAPER_LRP, paper_name
+
+    assert PAPER_LRP == "attnlrp" and "lrp" not in PAPER_FIGURE3
+    assert paper_name("attnlrp").startswith("LRP (Ali et al. 2022") and "not the paper's LRP" in paper_name("lrp")
+    assert paper_name("normxlogit") == "–"
+
+    def bench(values: dict[str, float]):
+        groups = {g: SimpleNamespace(summaries={m: Summary(v, 0.1, 50, None, v - 0.03, v + 0.03)
+                                                for m in ("average_precision", "dot_product")})
+                  for g, v in values.items()}
+        return SimpleNamespace(groups=groups, runs=[], ids=[], n_examples=50)  # no store: marginal intervals
+
+    ahead = {"coperturbation": 0.7, **{g: 0.4 for g in PAPER_FIGURE3}, "lrp": 0.9, "random": 0.3}
+    found = cp.Found(notes=[], plausibility={"signed": bench(ahead), "magnitude": bench(ahead)})
+    rows = _claim_rows(found)
+    claims = [v for k, v in rows.items() if k.startswith("Co-perturbation's interest falls")]
+    assert claims == ["holds", "holds"]  # Bach-style lrp, above it, is not the paper's LRP
+    behind = {**ahead, "rise": 0.9}
+    rows = _claim_rows(cp.Found(notes=[], plausibility={"signed": bench(behind)}))
+    assert [v for k, v in rows.items() if k.startswith("Co-perturbation's interest falls")] == ["does not hold"]
+    from heedful.reproduce.coperturbation.focus import focus_section
+
+    text = "\n".join(focus_section(found))
+    assert "## 4b. Plausibility" in text and "| attnlrp | LRP (Ali et al. 2022" in text
+    table = [line for line in text.splitlines() if line.startswith("|")]
+    assert len({line.count("|") for line in table}) == 1  # every row as wide as the header
+
+
+def test_plausibility_and_focus_run_on_the_stored_explanations(tmp_path: Path, tiny):
+    """The plausibility benches read the faithfulness bench's stored explanations (nothing is
+    explained again) and every method gets a focus row, on a tiny model in quick settings."""
+    from heedful.evaluate.store import ResultsStore
+    from heedful.reproduce.coperturbation import focus as fc
+    from heedful.reproduce.coperturbation.run import _bench
+
+    model = tiny("bert")
+    run = cp._plan(ReportSettings(store=tmp_path, quick=True))
+    methods = ["coperturbation", "rise", "random"]
+    options = {m: run.method_options[m] for m in methods}
+    bench = _bench(model, run, methods, 4, options, False)
+    written = []
+    original = ResultsStore.put_explanations
+    try:
+        ResultsStore.put_explanations = lambda self, *a, **k: written.append(a) or original(self, *a, **k)
+        found = cp.Found(notes=[], bench=bench)
+        found.plausibility = fc.plausibility(
+            lambda m, n, o, metrics, protocol: _bench(model, run, m, n, o, False, metrics, protocol),
+            methods, 4, options)
+    finally:
+        ResultsStore.put_explanations = original
+    assert written == []
+    signed = found.plausibility["signed"].groups["coperturbation"].summaries
+    assert 0 <= signed["average_precision"].value <= 1 and 0 <= signed["dot_product"].value <= 1
+    from heedful.reproduce.coperturbation.statistics import _bench_ids
+
+    ids = _bench_ids(model, bench)[0]
+
+    def tagger(texts):  # every word a determiner: all the mass on function words
+        import re
+
+        return [[(m.start(), m.end(), "DET") for m in re.finditer(r"\S+", t)] for t in texts]
+
+    found.focus = fc.focus(bench, run.store, model, tagger=tagger)
+    assert set(found.focus["shares"]) == set(methods) and found.focus["n"] == len(ids)
+    finite = found.focus["shares"]["rise"][np.isfinite(found.focus["shares"]["rise"][:, 0])]
+    np.testing.assert_allclose(finite[:, 0], 1.0)
+    np.testing.assert_allclose(finite[:, 1:].sum(axis=1), 1.0)
+    text = "\n".join(fc.focus_section(found))
+    assert "| rise | " in text and "Where each method puts its weight" in text

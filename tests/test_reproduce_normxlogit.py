@@ -4,6 +4,7 @@ scores, the heatmap, and (slow) a quick end-to-end run on the zoo models."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -58,11 +59,12 @@ def test_alignment_scores_match_single_explanations():
         (ModelInput(f"x{i}", t, None, Target("given", targets[i]), spans[i], targets[i], math.nan), foils[i], "p")
         for i, t in enumerate(texts)
     ]
-    scores, evidence, lens = nx.alignment_scores(model, items, batch_size=2)
+    scores, evidence, lens, anchors = nx.alignment_scores(model, items, batch_size=2)
     layers = model.adapter.num_layers
     for i, text in enumerate(texts):
         n = len(evidence[i])
         assert evidence[i].any()
+        assert anchors[i] == n - 1  # a causal LM predicts the target from the last prefix token
         for key, word in (("logat_target", targets[i]), ("logat_foil", foils[i])):
             alone = model.explain(text, "logat", Target("given", word), layerwise=True).scores
             assert scores[key][i].shape == (layers, n)
@@ -220,3 +222,95 @@ def test_depth_claim_reads_the_paired_change_over_the_pairs():
     change[f] = (-0.2, -0.3, -0.1)
     assert claim(change)[1].word == HOLDS
     assert claim(None)[1].word == HOLDS  # a cache without the paired change: the marginal intervals
+
+
+def _constructed_pairs(pairs: int, layers: int):
+    """Agreement-like pairs of 6 positions whose evidence is position 1 and the anchor (5): a
+    self-dominant scorer (GlobEnc¬, ALTI¬, Value Zeroing¬ here) puts its largest score on the
+    anchor and ranks position 1 third; NormXLogit ranks position 1 first and the anchor last."""
+    rng = np.random.default_rng(0)
+    self_dominant = np.array([0.3, 0.2, 0.1, 0.05, 0.01, 5.0])
+    normxlogit = np.array([0.2, 3.0, 0.5, 0.4, 0.3, 0.0])
+
+    def jitter(row):  # small enough to keep every ranking
+        return np.tile(row, (layers, 1)) + 1e-4 * rng.random((layers, row.size))
+
+    scores = {m: [] for m in nx.EXP2_METHODS}
+    for _ in range(pairs):
+        for m in nx.EXP2_METHODS:
+            if m in ("globenc", "alti", "value_zeroing"):
+                scores[m].append(jitter(self_dominant))
+            elif m == "normxlogit":
+                scores[m].append(jitter(normxlogit))
+            elif m == "embedding_norm":
+                scores[m].append(rng.random(6))
+            elif m == "random":
+                scores[m].append(rng.random((nx.RANDOM_SEEDS_EXP2, 6)))
+            else:
+                scores[m].append(rng.random((layers, 6)))
+    evidence = [np.array([False, True, False, False, False, True]) for _ in range(pairs)]
+    return scores, evidence, [5] * pairs
+
+
+def test_without_position_takes_out_exactly_the_anchor():
+    values = np.arange(24.0).reshape(4, 6)
+    np.testing.assert_array_equal(nx.without_position(values, 5), values[:, :5])
+    np.testing.assert_array_equal(nx.without_position(values, 2), values[:, [0, 1, 3, 4, 5]])
+    np.testing.assert_array_equal(nx.without_position(np.arange(6.0), 0), np.arange(1.0, 6.0))
+    scores, evidence, anchors = _constructed_pairs(3, 2)
+    before = nx.alignment_values(scores, evidence, anchors, "softmax")[0]
+    scores["normxlogit"][0][:, 5] = 99.0  # the anchor's score: no longer counted
+    again = nx.alignment_values(scores, evidence, anchors, "softmax")[0]
+    for key in ("dot", "ap"):
+        np.testing.assert_array_equal(again[key], before[key])
+    scores["normxlogit"][0][:, 4] = 99.0  # any other position's score still counts
+    moved = nx.alignment_values(scores, evidence, anchors, "softmax")[0]
+    row = nx.EXP2_METHODS.index("normxlogit")
+    assert not np.allclose(moved["ap"][row, :, 0], before["ap"][row, :, 0])
+    from heedful.evaluate.metrics import average_precision_score
+
+    expected = average_precision_score(np.delete(scores["globenc"][1][0], 5), np.delete(evidence[1], 5))
+    assert before["ap"][nx.EXP2_METHODS.index("globenc"), 0, 1] == pytest.approx(expected) == pytest.approx(0.5)
+    lone = [np.array([False, False, False, False, False, True])] + evidence[1:]  # evidence = the anchor alone
+    dropped = nx.alignment_values(scores, lone, anchors, "softmax")[0]
+    assert np.isnan(dropped["ap"][:, :, 0]).all() and np.isfinite(dropped["ap"][row, :, 1:]).all()
+
+
+def test_self_dominant_scorer_wins_with_the_anchor_and_loses_without(tmp_path):
+    """GlobEnc¬-like scores that sit on the anchor align best while the anchor counts as evidence
+    (AP 0.83 against NormXLogit's 0.67) and worst once it is taken out (0.5 against 1.0); the claim
+    "NormXLogit ahead across almost all layers" reads the reading without the anchor."""
+    from heedful.reproduce.normxlogit.claims import _claims_exp2
+    from heedful.reproduce.normxlogit.statistics import layers_ahead
+    from heedful.reproduce.toolkit import DOES_NOT_HOLD, HOLDS, count_verdict
+
+    layers, pairs = 4, 30
+    scores, evidence, anchors = _constructed_pairs(pairs, layers)
+    labels = ["sv_agreement"] * 20 + ["anaphor_number"] * 10
+    readings = {
+        name: nx.summarise_alignment(*nx.alignment_values(scores, evidence, dropped, "softmax"), labels,
+                                     skipped={}, seconds=0.0, model_name="lm@x")
+        for name, dropped in (("with", None), ("without", anchors))
+    }
+    with_anchor, free = readings["with"], readings["without"]
+    nxr, ge = nx.EXP2_METHODS.index("normxlogit"), nx.EXP2_METHODS.index("globenc")
+    np.testing.assert_allclose(with_anchor.ap[[nxr, ge]], [[2 / 3] * layers, [5 / 6] * layers], atol=1e-9)
+    np.testing.assert_allclose(free.ap[[nxr, ge]], [[1.0] * layers, [0.5] * layers], atol=1e-9)
+    assert layers_ahead(with_anchor) == (0, 0) and layers_ahead(free) == (layers, layers)
+    assert count_verdict(*reversed(layers_ahead(with_anchor)), layers).word == DOES_NOT_HOLD
+    assert int(free.paradigms["sv_agreement"]["n"]) == 20 and free.paradigms["sv_agreement"]["ap_low"].shape == (
+        len(nx.EXP2_METHODS), layers)
+    al = replace(with_anchor, without_anchor=free)
+    claims = {c: (number, verdict) for c, _, number, verdict in _claims_exp2(al)}
+    number, verdict = next(v for c, v in claims.items() if c.startswith("NormXLogit outperforms"))
+    assert verdict.word == HOLDS
+    assert "without the anchor position (30 pairs): ahead of all three at 4 of 4 layers" in number
+    assert "with the anchor counted (30 pairs): ahead of all three at 0 of 4 layers" in number
+    text = "\n".join(nx.anchor_section(al))
+    assert "### Without the anchor position" in text and "| sv_agreement (" in text and "| without | 20 |" in text
+    nx._save_alignment(al, tmp_path / "al.json")
+    back = nx._load_alignment(tmp_path / "al.json")
+    np.testing.assert_allclose(back.without_anchor.ap, free.ap)
+    np.testing.assert_allclose(back.without_anchor.versus["ap"], free.versus["ap"])
+    np.testing.assert_allclose(back.versus["dot"], with_anchor.versus["dot"])
+    assert _claims_exp2(replace(al, without_anchor=None))[0][3].word == "cannot be tested here"

@@ -98,6 +98,7 @@ def test_normxlogit_quick_report_and_rerun(zoo_ready, tmp_path: Path, writes: Co
         assert "Quick smoke run" in text and "## Experiment 1: faithfulness" in text
         assert "### minilm-sentiment" in text and "Ordering by aopc" in text and "| DecompX | " in text
         assert "## Experiment 2 analogue: layer-wise evidence alignment" in text
+        assert "### Without the anchor position" in text and "tested without the anchor position" in text
         assert "## Cost: the paper's Tables 4-5" in text and "## Run" in text
     assert (tmp_path / "second" / "normxlogit-quick-minilm-sentiment-aopc.png").is_file()
     assert (tmp_path / "second" / "normxlogit-quick-alignment.png").is_file()

@@ -411,13 +411,14 @@ def _per_layer(m: Measurements, fn: Callable[[np.ndarray, np.ndarray], float]) -
 
 
 def normalize_scores(scores: np.ndarray, how: str) -> np.ndarray:
-    """Scores made comparable across examples: ``softmax``, ``l1`` (``|s| / sum |s|``) or ``none``."""
+    """Scores made comparable across examples: ``softmax``, ``l1`` (``|s| / sum |s|``) or ``none``
+    (``[N]``, or ``[R, N]`` row by row)."""
     if how == "softmax":
-        z = np.exp(scores - scores.max())
-        return z / z.sum()
+        z = np.exp(scores - scores.max(axis=-1, keepdims=True))
+        return z / z.sum(axis=-1, keepdims=True)
     if how == "l1":
-        total = np.abs(scores).sum()
-        return np.abs(scores) / total if total > 0 else np.zeros_like(scores)
+        total = np.abs(scores).sum(axis=-1, keepdims=True)
+        return np.divide(np.abs(scores), total, out=np.zeros_like(scores, dtype=float), where=total > 0)
     return scores
 
 
@@ -432,6 +433,33 @@ def average_precision_score(scores: np.ndarray, evidence: np.ndarray) -> float:
     from sklearn.metrics import average_precision_score as sk_ap
 
     return float(sk_ap(evidence.astype(int), scores))
+
+
+def dot_product_rows(scores: np.ndarray, evidence: np.ndarray, normalization: str = "softmax") -> np.ndarray:
+    """:func:`dot_product_score` of every row of ``scores`` ``[R, N]`` against one ``evidence`` ``[N]`` -> ``[R]``."""
+    return normalize_scores(np.asarray(scores, dtype=float), normalization)[:, evidence.astype(bool)].sum(axis=-1)
+
+
+def average_precision_rows(scores: np.ndarray, evidence: np.ndarray) -> np.ndarray:
+    """:func:`average_precision_score` of every row of ``scores`` ``[R, N]`` against one
+    ``evidence`` ``[N]`` -> ``[R]``, in one pass of array operations: ``sum_k (R_k - R_{k-1}) P_k``
+    over the thresholds of each row's descending ranking, tied scores making one threshold (as
+    sklearn's). NaN for evidence with no positive."""
+    scores = np.asarray(scores, dtype=float)
+    truth = evidence.astype(bool)
+    positives = int(truth.sum())
+    if positives == 0:
+        return np.full(scores.shape[0], np.nan)
+    order = np.argsort(-scores, axis=-1, kind="stable")
+    ranked = np.take_along_axis(scores, order, axis=-1)
+    hits = np.cumsum(truth[order], axis=-1)  # true positives down to each rank  [R, N]
+    last = np.ones_like(ranked, dtype=bool)  # the last rank of each group of tied scores: a threshold
+    last[:, :-1] = ranked[:, 1:] != ranked[:, :-1]
+    at = np.where(last, hits, 0)
+    before = np.zeros_like(at)
+    before[:, 1:] = np.maximum.accumulate(at, axis=-1)[:, :-1]  # hits at the previous threshold
+    precision = hits / np.arange(1, scores.shape[-1] + 1)
+    return np.where(last, (hits - before) / positives * precision, 0.0).sum(axis=-1)
 
 
 def auprc_score(scores: np.ndarray, evidence: np.ndarray, only_positive: bool = True) -> float:

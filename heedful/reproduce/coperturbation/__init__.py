@@ -9,7 +9,10 @@ What it runs (on ``minilm-sentiment`` unless said, movie-review snippets, test s
    :data:`N_COMPARE` sentences: rank agreement, AOPC / sufficiency, cost;
 3. seed stability of both solvers;
 4. faithfulness (AOPC, sufficiency) of co-perturbation and the paper's Figure 3 baselines on the
-   first :data:`N_BENCH` sentences (:func:`heedful.evaluate.bench.run_bench`, preset ``default``);
+   first :data:`N_BENCH` sentences (:func:`heedful.evaluate.bench.run_bench`, preset ``default``;
+   the paper's LRP, Ali et al. 2022, as ``attnlrp``), and on the same stored explanations their
+   plausibility against the lexicon evidence and where their top mass falls -- function words,
+   thirds of the sentence (:mod:`heedful.reproduce.coperturbation.focus`);
 5. rectification (Section 5.4.1, Tables 1 / 3, Figure 8): the model's errors, the top-``r`` tokens
    by each method toward the wrong prediction suppressed, for a sweep of ratios
    (:func:`heedful.interest.rectify.rectify`); on ``smollm2-sentiment`` too (linearized solver);

@@ -5,6 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from heedful.reproduce.coperturbation.focus import (
+    PAPER_FIGURE3,
+    PAPER_LRP,
+    focus_claims,
+    plausibility_claims,
+)
 from heedful.reproduce.coperturbation.run import COLLAPSE_RATIO, PAPER_SST2, Found
 from heedful.reproduce.coperturbation.statistics import (
     _ahead,
@@ -56,10 +62,14 @@ def _claims(found: Found) -> list[str]:
         versus = {g: _ahead(bench, "coperturbation", g, "aopc") for g in aopc if g not in ("coperturbation", "random")}
         above = [g for g, (v, _) in versus.items() if v.word == DOES_NOT_HOLD]
         below = [g for g, (v, _) in versus.items() if v.word == HOLDS]
+        paper = [versus[g][0] for g in PAPER_FIGURE3 if g in versus]
         rows.append((
-            "Co-perturbation estimates interest better than LIME, SHAP, RISE, LRP, TDD and individual perturbation (5.2, Figure 3; shown by heatmaps)",
-            str(all_of(v for v, _ in versus.values())),
-            f"AOPC {interval_text(*cpv)}; baselines above it with paired intervals apart: {', '.join(above) or 'none'}; below, apart: {', '.join(below) or 'none'} (n = {bench.n_examples})",
+            "Co-perturbation estimates interest better than LIME, SHAP, RISE, LRP, TDD and individual perturbation (5.2, "
+            f"Figure 3; shown by heatmaps; tested on AOPC against those methods, LRP as `{PAPER_LRP}`)",
+            str(all_of(paper) if paper else untestable("none of the paper's baselines ran")),
+            f"AOPC {interval_text(*cpv)}; methods above it with paired intervals apart: {', '.join(above) or 'none'}; below, "
+            f"apart: {', '.join(below) or 'none'} (n = {bench.n_examples}; controls not in the paper: "
+            f"{', '.join(g for g in versus if g not in PAPER_FIGURE3) or 'none'})",
         ))
         ip = aopc.get("individual_perturbation")
         if ip is not None:
@@ -70,21 +80,20 @@ def _claims(found: Found) -> list[str]:
                 f"AOPC {cpv[0]:.3f} against {ip[0]:.3f}" + (f"; paired difference {interval_text(*d)}" if np.isfinite(d[1]) else ""),
             ))
         uni = found.uniformity
-        flat = [g for g in ("lrp", "tdd") if g in uni]
+        flat = [g for g in (PAPER_LRP, "tdd") if g in uni]
         if flat:
             order = sorted((g for g in uni if g != "random"), key=lambda g: -uni[g][0])
             rest = [g for g in order if g not in flat]
             # uniformer than every other method: against the most uniform of the rest (intervals over sentences)
             verdict = all_of(interval_verdict(uni[g][:3], uni[rest[0]][:3]) for g in flat) if rest else untestable("no other method")
             rows.append((
-                "LRP and TDD give near-uniform interest (5.2; tested: more uniform than every other method)",
+                f"LRP and TDD give near-uniform interest (5.2; tested: more uniform than every other method; LRP as `{PAPER_LRP}`)",
                 str(verdict),
                 "uniformity " + ", ".join(f"{g} {interval_text(*uni[g][:3], 2)}" for g in flat)
                 + (f"; the most uniform other method: {rest[0]} {interval_text(*uni[rest[0]][:3], 2)}" if rest else "")
                 + f"; most uniform methods: {', '.join(order[:3])}",
             ))
-    rows.append(("SHAP focuses on function words; RISE on the middle or both ends of the input (5.2)",
-                 str(untestable("needs the word classes of the tokens, from a part-of-speech tagger; not measured")), "–"))
+    rows += plausibility_claims(found) + focus_claims(found)
     if found.lam_study:
         ls = found.lam_study
         meas = [mean_interval(ls["measured"][:, j])[0] for j in range(len(ls["lams"]))]

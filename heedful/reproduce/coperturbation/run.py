@@ -196,6 +196,12 @@ class Found:
     second: dict[str, Any] = field(default_factory=dict)
     steering: Any = None
     stability: Any = None
+    plausibility: dict[str, Any] = field(default_factory=dict)
+    """The bench's plausibility metrics of every method against the lexicon evidence
+    (:func:`~heedful.reproduce.coperturbation.focus.plausibility`)."""
+    focus: dict[str, Any] = field(default_factory=dict)
+    """Where each method puts its top mass: function words, thirds of the sentence
+    (:func:`~heedful.reproduce.coperturbation.focus.focus`)."""
 
 
 def _plan(settings: ReportSettings) -> Plan:
@@ -344,13 +350,16 @@ def _rect():
     return rectify
 
 
-def _bench(model, run: Plan, methods: list[str], n: int, options: dict, progress: bool):
+def _bench(model, run: Plan, methods: list[str], n: int, options: dict, progress: bool,
+           metrics: tuple[str, ...] | list[str] = ("aopc", "sufficiency"), protocol=None):
+    """A bench of ``methods`` on the first ``n`` test sentences on the report's store (``protocol``:
+    the ``default`` preset with 3 random seeds unless given)."""
     from heedful.evaluate import get_protocol
     from heedful.evaluate.bench import BenchSpec, run_bench
 
     spec = BenchSpec(
-        model=model, dataset=DATASET, methods=methods, metrics=["aopc", "sufficiency"],
-        protocol=get_protocol("default", random_seeds=3), out=run.store, n=n, seed=run.seed, method_options=options,
+        model=model, dataset=DATASET, methods=methods, metrics=list(metrics),
+        protocol=protocol or get_protocol("default", random_seeds=3), out=run.store, n=n, seed=run.seed, method_options=options,
     )
     return run_bench(spec, progress=progress, engine=_engine(model, run.workers))
 
@@ -375,6 +384,7 @@ def _main_model(model, name: str, run: Plan, found: Found, out_dir: Path, say, p
     from heedful.interest import lambda_sweep, layer_map
     from heedful.interest.plots import plot_lambda_sweep, plot_layer_map
     from heedful.reproduce import coperturbation_studies as st
+    from heedful.reproduce.coperturbation import focus as fc
 
     about = subject(model, DATASET, "test")
     ids, texts = _compare_inputs(model, run)
@@ -411,6 +421,18 @@ def _main_model(model, name: str, run: Plan, found: Found, out_dir: Path, say, p
     found.uniformity = _uniformity(found.bench, run.store, model)
     found.uniformity["coperturbation (linearized)"] = _uniformity(found.bench_linearized, run.store, model)["coperturbation"]
     run.timings.add(f"faithfulness {name}", began)
+
+    began = time.perf_counter()
+    say(f"plausibility of {len(run.methods)} methods against the lexicon evidence")
+    found.plausibility = fc.plausibility(
+        lambda methods, n, options, metrics, protocol: _bench(model, run, methods, n, options, progress, metrics, protocol),
+        run.methods, run.n_bench, run.method_options,
+    )
+    run.timings.add("plausibility (Figure 3)", began)
+    began = time.perf_counter()
+    say("function words and positions of every method's top tokens")
+    found.focus = fc.focus(found.bench, run.store, model)
+    run.timings.add("function words and positions (Figure 3)", began)
 
     began = time.perf_counter()
     say(f"optimised and linearized co-perturbation on {run.n_compare or 'the stored'} test sentences")

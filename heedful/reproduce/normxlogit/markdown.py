@@ -31,6 +31,7 @@ from heedful.reproduce.normxlogit.run import (
 )
 from heedful.reproduce.normxlogit.statistics import (
     better,
+    layers_ahead,
     leader,
     ordering,
     pair_agreement,
@@ -339,6 +340,88 @@ def alignment_section(al: Alignment, plot: Path) -> list[str]:
         lines.append(f"| {paradigm} ({BLIMP_UIDS[paradigm]}) | {int(vals['n'])} | "
                      + " | ".join(fmt(vals["ap"][r, best_layer]) for r in range(len(EXP2_METHODS))) + " |")
     lines += ["", "</details>", ""]
+    return lines
+
+
+def _mean(al: Alignment, key: str, row: int) -> str:
+    values = getattr(al, key)[row]
+    return fmt(float(np.nanmean(values))) if np.isfinite(values).any() else "–"
+
+
+def _paradigm_cells(vals: dict[str, np.ndarray], key: str, layer: int) -> list[str]:
+    low, high = vals.get(f"{key}_low"), vals.get(f"{key}_high")
+    return [interval_text(vals[key][r, layer], *((low[r, layer], high[r, layer]) if low is not None else (math.nan,) * 2),
+                          digits=2) for r in range(len(EXP2_METHODS))]
+
+
+def anchor_section(al: Alignment) -> list[str]:
+    """Markdown: the alignment with the anchor position taken out of scores and evidence, beside the
+    reading with it (overall, NormXLogit against the per-layer baselines paired per layer, and per
+    paradigm with intervals)."""
+    from heedful.datasets.agreement import BLIMP_UIDS
+
+    free = al.without_anchor
+    if free is None:
+        return []
+    lines = [
+        "### Without the anchor position",
+        "",
+        "In `sv_agreement` and `noun_after_determiner` the evidence word is the last prefix token: the anchor, whose "
+        "state makes the prediction. A method that puts a layer's weight on the anchor itself (GlobEnc¬ and ALTI¬ read "
+        "the anchor's row of each layer's token-to-token matrix, where its own entry is large) is then aligned with the "
+        "evidence without finding anything beyond the position that predicts. Here the anchor position is taken out of "
+        "both the scores and the evidence of every pair (the dot product's softmax runs over the remaining positions); "
+        "a pair whose evidence was the anchor alone drops out, so the paradigms where the evidence is the anchor keep "
+        f"only the pairs whose evidence word spans more tokens. Pairs: {al.n} with the anchor, {free.n} without.",
+        "",
+        "| method | AP with the anchor: best layer | AP without: best layer | AP mean over layers, with → without | "
+        "dot mean over layers, with → without |",
+        "|---|---|---|---|---|",
+    ]
+    for r, m in enumerate(EXP2_METHODS):
+        cells = []
+        for reading in (al, free):
+            row = reading.ap[r]
+            if not np.isfinite(row).any():
+                cells.append("–")
+                continue
+            b = int(np.nanargmax(row))
+            where = "" if m in ("embedding_norm", "random") else f"layer {b + 1}: "
+            cells.append(where + alignment_cell(reading, "ap", r, b))
+        means = [f"{_mean(al, key, r)} → {_mean(free, key, r)}" for key in ("ap", "dot")]
+        lines.append(f"| {EXP2_NAMES[m]} | {cells[0]} | {cells[1]} | {means[0]} | {means[1]} |")
+    lines += ["", "NormXLogit against each of GlobEnc¬, ALTI¬ and Value Zeroing¬ at every layer, paired over the "
+              "pairs (95 % paired bootstrap interval of the difference; the claims table's verdict reads the "
+              "reading without the anchor):", "",
+              "| reading | metric | layers ahead of all three (estimate) | layers apart from all three (paired intervals) |",
+              "|---|---|---|---|"]
+    for reading, what in ((free, "without the anchor"), (al, "with the anchor")):
+        if reading.versus is None:
+            continue
+        for key, title in (("ap", "average precision"), ("dot", "dot product")):
+            ahead, apart = layers_ahead(reading, key)
+            lines.append(f"| {what} ({reading.n} pairs) | {title} | {ahead} of {reading.layers} | {apart} of {reading.layers} |")
+    nx = EXP2_METHODS.index("normxlogit")
+    layer = int(np.nanargmax(al.ap[nx]))
+    header = "| paradigm (BLiMP counterpart) | anchor | n | " + " | ".join(EXP2_NAMES[m] for m in EXP2_METHODS) + " |"
+    rule = "|" + "---|" * (len(EXP2_METHODS) + 3)
+    for key, title, fold in (("ap", "Average precision", False), ("dot", "Dot product", True)):
+        what = (f"{title} per paradigm at layer {layer + 1} (NormXLogit's best AP layer with the anchor), with and "
+                "without the anchor position; brackets: 95 % bootstrap intervals over the paradigm's pairs")
+        lines += ["", f"<details><summary>{what}</summary>" if fold else f"**{what}.**", "", header, rule]
+        for paradigm in al.paradigms:
+            for reading, what in ((al, "with"), (free, "without")):
+                vals = reading.paradigms.get(paradigm)
+                if vals is None:
+                    continue
+                cells = _paradigm_cells(vals, key, layer) if int(vals["n"]) else ["–"] * len(EXP2_METHODS)
+                lines.append(f"| {paradigm} ({BLIMP_UIDS[paradigm]}) | {what} | {int(vals['n'])} | " + " | ".join(cells) + " |")
+        lines += ["", *(["</details>", ""] if fold else [])]
+    for values, title in ((free.dot, "Dot product"), (free.ap, "Average precision")):
+        lines += [f"<details><summary>{title} per layer, without the anchor position</summary>", "",
+                  "| method | " + " | ".join(str(i + 1) for i in range(free.layers)) + " |", "|" + "---|" * (free.layers + 1)]
+        lines += [f"| {EXP2_NAMES[m]} | " + " | ".join(fmt(v, digits=2) for v in values[r]) + " |" for r, m in enumerate(EXP2_METHODS)]
+        lines += ["", "</details>", ""]
     return lines
 
 

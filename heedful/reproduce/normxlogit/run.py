@@ -221,6 +221,8 @@ EXP2_NAMES = {
 PER_LAYER = {"rollout": False, "layerwise": True}
 """The paper's Experiment 2 takes GlobEnc's, ALTI's and Value Zeroing's per-layer matrices without
 rollout (its "GlobEnc¬" and "ALTI¬")."""
+VERSUS = ("globenc", "alti", "value_zeroing")
+"""The per-layer baselines the paper finds NormXLogit ahead of "across almost all layers"."""
 PLURAL = "plural"
 """The word whose LogAt the paper's appendix A.3 finds best aligned with number-agreement evidence."""
 
@@ -252,6 +254,13 @@ class Alignment:
     ap_change: np.ndarray | None = None
     """``[method, 3]``: AP at the last layer minus AP at the first, paired over the pairs, with its
     95 % paired bootstrap interval (estimate, low, high)."""
+    versus: dict[str, np.ndarray] | None = None
+    """``"dot"`` / ``"ap"`` -> ``[3, layer, 3]``: NormXLogit minus each of :data:`VERSUS` at every
+    layer, paired over the pairs, with its 95 % paired bootstrap interval."""
+    without_anchor: Alignment | None = None
+    """The same pairs with the anchor position (the last prefix token) taken out of both the
+    scores and the evidence (:func:`without_position`); pairs left with no evidence, or only
+    evidence, drop out (its ``n`` and per-paradigm ``n`` count the rest). No lens of its own."""
 
 
 def lens_quality(adapter, hidden_states: tuple, anchor, targets, foils) -> dict[str, np.ndarray]:
@@ -304,10 +313,11 @@ def _agreement_inputs(adapter, data, n: int, skipped: dict[str, int]):
 
 def alignment_scores(
     model, items, batch_size: int
-) -> tuple[dict[str, list[np.ndarray]], list[np.ndarray], dict[str, list[np.ndarray]]]:
+) -> tuple[dict[str, list[np.ndarray]], list[np.ndarray], dict[str, list[np.ndarray]], list[int]]:
     """Per example: scores ``[L, N]`` (``[N]`` for layer-free methods, ``[S, N]`` for the random
-    seeds) of every Experiment 2 method, the evidence vector ``[N]``, and the logit lens's
-    quality ``[L]`` per :data:`LENS_ROWS` row.
+    seeds) of every Experiment 2 method, the evidence vector ``[N]``, the logit lens's
+    quality ``[L]`` per :data:`LENS_ROWS` row, and the anchor's position (the last prefix token,
+    whose state predicts the target).
 
     One forward pass with hidden states per batch; LogAt / NormXLogit read every layer's
     hidden states through the head (logit lens), the registered method functions doing the work.
@@ -325,6 +335,7 @@ def alignment_scores(
     scores: dict[str, list[np.ndarray]] = {m: [] for m in EXP2_METHODS}
     evidence: list[np.ndarray] = []
     lens: dict[str, list[np.ndarray]] = {k: [] for k in LENS_ROWS}
+    anchors: list[int] = []
     for start in range(0, len(items), batch_size):
         part = items[start : start + batch_size]
         targets = [int(i.target.value) for i, _, _ in part]
@@ -355,15 +366,16 @@ def alignment_scores(
             for name, tensor in found.items():
                 scores[name].append(tensor[b, ..., :n].float().numpy().astype(np.float64))
             evidence.append(token_evidence(batch.offsets[b][:n], batch.sequence_ids[b][:n], item.evidence_spans))
+            anchors.append(int(on_target.anchor[b]))
             for key, values in quality.items():
                 lens[key].append(values[b])
             lens["top_first"].append((scores["logat_target"][-1].argmax(axis=-1) == 0).astype(np.float64))
             lens["first_norm"].append((norms[b, :, 0] / norms[b, :, 1:n].median(dim=-1).values).double().numpy()
                                       if n > 1 else np.full(norms.shape[1], np.nan))
-    return scores, evidence, lens
+    return scores, evidence, lens, anchors
 
 
-ALIGNMENT_VERSION = 4  # bump when the alignment computation changes, so cached results are redone
+ALIGNMENT_VERSION = 5  # bump when the alignment computation changes, so cached results are redone
 EXP2_REGISTERED = ("logat", "normxlogit", "globenc", "alti", "value_zeroing", "embedding_norm", "random")
 """The registered methods whose outputs the alignment is computed from."""
 
@@ -387,14 +399,37 @@ def _alignment_cache(settings: ReportSettings, model, data, n: int) -> Path:
     return store_dir(settings) / f"alignment-v{ALIGNMENT_VERSION}-{safe}-{digest}-n{n}.json"
 
 
+def _alignment_json(al: Alignment) -> dict[str, Any]:
+    def listed(d: dict | None) -> dict | None:
+        return None if d is None else {k: np.asarray(v).tolist() for k, v in d.items()}
+
+    nested = ("paradigms", "lens", "versus", "without_anchor")
+    data = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in vars(al).items() if k not in nested}
+    data["paradigms"] = {p: listed(d) for p, d in al.paradigms.items()}
+    data["lens"], data["versus"] = listed(al.lens), listed(al.versus)
+    data["without_anchor"] = None if al.without_anchor is None else _alignment_json(al.without_anchor)
+    return data
+
+
+def _alignment_of_json(data: dict[str, Any]) -> Alignment:
+    def arrays(d: dict | None) -> dict[str, np.ndarray] | None:
+        return None if d is None else {k: np.array(v, dtype=float) for k, v in d.items()}
+
+    keys = ("dot", "ap", "dot_std", "ap_std", "dot_low", "dot_high", "ap_low", "ap_high", "ap_change")
+    found = {k: None if data.get(k) is None else np.array(data[k], dtype=float) for k in keys}
+    paradigms = {p: arrays(d) for p, d in data["paradigms"].items()}
+    inner = data.get("without_anchor")
+    return Alignment(n=data["n"], layers=data["layers"], paradigms=paradigms, skipped=data["skipped"],
+                     seconds=data["seconds"], model_name=data["model_name"], lens=arrays(data.get("lens")),
+                     versus=arrays(data.get("versus")), without_anchor=None if inner is None else _alignment_of_json(inner),
+                     **found)
+
+
 def _save_alignment(al: Alignment, path: Path) -> None:
     import json
 
-    data = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in vars(al).items() if k not in ("paradigms", "lens")}
-    data["paradigms"] = {p: {k: np.asarray(v).tolist() for k, v in d.items()} for p, d in al.paradigms.items()}
-    data["lens"] = None if al.lens is None else {k: np.asarray(v).tolist() for k, v in al.lens.items()}
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data), encoding="utf-8")
+    path.write_text(json.dumps(_alignment_json(al)), encoding="utf-8")
 
 
 def _load_alignment(path: Path) -> Alignment | None:
@@ -404,20 +439,92 @@ def _load_alignment(path: Path) -> Alignment | None:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    keys = ("dot", "ap", "dot_std", "ap_std", "dot_low", "dot_high", "ap_low", "ap_high", "ap_change")
-    arrays = {k: None if data.get(k) is None else np.array(data[k], dtype=float) for k in keys}
-    paradigms = {p: {k: np.array(v, dtype=float) for k, v in d.items()} for p, d in data["paradigms"].items()}
-    lens = None if data.get("lens") is None else {k: np.array(v, dtype=float) for k, v in data["lens"].items()}
-    return Alignment(n=data["n"], layers=data["layers"], paradigms=paradigms, skipped=data["skipped"],
-                     seconds=data["seconds"], model_name=data["model_name"], lens=lens, **arrays)
+    return _alignment_of_json(data)
+
+
+def without_position(values: np.ndarray, position: int) -> np.ndarray:
+    """``values`` ``[..., N]`` with index ``position`` of the last axis taken out -> ``[..., N - 1]``."""
+    return np.delete(values, position, axis=-1)
+
+
+def alignment_values(
+    scores: dict[str, list[np.ndarray]], evidence: list[np.ndarray], anchors: list[int] | None, dot_normalization: str
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Per pair, method and layer: the dot product and average precision of the scores against
+    the evidence (``{"dot", "ap"}`` -> ``[method, layer, pair]``, NaN where a pair has no evidence
+    or only evidence, or a method no scores) and the random seeds' values (``[seed, pair]``).
+    ``anchors``: each pair's anchor position, taken out of both scores and evidence first
+    (:func:`without_position`); ``None`` keeps every position."""
+    from heedful.evaluate.metrics import average_precision_rows, dot_product_rows
+
+    layers = scores["logat_target"][0].shape[0]
+    pairs = len(evidence)
+    fns = {"dot": lambda s, e: dot_product_rows(s, e, dot_normalization), "ap": average_precision_rows}
+    per_example = {k: np.full((len(EXP2_METHODS), layers, pairs), np.nan) for k in fns}
+    seed_values = {k: np.full((RANDOM_SEEDS_EXP2, pairs), np.nan) for k in fns}
+    for j, ev in enumerate(evidence):
+        if anchors is not None:
+            ev = without_position(ev, anchors[j])
+        if not ev.any() or ev.all():
+            continue
+        for r, name in enumerate(EXP2_METHODS):
+            if not scores[name]:  # LogAt(plural) when the word is not one token of this vocabulary
+                continue
+            s = scores[name][j] if anchors is None else without_position(scores[name][j], anchors[j])
+            rows = s[None] if s.ndim == 1 else s
+            for key, fn in fns.items():
+                values = fn(rows, ev)
+                if name == "random":
+                    seed_values[key][:, j] = values
+                    per_example[key][r, :, j] = values.mean()
+                else:
+                    per_example[key][r, :, j] = values
+    return per_example, seed_values
+
+
+def summarise_alignment(per_example: dict[str, np.ndarray], seed_values: dict[str, np.ndarray], labels: list[str],
+                        **fields: Any) -> Alignment:
+    """An :class:`Alignment` from :func:`alignment_values`'s per-pair values (``labels``: each
+    pair's paradigm): means, std over pairs (random: over its seeds' means), 95 % intervals per
+    method and layer (overall and per paradigm), the paired last-minus-first-layer change of AP and
+    NormXLogit's paired differences from :data:`VERSUS`; ``fields`` fill the rest (``skipped``,
+    ``seconds``, ``model_name``, ...)."""
+    from heedful.evaluate.intervals import bootstrap_paired_difference
+
+    usable = np.isfinite(per_example["ap"]).any(axis=(0, 1))  # [pair]
+    layers = per_example["ap"].shape[1]
+    r = EXP2_METHODS.index("random")
+    mean = {k: np.nanmean(v, axis=2) for k, v in per_example.items()}
+    std = {k: np.nanstd(v, axis=2, ddof=1) for k, v in per_example.items()}
+    for key, values in seed_values.items():
+        std[key][r, :] = np.nanstd(np.nanmean(values, axis=1), ddof=1)
+    bounds = {k: per_layer_intervals(v) for k, v in per_example.items()}
+    paradigms: dict[str, dict[str, np.ndarray]] = {}
+    tags = np.array(labels)
+    for paradigm in dict.fromkeys(labels):
+        chosen = (tags == paradigm) & usable
+        found = paradigms[paradigm] = {"n": np.array(int(chosen.sum()))}
+        for key, values in per_example.items():
+            if not chosen.any():  # every pair of the paradigm dropped out
+                found[key] = found[f"{key}_low"] = found[f"{key}_high"] = np.full(values.shape[:2], np.nan)
+                continue
+            found[key] = np.nanmean(values[:, :, chosen], axis=2)
+            found[f"{key}_low"], found[f"{key}_high"] = per_layer_intervals(values[:, :, chosen])
+    nx = EXP2_METHODS.index("normxlogit")
+    versus = {key: np.array([[bootstrap_paired_difference(values[nx, k], values[EXP2_METHODS.index(m), k])
+                              for k in range(layers)] for m in VERSUS]) for key, values in per_example.items()}
+    ap_change = np.array([bootstrap_paired_difference(row[-1], row[0]) for row in per_example["ap"]])
+    return Alignment(
+        n=int(usable.sum()), layers=layers, dot=mean["dot"], ap=mean["ap"], dot_std=std["dot"], ap_std=std["ap"],
+        paradigms=paradigms, dot_low=bounds["dot"][0], dot_high=bounds["dot"][1], ap_low=bounds["ap"][0],
+        ap_high=bounds["ap"][1], ap_change=ap_change, versus=versus, **fields,
+    )
 
 
 def run_alignment(settings: ReportSettings, n: int, batch_size: int) -> Alignment:
     """Experiment 2 analogue on ``n`` agreement pairs with the causal LM (kept in the results
     store folder, so a rerun reads it back)."""
     import heedful
-    from heedful.evaluate.intervals import bootstrap_paired_difference
-    from heedful.evaluate.metrics import average_precision_score, dot_product_score
     from heedful.evaluate.protocol import get_protocol
 
     began = time.perf_counter()
@@ -430,53 +537,14 @@ def run_alignment(settings: ReportSettings, n: int, batch_size: int) -> Alignmen
     protocol = get_protocol("normxlogit")
     skipped: dict[str, int] = {}
     items = _agreement_inputs(model.adapter, data, n, skipped)
-    scores, evidence, lens = alignment_scores(model, items, batch_size)
-    layers = scores["logat_target"][0].shape[0]
-    rows = len(EXP2_METHODS)
-    per_example = {k: np.full((rows, layers, len(items)), np.nan) for k in ("dot", "ap")}
-    random_seed_means = {k: np.full((RANDOM_SEEDS_EXP2, layers), np.nan) for k in ("dot", "ap")}
-    fns = {
-        "dot": lambda s, e: dot_product_score(s, e, protocol.dot_normalization),
-        "ap": average_precision_score,
-    }
-    seed_values = {k: np.full((RANDOM_SEEDS_EXP2, len(items)), np.nan) for k in fns}
-    for j, ev in enumerate(evidence):
-        if not ev.any() or ev.all():
-            continue
-        for r, name in enumerate(EXP2_METHODS):
-            if not scores[name]:  # LogAt(plural) when the word is not one token of this vocabulary
-                continue
-            s = scores[name][j]
-            for key, fn in fns.items():
-                if name == "random":
-                    vals = np.array([fn(row, ev) for row in s])
-                    seed_values[key][:, j] = vals
-                    per_example[key][r, :, j] = vals.mean()
-                elif s.ndim == 1:
-                    per_example[key][r, :, j] = fn(s, ev)
-                else:
-                    per_example[key][r, :, j] = [fn(row, ev) for row in s]
-    for key in fns:
-        random_seed_means[key] = np.nanmean(seed_values[key], axis=1)
-    mean = {k: np.nanmean(v, axis=2) for k, v in per_example.items()}
-    std = {k: np.nanstd(v, axis=2, ddof=1) for k, v in per_example.items()}
-    r = EXP2_METHODS.index("random")
-    for key in fns:
-        std[key][r, :] = np.nanstd(random_seed_means[key], ddof=1)
-    paradigms: dict[str, dict[str, np.ndarray]] = {}
-    labels = np.array([p for _, _, p in items])
-    for paradigm in dict.fromkeys(labels.tolist()):
-        chosen = labels == paradigm
-        paradigms[paradigm] = {k: np.nanmean(v[:, :, chosen], axis=2) for k, v in per_example.items()}
-        paradigms[paradigm]["n"] = np.array(int(chosen.sum()))
-    bounds = {k: per_layer_intervals(v) for k, v in per_example.items()}
-    ap_change = np.array([bootstrap_paired_difference(row[-1], row[0]) for row in per_example["ap"]])
-    al = Alignment(
-        n=len(items), layers=layers, dot=mean["dot"], ap=mean["ap"], dot_std=std["dot"], ap_std=std["ap"],
-        paradigms=paradigms, skipped=skipped, seconds=time.perf_counter() - began, model_name=LM,
-        dot_low=bounds["dot"][0], dot_high=bounds["dot"][1], ap_low=bounds["ap"][0], ap_high=bounds["ap"][1],
-        lens=lens_summary(lens, evidence), ap_change=ap_change,
-    )
+    scores, evidence, lens, anchors = alignment_scores(model, items, batch_size)
+    labels = [p for _, _, p in items]
+    readings = {}
+    for name, dropped in (("with", None), ("without", anchors)):
+        readings[name] = summarise_alignment(*alignment_values(scores, evidence, dropped, protocol.dot_normalization),
+                                             labels, skipped=skipped, seconds=0.0, model_name=LM)
+    al = replace(readings["with"], seconds=time.perf_counter() - began, lens=lens_summary(lens, evidence),
+                 without_anchor=readings["without"])
     _save_alignment(al, cache)
     return al
 

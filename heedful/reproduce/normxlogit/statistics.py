@@ -75,15 +75,24 @@ norm over the median norm of the other positions."""
 
 def per_layer_intervals(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """95 % bootstrap intervals of the mean over examples (NaNs left out) of ``values``
-    ``[..., E]`` -> ``low``, ``high`` ``[...]``."""
-    from heedful.evaluate.intervals import bootstrap_mean
+    ``[..., E]`` -> ``low``, ``high`` ``[...]``: each row's :func:`~heedful.evaluate.intervals.bootstrap_mean`
+    of its finite values, the rows with the same finite examples resampled together (the same
+    seeded resamples, so the same intervals as one row at a time)."""
+    from heedful.evaluate.intervals import bootstrap_indices
 
-    flat = values.reshape(-1, values.shape[-1])
+    flat = values.reshape(-1, values.shape[-1]) if values.shape[-1] else np.empty((int(np.prod(values.shape[:-1])), 0))
     low, high = np.full(flat.shape[0], np.nan), np.full(flat.shape[0], np.nan)
-    for i, row in enumerate(flat):
-        finite = row[np.isfinite(row)]
-        if finite.size > 1:
-            _, low[i], high[i] = bootstrap_mean(finite)
+    finite = np.isfinite(flat)
+    patterns: dict[bytes, list[int]] = {}
+    for i, row in enumerate(finite):
+        if row.sum() > 1:
+            patterns.setdefault(np.packbits(row).tobytes(), []).append(i)
+    for rows in patterns.values():
+        kept = flat[np.ix_(rows, np.flatnonzero(finite[rows[0]]))]  # [r, k]
+        draws = bootstrap_indices(kept.shape[1])  # [n_boot, k]
+        for start in range(0, len(rows), 8):  # [8, n_boot, k] at a time
+            means = kept[start : start + 8][:, draws].mean(axis=-1)
+            low[rows[start : start + 8]], high[rows[start : start + 8]] = np.percentile(means, [2.5, 97.5], axis=-1)
     return low.reshape(values.shape[:-1]), high.reshape(values.shape[:-1])
 
 
@@ -98,3 +107,16 @@ def lens_summary(lens: dict[str, list[np.ndarray]], evidence: list[np.ndarray]) 
             found[f"{key}_low"], found[f"{key}_high"] = per_layer_intervals(stack)
     found["evidence_first"] = np.array(float(np.mean([bool(e[0]) for e in evidence])) if evidence else np.nan)
     return found
+
+
+def layers_ahead(al: Any, key: str = "ap") -> tuple[int, int]:
+    """Layers where NormXLogit is ahead of every one of
+    :data:`~heedful.reproduce.normxlogit.run.VERSUS` on ``key``: by the paired
+    difference's estimate, and with its 95 % paired interval apart from 0 (the toolkit's *holds*).
+    ``al``: an :class:`~heedful.reproduce.normxlogit.run.Alignment` with ``versus``."""
+    from heedful.reproduce.toolkit import HOLDS, difference_verdict
+
+    diffs = al.versus[key]  # [3, L, 3]
+    ahead = int((diffs[:, :, 0] > 0).all(axis=0).sum())
+    apart = sum(all(difference_verdict(tuple(d[k])).word == HOLDS for d in diffs) for k in range(al.layers))
+    return ahead, int(apart)
