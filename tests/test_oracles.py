@@ -642,6 +642,7 @@ ORACLES: dict[str, tuple[str, ...]] = {
     ),
     "lime": ("test_perturbation_surrogate.py::test_lime_matches_captum_on_the_same_samples",),
     "rise": ("test_oracles.py::test_rise_equals_a_loop_over_fixed_masks",),
+    "reagent": ("test_reagent.py::test_reagent_equals_a_plain_loop_over_the_update_rule_and_stopping_test",),
     "solvability_beam": (
         "test_solvability.py::test_solvability_beam_finds_the_brute_force_optimum_when_the_beam_holds_every_ordering",
         "test_solvability.py::test_solvability_beam_of_one_is_the_greedy_search",
