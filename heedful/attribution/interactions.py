@@ -32,6 +32,7 @@ from heedful.engine.problem import Problem
 from heedful.engine.seeding import example_generators
 from heedful.registry import register
 
+
 def _passes(options: Mapping[str, Any], tokens: int) -> tuple[float, float]:
     return (1 + min(options["n_samples"], 2 ** min(tokens, 62)), 0)
 
