@@ -123,6 +123,7 @@ FAST_OPTIONS: dict[str, Any] = {
     "samples": 2,  # noise draws per step (co-perturbation, individual perturbation)
     "head_mask": random_head_mask,  # Mask-LRP
     "beam": 2,  # solvability_beam's orderings kept per step
+    "chains": 2,  # reagent's independent chains
 }
 """Options :func:`check_method` passes to every method that takes an option of that name (read
 from :attr:`MethodInfo.options`), to keep expensive methods quick on the tiny models; a function

@@ -631,6 +631,10 @@ ORACLES: dict[str, tuple[str, ...]] = {
     ),
     "guan2019": ("test_coperturbation.py::test_guan2019_is_the_same_optimiser_with_reference_settings",),
     "individual_perturbation": ("test_perturbation_tdd.py::test_individual_perturbation_noises_one_token_at_a_time",),
+    "shapley_interactions": (
+        "test_interactions.py::test_shapley_interactions_with_every_coalition_equal_the_exact_indices",
+        "test_interactions.py::test_shapley_interactions_sampled_stay_within_their_sampling_error_of_the_exact_indices",
+    ),
     "kernel_shap": (
         "test_perturbation_surrogate.py::test_kernel_shap_matches_captum_on_the_same_samples",
         "test_perturbation_surrogate.py::test_kernel_shap_is_nearly_efficient_and_near_exact_shapley",
@@ -642,6 +646,7 @@ ORACLES: dict[str, tuple[str, ...]] = {
     ),
     "lime": ("test_perturbation_surrogate.py::test_lime_matches_captum_on_the_same_samples",),
     "rise": ("test_oracles.py::test_rise_equals_a_loop_over_fixed_masks",),
+    "reagent": ("test_reagent.py::test_reagent_equals_a_plain_loop_over_the_update_rule_and_stopping_test",),
     "solvability_beam": (
         "test_solvability.py::test_solvability_beam_finds_the_brute_force_optimum_when_the_beam_holds_every_ordering",
         "test_solvability.py::test_solvability_beam_of_one_is_the_greedy_search",
