@@ -142,3 +142,18 @@ def test_segment_bounds_start_at_the_first_anchor():
 
     assert segment_bounds(torch.tensor([4, 5, 9, 6]), 2) == [0, 5, 7, 9, 10]
     assert segment_bounds(torch.tensor([3]), 4) == [0, 4]
+
+
+def test_raw_attention_over_steps_copies_only_the_layer_it_reads(tiny):
+    from heedful.generation import StepAttentions
+
+    lm = tiny("llama", "causal_lm")
+    generation = lm.generate(PROMPTS, continuation=CONTINUATIONS)
+    info = lm.method("raw_attention")
+    problem, example, step = prepare_steps(lm.adapter, generation, info)
+    scores = info.fn(problem)
+    attentions = problem.reference.attentions
+    assert isinstance(attentions, StepAttentions) and list(attentions._rows) == [len(attentions) - 1]
+    # every layer read gives the rows' own masked probabilities, whichever way it is read
+    assert torch.equal(attentions[-1], attentions[len(attentions) - 1]) and len(attentions[0:2]) == 2
+    assert scores.shape == (len(example), problem.batch.seq_len)
