@@ -521,7 +521,10 @@ class Model:
         text for all prompts or one per prompt), or taken from a :meth:`generate` result passed
         as ``prompts``; ``chat``: the prompts are user messages in the model's chat template. Every step of every prompt is explained as its
         own target, all in one batched problem (see :mod:`heedful.generation`); ``options`` go
-        to the method, as for :meth:`explain`. A prompt and ``max_new_tokens`` beyond the
+        to the method, as for :meth:`explain` -- and ``precision="bf16"`` runs saliency,
+        gradient x input and integrated gradients on the model's bfloat16 copy, forward and
+        backward (:func:`heedful.generation_shared.generation_precision`; fast only on
+        processors with bfloat16 arithmetic). A prompt and ``max_new_tokens`` beyond the
         model's positions, or steps whose copies cannot fit ``max_memory``, fail before anything
         is generated (:meth:`estimate_generation` says what a run will cost).
 
