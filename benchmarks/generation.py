@@ -178,7 +178,7 @@ def run_side(side: str, method: str, model_name: str, prompts: list[str], contin
 def _scores(side: str, result, reading: str, lm, prompts: list[str]) -> list[tuple[list[int], np.ndarray]]:
     """Per prompt: the ids explained and the ``[T, S]`` scores (heedful's layout)."""
     if side == "heedful":
-        return [(lm.tokenizer.convert_tokens_to_ids(g.tokens), g.scores) for g in result]
+        return [(lm.tokenizer.convert_tokens_to_ids(g.raw_tokens), g.scores) for g in result]
     if side == "captum":
         found = []
         for prompt, r in zip(prompts, result, strict=True):
