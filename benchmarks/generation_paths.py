@@ -3,11 +3,13 @@ load: the per-step rows (every step its own forward and backward over its prefix
 :func:`heedful.generation.prepare_steps`) and the shared-prefix path (one forward per sequence,
 per path point for integrated gradients, and the steps' backward passes from its graph vmapped
 over their cotangents, :mod:`heedful.generation_shared`) -- and, with ``--per-step-backward``,
-the shared path with a plain backward per step. Their ratio holds on a loaded machine, where absolute times
+the shared path with a plain backward per step, and with ``--segment N`` the shared path run in
+segments of ``N`` positions (each step's backward restricted to its prefix,
+:attr:`heedful.generation_shared.SharedSteps.segment`). Their ratio holds on a loaded machine, where absolute times
 do not; scores are checked equal.
 
     python benchmarks/generation_paths.py [--model smollm2-135m] [--n 16] [--steps 20] [--ig-steps 8]
-                                          [--repeats 1] [--threads 2] [--methods ...]
+                                          [--repeats 1] [--threads 2] [--methods ...] [--segment N]
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--methods", nargs="+", default=list(OPTIONS), choices=list(OPTIONS))
     parser.add_argument("--per-step-backward", action="store_true", help="also time the shared path with a backward per step")
+    parser.add_argument("--segment", type=int, help="also time the shared path in segments of this many positions")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     torch.set_num_threads(args.threads)
@@ -67,7 +70,16 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 SharedSteps.steps_per_backward = None
 
+        def shared_segments():
+            SharedSteps.segment = args.segment
+            try:
+                return shared()
+            finally:
+                SharedSteps.segment = None
+
         extra = {"shared, a backward per step": shared_per_step_backward} if args.per_step_backward else {}
+        if args.segment:
+            extra[f"shared, segments of {args.segment}"] = shared_segments
         paths = {"per-step": per_step, "shared": shared, **extra}
         found = {name: [] for name in paths}
         scores = {}

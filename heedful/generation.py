@@ -235,10 +235,35 @@ def shared_reference(
         hidden = tuple(h[:, :width][example].mul_(own[..., None].to(h.dtype)) for h in fwd.hidden_states)
     probs = None
     if fwd.attentions is not None:
-        pair = (own[:, :, None] & own[:, None, :])[:, None]
-        # cut to the rows' width before copying rows out: each layer is copied once, masked in place
-        probs = tuple(a[..., :width, :width][example].mul_(pair.to(a.dtype)) for a in fwd.attentions)
+        probs = StepAttentions(fwd.attentions, example, own)
     return Forward(logits, hidden, probs)
+
+
+class StepAttentions(Sequence[torch.Tensor]):
+    """The step rows' attention probabilities, ``L`` x ``[R, H, W, W]``, from the sequences'
+    ``attentions`` (``L`` x ``[B, H, S, S]``): row ``r`` is sequence ``example[r]`` cut to the
+    rows' width ``W`` and masked to its own positions ``own[r]`` (``[R, W]``). A layer's rows
+    are copied out when first read and kept -- a method that reads one layer (raw attention
+    reads the last) copies ``R x H x W x W`` values once, not ``L`` times that."""
+
+    def __init__(self, attentions: Sequence[torch.Tensor], example: torch.Tensor, own: torch.Tensor) -> None:
+        self._layers, self._example, self._own = tuple(attentions), example, own
+        self._rows: dict[int, torch.Tensor] = {}
+
+    def __len__(self) -> int:
+        return len(self._layers)
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if isinstance(index, slice):
+            return tuple(self[i] for i in range(*index.indices(len(self))))
+        layer = range(len(self))[index]
+        if layer not in self._rows:
+            a = self._layers[layer]
+            width = self._own.shape[1]
+            pair = (self._own[:, :, None] & self._own[:, None, :])[:, None]
+            # cut to the rows' width before copying rows out: copied once, masked in place
+            self._rows[layer] = a[..., :width, :width][self._example.to(a.device)].mul_(pair.to(a.dtype))
+        return self._rows[layer]
 
 
 def _check_causal(adapter: ModelAdapter) -> None:

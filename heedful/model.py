@@ -33,7 +33,7 @@ from heedful.errors import InputError
 from heedful.explanation import Cost, Explanation, Explanations, TargetInfo
 from heedful.generation import Generation, force, generate, prepare_steps
 from heedful.generation_explanation import GenerationExplanation, assemble_generation
-from heedful.generation_shared import explain_shared
+from heedful.generation_shared import explain_shared, generation_precision
 from heedful.registry import MethodInfo
 
 ProgressHook = Callable[[int], None]
@@ -521,7 +521,10 @@ class Model:
         text for all prompts or one per prompt), or taken from a :meth:`generate` result passed
         as ``prompts``; ``chat``: the prompts are user messages in the model's chat template. Every step of every prompt is explained as its
         own target, all in one batched problem (see :mod:`heedful.generation`); ``options`` go
-        to the method, as for :meth:`explain`. A prompt and ``max_new_tokens`` beyond the
+        to the method, as for :meth:`explain` -- and ``precision="bf16"`` runs saliency,
+        gradient x input and integrated gradients on the model's bfloat16 copy, forward and
+        backward (:func:`heedful.generation_shared.generation_precision`; fast only on
+        processors with bfloat16 arithmetic). A prompt and ``max_new_tokens`` beyond the
         model's positions, or steps whose copies cannot fit ``max_memory``, fail before anything
         is generated (:meth:`estimate_generation` says what a run will cost).
 
@@ -531,6 +534,7 @@ class Model:
         ([' Paris', '.', ' The', ' capital'], (4, 9))
         """
         info = self.method(method)
+        options, precision = generation_precision(info, options, self.adapter.device)
         bound = info.bind(options, self.adapter.device)
         if bound.get("layerwise"):
             raise InputError("generation attribution gives one score per token and step", hint="drop layerwise=True")
@@ -544,7 +548,7 @@ class Model:
         generation = self._generation(
             info, bound, prompts, max_new_tokens, continuation, generation_config, chat, truncation, max_length
         )
-        found_shared, shared = self._timed(lambda: explain_shared(self.adapter, generation, info, bound, quantity))
+        found_shared, shared = self._timed(lambda: explain_shared(self.adapter, generation, info, bound, quantity, precision))
         if found_shared is not None:  # one forward per sequence for all its steps
             problem, example, step, scores = found_shared
             own = (0.0, 0, 0)
@@ -556,7 +560,8 @@ class Model:
         cost = Cost(*((a + b) / rows for a, b in zip(shared, own, strict=True)))
         probs = replace(problem.target, quantity="logit").score(torch.softmax(problem.reference.logits.detach().float(), dim=-1))
         found = assemble_generation(
-            self.adapter, generation, example, step, scores, probs, info.name, jsonable(bound), quantity, cost, self.name
+            self.adapter, generation, example, step, scores, probs, info.name,
+            jsonable(bound if precision == "fp32" else {**bound, "precision": precision}), quantity, cost, self.name,
         )
         return found[0] if single else found
 

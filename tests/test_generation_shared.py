@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+import heedful
 from heedful.engine.memory import Need, estimate
 from heedful.generation import prepare_steps
 from heedful.generation_shared import SharedSteps, _groups, explain_shared
@@ -90,3 +91,69 @@ def test_explain_generation_takes_the_shared_path(tiny):
     # cost per step row: one forward per sequence, shared by its steps
     assert found[0].cost.forward_passes == pytest.approx(len(PROMPTS) / steps)
     assert found[0].cost.backward_passes == pytest.approx(1.0)
+
+
+BF16_DIFFERENCE = 0.15
+"""Largest score difference of the bf16 passes from float32, relative to the prompt's largest
+float32 score: a gradient is a sum of products each rounded to bfloat16's eps (2**-8) times a
+few dozen -- the bound tests/test_half_precision.py holds a bfloat16-stored model to. (Relative
+to a step's own largest score, a signed sum over the embedding that cancels to near 0 can
+exceed it.)"""
+
+
+@pytest.mark.parametrize("method,options", [("saliency", {}), ("grad_x_input", {}), ("integrated_gradients", {"n_steps": 4, "baseline": "pad"})])
+def test_bf16_generation_is_float32_within_the_bf16_bound(tiny, method, options):
+    lm = tiny("llama", "causal_lm")
+    expected = lm.explain_generation(PROMPTS, method, continuation=CONTINUATIONS, **options)
+    found = lm.explain_generation(PROMPTS, method, continuation=CONTINUATIONS, precision="bf16", **options)
+    assert all(g.options["precision"] == "bf16" for g in found)
+    for e, f in zip(expected, found, strict=True):
+        assert np.array_equal(np.isnan(e.scores), np.isnan(f.scores))
+        worst, largest = np.nanmax(np.abs(f.scores - e.scores)), np.nanmax(np.abs(e.scores))
+        assert 0 < worst <= BF16_DIFFERENCE * largest, (method, worst / largest)  # > 0: the passes ran in bfloat16
+        np.testing.assert_allclose(f.probabilities, e.probabilities, atol=0.05)
+    # the bf16 copy's passes: one forward per sequence, a backward per step, as at float32
+    assert found[0].cost.backward_passes == pytest.approx(options.get("n_steps", 1))
+
+
+def test_generation_precision_refusals(tiny):
+    lm = tiny("llama", "causal_lm")
+    with pytest.raises(heedful.InputError, match="has no int8 path"):
+        lm.explain_generation("the cat", "saliency", continuation=" sat", precision="int8")
+    with pytest.raises(heedful.InputError, match="smoothgrad has no bf16 path"):
+        lm.explain_generation("the cat", "smoothgrad", continuation=" sat", precision="bf16")
+    with pytest.raises(heedful.InputError, match="precision 'fp8'"):
+        lm.explain_generation("the cat", "saliency", continuation=" sat", precision="fp8")
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+@pytest.mark.parametrize("segment", [1, 3])
+@pytest.mark.parametrize("method,options", [("grad_x_input", {}), ("integrated_gradients", {"n_steps": 3, "baseline": "pad"})])
+def test_segmented_pass_restricts_each_backward_to_its_prefix_and_changes_no_score(tiny, family, segment, method, options, monkeypatch):
+    lm = tiny(family, "causal_lm")
+    monkeypatch.setattr(SharedSteps, "segment", segment)
+    generation, plain, (_, plain_bwd), scores, (fwd, bwd) = _both(lm, method, options)
+    np.testing.assert_allclose(scores.numpy(), plain.numpy(), atol=1e-5 * float(plain.abs().max()), rtol=1e-4)
+    assert bwd == plain_bwd
+
+
+def test_segment_bounds_start_at_the_first_anchor():
+    from heedful.generation_shared import segment_bounds
+
+    assert segment_bounds(torch.tensor([4, 5, 9, 6]), 2) == [0, 5, 7, 9, 10]
+    assert segment_bounds(torch.tensor([3]), 4) == [0, 4]
+
+
+def test_raw_attention_over_steps_copies_only_the_layer_it_reads(tiny):
+    from heedful.generation import StepAttentions
+
+    lm = tiny("llama", "causal_lm")
+    generation = lm.generate(PROMPTS, continuation=CONTINUATIONS)
+    info = lm.method("raw_attention")
+    problem, example, step = prepare_steps(lm.adapter, generation, info)
+    scores = info.fn(problem)
+    attentions = problem.reference.attentions
+    assert isinstance(attentions, StepAttentions) and list(attentions._rows) == [len(attentions) - 1]
+    # every layer read gives the rows' own masked probabilities, whichever way it is read
+    assert torch.equal(attentions[-1], attentions[len(attentions) - 1]) and len(attentions[0:2]) == 2
+    assert scores.shape == (len(example), problem.batch.seq_len)

@@ -270,6 +270,47 @@ class Passes:
             release_heap()  # the cache grows by concatenation: give the freed copies back
         return last, hidden
 
+    def forward_segments(
+        self,
+        inputs_embeds: torch.Tensor,
+        mask: torch.Tensor,
+        bounds: Sequence[int],
+        anchors: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    ) -> list[torch.Tensor]:
+        """One pass over right-padded rows ``inputs_embeds`` ``[B, N, E]`` (``mask`` ``[B, N]``)
+        run in position segments ``bounds[k] .. bounds[k + 1] - 1`` (``bounds[0] = 0``, the last
+        ``N``), each attending to the key/value cache of the segments before it, with the cache
+        kept in the autograd graph; the head's logits ``[M_k, C]`` at segment ``k``'s anchors
+        ``anchors[k] = (rows, positions)`` (``[M_k]`` each, absolute positions inside the
+        segment). Each segment's logits are their own tensor, so a backward from them runs
+        through segments ``0 .. k`` only -- what a causal model's output there depends on
+        (decoders only; the same outputs as one pass beyond float rounding)."""
+        from transformers import DynamicCache
+
+        if not self.is_decoder:
+            raise InputError(f"a {self.family} model has no key/value cache to run positions in segments with")
+        device = self.device
+        inputs_embeds, mask = inputs_embeds.to(device), mask.to(device)
+        width = inputs_embeds.shape[1]
+        causal = right_padded(mask) and self.unwindowed(width)
+        name = self.cache_keyword
+        cache = DynamicCache()
+        found = []
+        with self._kernel_attention(True) as fused, attention_set(self.config, CAUSAL_ATTENTION if fused and causal else None):
+            for k, (rows, positions) in enumerate(anchors):
+                start, end = bounds[k], bounds[k + 1]
+                out = self.backbone(
+                    inputs_embeds=inputs_embeds[:, start:end],
+                    attention_mask=None if fused and causal else mask[:, :end],
+                    **{name: cache},
+                    use_cache=True,
+                    return_dict=True,
+                )
+                last = out.last_hidden_state
+                found.append(self.head_logits(last[rows.to(device), (positions - start).to(device)]))
+        self.counter.forward += inputs_embeds.shape[0]
+        return found
+
     def _anchored(self, mask: torch.Tensor, anchor: torch.Tensor, read_inside: bool) -> contextlib.AbstractContextManager:
         """The last block computed at ``anchor`` ``[B]`` only (:mod:`heedful.adapters.anchored`)
         when nothing can tell: a no-gradient pass of a classifier or regressor whose family has
