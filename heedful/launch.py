@@ -43,35 +43,50 @@ def main() -> None:
         raise SystemExit(2)
     before_end = args[: args.index("--")] if "--" in args else args
     command = command_of(args)
+    files = None
     if mode != "never" and "--no-warm" not in before_end and command is not None and command not in LOCAL and "-" not in before_end:
-        code = _through_worker(args, command, mode)
+        code, files = _through_worker(args, command, mode)
         if code is not None:
             raise SystemExit(code)
     from heedful.cli import main as in_process
 
-    in_process()
+    try:
+        in_process()
+    finally:
+        stopped = sys.exc_info()[1]
+        if files is not None and not (isinstance(stopped, KeyboardInterrupt) or getattr(stopped, "code", None) == 130):
+            _start(files)  # after the command, so that its imports do not share the cores with the worker's
 
 
-def _through_worker(args: list[str], command: str, mode: str) -> int | None:
-    """The exit code of ``args`` run by the warm worker, or ``None`` (run it here), having
-    started a worker when none runs and ``command`` loads a model."""
+def _through_worker(args: list[str], command: str, mode: str) -> tuple[int | None, dict | None]:
+    """The exit code of ``args`` run by the warm worker (``None``: run it here), and the files of
+    a worker to start after it when none runs and ``command`` loads a model (or the running one
+    runs other code)."""
     from heedful.warm import channel, client
 
     if not channel.available():
-        return None
+        return None, None
     try:
         files = channel.paths(channel.ensure_private(channel.run_dir()))
     except (OSError, channel.Unsafe):
-        return None
+        return None, None
     code = client.run(args, files)
     if isinstance(code, int):
-        return code
-    if code == client.REFUSED or (command in STARTS_WORKER and (mode == "always" or sys.stderr.isatty())):
-        try:
-            client.start(files=files)
-        except OSError:
-            pass
-    return None
+        return code, None
+    wanted = code == client.REFUSED or (command in STARTS_WORKER and (mode == "always" or sys.stderr.isatty()))
+    return None, files if wanted else None
+
+
+def _start(files: dict) -> None:
+    """Start a worker in the background, saying so on a terminal."""
+    from heedful.warm import client
+
+    try:
+        client.start(files=files)
+    except OSError:
+        return
+    if sys.stderr.isatty():
+        print("started a warm worker for the next commands (heedful warm --status / --stop; --no-warm)", file=sys.stderr)
 
 
 if __name__ == "__main__":  # pragma: no cover

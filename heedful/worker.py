@@ -162,9 +162,8 @@ class Worker:
             return True
         hello = json.loads(frame[1])
         if hello.get("ask"):
-            for name in hello.get("load", []):
-                self._preload(name)
-            channel.send(conn, channel.ACCEPTED, json.dumps(self.state()).encode())
+            failed = {name: problem for name in hello.get("load", []) if (problem := self._preload(name))}
+            channel.send(conn, channel.ACCEPTED, json.dumps({**self.state(), "failed": failed}).encode())
             return True
         if hello.get("key") != self.key:
             channel.send(conn, channel.REFUSED, json.dumps({"reason": "the worker runs other code"}).encode())
@@ -175,13 +174,18 @@ class Worker:
         channel.send(conn, channel.EXIT, json.dumps(code).encode())
         return True
 
-    def _preload(self, name: str) -> None:
+    def _preload(self, name: str) -> str | None:
+        """Load the model ``name`` into the kept models; what went wrong, if anything."""
         from heedful.commands.console import load_model
+        from heedful.errors import HeedfulError
 
         try:
             load_model(name)
-        except Exception as exc:  # the command that needs it will say what is wrong
-            print(f"could not load {name}: {exc}", file=sys.stderr)
+        except HeedfulError as exc:
+            return exc.message + (f" ({exc.cli_hint})" if exc.cli_hint else "")
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"
+        return None
 
     def _job(self, conn: socket.socket, hello: dict) -> int:
         """Run the command line of ``hello`` as its own process would, in this one."""

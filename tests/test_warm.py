@@ -116,6 +116,57 @@ def test_ctrl_c_stops_the_job_in_the_worker_which_serves_on(warm, tmp_path):
     assert _jobs(env) == before + 2
 
 
+def _closed_reader(env: dict, *args: str) -> tuple[int, str]:
+    """Exit code and stderr of ``heedful ARGS`` whose reader has gone (``heedful ... | true``)."""
+    process = subprocess.Popen([sys.executable, "-m", "heedful", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process.stdout.close()
+    _, err = process.communicate(timeout=BOUND)
+    return process.returncode, err.decode()
+
+
+def test_a_reader_that_goes_away_ends_the_command_as_in_its_own_process(warm):
+    """``heedful methods | true``: no traceback from the relay, the exit code of its own process."""
+    env, _ = warm
+    before = _jobs(env)
+    through = _closed_reader(env, "methods")
+    assert _jobs(env) == before + 1
+    assert through == _closed_reader({**env, "HEEDFUL_WARM": "never"}, "methods")
+    assert "Traceback" not in through[1]
+
+
+def test_heedful_warm_says_which_model_it_could_not_load(warm):
+    env, model = warm
+    done = _heedful({**env, "HF_HUB_OFFLINE": "1"}, "warm", "--model", model, "--model", "no-such-model")
+    lines = done.stderr.decode().splitlines()
+    assert done.returncode == 0 and any(line.startswith("warning: no-such-model was not loaded: ") for line in lines), lines
+
+
+def test_a_model_command_starts_a_worker_after_it_for_the_next_ones(warm, tmp_path):
+    """With none running, ``heedful explain`` runs in its own process and leaves a worker (here
+    off a terminal: ``HEEDFUL_WARM=always``) that the next command uses; ``--no-warm`` starts
+    none."""
+    env, model = warm
+    home = tmp_path / "h"
+    for name in ("models", "data", "downloads"):  # the zoo's built models, as the suite's home
+        (home / name).parent.mkdir(parents=True, exist_ok=True)
+        (home / name).symlink_to(Path(env["HEEDFUL_HOME"]) / name, target_is_directory=True)
+    fresh = {**env, "HEEDFUL_HOME": str(home), "HEEDFUL_WARM": "always"}
+    fresh.pop("XDG_RUNTIME_DIR", None)
+    files = channel.paths(home / "run")
+    try:
+        assert _heedful(fresh, "explain", TEXT, "--model", model, "--no-warm").returncode == 0
+        time.sleep(1.0)
+        assert client.running_pid(files) is None
+        first = _heedful(fresh, "explain", TEXT, "--model", model)
+        assert first.returncode == 0 and not first.stderr
+        assert client.wait_ready(None, files, timeout=BOUND) is not None
+        again = _heedful(fresh, "explain", TEXT, "--model", model)
+        assert (again.returncode, again.stdout) == (0, first.stdout)
+        assert _jobs(fresh) == 1
+    finally:
+        client.stop(files)
+
+
 def test_the_socket_and_its_folder_are_this_users_alone(warm):
     env, _ = warm
     found = _heedful(env, "warm", "--status").stdout.decode()

@@ -12,6 +12,7 @@ import time
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from heedful.commands.console import err, out
 from heedful.errors import InputError
@@ -63,6 +64,8 @@ def warm(
     if model:
         with err.status(f"loading {', '.join(model)} …"):
             state = client.ask(files, timeout=3600.0, load=list(model)) or state
+        for name, problem in state.get("failed", {}).items():
+            err.print(f"[yellow]warning:[/] {escape(name)} was not loaded: {escape(problem)}", soft_wrap=True, highlight=False)
     _show(state, files)
 
 

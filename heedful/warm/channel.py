@@ -64,8 +64,13 @@ def checkout_id() -> str:
 
 
 def paths(folder: Path | None = None) -> dict[str, Path]:
-    """The worker's ``socket``, ``lock``, ``pid`` and ``log`` files for this checkout."""
+    """The worker's ``socket``, ``lock``, ``pid`` and ``log`` files for this checkout (in a
+    private folder of the system's temporary one when ``folder`` is too deep for a socket)."""
     base = (folder or run_dir()) / f"warm-{checkout_id()}"
+    if len(str(base.with_suffix(".socket"))) > MAX_PATH:
+        import tempfile
+
+        base = ensure_private(Path(tempfile.gettempdir()) / f"heedful-{os.getuid()}") / base.name
     return {kind: base.with_suffix(f".{kind}") for kind in ("socket", "lock", "pid", "log")}
 
 

@@ -143,9 +143,13 @@ def _relay(sock: socket.socket) -> int | str | None:
                 return REFUSED
             elif kind in (channel.STDOUT, channel.STDERR):
                 stream = sys.stdout if kind == channel.STDOUT else sys.stderr
-                stream.flush()
-                stream.buffer.write(payload)
-                stream.buffer.flush()
+                try:
+                    stream.flush()
+                    stream.buffer.write(payload)
+                    stream.buffer.flush()
+                except BrokenPipeError:  # `heedful ... | head`: the reader has what it wanted
+                    os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())  # no flush error at exit
+                    return 1  # the job sees the connection close and stops
             elif kind == channel.EXIT:
                 return int(json.loads(payload))
     finally:
