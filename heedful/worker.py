@@ -124,6 +124,7 @@ class Worker:
         from heedful.commands import console
 
         heedful.methods()
+        self.fresh = torch.get_rng_state(), torch.get_num_threads()  # a new process's, before any job
         console.kept_models = {}
         console.KEEP_MODELS = KEPT_MODELS
 
@@ -188,8 +189,13 @@ class Worker:
         return None
 
     def _job(self, conn: socket.socket, hello: dict) -> int:
-        """Run the command line of ``hello`` as its own process would, in this one."""
+        """Run the command line of ``hello`` as its own process would, in this one: also with a
+        new process's torch generator and thread count (``heedful bench --threads`` sets it)."""
+        import torch
+
         from heedful.commands import console
+
+        torch.set_rng_state(self.fresh[0])
 
         saved = dict(os.environ), os.getcwd(), sys.argv, sys.stdin
         main = sys.modules["__main__"]
@@ -225,6 +231,7 @@ class Worker:
             for stream in (self.stdout, self.stderr):
                 stream.target.flush()
                 stream.target = stream.fallback
+            torch.set_num_threads(self.fresh[1])
             environ, cwd, sys.argv, sys.stdin = saved
             os.environ.clear()
             os.environ.update(environ)
