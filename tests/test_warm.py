@@ -234,3 +234,11 @@ def test_a_worker_running_other_code_is_replaced(warm):
     assert client.running_pid(files) not in (None, old)
     state = client.wait_ready(None, files, timeout=BOUND)
     assert state is not None and state["pid"] != old
+
+
+def test_a_wrong_idle_timeout_is_one_line(tmp_path):
+    env = {**os.environ, "HEEDFUL_HOME": str(tmp_path), "HEEDFUL_WARM_IDLE": "abc", "PYTHONPATH": str(ROOT)}
+    done = _heedful(env, "warm")
+    assert done.returncode == 2
+    assert done.stderr.decode().splitlines() == ["error: HEEDFUL_WARM_IDLE must be a number of minutes, got 'abc'", "hint: e.g. HEEDFUL_WARM_IDLE=15, or unset it"]
+    assert client.running_pid(channel.paths(tmp_path / "run")) is None

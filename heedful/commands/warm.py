@@ -36,6 +36,11 @@ def warm(
         raise InputError("a warm worker needs Unix sockets, which this system lacks", hint="run the commands as they are")
     if stop and status:
         raise InputError("--stop and --status contradict each other", hint="give one of them")
+    if idle is None and "HEEDFUL_WARM_IDLE" in os.environ:
+        try:
+            idle = float(os.environ["HEEDFUL_WARM_IDLE"])
+        except ValueError:
+            raise InputError(f"HEEDFUL_WARM_IDLE must be a number of minutes, got {os.environ['HEEDFUL_WARM_IDLE']!r}", hint="e.g. HEEDFUL_WARM_IDLE=15, or unset it") from None
     if idle is not None and not idle > 0:
         raise InputError(f"--idle must be more than 0 minutes, got {idle:g}", hint="e.g. --idle 15")
     files = channel.paths(channel.ensure_private(channel.run_dir()))
