@@ -106,9 +106,9 @@ def run(args: list[str], files: dict[str, Path] | None = None) -> int | str | No
     with sock:
         try:
             channel.send(sock, channel.HELLO, json.dumps(hello).encode())
-            return _relay(sock)
-        except BrokenPipeError:
+        except OSError:  # the worker went away before it read the request: nothing ran
             return None
+        return _relay(sock)
 
 
 def _relay(sock: socket.socket) -> int | str | None:
