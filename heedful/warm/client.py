@@ -131,6 +131,8 @@ def _relay(sock: socket.socket) -> int | str | None:
             except KeyboardInterrupt:
                 print("interrupted (Ctrl-C) while waiting for the warm worker; nothing was run", file=sys.stderr)
                 return 130
+            except OSError:  # the connection reset: as if closed
+                frame = None
             if frame is None:
                 if not started:
                     return None
