@@ -5,7 +5,8 @@ explain "a charming and often affecting journey"`` (the built zoo model minilm-s
 heatmap printed) -- each as ``python -m heedful ...`` run with this checkout first on the path,
 which is what the ``heedful`` script runs. One untimed run of each warms the disk cache; the
 median of ``--runs`` timed runs is reported (the targets: ``--help`` <= 0.5 s, ``methods``
-<= 1 s, ``explain`` <= 3 s). With ``--baseline REF`` the same commands also run on the checkout
+<= 1 s, ``explain`` <= 3 s with a warm worker, timed last: ``heedful warm --model
+minilm-sentiment``, then fresh ``heedful explain`` processes sent to it). With ``--baseline REF`` the same commands also run on the checkout
 of commit REF (extracted with ``git archive`` into a temporary folder), interleaved run by run
 so that the machine's load falls on both sides alike. Each run's CPU seconds (user + system, of the
 process and its children) are reported beside its wall time: on a shared machine the wall time
@@ -39,9 +40,12 @@ COMMANDS: dict[str, tuple[list[str], float | None]] = {
     "heedful --help": (["-m", "heedful", "--help"], 0.5),
     "heedful methods": (["-m", "heedful", "methods"], 1.0),
     'python -c "import heedful"': (["-c", "import heedful"], None),
-    f'heedful explain "{TEXT}"': (["-m", "heedful", "explain", TEXT, "--model", "minilm-sentiment"], 3.0),
+    f'heedful explain "{TEXT}"': (["-m", "heedful", "explain", TEXT, "--model", "minilm-sentiment"], None),
 }
-"""Name -> (the interpreter's arguments, target seconds)."""
+"""Name -> (the interpreter's arguments, target seconds), each run in its own process
+(``HEEDFUL_WARM=never``)."""
+WARM = (f'heedful explain "{TEXT}" (warm worker)', ["-m", "heedful", "explain", TEXT, "--model", "minilm-sentiment"], 3.0)
+"""The same explanation sent to a warm worker (``heedful warm --model minilm-sentiment`` first)."""
 
 
 def _children_cpu() -> float:
@@ -49,10 +53,11 @@ def _children_cpu() -> float:
     return used.ru_utime + used.ru_stime
 
 
-def run_once(args: list[str], checkout: Path) -> tuple[float, float]:
+def run_once(args: list[str], checkout: Path, warm: str = "never") -> tuple[float, float]:
     """Wall and CPU seconds of one fresh ``python ARGS`` with ``checkout`` first on the path
-    (stdout and stderr to a pipe, as when piped; a failing command stops the benchmark)."""
-    env = {**os.environ, "PYTHONPATH": str(checkout), "COLUMNS": "100"}
+    (stdout and stderr to a pipe, as when piped; a failing command stops the benchmark);
+    ``warm``: ``HEEDFUL_WARM``, ``never`` (in its own process) or ``auto`` (to the worker)."""
+    env = {**os.environ, "PYTHONPATH": str(checkout), "COLUMNS": "100", "HEEDFUL_WARM": warm}
     cpu = _children_cpu()
     began = time.perf_counter()
     done = subprocess.run([sys.executable, *args], cwd=checkout, env=env, capture_output=True, text=True)
@@ -96,6 +101,33 @@ def phases(checkout: Path) -> list[tuple[str, float, float]]:
     return [("interpreter start-up", bare_cpu, bare_wall), *(tuple(p) for p in json.loads(done.stdout.splitlines()[-1]))]
 
 
+def warm_runs(runs: int) -> tuple[list[float], list[float], float]:
+    """Wall and CPU seconds of ``runs`` fresh ``heedful explain`` processes sent to a warm
+    worker of this checkout (started with the model loaded, one untimed run first, stopped
+    after), and the seconds the worker took to start."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HEEDFUL_WARM": "auto"}
+    began = time.perf_counter()
+    started = subprocess.run([sys.executable, "-m", "heedful", "warm", "--model", "minilm-sentiment"], cwd=ROOT, env=env, capture_output=True, text=True)
+    if started.returncode != 0:
+        raise SystemExit(f"heedful warm failed:\n{started.stderr[-2000:]}")
+    start = time.perf_counter() - began
+    try:
+        status = subprocess.run([sys.executable, "-m", "heedful", "warm", "--status"], cwd=ROOT, env=env, capture_output=True, text=True).stdout
+        before = int(status.split(" command(s) run")[0].rsplit(" ", 1)[-1])
+        run_once(WARM[1], ROOT, "auto")
+        walls, cpus = [], []
+        for _ in range(runs):
+            wall, cpu = run_once(WARM[1], ROOT, "auto")
+            walls.append(wall)
+            cpus.append(cpu)
+        status = subprocess.run([sys.executable, "-m", "heedful", "warm", "--status"], cwd=ROOT, env=env, capture_output=True, text=True).stdout
+        if int(status.split(" command(s) run")[0].rsplit(" ", 1)[-1]) != before + runs + 1:
+            raise SystemExit(f"the explanations did not all run in the worker: {status}")
+    finally:
+        subprocess.run([sys.executable, "-m", "heedful", "warm", "--stop"], cwd=ROOT, env=env, capture_output=True)
+    return walls, cpus, start
+
+
 def extract(ref: str, into: Path) -> Path:
     """The tree of commit ``ref`` of this repository, unpacked under ``into``."""
     archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref], capture_output=True, check=True).stdout
@@ -133,6 +165,8 @@ def main() -> int:
                     cpus.setdefault((name, side), []).append(cpu)
             print(name, {side: fmt_s(statistics.median(times[name, side])) for side in sides}, file=sys.stderr)
         split = [phases(ROOT) for _ in range(args.runs)]
+        warm_walls, warm_cpus, warm_start = warm_runs(args.runs)
+        print(WARM[0], fmt_s(statistics.median(warm_walls)), file=sys.stderr)
     loads.append(os.getloadavg()[0])
 
     header = "| command | " + " | ".join(f"{side}: median (min-max) | CPU" for side in sides) + " | target |"
@@ -152,6 +186,15 @@ def main() -> int:
             found = times[name, side]
             cells.append(f"{fmt_s(statistics.median(found))} ({fmt_s(min(found))}-{fmt_s(max(found))}) | {fmt_s(statistics.median(cpus[name, side]))}")
         lines.append(f"| `{name}` | " + " | ".join(cells) + f" | {'-' if target is None else f'<= {target:g} s'} |")
+    warm_cell = f"{fmt_s(statistics.median(warm_walls))} ({fmt_s(min(warm_walls))}-{fmt_s(max(warm_walls))}) | {fmt_s(statistics.median(warm_cpus))}"
+    lines.append(f"| `{WARM[0]}` | " + " | ".join(["- | -"] * (len(sides) - 1) + [warm_cell]) + f" | <= {WARM[2]:g} s |")
+    lines += [
+        "",
+        "The warm row sends the same command line to a warm worker (`heedful warm --model minilm-sentiment` first, "
+        f"which took {fmt_s(warm_start)} to start and load the model; one untimed run, then {args.runs} fresh `heedful` "
+        "processes; CPU: the client process only, the worker computes the explanation). The other rows run each "
+        "command in its own process (`HEEDFUL_WARM=never`).",
+    ]
     names = [name for name, _, _ in split[0]]
     lines += [
         "",

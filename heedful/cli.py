@@ -32,6 +32,7 @@ from heedful.commands import reproduce as reproduce_command
 from heedful.commands import serve as serve_command
 from heedful.commands import steer as steer_command
 from heedful.commands import trace as trace_command
+from heedful.commands import warm as warm_command
 from heedful.commands.console import (
     announce,
     bars,
@@ -55,7 +56,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-PROGRESS_FLAGS = ("--quiet", "--progress")
+PROGRESS_FLAGS = ("--quiet", "--progress", "--no-warm")
 """Options of every command, wherever they stand on the command line (see :func:`main`)."""
 
 
@@ -64,6 +65,9 @@ def _everywhere(
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bars (also HEEDFUL_PROGRESS=never).")] = False,
     show_progress: Annotated[
         bool, typer.Option("--progress", help="Progress even where stderr is no terminal: a line per tenth of a task (also HEEDFUL_PROGRESS=always).")
+    ] = False,
+    no_warm: Annotated[  # read by heedful.launch before this runs
+        bool, typer.Option("--no-warm", help="Run in this process, not in the warm worker, and start none (also HEEDFUL_WARM=never; see `heedful warm`).")
     ] = False,
 ) -> None:
     """Which input tokens did a transformer rely on, and how far can that answer be trusted?
@@ -493,6 +497,7 @@ app.command("steer")(steer_command.steer)
 app.command("trace")(trace_command.trace)
 app.command("counterfactual")(counterfactual_command.counterfactual)
 app.command("serve")(serve_command.serve)
+app.command("warm")(warm_command.warm)
 
 
 def main() -> None:

@@ -92,10 +92,17 @@ class Interrupted(KeyboardInterrupt):
 
 def close_matches(name: str, known: Iterable[str], n: int = 3) -> list[str]:
     """The names of ``known`` closest to ``name`` (case ignored; difflib's ratio of at least
-    0.6), best first."""
+    0.6), best first; then those ``name`` abbreviates -- their initials (``ig``:
+    ``integrated_gradients``) or one of their words (``shap``: ``kernel_shap``), two letters
+    at least."""
     known = list(known)
     folded = {k.lower(): k for k in known}
-    return [folded[m] for m in difflib.get_close_matches(str(name).lower(), list(folded), n=n, cutoff=0.6)]
+    found = [folded[m] for m in difflib.get_close_matches(str(name).lower(), list(folded), n=n, cutoff=0.6)]
+    short = str(name).lower().replace("-", "_").strip()
+    if len(short) >= 2:
+        words = {k: [w for w in k.lower().replace("-", "_").split("_") if w] for k in known}
+        found += [k for k in known if "".join(w[0] for w in words[k]) == short or (len(words[k]) > 1 and short in words[k])]
+    return list(dict.fromkeys(found))[:n]
 
 
 def did_you_mean(name: str, known: Iterable[str], what: str, listing: str | Hint | None = None) -> str | Hint:

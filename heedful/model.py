@@ -599,7 +599,7 @@ class Model:
         running it; an :class:`InputError` for what :meth:`explain` would refuse before any work.
 
         >>> lm = heedful.load("smollm2-135m")                                       # doctest: +SKIP
-        >>> lm.estimate("The capital of France is", "integrated_gradients", n_steps=10_000).describe()  # doctest: +SKIP
+        >>> lm.estimate("The capital of France is", "integrated_gradients", n_steps=10_000, rule="riemann_trapezoid").describe()  # doctest: +SKIP
         'about 4 min: 10,001 forward and 10,000 backward passes of 6 tokens'
         """
         info = self.method(method)

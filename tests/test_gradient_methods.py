@@ -21,6 +21,7 @@ from captum.attr import (
 from conftest import INIT_RANGE, cached_model
 from tiny import CORPUS, ENCODERS, FAMILIES, tiny_model
 
+import heedful
 from heedful.attribution.gradient import baseline_embeddings, path_points
 
 pytestmark = pytest.mark.filterwarnings("ignore:Input Tensor 0 did not already require gradients")
@@ -306,3 +307,24 @@ def test_leave_one_out_probability_output():
     mine = model.explain(TEXTS[0], "leave_one_out", output="probability").scores
     content = (~o.special).numpy()
     assert_close_to_scale(mine[content], theirs[content])
+
+
+def test_gauss_legendre_beyond_its_feasible_steps_is_refused_before_any_work(tiny):
+    """n_steps=400,000 with the default Gauss-Legendre rule: its nodes would be the eigenvalues of
+    a 400,000 x 400,000 matrix (numpy's leggauss; 1.3 TB, a MemoryError after the model was
+    loaded). Refused in one line naming the largest n_steps and the Riemann rules, when the work
+    is estimated -- before any pass -- and by path_points itself; a Riemann rule takes as many."""
+    from heedful.attribution.gradient import GAUSS_LEGENDRE_MAX_STEPS
+
+    model = tiny("bert")
+    for attempt in (
+        lambda: model.estimate("a charming journey", "integrated_gradients", n_steps=400_000),
+        lambda: model.explain("a charming journey", "integrated_gradients", n_steps=400_000),
+        lambda: path_points(GAUSS_LEGENDRE_MAX_STEPS + 1, "gausslegendre"),
+    ):
+        with pytest.raises(heedful.InputError, match=r"n_steps=[\d,]+ with rule=gausslegendre") as caught:
+            attempt()
+        assert f"n_steps <= {GAUSS_LEGENDRE_MAX_STEPS:,}" in caught.value.hint and "riemann_trapezoid" in caught.value.hint
+        assert "--option" in caught.value.cli_hint
+    assert len(path_points(GAUSS_LEGENDRE_MAX_STEPS, "gausslegendre")[0]) == GAUSS_LEGENDRE_MAX_STEPS
+    assert model.estimate("a charming journey", "integrated_gradients", n_steps=400_000, rule="riemann_trapezoid").forward > 400_000

@@ -99,3 +99,13 @@ def test_python_callers_are_told_the_python_fix(tiny):
     from heedful.interest.steer import decoding_modes
 
     assert _error(lambda: decoding_modes(8, beams=1)).hint == "e.g. beams=3 (the paper's)"
+
+
+def test_a_short_name_is_answered_with_the_names_it_abbreviates():
+    """What Captum and Inseq users type: initials (``ig``, ``LOO``) or one word of the name
+    (``shap``, ``steps``) -- difflib finds nothing close in those."""
+    assert _error(lambda: heedful.get_method("ig")).hint == "did you mean 'integrated_gradients'?"
+    assert _error(lambda: heedful.get_method("LOO")).hint == "did you mean 'leave_one_out' or 'source_loo'?"
+    assert _error(lambda: heedful.get_method("shap")).hint == "did you mean 'kernel_shap'?"
+    assert _error(lambda: heedful.get_method("integrated_gradients").bind({"steps": 3})).hint == "did you mean 'n_steps'?"
+    assert heedful.errors.close_matches("x", ["x_input", "grad_x_input"]) == []  # one letter is no abbreviation

@@ -42,8 +42,37 @@ def load_model(name: str, device: str = "cpu", max_memory: int | str | None = No
     :mod:`heedful.engine.memory`); ``hub``: ``revision``, ``allow_pickle``, ``trust_remote_code``, ``dtype``."""
     import heedful
 
+    key = None if kept_models is None else (name, device, max_memory, tuple(sorted(hub.items())), _stamp(name))
+    if kept_models is not None and key in kept_models:
+        kept_models[key] = kept_models.pop(key)  # the most recently used last
+        return kept_models[key]
     with err.status(f"loading {name} …"):
-        return heedful.load(name, device=device, max_memory=max_memory, **hub)
+        model = heedful.load(name, device=device, max_memory=max_memory, **hub)
+    if kept_models is not None:
+        kept_models[key] = model
+        while len(kept_models) > KEEP_MODELS:
+            kept_models.pop(next(iter(kept_models)))
+    return model
+
+
+kept_models: dict | None = None
+"""Loaded models kept across commands by :func:`load_model`, in the warm worker
+(:mod:`heedful.worker`) only: by their arguments and the files' modification times."""
+KEEP_MODELS = 2
+
+
+def _stamp(name: str) -> tuple:
+    """The modification times of the files of the model folder ``name`` (a path or a built zoo
+    model): a model rebuilt or saved again is loaded again."""
+    from heedful.files.cache import heedful_home
+
+    for folder in (Path(name).expanduser(), heedful_home() / "models" / name):
+        try:
+            if folder.is_dir():
+                return tuple(sorted((f.name, f.stat().st_mtime_ns) for f in folder.iterdir()))
+        except (OSError, ValueError):
+            continue
+    return ()
 
 
 def read_text_file(path: str, what: str = "--file") -> str:
