@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import cached_model
+from conftest import cached_model, run_cli
 from test_context import _plain_output
 
 from heedful import UnsupportedModelError
@@ -125,6 +125,24 @@ def test_weights_of_another_model_are_refused(tmp_path):
         cached_model("gpt2", "causal_lm").explain(TEXTS[0], "at2", target=" the", sources="sentences", heads=path)
 
 
+def test_shipped_weights_match_their_pins_and_models():
+    assert at2.SHIPPED, "the zoo decoders' weights ship with heedful"
+    for shipped in at2.SHIPPED:
+        assert at2.file_sha256(shipped.path) == shipped.sha256
+        heads = at2.HeadWeights.load(shipped.path)
+        assert heads.fingerprint == shipped.fingerprint and heads.record["model"] == shipped.model
+        assert np.abs(heads.weights).sum() == pytest.approx(1.0)
+
+
 def test_at2_conforms_with_learned_weights(tmp_path):
     _, _, path = _learned(cached_model("llama", "causal_lm"), tmp_path)
     assert check_method("at2", families=("llama",), tasks=("causal_lm",), options={"heads": path}) == ["llama/causal_lm"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [(["--lengths", "512,x"], "--lengths"), (["--ablations", "2"], "--ablations"), (["--held-out", "1"], "--held-out"), (["--docs", "0"], "--docs")],
+)
+def test_training_refuses_bad_settings_before_loading_a_model(monkeypatch, capsys, args, message):
+    code, _, err = run_cli(monkeypatch, capsys, "at2", "train", "--model", "no-such-model", *args)
+    assert code == 2 and message in err and "Traceback" not in err

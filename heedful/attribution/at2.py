@@ -64,7 +64,16 @@ class ShippedHeads:
         return HEADS_DIR / self.file
 
 
-SHIPPED: tuple[ShippedHeads, ...] = ()
+SHIPPED: tuple[ShippedHeads, ...] = (
+    # heedful at2 train --model smollm2-135m --docs 16 --ship: objective 0.944 on 12 documents,
+    # 0.624 on 4 held out (uniform heads: 0.271 and 0.129); 1,770 s on a loaded 2-core machine
+    ShippedHeads(
+        model="smollm2-135m",
+        fingerprint="3081e3e0aca018ad",
+        file="smollm2-135m.json",
+        sha256="f90111e042e2673125c24aa6a0d23916bcca239a13b923e4842ef32c8b508577",
+    ),
+)
 """The shipped head weights (written by ``heedful at2 train --model NAME --ship``). New weights
 for a model change what ``at2`` computes by default: bump its ``version`` with them (stored
 results of the old weights are then never reused)."""
