@@ -7,7 +7,7 @@ Each source ``s`` of the text gets, for every head ``(l, h)`` of the model, the 
 -- the attention from the positions ``T`` whose outputs are the target (the anchor; the K
 positions that predict a span's tokens) to the source's tokens, averaged over ``T`` and summed
 over the source -- and its score is the learned weighted sum ``score(s) = sum_f theta_f a_f(s)``
-(Cohen-Wang et al. 2025, Sec. 3). The weights ``theta`` ``[L*H]`` are learned once per model on
+(Cohen-Wang et al. 2025). The weights ``theta`` ``[L*H]`` are learned once per model on
 a training set of generated documents so that the scores predict what removing sources does: for
 random keep-masks ``m`` (each source kept with probability 1/2) the prediction
 ``sum_s (2 m_s - 1) score(s)`` should correlate with the target's output with the masked sources
@@ -210,9 +210,13 @@ def at2(problem: Problem, *, heads: str | None = None) -> torch.Tensor:
     the cache by ``heedful at2 train``. A model with neither is refused, naming the command.
 
     What it approximates: removal effects such as exact leave-one-source-out, at the cost of one
-    forward pass; how closely, per length, is in ``benchmarks/results/context.md``.
+    forward pass; how closely, per length, is in ``benchmarks/results/context.md``. The pass runs
+    eager attention (each layer's ``[B, H, N, N]`` probabilities exist for a moment, their
+    target rows are kept): on a 4,078-token planted document with ``smollm2-135m`` it ranked the
+    planted sentence first, in 808 s on a 2-core machine at load average 20 (under 3 CPU-minutes,
+    loading the model included; exact LOO with the cache takes 1,483 s there idle).
 
-    Source: Cohen-Wang et al. 2025, Learning to Attribute with Attention (Sec. 3, Eq. 3-4: attention-weight features per head, a linear surrogate learned from source ablations with a correlation objective)
+    Source: Cohen-Wang et al. 2025, Learning to Attribute with Attention (AT2: the attention weights of every head as features of a linear surrogate learned from source ablations with a correlation objective)
     """
     weights = find_heads(problem, heads)
     features = head_features(problem)  # [B, S, F]

@@ -8,7 +8,7 @@ The training set is generated: planted long documents of the train split
 continuation is the target. For each document ``--ablations`` random source ablations are run
 (each source kept with probability 1/2) and the target's logit-probability recorded, with the
 head features of the full document; the weights maximise the mean correlation between the
-surrogate's predictions and those outputs (Cohen-Wang et al. 2025, Sec. 3).
+surrogate's predictions and those outputs (Cohen-Wang et al. 2025).
 """
 
 from __future__ import annotations
