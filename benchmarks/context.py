@@ -1,6 +1,8 @@
 """Context attribution over long inputs: exact leave-one-source-out without and with the
-key/value cache, ContextCite (32 and 64 ablations) and hierarchical refinement, on planted
-long documents of 512 to 4,096 tokens, in one run.
+key/value cache, ContextCite (32 and 64 ablations), hierarchical refinement and AT2 (learned
+head weights, and uniform ones: attention averaged over every head), on planted long documents
+of 512 to 4,096 tokens, in one run; the report (``--out``) and, beside it, a plot of each
+configuration's cost against its agreement with exact LOO per length (the same name, ``.png``).
 
 1. For each length, ``--docs`` planted documents (``heedful.datasets.load("planted")``: movie
    review sentences, distractor sentences of the same template, one planted answer sentence,
@@ -17,14 +19,24 @@ long documents of 512 to 4,096 tokens, in one run.
    cache) and a part per source, projected to all sources and marked "projected" (the uncached
    cost per source is nearly constant -- each pass runs the whole document less one sentence;
    the cached cost grows with the text after the source, which an even spread samples). The two agree to float rounding (the largest difference is printed). Beyond
-   ``--full-until`` there is no exact reference to agree with: context_cite 64 reports planted
-   accuracy only, and the other configurations run there with ``--all-long``.
+   ``--full-until`` the first document has no exact reference to agree with; documents after it
+   (``--long-docs``) agree with the exact LOO the store holds for them (see below). Exact LOO,
+   context_cite 64 and AT2 run there; the other configurations with ``--all-long``.
 4. Agreement with exact LOO: Spearman correlation of the source scores and whether the top
    source is the same; planted accuracy: whether the planted sentence is the top (top-3)
    source. Hierarchical ranks its kept sources by exact LOO and the rest below them by their coarse scores.
    Beside it, what Spearman over all sources is made of: how many sources each configuration
    scores other than exactly zero (a Lasso leaves many at zero, tied) and its Spearman with
    exact LOO over those alone, and how far exact LOO's planted source stands above the rest.
+
+AttriBoT's proxy-model trick (a smaller model of the same family) has no pair to run on here;
+the report says why (:data:`PROXY`).
+
+Running time: the wall-time column sums to most of it (each configuration also loads the model
+in its fresh process, ~10 s); exact LOO and ContextCite on the first document of each length
+dominate, the AT2 rows add one forward per document. AT2's agreement at 4,096 tokens needs the store's
+exact LOO documents: ``--long-docs 16`` reads 15 of them (``benchmarks/store/context``) and adds
+about 15 AT2 forwards of 4,096 tokens per AT2 configuration.
 
     python benchmarks/context.py [--model smollm2-135m] [--lengths 512,1024,2048,4096] [--docs 8]
                                  [--long-docs 1] [--subset 6] [--all-long] [--threads 2] [--max-memory 4GB]
@@ -79,9 +91,11 @@ CONFIGS: dict[str, tuple[str, dict]] = {
     "context_cite 32": ("context_cite", {"n_ablations": 32}),
     "context_cite 64": ("context_cite", {"n_ablations": 64}),
     "hierarchical": ("hierarchical", {}),
+    "at2": ("at2", {}),
+    "at2, uniform heads": ("at2", {"heads": "uniform"}),
 }
 REFERENCE = "exact LOO, cache"
-LONG = ("exact LOO, no cache", "exact LOO, cache", "context_cite 64")
+LONG = ("exact LOO, no cache", "exact LOO, cache", "context_cite 64", "at2", "at2, uniform heads")
 """What runs beyond ``--full-until`` (``--all-long``: every configuration)."""
 
 
@@ -272,8 +286,9 @@ def main(argv: list[str] | None = None) -> int:
         results = {}
         for label, method, options, subset in configurations(args, length, only):
             use = docs[:1] if label == "exact LOO, no cache" else docs
-            # documents after the first, over all their sources, come from the store when it holds them
-            keys = [None] + [unit_key(fingerprint, method, options, d) if subset is None else None for d in use[1:]]
+            # documents after the first, over all their sources, come from the store when it holds
+            # them -- also where this run times exact LOO on a subset of the first document's sources
+            keys = [None] + [unit_key(fingerprint, method, options, d) for d in use[1:]]
             have = {i: stored(args.store, k) for i, k in enumerate(keys) if k is not None}
             todo = [i for i in range(len(use)) if have.get(i) is None]
             began = time.perf_counter()
@@ -282,7 +297,11 @@ def main(argv: list[str] | None = None) -> int:
             results[label] = {"docs": [done.get(i) or have.get(i) for i in range(len(use))], "from_store": len(use) - len(todo)}
             console.print(f"  {label}: {len(todo)} computed, {len(use) - len(todo)} from the store, {fmt_s(time.perf_counter() - began)} (process included)")
         rows[length] = {"docs": docs, "results": results, "flops": flops}
+        if REFERENCE not in results:  # the configurations agree with the exact LOO the store holds
+            method, options = CONFIGS[REFERENCE]
+            rows[length]["reference"] = {"docs": [None] + [stored(args.store, unit_key(fingerprint, method, options, d)) for d in docs[1:]]}
     text = report(rows, args, load_before)
+    console.print(f"wrote {plot(rows, args.out.with_suffix('.png'))}")
     return finish(text, args, console)
 
 
@@ -329,7 +348,7 @@ def report(rows: dict[int, dict], args: argparse.Namespace, load_before: float) 
     from heedful.engine.chunks import TOKEN_BUDGET
 
     lines = [
-        "# Context attribution over long inputs: exact leave-one-source-out, cached and not, ContextCite, hierarchical",
+        "# Context attribution over long inputs: exact leave-one-source-out, cached and not, ContextCite, hierarchical, AT2",
         "",
         f"`{args.model}`, planted documents (`heedful.datasets.load(\"planted\")`), every sentence a source, the target the planted answer token. "
         f"Times and positions are per document (the first document of each length; its configuration ran alone in a fresh process), "
@@ -345,7 +364,7 @@ def report(rows: dict[int, dict], args: argparse.Namespace, load_before: float) 
             first = result["docs"][0]
             projected = first["timed_sources"] != first["all_sources"]
             seconds, positions = first["seconds"], first["positions"]
-            rhos, tops, hit1, hit3 = ([], [], [], []) if projected else accuracy(docs, result, results.get(REFERENCE))
+            rhos, tops, hit1, hit3 = ([], [], [], []) if projected else accuracy(docs, result, reference_of(row))
             mark = " (projected)" if projected else ""
             lines.append(
                 f"| {first['tokens']} | {first['all_sources']} | {label} | {fmt_s(seconds)}{mark} | {positions / 1e3:,.0f} k{mark} | "
@@ -365,6 +384,18 @@ def report(rows: dict[int, dict], args: argparse.Namespace, load_before: float) 
             if against:
                 parts.append(f"{label} {', '.join(against)}")
         summary.append(f"- {length} tokens: {'; '.join(parts) or 'no pair to compare'}")
+        reference = reference_of(row)
+        for label, result in results.items():
+            pairs = [
+                (truth["seconds"], found["seconds"])
+                for found, truth in zip(result["docs"][1:], (reference or {"docs": []})["docs"][1:], strict=False)
+                if not label.startswith("exact") and found and truth and truth["timed_sources"] == truth["all_sources"]
+            ]
+            if pairs:
+                summary.append(
+                    f"  - {label} vs exact LOO with the cache on the same documents after the first: {np.median([t / f for t, f in pairs]):.1f}x faster "
+                    f"(median over {len(pairs)}; each time from the run that computed it)"
+                )
         first = next(iter(results.values()))["docs"][0]
         cached_x, cite_x, cite_cached_x = expected_ratios(row["flops"], first["tokens"], first["all_sources"])
         summary.append(
@@ -393,6 +424,11 @@ def report(rows: dict[int, dict], args: argparse.Namespace, load_before: float) 
         lines.append(f"- {label}: peak above the model {shown}")
         if 1024 in peaks and 4096 in peaks and peaks[1024] > 0:
             lines.append(f"  - 4,096 vs 1,024 tokens: {peaks[4096] / peaks[1024]:.2f}x")
+    lines += ["", "## Cost against agreement", "", f"![wall time against agreement with exact LOO]({args.out.with_suffix('.png').name})", "",
+              "Per length, each configuration's wall time on the first document (hollow: projected from a subset of sources) against its mean "
+              "Spearman correlation with exact LOO and its share of documents whose top source is exact LOO's (bars: 95 % Wilson interval), "
+              "over the documents whose exact LOO covers every source.", ""]
+    lines += ["## AttriBoT's proxy model", "", PROXY]
     lines += ["", "## Planted answers", ""]
     for length, row in rows.items():
         found = next(iter(row["results"].values()))["docs"] if REFERENCE not in row["results"] else row["results"][REFERENCE]["docs"]
@@ -409,6 +445,68 @@ def report(rows: dict[int, dict], args: argparse.Namespace, load_before: float) 
         f"- python {sys.version.split()[0]}, {library_versions('torch', 'transformers', 'scikit-learn')}",
     ]
     return "\n".join(lines) + "\n"
+
+
+PROXY = (
+    "AttriBoT (Liu et al. 2024) approximates a large model's leave-one-out with a smaller model of the same family, "
+    "which shares its tokenizer and was trained on the same data. No such pair can be built here: `smollm2-135m` is the smallest "
+    "SmolLM2 (135M parameters; the family's larger sizes, 360M and 1.7B, cannot be had on these machines: no model hub is "
+    "reachable and no package ships them), so the zoo has no smaller SmolLM2 to stand in for it, and no larger one for it to "
+    "stand in for. heedful therefore offers no `proxy=` option; with a local copy of a larger SmolLM2, `smollm2-135m`'s exact "
+    "LOO is the proxy AttriBoT describes."
+)
+"""What the report says of AttriBoT's proxy-model trick (docs/design.md says the same)."""
+
+
+def plot(rows: dict[int, dict], path: Path) -> Path:
+    """Per length (one row of panels), each configuration's wall time on the first document
+    (log scale; hollow where projected) against its mean Spearman with exact LOO and its top-1
+    agreement with exact LOO (95 % Wilson interval), over the documents with a full reference."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lengths = list(rows)
+    fig, axes = plt.subplots(len(lengths), 2, figsize=(11, 3.4 * len(lengths)), squeeze=False)
+    colours = {label: plt.get_cmap("tab10")(i % 10) for i, label in enumerate(CONFIGS)}
+    for axis_row, length in zip(axes, lengths, strict=True):
+        results = rows[length]["results"]
+        for label, result in results.items():
+            first = result["docs"][0]
+            projected = first["timed_sources"] != first["all_sources"]
+            rhos, tops, _, _ = accuracy(rows[length]["docs"], result, reference_of(rows[length]))
+            finite = [r for r in rhos if np.isfinite(r)]
+            style = {"color": colours[label], "markerfacecolor": "none" if projected else colours[label], "marker": "o", "markersize": 7}
+            if finite:
+                axis_row[0].plot([first["seconds"]], [np.mean(finite)], linestyle="none", label=f"{label} ({len(finite)} docs)", **style)
+                axis_row[0].annotate(label, (first["seconds"], np.mean(finite)), textcoords="offset points", xytext=(5, 4), fontsize=7)
+            if tops:
+                ci = binomtest(int(sum(tops)), len(tops)).proportion_ci(method="wilson")
+                share = float(np.mean(tops))
+                axis_row[1].errorbar([first["seconds"]], [share], yerr=[[share - ci.low], [ci.high - share]], capsize=3, linestyle="none", **style)
+                axis_row[1].annotate(f"{label} ({sum(tops)}/{len(tops)})", (first["seconds"], share), textcoords="offset points", xytext=(5, -10), fontsize=7)
+        tokens = next(iter(results.values()))["docs"][0]["tokens"]
+        for ax, what in zip(axis_row, ("Spearman with exact LOO", "top-1 = exact LOO"), strict=True):
+            ax.set_xscale("log")
+            ax.margins(x=0.25)
+            ax.set_xlabel("wall time per document (s)")
+            ax.set_ylabel(what)
+            ax.set_title(f"{tokens} tokens")
+            ax.set_ylim(-0.25 if what.startswith("Spearman") else -0.05, 1.05)
+            ax.grid(alpha=0.3)
+        axis_row[0].legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def reference_of(row: dict) -> dict | None:
+    """Exact LOO's results at a length: this run's, else the store's for the documents after the
+    first (a run of other configurations alone, ``--only``)."""
+    return row["results"].get(REFERENCE) or row.get("reference")
 
 
 def accuracy(docs: list[dict], result: dict, reference: dict | None) -> tuple[list[float], list[bool], list[bool], list[bool]]:
@@ -437,7 +535,7 @@ def agreement_lines(rows: dict[int, dict]) -> list[str]:
     lines = []
     for length, row in rows.items():
         for label, result in row["results"].items():
-            rhos, tops, hit1, hit3 = accuracy(row["docs"], result, row["results"].get(REFERENCE))
+            rhos, tops, hit1, hit3 = accuracy(row["docs"], result, reference_of(row))
             lines.append(
                 f"- {length} tokens, {label}: top-1 = exact LOO {_share(tops, interval=True)}; planted top-1 {_share(hit1, interval=True)}, "
                 f"top-3 {_share(hit3, interval=True)}; Spearman vs exact LOO {_mean(rhos)}"
@@ -453,7 +551,7 @@ def spearman_lines(rows: dict[int, dict]) -> list[str]:
     absolute scores as a share of the planted one's, medians over documents)."""
     lines = []
     for length, row in rows.items():
-        reference = row["results"].get(REFERENCE)
+        reference = reference_of(row)
         if reference is None:
             continue
         pairs = {
@@ -474,7 +572,7 @@ def spearman_lines(rows: dict[int, dict]) -> list[str]:
                 f"{np.mean([len(nz) for nz in nonzero]):.0f} sources on average; Spearman with exact LOO over those sources {_mean(rhos)} "
                 f"({len(rhos)} of {len(found)} documents have 3 or more), over all sources {_mean([_agreement(o, e)[0] for o, e, _ in found])}"
             )
-        exact = pairs[REFERENCE]
+        exact = [(e, e, p) for _, e, p in pairs[next(iter(pairs))]] if REFERENCE not in pairs and pairs else pairs.get(REFERENCE)
         if exact:
             above = [e[p] / np.delete(e, p).max() for _, e, p in exact if np.delete(e, p).max() > 0]
             rest = [np.median(np.abs(np.delete(e, p))) / abs(e[p]) for _, e, p in exact if e[p] != 0]

@@ -21,6 +21,7 @@ from rich.text import Text
 # (measured: 232 s vs 31 s for one coperturbation explanation on 2 loaded cores).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+from heedful.commands import at2 as at2_command
 from heedful.commands import bench as bench_command
 from heedful.commands import counterfactual as counterfactual_command
 from heedful.commands import heads as heads_command
@@ -487,6 +488,7 @@ def models_build(
 # ---------------------------------------------------------------- further commands
 # One line per command module in heedful/commands (keep heavy imports inside the commands).
 app.add_typer(bench_command.app, name="bench")
+app.add_typer(at2_command.app, name="at2")
 app.add_typer(interest_command.app, name="interest")
 app.command("heads")(heads_command.heads)
 app.command("info")(info_command.info)

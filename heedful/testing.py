@@ -124,10 +124,12 @@ FAST_OPTIONS: dict[str, Any] = {
     "head_mask": random_head_mask,  # Mask-LRP
     "beam": 2,  # solvability_beam's orderings kept per step
     "chains": 2,  # reagent's independent chains
+    "heads": "uniform",  # AT2's head weights: none are learned for the tiny models (tests/test_at2.py learns some)
 }
 """Options :func:`check_method` passes to every method that takes an option of that name (read
 from :attr:`MethodInfo.options`), to keep expensive methods quick on the tiny models; a function
-is called with the model to give the value. Checks run on these settings, not the defaults. The
+is called with the model to give the value (or, like AT2's ``heads``, a setting without which the
+method declines the tiny models). Checks run on these settings, not the defaults. The
 one table of fast options: the golden outputs (``tests/regenerate_method_outputs.py``) and the
 invariance tests read it too; a new option that multiplies a method's work gets its entry here."""
 

@@ -98,6 +98,23 @@ def _ablation_masks(counts: list[int], n: int, keep: float, ablations: str, gens
     return masks
 
 
+def ablation_outputs(
+    problem: Problem, masks: list[torch.Tensor], output: str, *, removal: str = "delete", rows: int | None = None
+) -> torch.Tensor:
+    """The target's ``output`` for every keep-mask of ``masks`` (per example ``[n_b, S_b]``,
+    ``True``: the source stays) -> ``[sum_b n_b]``, example by example: each copy deletes the
+    removable tokens of the sources its mask drops (batched, :func:`removal_scores`)."""
+    width = max(max((m.shape[1] for m in masks), default=1), 1)
+    example = torch.cat([torch.full((len(m),), b, dtype=torch.long, device=m.device) for b, m in enumerate(masks)])
+    keep = torch.ones(len(example), width, dtype=torch.bool, device=example.device)
+    offset = 0
+    for m in masks:
+        keep[offset : offset + len(m), : m.shape[1]] = m
+        offset += len(m)
+    remove = _source_removals(problem, keep, example)
+    return removal_scores(problem, example, remove, output, removal=removal, rows=rows)
+
+
 def fit_surrogate(masks: np.ndarray, outputs: np.ndarray, alpha: float, folds: int) -> tuple[np.ndarray, float, dict[str, float]]:
     """ContextCite's surrogate for one example: ``outputs`` ``[n]`` regressed on keep-masks
     ``[n, S]`` (standardised) by a Lasso of strength ``alpha`` (ordinary least squares at 0);
@@ -168,16 +185,9 @@ def context_cite(
     """
     sources = problem.source_map()
     counts = sources.counts.tolist()
-    masks = _ablation_masks(counts, n_ablations, keep_probability, ablations, example_generators(problem.batch, seed))
     width = max(max(counts, default=1), 1)
-    example = torch.cat([torch.full((len(m),), b, dtype=torch.long, device=m.device) for b, m in enumerate(masks)])
-    keep = torch.ones(len(example), width, dtype=torch.bool, device=example.device)
-    offset = 0
-    for m in masks:
-        keep[offset : offset + len(m), : m.shape[1]] = m
-        offset += len(m)
-    remove = _source_removals(problem, keep, example)
-    outputs = removal_scores(problem, example, remove, output, removal=removal, rows=internal_batch_size)
+    masks = _ablation_masks(counts, n_ablations, keep_probability, ablations, example_generators(problem.batch, seed))
+    outputs = ablation_outputs(problem, masks, output, removal=removal, rows=internal_batch_size)
     tokens = problem.target.classes.shape[1] if problem.target.is_span else 1
     values = torch.zeros(len(problem), width, device="cpu")  # filled from the numpy fits
     details: dict[str, list] = {"intercept": [], "r2": [], "lds": []}
