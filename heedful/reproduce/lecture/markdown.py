@@ -8,7 +8,14 @@ import math
 from pathlib import Path
 
 from heedful.reproduce.lecture.claims import SEED, Found
-from heedful.reproduce.lecture.run import LM, METHOD_OPTIONS, TABLE_NEGATIVE, TABLE_POSITIVE, Plan
+from heedful.reproduce.lecture.run import (
+    LAYER_STRIDE,
+    LM,
+    METHOD_OPTIONS,
+    TABLE_NEGATIVE,
+    TABLE_POSITIVE,
+    Plan,
+)
 from heedful.reproduce.lecture.statistics import SITES, confirmation, overlapping
 from heedful.reproduce.toolkit import coverage_section, interval_text
 
@@ -28,7 +35,8 @@ def probe_section(found: Found, plan: Plan, figure: Path | None) -> list[str]:
         f"The first {plan.count('n_probe')} movie-review snippets of the test split are parsed by spaCy's `en_core_web_sm` "
         "(silver labels, as edge probing's silver tasks): part of speech for every word (a span) and the dependency relation "
         "for every edge (dependent and head spans, their mean-pooled representations concatenated). 20 % of the texts are "
-        "held out; a linear probe (standardised features, L2 logistic regression) is trained per layer on the rest. The "
+        "held out; a linear probe (standardised features, L2 logistic regression) is trained per layer on the rest "
+        f"(every layer of MiniLM; every {LAYER_STRIDE[LM]}rd of SmolLM2's and its last, to fit the time budget). The "
         "control task (Hewitt & Liang 2019) gives every word type (every dependent–head word pair) one random label; "
         "selectivity = accuracy − control accuracy. The expected layer is Tenney et al.'s Eq. 4 on the cumulative "
         "scalar-mix probes (layers 0..l): `E[l] = Σ l Δ(l) / Σ Δ(l)` with accuracy in place of F1. Intervals: 95 % "

@@ -181,7 +181,7 @@ def confirmation(hypotheses: list[dict], edit: str) -> tuple[float, float, float
         return (math.nan, math.nan, math.nan, 0)
     hits = sum(bool(h["confirmed"]) for h in mine)
     low, high = wilson(hits, len(mine))
-    return (hits / len(mine), low, high, len(mine))
+    return (hits / len(mine), max(low, 0.0), min(high, 1.0), len(mine))  # no -0.00 from rounding
 
 
 def confirmed_by_text(hypotheses: list[dict], edit: str, texts: int) -> np.ndarray:
