@@ -114,7 +114,7 @@ def steering_section(found: Found, plan: Plan, figure: Path | None) -> list[str]
         "### The lecture's table", "",
         f"Lecture slides \"Steering Vectors\", \"Extracting steering vectors\" (Algorithm 1) and \"Steering vector results\" "
         f"(Subramani et al. 2022). A vector is extracted for each of {len(TABLE_POSITIVE)} positive and "
-        f"{len(TABLE_NEGATIVE)} negative sentences (added at block {plan.count('steer_layer')}'s output, timestep 0; Adam, "
+        f"{len(TABLE_NEGATIVE)} negative sentence(s) (added at block {plan.count('steer_layer')}'s output at every position; Adam, "
         f"at most {plan.count('extract_steps')} steps, until greedy decoding writes the sentence); "
         "`z_tonegative` = mean z(negative) − mean z(positive), `z_topositive` its opposite. The row's sentence is decoded "
         f"from its own vector plus k × the offset, with `{LM}`; `minilm-sentiment` judges each output.", "",
@@ -202,7 +202,7 @@ COVERAGE = (
      "SmolLM2-135M in place of GPT-2 XL; country prompts it answers correctly, generated here; MLP and attention windows"),
     ("ROME's rank-one edit", "not reproduced", "heedful traces, it does not edit weights"),
     ("Steering vectors, Algorithm 1 and the steering table (Subramani et al. 2022)", "analogue",
-     "SmolLM2-135M in place of GPT-2; the offset from three sentences of each sentiment"),
+     "SmolLM2-135M in place of GPT-2; the offset from the table's two sentences, not a mean over many"),
     ("Inference-time intervention (Li et al. 2023)", "not reproduced", "not in this report"),
     ("Contrastive / mean-difference steering (Turner et al. 2023; Rimsky et al. 2023)", "analogue",
      "a mean-difference vector over labelled snippets, swept over coefficients, success against perplexity"),

@@ -32,12 +32,17 @@ COUNTERFACTUAL_METHODS = ("random", "saliency", "grad_x_input", "integrated_grad
 METHOD_OPTIONS = {"integrated_gradients": {"n_steps": 16}}
 """Counterfactual section: the methods tested (``random`` is the control every other method is
 compared with) and the report's budget for integrated gradients."""
-TABLE_POSITIVE = ("the taste is excellent!", "the food was delicious.", "the service was wonderful.")
-TABLE_NEGATIVE = ("the desserts were very bland.", "the food was awful.", "the service was terrible.")
+TABLE_POSITIVE = ("the taste is excellent!",)
+TABLE_NEGATIVE = ("the desserts were very bland.",)
 """The lecture's steering table (Subramani et al. 2022): vectors are extracted for these
 sentences; ``z_tonegative = mean z(negative) - mean z(positive)`` (and its opposite) is added to
-the first sentence of each list with coefficients 1 and 2."""
+the first sentence of each list with coefficients 1 and 2. The lecture's two sentences only: an
+extraction costs minutes of CPU on SmolLM2 (Subramani et al. average over many sentences)."""
 TABLE_COEFFICIENTS = (1.0, 2.0)
+EXTRACT_TIMESTEP: int | None = None
+"""Where an extracted vector is added: every position (Subramani et al. inject at the first
+timestep, or at all; SmolLM2's first position is an attention sink, where a vector alone barely
+reaches the later tokens)."""
 OPTIONS = (
     "n_probe", "n_facts", "samples", "window", "n_sweep", "coefficients", "steer_layer", "n_vector",
     "extract_steps", "n_counterfactual", "methods", "models", "seed",
@@ -276,14 +281,15 @@ def trace_unit(units: Units, lm, fact: Fact, kind: str, plan: Plan) -> dict:
 # ------------------------------------------------------------------------------ 3. steering
 def extract_unit(units: Units, lm, sentence: str, plan: Plan) -> dict:
     """Subramani et al.'s vector for ``sentence`` (:func:`heedful.inside.steering.extract`) at
-    block ``steer_layer``, timestep 0."""
+    block ``steer_layer``, at :data:`EXTRACT_TIMESTEP`."""
     from heedful.inside.steering import extract
 
     layer, steps = plan.count("steer_layer"), plan.count("extract_steps")
-    key = {"model": fingerprint(lm), "sentence": sentence, "layer": layer, "steps": steps, "seed": plan.seed, "v": 1}
+    key = {"model": fingerprint(lm), "sentence": sentence, "layer": layer, "steps": steps, "seed": plan.seed,
+           "timestep": EXTRACT_TIMESTEP, "v": 1}
 
     def compute() -> dict:
-        e = extract(lm, sentence, layer, timestep=0, steps=steps, seed=plan.seed)
+        e = extract(lm, sentence, layer, timestep=EXTRACT_TIMESTEP, steps=steps, seed=plan.seed)
         return {"vector": e.vector.vector.tolist(), "loss": e.loss, "steps": e.steps, "reproduced": e.reproduced,
                 "decoded": e.decoded}
 
@@ -307,7 +313,7 @@ def steering_table(units: Units, lm, judge, plan: Plan) -> dict:
     rows = []
     for sentence, offset, toward in ((TABLE_POSITIVE[0], to_negative, "NEGATIVE"), (TABLE_NEGATIVE[0], -to_negative, "POSITIVE")):
         e = extracted[sentence]
-        own = Extracted(SteeringVector(layer, torch.tensor(e["vector"]), "extracted", {"sentence": sentence, "timestep": 0}),
+        own = Extracted(SteeringVector(layer, torch.tensor(e["vector"]), "extracted", {"sentence": sentence, "timestep": EXTRACT_TIMESTEP}),
                         e["loss"], e["steps"], e["reproduced"], e["decoded"])
         outputs = [(0.0, e["decoded"])] + [(k, transfer(lm, own, offset, k)) for k in TABLE_COEFFICIENTS]
         judged = judge.predict([text if text.strip() else "." for _, text in outputs])
