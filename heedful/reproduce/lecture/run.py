@@ -40,9 +40,8 @@ the first sentence of each list with coefficients 1 and 2. The lecture's two sen
 extraction costs minutes of CPU on SmolLM2 (Subramani et al. average over many sentences)."""
 TABLE_COEFFICIENTS = (1.0, 2.0)
 EXTRACT_TIMESTEP: int | None = None
-"""Where an extracted vector is added: every position (Subramani et al. inject at the first
-timestep, or at all; SmolLM2's first position is an attention sink, where a vector alone barely
-reaches the later tokens)."""
+"""Where an extracted vector is added: every position (Algorithm 1's injection timestep; Subramani
+et al. compare the first timestep with all of them)."""
 OPTIONS = (
     "n_probe", "n_facts", "samples", "window", "n_sweep", "coefficients", "steer_layer", "n_vector",
     "extract_steps", "n_counterfactual", "methods", "models", "seed",
