@@ -12,6 +12,7 @@ from heedful.reproduce.lecture.statistics import (
     TraceStats,
     against_random,
     band_difference,
+    cell_text,
     centre_difference,
     confirmation,
     expected_difference,
@@ -137,7 +138,9 @@ def steering_claims(found: Found) -> list[Claim]:
             rows.append(Claim(
                 f"+{last['coefficient']:g} × z_to{row['toward'].lower()} turns \"{row['sentence']}\" {row['toward'].lower()} "
                 "(the lecture's steering table)", f"`{LM}`, judged by `minilm-sentiment`",
-                f"\"{last['text']}\" → {last['label']}", exact_verdict(last["label"] == row["toward"])))
+                f"\"{cell_text(last['text'])}\" → {last['label']}",
+                exact_verdict(last["label"] == row["toward"],
+                              missing=None if row["reproduced"] else "the sentence's own vector does not write the sentence")))
     if sweep is None:
         rows.append(Claim("Adding a steering vector controls the sentiment of continuations (lecture: \"light-weight methods "
                           "to control and steer models\")", f"`{LM}`", "–",

@@ -16,7 +16,7 @@ from heedful.reproduce.lecture.run import (
     TABLE_POSITIVE,
     Plan,
 )
-from heedful.reproduce.lecture.statistics import SITES, confirmation, overlapping
+from heedful.reproduce.lecture.statistics import SITES, cell_text, confirmation, overlapping
 from heedful.reproduce.toolkit import coverage_section, interval_text
 
 
@@ -126,12 +126,13 @@ def steering_section(found: Found, plan: Plan, figure: Path | None) -> list[str]
         lines += ["| steering vectors | SmolLM2-135M writes | judged |", "|---|---|---|"]
         for row in table["rows"]:
             label = "Positive" if row["toward"] == "NEGATIVE" else "Negative"
+            lines.append(f"| {label} input | {cell_text(row['sentence'])} (without a vector: {cell_text(row['unsteered'])}) | |")
             for o in row["outputs"]:
-                what = f"{label} input" if o["coefficient"] == 0 else f"+{o['coefficient']:.1f} × z_to{row['toward'].lower()}"
+                what = "z(input) alone" if o["coefficient"] == 0 else f"+{o['coefficient']:.1f} × z_to{row['toward'].lower()}"
                 prob = o.get("probability")
                 judged = o["label"] + (f" ({prob:.2f})" if isinstance(prob, float) and math.isfinite(prob) else "")
-                lines.append(f"| {what} | {o['text']} | {judged} |")
-        lines += ["", "Extraction: " + "; ".join(f"\"{s}\" {'reproduced' if e['reproduced'] else 'not reproduced (decodes to “' + e['decoded'] + '”)'} "
+                lines.append(f"| {what} | {cell_text(o['text'])} | {judged} |")
+        lines += ["", "Extraction: " + "; ".join(f"\"{s}\" {'reproduced' if e['reproduced'] else 'not reproduced (decodes to “' + cell_text(e['decoded']) + '”)'} "
                                                   f"after {e['steps']} steps" for s, e in table["extracted"].items()) + ".", ""]
     lines += [
         "### Success against fluency over coefficients", "",
@@ -150,7 +151,7 @@ def steering_section(found: Found, plan: Plan, figure: Path | None) -> list[str]
         lines += [f"The vector's norm is {norm:.2f}.", ""]
     lines += ["| coefficient | share POSITIVE | perplexity | first continuation |", "|---:|---:|---:|---|"]
     for r in sweep["rows"]:
-        first = (r["examples"][0] if r["examples"] else "").replace("|", "/").replace("\n", " ")
+        first = cell_text(r["examples"][0] if r["examples"] else "")
         lines.append(f"| {r['coefficient']:+g} | {interval_text(r['success'], r['success_low'], r['success_high'], 2)} | "
                      f"{interval_text(r['perplexity'], r['perplexity_low'], r['perplexity_high'], 1)} | {sweep['prompts'][0]} *{first}* |")
     return lines + [""] + _figure(figure, "steering sweep")

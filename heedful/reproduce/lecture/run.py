@@ -48,7 +48,7 @@ OPTIONS = (
 )
 
 DEFAULTS: dict[str, Any] = {
-    "n_probe": 100, "n_facts": 10, "samples": 2, "window": 6, "n_sweep": 24,
+    "n_probe": 100, "n_facts": 20, "samples": 2, "window": 6, "n_sweep": 24,
     "coefficients": "-8,-4,0,4,8", "steer_layer": 6, "n_vector": 64, "extract_steps": 200, "n_counterfactual": 40,
 }
 """The default run's sizes, chosen to fit 25 minutes of two CPU cores (the report states them):

@@ -27,6 +27,11 @@ from heedful.reproduce.toolkit import Interval, mean_interval
 N_BOOT = 1000
 
 
+def cell_text(text: str) -> str:
+    """Generated text as one markdown table cell: line breaks and pipes made visible."""
+    return " ".join(text.replace("|", "/").split())
+
+
 # ------------------------------------------------------------------------------ probes
 def text_weights(item_texts: Sequence[int], texts: Sequence[int], seed: int = 0) -> np.ndarray:
     """``[N_BOOT, n_items]``: how often each item's text is drawn in each resample of ``texts``
