@@ -110,6 +110,20 @@ def test_expected_layer_is_tenney_eq_4():
     assert expected_from([0, 1], [0.5, 0.5]) is None
 
 
+def test_per_item_outcomes_are_the_reported_accuracies_item_by_item(tiny):
+    """``per_item=True`` keeps, per test item, whether each layer's probe, control probe and
+    cumulative probe got it right: their means are the reported accuracies, and the items are
+    the test split's, in order."""
+    result = probe(tiny("bert"), _dataset(), "pos", "all", seed=2, per_item=True)
+    per = result.per_item
+    assert len(per["text"]) == result.test_items and set(per["text"]) <= set(result.test_examples)
+    for score, hits, control in zip(result.scores, per["hits"], per["control_hits"], strict=True):
+        assert np.mean(hits) == pytest.approx(score.accuracy) and np.mean(control) == pytest.approx(score.control_accuracy)
+    assert np.mean(per["cumulative_hits"], axis=1) == pytest.approx(result.cumulative)
+    assert result.expected_layer == pytest.approx(expected_from(range(len(result.scores)), np.mean(per["cumulative_hits"], axis=1)))
+    assert probe(tiny("bert"), _dataset(), "pos", "all", seed=2).per_item is None
+
+
 def test_inlp_leaves_a_fresh_probe_at_majority_accuracy():
     """Ravfogel et al.'s defining property: after the projection no linear probe -- a fresh
     scikit-learn pipeline, with standardisation -- beats the majority class on held-out items,

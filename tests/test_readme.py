@@ -77,11 +77,13 @@ COMMANDS: dict[str, str] = {
     "heedful serve --model minilm-sentiment --model smollm2-135m --store results/": ZOO,
     "heedful reproduce mask-lrp --quick": ZOO,
     "heedful reproduce mask-lrp -O only=planted --quick": ZOO,
+    "heedful reproduce lecture --quick": ZOO,
     # the full reproduction reports (hours): run with the report writer stubbed
     "heedful reproduce normxlogit": HOURS,
     "heedful reproduce mask-lrp": HOURS,
     "heedful reproduce coperturbation --option models=minilm-sentiment": HOURS,
     "heedful reproduce coperturbation -O workers=2 -O stability=off": HOURS,
+    "heedful reproduce lecture": HOURS,
 }
 """Every command line of README.md and how the suite runs it."""
 
@@ -206,5 +208,5 @@ def test_readme_reproduction_reports_reach_their_writers(monkeypatch, capsys, tm
     for line in _in_order(HOURS):
         code, _, err = run_cli(monkeypatch, capsys, *shlex.split(line)[1:])
         assert code == 0, (line, err)
-    assert [name for name, _ in written] == ["normxlogit", "mask-lrp", "coperturbation", "coperturbation"]
+    assert [name for name, _ in written] == ["normxlogit", "mask-lrp", "coperturbation", "coperturbation", "lecture"]
     assert written[2][1] == {"models": "minilm-sentiment"} and written[3][1] == {"workers": 2, "stability": "off"}

@@ -16,7 +16,7 @@ from heedful.errors import HeedfulError
 
 
 def reproduce(
-    name: Annotated[str, typer.Argument(help="Report: normxlogit, mask-lrp or coperturbation.")],
+    name: Annotated[str, typer.Argument(help="Report: normxlogit, mask-lrp, coperturbation or lecture.")],
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Folder for the report and plots (default docs/results; docs/results/quick with --quick or -O only=SECTION).")] = None,
     n: Annotated[int | None, typer.Option("--n", "-n", help="Examples per dataset (default: the report's).")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="Smoke run: few examples and steps; numbers are not the report's.")] = False,

@@ -151,6 +151,11 @@ class ProbeResult:
     mix_center: float | None = None
     test_examples: list[int] = field(default_factory=list)
     dropped: int = 0
+    per_item: dict[str, list] | None = None
+    """With ``probe(..., per_item=True)``: the test items' text index (``text``) and, per layer,
+    whether each test item was predicted right by the probe (``hits`` ``[Ls][n]``), the control
+    probe (``control_hits``) and the cumulative scalar-mix probe (``cumulative_hits``): what a
+    bootstrap over texts resamples."""
 
     def best(self) -> LayerScore:
         return max(self.scores, key=lambda s: s.accuracy)
@@ -205,6 +210,7 @@ def probe(
     C: float = 1.0,
     seed: int = 0,
     batch_size: int = 16,
+    per_item: bool = False,
 ) -> ProbeResult:
     """Probe ``property`` (``pos``, ``dep``, ``entity``, ``number`` or ``label``) of ``dataset``
     in ``layers`` of ``model`` (``"all"``: 0 = embeddings to L) -- see the module docstring.
@@ -227,14 +233,16 @@ def probe(
         raise InputError(f"the training items have one {property} label only", hint="use more texts")
     controls = control_labels([item.word for item in items], y, seed) if control else None
     labels, counts = np.unique(y[test], return_counts=True)
-    scores = []
+    scores, hits, control_hits = [], [], []
     with task(f"probing {property}", len(chosen)) as progress:
         for i, layer in enumerate(chosen):
             X = feats[i]
-            acc = float(fit(X[~test], y[~test], C, seed).score(X[test], y[test]))
+            hits.append(fit(X[~test], y[~test], C, seed).predict(X[test]) == y[test])
+            acc = float(hits[-1].mean())
             score = LayerScore(layer, acc)
             if controls is not None:
-                score.control_accuracy = float(fit(X[~test], controls[~test], C, seed).score(X[test], controls[test]))
+                control_hits.append(fit(X[~test], controls[~test], C, seed).predict(X[test]) == controls[test])
+                score.control_accuracy = float(control_hits[-1].mean())
                 score.selectivity = acc - score.control_accuracy
             if mdl:
                 classes = len(np.unique(y))
@@ -254,9 +262,18 @@ def probe(
         test_examples=np.flatnonzero(test_text).tolist(),
         dropped=int((~kept).sum()),
     )
+    cumulative: np.ndarray | None = None
     if expected_layer and len(chosen) > 1:
-        result.cumulative, result.mix_center = cumulative_scores(feats, y, test, C, seed)
+        cumulative, result.mix_center = cumulative_hits(feats, y, test, C, seed)
+        result.cumulative = cumulative.mean(axis=1).tolist()
         result.expected_layer = expected_from(chosen, result.cumulative)
+    if per_item:
+        result.per_item = {
+            "text": [item.example for item, t in zip(items, test, strict=True) if t],
+            "hits": np.asarray(hits).tolist(),
+            "control_hits": np.asarray(control_hits).tolist() if control_hits else None,
+            "cumulative_hits": None if cumulative is None else cumulative.tolist(),
+        }
     return result
 
 
@@ -270,12 +287,12 @@ def expected_from(layers: Sequence[int], cumulative: Sequence[float]) -> float |
     return float((np.asarray(layers[1:], dtype=float) * deltas).sum() / total)
 
 
-def cumulative_scores(
+def cumulative_hits(
     feats: np.ndarray, y: np.ndarray, test: np.ndarray, C: float = 1.0, seed: int = 0, steps: int = 100
-) -> tuple[list[float], float]:
-    """Test accuracies of the scalar-mix probes on layers ``0..l`` for every ``l`` (``feats``
-    ``[Ls, n, D]``), and the full mix's centre of gravity over the layer indices ``0..Ls-1``
-    (Tenney et al. 2019, Eqs. 1, 2, 4). Each layer is standardised with its training statistics;
+) -> tuple[np.ndarray, float]:
+    """``[Ls, n_test]`` bool: whether the scalar-mix probe on layers ``0..l`` (``feats``
+    ``[Ls, n, D]``) predicts each test item right, for every ``l``; and the full mix's centre of
+    gravity over the layer indices ``0..Ls-1`` (Tenney et al. 2019, Eqs. 1, 2, 4). Each layer is standardised with its training statistics;
     the mix, its scale and a linear softmax classifier are fitted together by L-BFGS on the mean
     cross-entropy plus ``|W|^2 / (2 C n)`` (scikit-learn's objective divided by ``C n``)."""
     classes, codes = np.unique(y, return_inverse=True)
@@ -289,10 +306,10 @@ def cumulative_scores(
         for last in range(X.shape[0]):
             torch.manual_seed(seed)
             weights, logits = _scalar_mix_probe(X[: last + 1], target, train, len(classes), C, steps)
-            scores.append(float((logits[held].argmax(dim=1) == target[held]).float().mean()))
+            scores.append((logits[held].argmax(dim=1) == target[held]).numpy())
             center = float((weights * torch.arange(last + 1, dtype=weights.dtype)).sum())
             progress.advance()
-    return scores, center
+    return np.stack(scores), center
 
 
 def _scalar_mix_probe(

@@ -19,6 +19,7 @@ character offsets. ``number`` is known by construction; ``label`` is the dataset
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Sequence
 
@@ -39,8 +40,10 @@ def check_property(name: str) -> str:
     return name
 
 
+@functools.lru_cache(maxsize=1)
 def spacy_pipeline():
-    """spaCy's ``en_core_web_sm`` with its tagger, parser and entity recogniser (lemmatizer off)."""
+    """spaCy's ``en_core_web_sm`` with its tagger, parser and entity recogniser (lemmatizer off),
+    loaded once per process (a load costs seconds; parsing does not change the pipeline)."""
     import spacy
 
     from heedful.lrp.heads import parser_folder

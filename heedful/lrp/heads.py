@@ -29,6 +29,7 @@ Stanza; the parsers disagree on a few per cent of arcs.
 
 from __future__ import annotations
 
+import functools
 import string
 import warnings
 from collections.abc import Callable, Sequence
@@ -160,9 +161,11 @@ def parser_folder() -> Path:
     return folder
 
 
+@functools.lru_cache(maxsize=1)
 def load_parser():
     """spaCy's ``en_core_web_sm`` (tagger and parser; NER and lemmatizer excluded), loaded from
-    :func:`parser_folder` with ``spacy.load`` -- the package's own code is never imported."""
+    :func:`parser_folder` with ``spacy.load`` -- the package's own code is never imported; once
+    per process (a load costs seconds)."""
     try:
         import spacy
     except ImportError as exc:

@@ -41,6 +41,7 @@ REPORTS: dict[str, tuple[str, str]] = {
     "normxlogit": ("normxlogit", "NormXLogit / LogAt: faithfulness (Exp. 1) and layer-wise evidence alignment (Exp. 2)"),
     "mask-lrp": ("mask_lrp", "Mask-LRP: Table 1 analogue, AOPC / log-odds against k, head maps"),
     "coperturbation": ("coperturbation", "Co-perturbation: rectification, layer map, lambda sweep, faithfulness"),
+    "lecture": ("lecture", "The lecture's probes, causal traces, steering vectors and counterfactual tests"),
 }
 
 
