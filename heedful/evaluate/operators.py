@@ -42,7 +42,7 @@ token, :func:`replacement_operator`) and sampled in-distribution replacement."""
 SAMPLE_SEED = 0
 """Part of the seed of every example's uniform draw of replacement words (:func:`text_seed`)."""
 CORPUS = ("movies", "train", 3000)
-"""Where the replacement words come from: (snippet set, split, first rows)."""
+"""Where the replacement words come from: (snippet set, split, rows drawn with :data:`SAMPLE_SEED`)."""
 ALL_TAGS = "*"
 """The pool key holding every candidate word (for a tag the corpus has no one-token word of)."""
 
@@ -78,7 +78,8 @@ def corpus_texts() -> list[str]:
     from heedful.datasets.vader import load_split
 
     name, split, rows = CORPUS
-    return load_split(name, split)["text"].tolist()[:rows]
+    frame = load_split(name, split)  # its first rows are nearly all positive: a seeded sample of rows
+    return frame.sample(n=min(rows, len(frame)), random_state=SAMPLE_SEED)["text"].tolist()
 
 
 def pos_pool(tokenizer) -> dict[str, torch.Tensor]:
