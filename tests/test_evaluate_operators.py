@@ -134,3 +134,12 @@ def test_the_sample_operator_draws_words_of_the_same_part_of_speech(tiny, dictio
 def test_an_unknown_operator_is_refused_in_one_line():
     with pytest.raises(InputError, match="removal='shuffle' is not one of"):
         get_protocol("default", removal="shuffle")
+
+
+def test_bench_takes_the_operator_and_refuses_an_unknown_one_before_loading(monkeypatch, capsys):
+    from conftest import run_cli
+
+    code, _, err = run_cli(monkeypatch, capsys, "bench", "--model", "no-such-model", "--dataset", "movies",
+                           "--methods", "random", "--operator", "shuffle")
+    assert code == 2
+    assert "removal='shuffle' is not one of auto, mask, pad, unk, delete, sample" in " ".join(err.split())
