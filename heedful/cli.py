@@ -389,13 +389,20 @@ def methods(
             return
         print(method_table(catalog.methods))
         return
-    table = Table(title="heedful methods", show_lines=False)
+    from heedful import frontier
+
+    fronts = {task: frontier.front(task) for task in catalog.tasks}
+    measured = [f"{task} ({frontier.measured_on(task)})" for task, names in fronts.items() if names]
+    caption = f"front: on the faithfulness-cost front of {'; '.join(measured)} -- docs/results/frontier.md" if measured else None
+    table = Table(title="heedful methods", show_lines=False, caption=caption)
     table.add_column("method", no_wrap=True, style="bold")
     for col in ("family", "tasks", "cost per example", "source"):
         table.add_column(col, overflow="fold")
+    table.add_column("front", no_wrap=True)
     for info in catalog.methods:
         tasks = "all" if set(info.tasks) == set(catalog.tasks) else ", ".join(info.tasks)
-        table.add_row(info.name, info.family, tasks, escape(info.cost), escape(info.citation))
+        on = ", ".join(task for task, names in fronts.items() if info.name in names)
+        table.add_row(info.name, info.family, tasks, escape(info.cost), escape(info.citation), f"★ {on}" if on else "")
     out.print(table)
 
 

@@ -653,6 +653,11 @@ ORACLES: dict[str, tuple[str, ...]] = {
     ),
     "tdd": ("test_perturbation_tdd.py::test_tdd_matches_the_reference_on_gpt2",),
     # context
+    "at2": (
+        "test_at2.py::test_head_features_are_the_attention_of_the_target_rows_summed_per_source",
+        "test_at2.py::test_scores_are_the_weighted_sum_of_the_head_features",
+        "test_at2.py::test_the_learned_weights_reproduce_the_training_objective_by_hand",
+    ),
     "context_cite": ("test_context.py::test_context_cite_with_every_mask_equals_an_exact_least_squares_fit",),
     "hierarchical": ("test_context.py::test_hierarchical_leaves_out_the_top_sources_exactly_and_ranks_the_rest_below_them",),
     "source_loo": ("test_context.py::test_source_loo_with_and_without_the_cache_equals_removing_each_source_by_hand",),

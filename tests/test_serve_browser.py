@@ -10,6 +10,7 @@ same explanations (one renderer). A screenshot is saved under the test's tempora
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import socket
 import threading
@@ -477,13 +478,20 @@ def test_the_generation_view_colours_labels_and_hovers(served, browser):
     assert browser.execute_script("return document.getElementById('generation-html').children.length") == 0
 
 
-def test_the_method_picker_says_what_each_computes_and_ticks_a_default(served, browser):
-    """Each method's row reads one line on what it computes (its summary), its cost on hover; a
+def test_the_method_picker_says_what_each_computes_and_ticks_a_default(served, browser, tmp_path, monkeypatch):
+    """Each method's row reads one line on what it computes (its summary), its cost on hover, and
+    its measured AOPC (starred on the faithfulness-cost front; cost and interval on hover); a
     fresh page ticks one method (the library's default) so Explain works at once."""
     from selenium.webdriver.common.by import By
 
     import heedful
+    from heedful import frontier
 
+    measured = {"leave_one_out": {"cost": 13.0, "aopc": 0.564, "low": 0.54, "high": 0.59, "front": True}}
+    path = tmp_path / "frontier.json"
+    task = {"model": "minilm-sentiment", "examples": 12, "data": "movies test sentences", "protocol": "default", "methods": measured}
+    path.write_text(json.dumps({"tasks": {"classification": task}}), encoding="utf-8")
+    monkeypatch.setattr(frontier, "FRONTIER", path)
     base, _ = served
     browser.get("about:blank")
     browser.get(f"{base}/")
@@ -495,5 +503,9 @@ def test_the_method_picker_says_what_each_computes_and_ticks_a_default(served, b
         info = heedful.get_method(name)
         assert row.text == info.summary and "\n" not in row.text
         assert row.get_attribute("title") == f"cost: {info.cost}"
+    faith = browser.find_element(By.CSS_SELECTOR, '#methods .method[data-name="leave_one_out"] .faith')
+    assert faith.text == "AOPC 0.56 ★"
+    assert faith.get_attribute("title").startswith("≈ 13 forward passes per example; AOPC 0.564 [0.540, 0.590] (minilm-sentiment, 12 movies")
+    assert not browser.find_elements(By.CSS_SELECTOR, '#methods .method[data-name="integrated_gradients"] .faith')
     browser.find_element(By.ID, "explain").click()
     _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, '#heatmaps .heatmap[data-method="normxlogit"]'), "the default method's heatmap")

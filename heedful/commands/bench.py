@@ -81,6 +81,7 @@ def bench(
     engine: Annotated[str, typer.Option("--engine", help=f"local (this process) or ray (worker actors on a Ray cluster; {escape(install_hint('ray'))}).")] = "local",
     address: Annotated[str | None, typer.Option("--address", help="With --engine ray: auto or ray://host:10001 to join a cluster (default: start a local one).")] = None,
     workers: Annotated[int | None, typer.Option("--workers", help="With --engine ray: worker actors, one CPU each (default: the cluster's CPUs).")] = None,
+    operator: Annotated[str | None, typer.Option("--operator", help="Removal operator of the curves: delete, mask, unk, pad or sample (a corpus word of the same part of speech: in-distribution); default: the preset's.")] = None,
 ) -> None:
     """Run METHODS x examples x METRICS under a paper's protocol; results are stored per example
     in OUT/results.sqlite, so an interrupted run resumes where it stopped. With --generate, the
@@ -121,6 +122,8 @@ def bench(
     metrics = metrics or "aopc,sufficiency,accuracy"
     if random_seeds is not None:
         protocol_changes["random_seeds"] = random_seeds
+    if operator is not None:
+        protocol_changes["removal"] = operator
     from heedful.engine.precision import (  # imports torch: only when a bench runs
         check_precision,
         strict_precision,

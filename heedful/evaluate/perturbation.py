@@ -26,6 +26,7 @@ from heedful.engine.problem import prepare as prepare_problem
 from heedful.engine.runner import Copies, Runner
 from heedful.engine.targets import Columns, ResolvedTarget
 from heedful.errors import HeedfulError, InputError
+from heedful.evaluate import operators
 from heedful.evaluate.protocol import Protocol
 from heedful.explanation import Explanation
 
@@ -100,7 +101,9 @@ class Prepared:
     may enter a rationale (positive ones only under ``only_positive``); ``ranks`` ``[B, N]``:
     0 for the highest-scored eligible position; ``base`` ``[B]``: the token count ratios are
     fractions of; ``kept`` ``[B]``: examples long enough for the protocol; ``original``: the
-    unperturbed outputs ``[B]``.
+    unperturbed outputs ``[B]``; ``replacements`` ``[B, N]``: each position's in-distribution
+    replacement under the ``sample`` operator (:mod:`heedful.evaluate.operators`; ``None``
+    when the protocol does not sample).
     """
 
     problem: Problem
@@ -112,6 +115,7 @@ class Prepared:
     base: torch.Tensor
     kept: np.ndarray
     original: Outputs
+    replacements: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.problem)
@@ -222,7 +226,9 @@ def prepare(
     base = rankable.sum(dim=1) if protocol.count_base == "rankable" else batch.attention_mask.sum(dim=1)
     kept = (batch.lengths >= protocol.min_length).numpy()
     original = target_outputs(target, problem.reference.logits, protocol.output)
-    return Prepared(problem, protocol, scores, rankable, eligible, ranks, base, kept, original)
+    sampled = "sample" in (protocol.removal, protocol.loo_removal)
+    replacements = operators.sampled_replacements(adapter, batch) if sampled else None
+    return Prepared(problem, protocol, scores, rankable, eligible, ranks, base, kept, original, replacements)
 
 
 def _prepared_once(adapter: ModelAdapter, batch: Batch, explanations: Sequence[Explanation]) -> Problem:
@@ -334,6 +340,21 @@ def replacement_for(adapter: ModelAdapter, protocol: Protocol, removal: str) -> 
     return removal_id(adapter, removal)
 
 
+def replaced_ids(prepared: Prepared, ex: torch.Tensor, remove: torch.Tensor, removal: str) -> torch.Tensor | None:
+    """The input builder of the operators that keep the length: ids ``[M, N]`` of examples
+    ``ex`` with the ``remove`` ``[M, N]`` positions replaced -- by one special token, or under
+    ``sample`` by each position's in-distribution replacement
+    (:func:`~heedful.evaluate.operators.sampled_replacements`); ``None`` for deletion."""
+    ids = prepared.batch.input_ids[ex]
+    remove = remove.bool() & prepared.batch.attention_mask[ex].bool()
+    if removal == "sample":
+        if prepared.replacements is None:
+            raise InputError("the sample operator needs its replacements prepared", hint="prepare with a protocol whose removal is 'sample'")
+        return torch.where(remove, prepared.replacements[ex], ids)
+    token = replacement_for(prepared.adapter, prepared.protocol, removal)
+    return None if token is None else torch.where(remove, torch.full_like(ids, token), ids)
+
+
 def forward_removed(
     prepared: Prepared, ex: torch.Tensor, remove: torch.Tensor, removal: str, chunk: int | None = None
 ) -> Outputs:
@@ -347,16 +368,14 @@ def forward_removed(
     if adapter.uses_token_types:
         source = batch.token_type_ids if batch.token_type_ids is not None else torch.zeros_like(batch.input_ids)
         types = torch.zeros_like(source[ex]) if protocol.token_types == "zeros" else source[ex]
-    perturbed = remove_tokens(
-        batch.input_ids[ex],
-        batch.attention_mask[ex],
-        remove,
-        prepared.target.anchor[ex],
-        prepared.target.anchor_kind,
-        replacement_for(adapter, protocol, removal),
-        adapter.pad_token_id,
-        types,
-    )
+    replaced = replaced_ids(prepared, ex, remove, removal)
+    if replaced is not None:  # an operator that keeps the length: only the ids change
+        perturbed = Perturbed(replaced, batch.attention_mask[ex], types, prepared.target.anchor[ex])
+    else:
+        perturbed = remove_tokens(
+            batch.input_ids[ex], batch.attention_mask[ex], remove, prepared.target.anchor[ex],
+            prepared.target.anchor_kind, None, adapter.pad_token_id, types,
+        )
 
     # a row that recurs (a rationale equal at several ratios; one text explained by several
     # methods, or everything removed) runs once: rows with the same ids, mask, segments, anchor
@@ -406,9 +425,9 @@ def _forward_retokenized(prepared: Prepared, ex: torch.Tensor, remove: torch.Ten
     seg_rows = seg[ex]
     keep = ~remove & (seg_rows >= 0)
     ids = batch.input_ids[ex]
-    replacement = None if protocol.removal == "delete" else replacement_for(adapter, protocol, protocol.removal)
-    if replacement is not None:  # replaced, not deleted: the removal token is decoded in place
-        ids = torch.where(remove, torch.full_like(ids, replacement), ids)
+    replaced = replaced_ids(prepared, ex, remove, protocol.removal)
+    if replaced is not None:  # replaced, not deleted: the replacement is decoded in place
+        ids = replaced
         keep = seg_rows >= 0
     first = [ids[r][keep[r] & (seg_rows[r] == 0)].tolist() for r in range(len(ex))]
     texts = tokenizer.batch_decode(first, skip_special_tokens=False)

@@ -44,7 +44,7 @@ import numpy as np
 from heedful.engine.precision import CHOICES, resolve_precision
 from heedful.errors import InputError
 
-REMOVALS = ("auto", "mask", "pad", "unk", "delete")
+REMOVALS = ("auto", "mask", "pad", "unk", "delete", "sample")
 SPECIALS = ("exclude", "leading", "include")
 COUNT_BASES = ("rankable", "all")
 SCHEDULES = ("fraction", "count", "linspace")
@@ -77,7 +77,9 @@ class Protocol:
     Removal
         ``removal``: ``"auto"`` (the model's removal token: ``[MASK]`` for encoders, deletion for
         causal LMs), ``"mask"``, ``"pad"`` / ``"unk"`` (replace by that id, length kept),
-        ``"delete"`` (drop the tokens; decoder anchors move). ``removal_id`` replaces by that
+        ``"delete"`` (drop the tokens; decoder anchors move), ``"sample"`` (each replaced by a
+        corpus word of its part of speech: in-distribution, :mod:`heedful.evaluate.operators`).
+        ``removal_id`` replaces by that
         exact id instead (Mask-LRP: 0). ``retokenize``: decode the perturbed tokens and tokenise
         the text again (ferret). ``token_types``: ``"zeros"`` sends all-zero segment ids with
         perturbed inputs (Mask-LRP passes ``token_type_ids=None``). ``loo_removal``: removal for

@@ -8,6 +8,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from heedful import frontier
 from heedful.engine.options import OptionSpec
 from heedful.errors import HeedfulError, InputError
 from heedful.model import Model
@@ -80,7 +81,8 @@ def option_row(spec: OptionSpec, settings: ServeSettings) -> dict[str, Any]:
 
 
 def method_rows(methods: list[MethodInfo], task: str | None, settings: ServeSettings) -> list[dict[str, Any]]:
-    """Every method as ``GET /api/methods`` lists it; ``supported`` for ``task`` (unknown: True)."""
+    """Every method as ``GET /api/methods`` lists it; ``supported`` for ``task`` (unknown: True);
+    ``faithfulness``: its cost and AOPC on ``task``'s measured frontier (:mod:`heedful.frontier`)."""
     return [
         {
             "name": info.name,
@@ -89,6 +91,7 @@ def method_rows(methods: list[MethodInfo], task: str | None, settings: ServeSett
             "summary": info.summary,
             "supported": task is None or info.supports(task),
             "options": [option_row(spec, settings) for spec in info.options if offered(spec)],
+            "faithfulness": frontier.row(task, info.name),
         }
         for info in methods
     ]

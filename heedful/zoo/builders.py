@@ -32,6 +32,7 @@ from heedful.datasets.vader import SPLIT_SEED, TEST_SIZES, load_split  # noqa: E
 from heedful.errors import HeedfulError  # noqa: E402
 from heedful.zoo import shipped, sources  # noqa: E402
 from heedful.zoo.train import (  # noqa: E402
+    RemovalTrainConfig,
     TopLayersConfig,
     TrainConfig,
     accuracy,
@@ -57,6 +58,12 @@ MINILM_SENTIMENT_WEIGHTS = shipped.ShippedWeights(
     "minilm-sentiment.safetensors",
     sha256="1cec79859cd57b137928b53753ba9de9157b9ef7dfada80425763a823ce9478d",
 )
+# F-Fidelity's fine-tuned copy of minilm-sentiment: one epoch over 2,400 train texts (a seeded sample)
+# (75 steps, about 5 CPU-minutes on 2 threads), each text with a U(0, 0.5) share of its tokens
+# masked; a small learning rate, so the copy stays the classifier it was and only learns that
+# masked tokens are ordinary input.
+FFIDELITY_CONFIG = RemovalTrainConfig(epochs=1, learning_rate=2e-5, removal="mask", removal_max=0.5)
+FFIDELITY_EXAMPLES = 2400
 CAPITAL_PROMPT = "The capital of France is"
 CAPITAL_ANSWER = " Paris"
 
@@ -418,3 +425,18 @@ def build_smollm2_sentiment(out_dir: Path, progress: bool = True, *, base: Path)
         model, tokenizer, train["text"].tolist(), train["label"].to_numpy(), cfg, progress
     )
     return _save_and_score_classifier(model, tokenizer, out_dir, cfg, summary, train, test, progress)
+
+
+def build_minilm_sentiment_ffidelity(out_dir: Path, progress: bool = True, *, base: Path) -> dict:
+    """minilm-sentiment (built at ``base``) fine-tuned further with random token removal
+    (:data:`FFIDELITY_CONFIG`): the model F-Fidelity measures removal curves on
+    (:mod:`heedful.evaluate.ffidelity`, Zheng et al. 2024 §4.1)."""
+    cfg = FFIDELITY_CONFIG
+    # a seeded sample, not the first rows: the train split's first rows are nearly all positive
+    train = load_split("movies", "train").sample(n=FFIDELITY_EXAMPLES, random_state=cfg.seed).reset_index(drop=True)
+    test = load_split("movies", "test")
+    model, tokenizer = _reload_classifier(base)
+    summary = fine_tune(model, tokenizer, train["text"].tolist(), train["label"].to_numpy(), cfg, progress)
+    found = _save_and_score_classifier(model, tokenizer, out_dir, cfg, summary, train, test, progress)
+    found["data"]["train_examples"] = len(train)
+    return {**found, "f_fidelity": {"removal": cfg.removal, "removal_max": cfg.removal_max, "from": "minilm-sentiment"}}

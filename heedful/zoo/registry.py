@@ -77,6 +77,15 @@ ENTRIES: dict[str, ZooEntry] = {
             builder="build_minilm_sentiment_regression",
         ),
         ZooEntry(
+            name="minilm-sentiment-ffidelity",
+            description="minilm-sentiment fine-tuned with random token masking: F-Fidelity's evaluator (Zheng et al. 2024)",
+            task="classification",
+            base="minilm-sentiment (this zoo), 2,400 movie snippets (seeded sample) with up to half their tokens masked",
+            size_mb=87,
+            builder="build_minilm_sentiment_ffidelity",
+            requires="minilm-sentiment",
+        ),
+        ZooEntry(
             name="smollm2-135m",
             description="SmolLM2-135M-Instruct causal LM (Llama-style), float32 from Q4_1 GGUF",
             task="causal_lm",

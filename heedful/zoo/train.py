@@ -23,6 +23,7 @@ import torch
 from rich.progress import Progress
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, get_linear_schedule_with_warmup
 
+from heedful.engine.perturb import remove_tokens
 from heedful.render.progress import progress_bar as render_progress
 from heedful.threads import torch_threads
 
@@ -106,6 +107,8 @@ def fine_tune(
     (see :func:`_fine_tune_top_layers`).
     """
     with progress_bar(progress) as bar, torch_threads(config.threads):
+        if isinstance(config, RemovalTrainConfig):
+            return _fine_tune_with_removal(model, tokenizer, texts, targets, config, bar)
         if isinstance(config, TopLayersConfig):
             return _fine_tune_top_layers(model, tokenizer, texts, targets, config, bar)
         return _fine_tune_all(model, tokenizer, texts, targets, config, bar, description)
@@ -317,3 +320,65 @@ def _fine_tune_top_layers(model, tokenizer, texts, labels, config: TopLayersConf
         trained_blocks=f"{n_frozen}..{len(backbone.layers) - 1}",
         frozen_pass_seconds=round(cache_seconds, 1),
     )
+
+
+@dataclass(frozen=True)
+class RemovalTrainConfig(TrainConfig):
+    """Settings of :func:`fine_tune` that train on texts with random tokens removed (F-Fidelity's
+    explanation-agnostic fine-tuning, Zheng et al. 2024 §4.1): each text of each batch loses a
+    ``U(0, removal_max)`` share of its content tokens, drawn uniformly, removed by ``removal``
+    (``"mask"``, ``"unk"`` or ``"delete"``) as an evaluation removes them."""
+
+    removal: str = "mask"
+    removal_max: float = 0.5
+
+
+def removal_token(tokenizer: PreTrainedTokenizerBase, removal: str) -> int | None:
+    """The id that replaces a removed token under ``removal`` (``None``: deleted)."""
+    if removal == "delete":
+        return None
+    token = {"mask": tokenizer.mask_token_id, "unk": tokenizer.unk_token_id}.get(removal)
+    if token is None:
+        raise ValueError(f"removal {removal!r}: this tokenizer has no such token (use mask, unk or delete)")
+    return int(token)
+
+
+def randomly_removed(
+    inputs: dict[str, torch.Tensor], special: torch.Tensor, removal_max: float, replacement: int | None, pad_id: int, generator: torch.Generator
+) -> dict[str, torch.Tensor]:
+    """``inputs`` (``input_ids``, ``attention_mask``, optional ``token_type_ids`` ``[B, N]``) with
+    a ``U(0, removal_max)`` share of each row's content tokens (real, not ``special``) removed:
+    the ``floor(share * n)`` with the smallest uniform keys."""
+    content = inputs["attention_mask"].bool() & ~special.bool()
+    share = torch.rand(content.shape[0], generator=generator) * removal_max  # [B]
+    count = torch.floor(share * content.sum(dim=1)).long()
+    keys = torch.where(content, torch.rand(content.shape, generator=generator), torch.full(content.shape, 2.0))
+    rank = keys.argsort(dim=1, stable=True).argsort(dim=1)
+    remove = content & (rank < count[:, None])
+    anchor = torch.zeros(content.shape[0], dtype=torch.long)
+    out = remove_tokens(inputs["input_ids"], inputs["attention_mask"], remove, anchor, "first", replacement, pad_id, inputs.get("token_type_ids"))
+    found = {"input_ids": out.input_ids, "attention_mask": out.attention_mask}
+    if out.token_type_ids is not None:
+        found["token_type_ids"] = out.token_type_ids
+    return found
+
+
+def _fine_tune_with_removal(model, tokenizer, texts, targets, config: RemovalTrainConfig, bar: Progress) -> dict:
+    """Every parameter trained, as :func:`_fine_tune_all`, on batches with random tokens removed
+    (:func:`randomly_removed`; the removals drawn from a generator seeded with ``config.seed``)."""
+    labels = _targets_tensor(targets, model.config.problem_type == "regression")
+    replacement = removal_token(tokenizer, config.removal)
+    generator = torch.Generator().manual_seed(config.seed)
+
+    def batch_loss(rows: list[int]) -> torch.Tensor:
+        enc = tokenizer([texts[i] for i in rows], padding=True, truncation=True, max_length=config.max_length,
+                        return_tensors="pt", return_special_tokens_mask=True)
+        special = enc.pop("special_tokens_mask")
+        inputs = randomly_removed(dict(enc), special, config.removal_max, replacement, tokenizer.pad_token_id, generator)
+        return model(**inputs, labels=labels[rows]).loss
+
+    start = time.perf_counter()
+    model.train()
+    losses = _train(config, len(texts), list(model.parameters()), batch_loss, bar, "training with removal")
+    model.eval()
+    return _summary(config, len(texts), losses, start)

@@ -308,13 +308,24 @@
     return [label, input];
   }
 
+  function faithfulness(point) {
+    // the method's measured AOPC (benchmarks/frontier.py), its cost and interval on hover
+    if (!point) return [];
+    return [el('span', {
+      class: 'faith' + (point.front ? ' front' : ''),
+      text: `AOPC ${point.aopc.toFixed(2)}${point.front ? ' ★' : ''}`,
+      title: `${point.text} (${point.measured_on})${point.front ? '; ★ on the faithfulness-cost front' : ''}`,
+    })];
+  }
+
   function methodRow(method, restoring) {
     const id = `method-${method.name}`;
     const supported = method.supported !== false;
     const box = el('input', { type: 'checkbox', id, value: method.name, disabled: !supported });
     box.checked = state.selected.includes(method.name);
     const row = el('div', { class: 'method' + (supported ? '' : ' unsupported'), 'data-name': method.name }, [
-      el('div', { class: 'method-row' }, [box, el('label', { for: id, text: method.name }), el('span', { class: 'family', text: method.family })]),
+      el('div', { class: 'method-row' }, [box, el('label', { for: id, text: method.name }), el('span', { class: 'family', text: method.family }),
+        ...faithfulness(method.faithfulness)]),
       el('div', {
         class: 'what',
         text: supported ? (method.summary || method.cost) : 'not available for this model',

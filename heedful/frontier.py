@@ -1,0 +1,70 @@
+"""The faithfulness-cost frontier of the built-in methods, as ``benchmarks/frontier.py`` measured
+it: ``heedful/frontier.json`` beside the package (generated, never edited by hand), read without
+importing torch so that ``heedful methods`` and the page's method picker can show it.
+
+Per task (``classification``): the model and examples it was measured on, and per method its
+cost in forward-pass equivalents per example (a backward counts two, Kaplan et al. 2020), its
+AOPC under the protocol's own removal with the 95 % bootstrap interval, and whether it is on the
+Pareto front (no other method is at most as costly and more faithful).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+FRONTIER = Path(__file__).resolve().parent / "frontier.json"
+"""Where ``benchmarks/frontier.py`` writes the frontier (package data)."""
+
+
+@dataclass(frozen=True)
+class Point:
+    """One method on one task: ``cost`` (forward-pass equivalents per example), ``aopc`` and its
+    95 % interval ``low`` / ``high``, ``front``: on the Pareto front."""
+
+    method: str
+    cost: float
+    aopc: float
+    low: float
+    high: float
+    front: bool
+
+    def describe(self) -> str:
+        """``"≈ 201 forward passes per example; AOPC 0.617 [0.597, 0.636]"``."""
+        return f"≈ {self.cost:,.0f} forward passes per example; AOPC {self.aopc:.3f} [{self.low:.3f}, {self.high:.3f}]"
+
+
+@lru_cache(maxsize=4)
+def _read(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def points(task: str) -> dict[str, Point]:
+    """Every measured method of ``task`` by name (empty when the frontier was not measured)."""
+    found = (_read(FRONTIER).get("tasks") or {}).get(task) or {}
+    return {name: Point(name, **row) for name, row in (found.get("methods") or {}).items()}
+
+
+def measured_on(task: str) -> str | None:
+    """``"minilm-sentiment, 60 movies test sentences"``: what the frontier of ``task`` was measured on."""
+    found = (_read(FRONTIER).get("tasks") or {}).get(task)
+    return None if not found else f"{found['model']}, {found['examples']} {found['data']}"
+
+
+def front(task: str) -> list[str]:
+    """The methods on ``task``'s Pareto front, cheapest first."""
+    return [p.method for p in sorted(points(task).values(), key=lambda p: p.cost) if p.front]
+
+
+def row(task: str | None, method: str) -> dict | None:
+    """What the page shows of ``method`` on ``task``'s frontier (``None``: not measured)."""
+    point = points(task).get(method) if task else None
+    if point is None:
+        return None
+    return {"cost": point.cost, "aopc": point.aopc, "low": point.low, "high": point.high, "front": point.front,
+            "text": point.describe(), "measured_on": measured_on(task)}

@@ -1,0 +1,72 @@
+"""The measured faithfulness-cost frontier where users choose a method: ``heedful methods`` marks
+the methods on each task's front, ``GET /api/methods`` carries each method's cost and AOPC, and
+the Pareto front of benchmarks/frontier.py is the set no method dominates."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import run_cli
+
+from heedful import frontier
+
+ROOT = Path(__file__).resolve().parent.parent
+POINTS = {
+    "normxlogit": {"cost": 1.0, "aopc": 0.44, "low": 0.41, "high": 0.47, "front": True},
+    "attnlrp": {"cost": 3.0, "aopc": 0.60, "low": 0.58, "high": 0.62, "front": True},
+    "saliency": {"cost": 3.0, "aopc": 0.30, "low": 0.28, "high": 0.33, "front": False},
+    "lime": {"cost": 201.0, "aopc": 0.62, "low": 0.60, "high": 0.64, "front": True},
+}
+
+
+@pytest.fixture
+def measured(tmp_path, monkeypatch):
+    path = tmp_path / "frontier.json"
+    task = {"model": "minilm-sentiment", "examples": 12, "data": "movies test sentences", "protocol": "default", "methods": POINTS}
+    path.write_text(json.dumps({"source": "test", "tasks": {"classification": task}}), encoding="utf-8")
+    monkeypatch.setattr(frontier, "FRONTIER", path)
+    yield path
+
+
+def test_the_front_is_read_cheapest_first(measured):
+    assert frontier.front("classification") == ["normxlogit", "attnlrp", "lime"]
+    assert frontier.front("causal_lm") == []
+    assert frontier.measured_on("classification") == "minilm-sentiment, 12 movies test sentences"
+    assert frontier.row("classification", "lime")["text"] == "≈ 201 forward passes per example; AOPC 0.620 [0.600, 0.640]"
+    assert frontier.row("classification", "rollout") is None
+
+
+def test_heedful_methods_marks_the_methods_on_the_front(measured, monkeypatch, capsys):
+    code, out, _ = run_cli(monkeypatch, capsys, "methods")
+    assert code == 0
+    marked = {line.split("│")[1].strip() for line in out.splitlines() if "★ classification" in line}
+    assert marked == {"normxlogit", "attnlrp", "lime"}
+    assert "faithfulness-cost front of classification (minilm-sentiment, 12 movies test sentences)" in " ".join(out.split())
+
+
+def test_the_methods_api_carries_cost_and_faithfulness(measured, tiny):
+    pytest.importorskip("fastapi")
+    from heedful.attribution import methods
+    from heedful.serve.catalog import method_rows
+    from heedful.serve.settings import ServeSettings
+
+    rows = {r["name"]: r for r in method_rows(methods(), "classification", ServeSettings(models=["tiny"]))}
+    assert rows["lime"]["faithfulness"]["aopc"] == 0.62 and rows["lime"]["faithfulness"]["front"] is True
+    assert rows["saliency"]["faithfulness"]["front"] is False
+    assert rows["rollout"]["faithfulness"] is None
+    assert all(r["faithfulness"] is None for r in method_rows(methods(), "causal_lm", ServeSettings(models=["tiny"])))
+
+
+def test_the_pareto_front_is_the_set_no_method_dominates():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from frontier import pareto
+
+    costs = np.array([1.0, 3.0, 3.0, 201.0, 500.0])
+    aopc = np.array([0.44, 0.60, 0.30, 0.62, 0.61])
+    assert pareto(costs, aopc).tolist() == [True, True, False, True, False]
+    # equal cost and faithfulness: neither dominates the other
+    assert pareto(np.array([2.0, 2.0]), np.array([0.5, 0.5])).tolist() == [True, True]
