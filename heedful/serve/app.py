@@ -41,6 +41,8 @@ from heedful.serve.settings import ServeSettings
 from heedful.serve.work import Job, Worker
 from heedful.version import __version__
 
+MAX_SAMPLES = 20
+"""The most noise samples a trace request may average (ROME's 10, doubled)."""
 RETRY_AFTER_S = 1
 """Seconds a client is asked to wait after a 429 (the ``Retry-After`` header)."""
 STATIC = Path(str(resources.files("heedful.serve") / "static"))
@@ -111,15 +113,41 @@ class ConversationBody(Asked):
     max_new_tokens: int | None = Field(None, description="When the model writes the answer: at most this many tokens (default and limit: the server's max_new_tokens).")
 
 
+class TraceBody(Body):
+    """``POST /api/trace``: causal tracing of one prompt (``heedful trace``)."""
+
+    model: str | None = None
+    prompt: str = Field(..., description="The prompt whose prediction is traced.")
+    corrupt: str | None = Field(None, description="Span of the prompt whose word embeddings are noised (ROME's subject).")
+    counterfactual: str | None = Field(None, description="Instead of noise: a prompt of the same token length to patch into.")
+    target: str | None = Field(None, description="Output read: a class, or one token (e.g. ' Paris'); default: the prediction.")
+    kind: Literal["residual", "attn", "mlp"] = Field("residual", description="What is restored: hidden states, attention or MLP outputs.")
+    window: int = Field(1, description="Layers restored per cell (ROME: 10 for attn and mlp).")
+    samples: int = Field(10, ge=1, le=MAX_SAMPLES, description=f"Noise samples averaged (ROME: 10; at most {MAX_SAMPLES}).")
+
+
+class SteerBody(Body):
+    """``POST /api/steer``: generation without and with a contrastive steering vector (``heedful steer --vector caa``)."""
+
+    model: str | None = None
+    prompt: str = Field(..., description="The prompt to continue.")
+    positive: str = Field(..., description="The positive prompt of the contrastive pair.")
+    negative: str = Field(..., description="The negative prompt of the contrastive pair.")
+    layer: int = Field(6, description="Block whose output the vector is added to (0-based).")
+    coefficient: float = Field(4.0, allow_inf_nan=False, description="Factor on the vector.")
+    max_new_tokens: int = Field(8, description="At most the server's max_new_tokens.")
+
+
 class JobBody(Body):
     """``POST /api/jobs``: any computing route's body, run as a job whose progress streams."""
 
-    kind: Literal["explain", "compare", "curve", "generate", "conversation"]
+    kind: Literal["explain", "compare", "curve", "generate", "conversation", "trace", "steer"]
     request: dict[str, Any]
 
 
 BODIES: dict[str, type[Body]] = {
     "explain": ExplainBody, "compare": ExplainBody, "curve": CurveBody, "generate": GenerateBody, "conversation": ConversationBody,
+    "trace": TraceBody, "steer": SteerBody,
 }
 
 
@@ -157,6 +185,10 @@ class Server:
             return self._curve_job(body)  # type: ignore[arg-type]
         if kind == "conversation":
             return self._conversation_job(body)  # type: ignore[arg-type]
+        if kind == "trace":
+            return self._trace_job(body)  # type: ignore[arg-type]
+        if kind == "steer":
+            return self._steer_job(body)  # type: ignore[arg-type]
         return self._generate_job(body)  # type: ignore[arg-type]
 
     def _submit(self, kind: str, name: str, steps: int, run: Callable[[Model, Callable[[str], None]], Any]) -> Job:
@@ -262,6 +294,39 @@ class Server:
             return compute.generate(model, prompt, body.max_new_tokens, info, bound, report)
 
         return self._submit("generate", name, 1, run)
+
+
+    def _trace_job(self, body: TraceBody) -> Job:
+        from heedful.inside.tracing import check_options
+        from heedful.serve import inside
+
+        name = self.catalog.check(body.model)
+        prompt = self.check_text(body.prompt, "prompt")
+        if body.counterfactual is not None:
+            self.check_text(body.counterfactual, "counterfactual prompt")
+        check_options(body.kind, "prob", body.samples, 3.0, body.window)
+
+        def run(model: Model, report: Callable[[str], None]) -> dict[str, Any]:
+            return inside.trace(
+                model, prompt, corrupt=body.corrupt, counterfactual=body.counterfactual, target=body.target,
+                kind=body.kind, window=body.window, samples=body.samples, report=report,
+            )
+
+        return self._submit("trace", name, 1, run)
+
+    def _steer_job(self, body: SteerBody) -> Job:
+        from heedful.serve import inside
+
+        name = self.catalog.check(body.model)
+        prompt = self.check_text(body.prompt, "prompt")
+        positive = self.check_text(body.positive, "positive prompt")
+        negative = self.check_text(body.negative, "negative prompt")
+        self.check_new_tokens(body.max_new_tokens)
+
+        def run(model: Model, report: Callable[[str], None]) -> dict[str, Any]:
+            return inside.steer(model, prompt, positive, negative, body.layer, body.coefficient, body.max_new_tokens, report)
+
+        return self._submit("steer", name, 2, run)
 
 
 def ask(body: Asked, work: Work) -> None:
@@ -424,6 +489,14 @@ def _routes(app: FastAPI, server: Server) -> None:
     @app.post("/api/conversation", summary="A conversation's turns, each with its share of the assistant's answer")
     async def conversation(body: ConversationBody, request: Request) -> dict[str, Any]:
         return await answer(server.job("conversation", body), request)
+
+    @app.post("/api/trace", summary="Causal tracing: a layer x position grid of indirect effects, attribution patching's beside it")
+    async def trace(body: TraceBody, request: Request) -> dict[str, Any]:
+        return await answer(server.job("trace", body), request)
+
+    @app.post("/api/steer", summary="Generate without and with a contrastive steering vector")
+    async def steer(body: SteerBody, request: Request) -> dict[str, Any]:
+        return await answer(server.job("steer", body), request)
 
     @app.get("/api/runs", summary="The bench runs of this server's results store (--store)")
     def runs() -> list[dict[str, Any]]:
