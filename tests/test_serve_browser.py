@@ -509,3 +509,74 @@ def test_the_method_picker_says_what_each_computes_and_ticks_a_default(served, b
     assert not browser.find_elements(By.CSS_SELECTOR, '#methods .method[data-name="integrated_gradients"] .faith')
     browser.find_element(By.ID, "explain").click()
     _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, '#heatmaps .heatmap[data-method="normxlogit"]'), "the default method's heatmap")
+
+
+# ---------------------------------------------------------------------------- trace and steer views
+def _set(driver, ident: str, value: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    box = driver.find_element(By.ID, ident)
+    box.clear()
+    box.send_keys(value)
+
+
+def test_the_trace_view_hovers_the_apis_grid_and_the_steer_view_shows_two_generations(served, browser, tmp_path):
+    """Trace on the page: the grid has the API's layers and decoded tokens, every cell is coloured
+    by the renderers' scale, and hovering a cell reads out its layer, token and the API's effect.
+    Steer on the page: both generations, as the API answers them."""
+    import httpx
+    import numpy as np
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    from heedful.render.colors import Scale
+
+    base, _ = served
+    browser.get("about:blank")
+    browser.get(f"{base}/#view=trace")
+    _wait(browser, lambda d: d.execute_script("return document.body.dataset.ready === 'true'"), "its form")
+    assert browser.find_element(By.ID, "trace-form").is_displayed()
+    Select(browser.find_element(By.ID, "trace-model")).select_by_value(LM)
+    _set(browser, "trace-prompt", PROMPT)
+    _set(browser, "trace-corrupt", "movie")
+    _set(browser, "trace-samples", "2")
+    browser.find_element(By.ID, "trace").click()
+    _wait(browser, lambda d: d.find_element(By.ID, "trace-result").is_displayed(), "the trace")
+
+    response = httpx.post(f"{base}/api/trace", json={"model": LM, "prompt": PROMPT, "corrupt": "movie", "samples": 2}, timeout=WAIT_S)
+    assert response.status_code == 200, response.text
+    api = response.json()
+    effect = np.array(api["effect"], dtype=float)
+    grid = browser.find_element(By.CSS_SELECTOR, '#trace-grids table[data-grid="effect"]')
+    heads = browser.execute_script("return Array.from(arguments[0].querySelectorAll('thead th')).map(function (th) { return th.textContent; });", grid)[1:]
+    marked = [f"{c}*" if k in api["corrupted"] else c for k, c in enumerate(api["columns"])]
+    assert heads == marked
+    assert not any("Ġ" in h for h in heads)
+    scale = Scale.fit(effect)
+    colours = browser.execute_script(
+        "return Array.from(arguments[0].querySelectorAll('td')).map(function (c) {"
+        " return [Number(c.dataset.layer), Number(c.dataset.column), getComputedStyle(c).backgroundColor]; });", grid)
+    assert len(colours) == effect.size
+    for layer, column, colour in colours:
+        assert colour == "rgb({}, {}, {})".format(*scale.rgb(effect[layer, column]))
+    layer, column = np.unravel_index(np.argmax(np.abs(effect)), effect.shape)
+    assert effect[layer, column] != 0, "nothing restored: a useless check"
+    _hover(browser, grid.find_element(By.CSS_SELECTOR, f'td[data-layer="{layer}"][data-column="{column}"]'))
+    shown = browser.find_element(By.ID, "trace-hover").text
+    assert shown.startswith(f"layer {layer} · token ") and api["columns"][column].strip() in shown
+    value = float(shown.split(" · effect ", 1)[1].split(" ", 1)[0])
+    assert value == pytest.approx(effect[layer, column], rel=1e-3)
+    browser.save_screenshot(str(tmp_path / "trace.png"))
+
+    browser.find_element(By.ID, "tab-steer").click()
+    Select(browser.find_element(By.ID, "steer-model")).select_by_value(LM)
+    request = {"model": LM, "prompt": PROMPT, "positive": "i love this", "negative": "i hate this", "layer": 1, "coefficient": 8.0, "max_new_tokens": 4}
+    for ident, key in (("steer-prompt", "prompt"), ("steer-positive", "positive"), ("steer-negative", "negative"),
+                       ("steer-layer", "layer"), ("steer-coefficient", "coefficient"), ("steer-tokens", "max_new_tokens")):
+        _set(browser, ident, str(request[key]))
+    browser.find_element(By.ID, "steer").click()
+    _wait(browser, lambda d: d.find_element(By.ID, "steer-result").is_displayed(), "the two generations")
+    api = httpx.post(f"{base}/api/steer", json=request, timeout=WAIT_S).json()
+    script = "return [document.getElementById('steer-without').textContent, document.getElementById('steer-with').textContent];"
+    assert browser.execute_script(script) == [PROMPT + api["without"], PROMPT + api["with"]]
+    assert api["without"] != api["with"]

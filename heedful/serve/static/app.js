@@ -25,6 +25,8 @@
     lastConversation: null,
     lastRun: null,
     busy: false,
+    view: 'explain',
+    lastTrace: null,
     restoring: null,      // hash state waiting for models / methods to load
     writtenHash: '',
   };
@@ -124,12 +126,19 @@
   }
 
   // ------------------------------------------------------------------ status and errors
+  /** The status box of the shown view (each view has one). */
+  function statusBox() {
+    const view = document.querySelector('.view:not([hidden])');
+    return (view && view.querySelector('.status')) || $('status');
+  }
+
   function showProgress(p) {
-    $('status').hidden = false;
+    const box = statusBox();
+    box.hidden = false;
     const stage = p.stage || 'working';
     const total = Number(p.total) || 0;
-    $('status-text').textContent = total ? `${stage} · ${p.done} / ${total}` : stage;
-    const bar = $('progress');
+    box.querySelector('span').textContent = total ? `${stage} · ${p.done} / ${total}` : stage;
+    const bar = box.querySelector('progress');
     if (total) { bar.max = total; bar.value = Math.min(Number(p.done) || 0, total); } else { bar.removeAttribute('value'); }
   }
 
@@ -138,11 +147,13 @@
     $('explain').disabled = busy;
     $('generate').disabled = busy;
     $('conversation').disabled = busy;
+    $('trace').disabled = busy;
+    $('steer').disabled = busy;
     if (busy) {
       showProgress({ stage: text || 'sending', done: 0, total: 0 });
       $('error').hidden = true;
     } else {
-      $('status').hidden = true;
+      document.querySelectorAll('.status').forEach((box) => { box.hidden = true; });
     }
   }
 
@@ -172,6 +183,11 @@
     const wanted = state.restoring && state.restoring.get('model');
     const preset = state.models.find((m) => m.name === wanted) || state.models.find((m) => m.default) || state.models[0];
     if (preset) select.value = preset.name;
+    const lm = state.models.find((m) => m.task === 'causal_lm') || preset;
+    document.querySelectorAll('.model-select').forEach((other) => {
+      other.replaceChildren(...[...select.options].map((o) => o.cloneNode(true)));
+      if (lm) other.value = lm.name;
+    });
     await modelChanged();
   }
 
@@ -403,7 +419,7 @@
     if (state.restoring) return;
     const r = formRequest();
     const p = new URLSearchParams();
-    p.set('view', $('view-runs').hidden ? 'explain' : 'runs');
+    p.set('view', state.view);
     if (r.model) p.set('model', r.model);
     if (r.text) p.set('text', r.text);
     p.set('methods', r.methods.join(','));
@@ -458,7 +474,7 @@
       await loadModels();
     }
     applyTarget(p);
-    showView(p.get('view') === 'runs' ? 'runs' : 'explain');
+    showView(VIEWS.includes(p.get('view')) ? p.get('view') : 'explain');
     if (p.get('run')) openRun(p.get('run'));
     writeHash();
   }
@@ -745,6 +761,111 @@
     $('conversation-result').hidden = false;
   }
 
+  // ------------------------------------------------------------------ causal tracing
+  async function traceClicked(event) {
+    event.preventDefault();
+    if (state.busy) return;
+    const byNoise = document.querySelector('input[name="trace-by"]:checked').value === 'corrupt';
+    const request = {
+      model: $('trace-model').value, prompt: $('trace-prompt').value, kind: $('trace-kind').value,
+      window: Number.parseInt($('trace-window').value, 10) || 1, samples: Number.parseInt($('trace-samples').value, 10) || 10,
+    };
+    if (byNoise) request.corrupt = $('trace-corrupt').value; else request.counterfactual = $('trace-counterfactual').value;
+    if ($('trace-target').value) request.target = $('trace-target').value;
+    setBusy(true, 'queued');
+    $('trace-error').hidden = true;
+    try {
+      const answer = await runJob('trace', request, '/api/trace');
+      state.lastTrace = answer;
+      renderTrace(answer);
+    } catch (err) {
+      showError($('trace-error'), err);
+    } finally {
+      setBusy(false);
+    }
+  }
+
+  /** What a hovered cell reads: its layer, token and value (and the other grid's value). */
+  function cellText(answer, name, layer, column) {
+    const other = name === 'effect' ? 'atp' : 'effect';
+    const value = (grid, l, k) => (answer[grid] ? answer[grid][l][k] : null);
+    const label = { effect: 'effect', atp: 'AtP' };
+    let text = `layer ${layer} · token ${JSON.stringify(answer.columns[column])} · ${label[name]} ${fmtValue(value(name, layer, column))}`;
+    if (answer[other]) text += ` (${label[other]} ${fmtValue(value(other, layer, column))})`;
+    return text;
+  }
+
+  function fmtValue(v) {
+    return v === null || v === undefined ? '–' : Number(v).toPrecision(4);
+  }
+
+  function traceGrid(answer, name, title) {
+    const colors = answer[`${name}_colors`];
+    const corrupted = new Set(answer.corrupted);
+    const head = el('tr', {}, [el('th', { scope: 'col', text: 'layer' }), ...answer.columns.map((c, k) => el('th', {
+      scope: 'col', class: corrupted.has(k) ? 'corrupted' : null, text: corrupted.has(k) ? `${c}*` : c,
+    }))]);
+    const rows = [];
+    for (let layer = answer[name].length - 1; layer >= 0; layer -= 1) {
+      rows.push(el('tr', {}, [el('th', { scope: 'row', text: String(layer) }), ...answer[name][layer].map((v, k) => el('td', {
+        tabindex: '0', 'data-layer': layer, 'data-column': k, 'data-grid': name,
+        'data-value': v === null ? '' : String(v), title: cellText(answer, name, layer, k),
+        style: colors[layer][k] ? `background:${colors[layer][k]}` : null,
+      }))]));
+    }
+    const table = el('table', { class: 'trace-grid', 'data-grid': name }, [el('thead', {}, [head]), el('tbody', {}, rows)]);
+    const readout = (ev) => {
+      const cell = ev.target.closest('td');
+      if (cell) $('trace-hover').textContent = cellText(answer, name, Number(cell.dataset.layer), Number(cell.dataset.column));
+    };
+    table.addEventListener('mouseover', readout);
+    table.addEventListener('focusin', readout);
+    return el('figure', { class: 'card' }, [el('figcaption', { text: title }), table]);
+  }
+
+  function renderTrace(answer) {
+    const how = answer.counterfactual === null ? `noise on ${answer.corrupted.length} token(s), ${answer.samples} sample(s)`
+      : `counterfactual ${JSON.stringify(answer.counterfactual)}`;
+    $('trace-summary').replaceChildren(
+      'Model ', el('b', { text: answer.model }), ' · target ', el('b', { text: answer.target }),
+      ` · ${answer.metric} clean ${fmtValue(answer.clean_score)}, corrupted ${fmtValue(answer.corrupted_score)} · ${how}`,
+      answer.atp ? ` · Spearman(effect, AtP) ${fmt(answer.spearman, 2)}` : '',
+      answer.complete ? '' : ' · incomplete: blank cells were not computed',
+    );
+    const kind = { residual: 'hidden state', attn: 'attention output', mlp: 'MLP output' }[answer.kind] || answer.kind;
+    const window = answer.window > 1 ? ` (${answer.window} layers per cell)` : '';
+    const grids = [traceGrid(answer, 'effect', `Indirect effect of restoring each ${kind}${window}`)];
+    if (answer.atp) grids.push(traceGrid(answer, 'atp', 'Attribution patching (AtP) estimate'));
+    $('trace-grids').replaceChildren(...grids);
+    $('trace-hover').textContent = 'hover a cell';
+    $('trace-result').hidden = false;
+  }
+
+  // ------------------------------------------------------------------ steering
+  async function steerClicked(event) {
+    event.preventDefault();
+    if (state.busy) return;
+    const request = {
+      model: $('steer-model').value, prompt: $('steer-prompt').value, positive: $('steer-positive').value,
+      negative: $('steer-negative').value, layer: Number.parseInt($('steer-layer').value, 10) || 0,
+      coefficient: Number($('steer-coefficient').value), max_new_tokens: Number.parseInt($('steer-tokens').value, 10) || 20,
+    };
+    setBusy(true, 'queued');
+    $('steer-error').hidden = true;
+    try {
+      const answer = await runJob('steer', request, '/api/steer');
+      $('steer-summary').replaceChildren('Model ', el('b', { text: answer.model }),
+        ` · contrastive vector at ${answer.where} (norm ${fmt(answer.norm, 2)}), coefficient ${answer.coefficient} · greedy`);
+      $('steer-without').replaceChildren(answer.prompt, el('b', { text: answer.without }));
+      $('steer-with').replaceChildren(answer.prompt, el('b', { text: answer.with }));
+      $('steer-result').hidden = false;
+    } catch (err) {
+      showError($('steer-error'), err);
+    } finally {
+      setBusy(false);
+    }
+  }
+
   // ------------------------------------------------------------------ downloads
   let cssText = null;
 
@@ -847,13 +968,15 @@
   // ------------------------------------------------------------------ views
   let runsLoaded = false;
 
+  const VIEWS = ['explain', 'trace', 'steer', 'runs'];
+
   function showView(name) {
-    const runs = name === 'runs';
-    $('view-runs').hidden = !runs;
-    $('view-explain').hidden = runs;
-    $('tab-runs').setAttribute('aria-selected', String(runs));
-    $('tab-explain').setAttribute('aria-selected', String(!runs));
-    if (runs && !runsLoaded) { runsLoaded = true; loadRuns(); }
+    state.view = name;
+    for (const view of VIEWS) {
+      $(`view-${view}`).hidden = view !== name;
+      $(`tab-${view}`).setAttribute('aria-selected', String(view === name));
+    }
+    if (name === 'runs' && !runsLoaded) { runsLoaded = true; loadRuns(); }
     writeHash();
   }
 
@@ -877,8 +1000,11 @@
     $('download-conv-json').addEventListener('click', () => state.lastConversation && download(`${fileStem()}-conversation.json`,
       'application/json', JSON.stringify(state.lastConversation, null, 2)));
     document.querySelectorAll('input[name="units"]').forEach((r) => r.addEventListener('change', applyUnits));
-    $('tab-explain').addEventListener('click', () => showView('explain'));
-    $('tab-runs').addEventListener('click', () => showView('runs'));
+    for (const view of VIEWS) $(`tab-${view}`).addEventListener('click', () => showView(view));
+    $('trace-form').addEventListener('submit', traceClicked);
+    $('steer-form').addEventListener('submit', steerClicked);
+    $('download-trace-json').addEventListener('click', () => state.lastTrace && download('heedful-trace.json',
+      'application/json', JSON.stringify(state.lastTrace, null, 2)));
     $('download-json').addEventListener('click', () => state.last && download(`${fileStem()}.json`, 'application/json',
       JSON.stringify({ request: state.lastRequest, response: state.last }, null, 2)));
     $('download-html').addEventListener('click', () => downloadHtml($('results'), fileStem()));
