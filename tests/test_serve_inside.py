@@ -69,14 +69,12 @@ def test_trace_answers_the_library_grid(client, models, kind):
 
 
 def test_trace_with_a_counterfactual_prompt(client, models):
-    body = {"model": LM, "prompt": PROMPT, "counterfactual": "the capital of italy is", "target": " p"}
-    response = client.post("/api/trace", json=body)
-    try:
-        direct = heedful.trace(models[LM], PROMPT, counterfactual="the capital of italy is", target=" p")
-    except heedful.InputError as exc:  # the tiny tokenizer splits the two prompts differently
-        assert error_of(response, 422)["error"] == exc.message
-        return
-    np.testing.assert_allclose(grid(response.json()["effect"]), direct.effect, atol=1e-6, equal_nan=True)
+    body = {"model": LM, "prompt": PROMPT, "counterfactual": "the capital of frence is", "kind": "attn", "window": 2}
+    data = client.post("/api/trace", json=body).json()
+    direct = heedful.trace(models[LM], PROMPT, counterfactual="the capital of frence is", kind="attn", window=2)
+    assert data["counterfactual"] == "the capital of frence is" and data["corrupted"] == direct.corrupted
+    np.testing.assert_allclose(grid(data["effect"]), direct.effect, atol=1e-6, equal_nan=True)
+    np.testing.assert_allclose(grid(data["atp"]), direct.atp, atol=1e-6, equal_nan=True)
 
 
 def test_trace_runs_as_a_job_with_progress(client):
@@ -95,6 +93,7 @@ def test_trace_runs_as_a_job_with_progress(client):
         ({"corrupt": "France"}, 422, "the match is case-sensitive"),
         ({"corrupt": None}, 422, "give either a span to corrupt"),
         ({"counterfactual": "the capital of italy is"}, 422, "give either a span to corrupt"),
+        ({"corrupt": None, "counterfactual": "the capital of italy is"}, 422, "the counterfactual prompt has"),
         ({"kind": "neuron"}, 422, "kind"),
         ({"window": 0}, 422, "window must be at least 1"),
         ({"samples": 21}, 422, "samples"),
