@@ -118,6 +118,26 @@ def use_stand_ins(folder: Path) -> None:
         return real(paths.get(str(name_or_path), name_or_path), *args, **kwargs)
 
     heedful.load = heedful.loading.load = load
+    learn_at2_heads(folder, paths["smollm2-135m"])
+
+
+def learn_at2_heads(folder: Path, model: str) -> None:
+    """AT2's head weights ship for ``smollm2-135m`` only: its stand-in learns its own, as a user
+    does for another decoder (``heedful at2 train``, on a few short documents), into a cache kept
+    in ``folder``, where the ``at2`` method of this process looks them up."""
+    from heedful.attribution import at2
+    from heedful.cli import main as cli
+
+    at2.cache_path = lambda fingerprint: folder / "at2" / f"{fingerprint}.json"
+    argv = sys.argv
+    sys.argv = ["heedful", "at2", "train", "--model", model, "--docs", "4", "--lengths", "256", "--ablations", "8", "--steps", "30"]
+    try:
+        cli()
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            raise AssertionError(f"heedful at2 train on the stand-in exited with {exc.code}") from None
+    finally:
+        sys.argv = argv
 
 
 def _top_is_charming(value, zoo: bool) -> None:

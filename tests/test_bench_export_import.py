@@ -216,6 +216,7 @@ def test_docs_import_examples_run_on_tiny_models(tmp_path):
     assert (tmp_path / "ig.pt").is_file() and (tmp_path / "inseq.json").is_file()
 
 
+@pytest.mark.slow  # a bench process at two precisions, about 16 s on 2 cores: run with -m slow
 def test_docs_precision_example_runs_on_a_tiny_model(tmp_path):
     """docs/bench.md's lower-precision block runs as written (on the tests' tiny BERT)."""
     blocks = _doc_blocks("precision")

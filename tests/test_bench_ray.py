@@ -94,6 +94,7 @@ def local(model, data_csv, tmp_path_factory):
     return result, _rows(result.store_path)
 
 
+@pytest.mark.slow  # a local Ray cluster (about 20 s to start) and a bench through it, 30-45 s each on 2 cores: run with -m slow
 def test_ray_engine_equals_local_engine(cluster, model, model_dir, data_csv, local, tmp_path):
     result = run_bench(_spec(model, data_csv, tmp_path), progress=False, engine=_engine(model_dir))
     assert result.computed == _complete()
@@ -108,6 +109,7 @@ def test_ray_engine_equals_local_engine(cluster, model, model_dir, data_csv, loc
     assert again.computed == {"explanations": 0, "measurements": 0, "metrics": 0} and again.engine.stored == 18
 
 
+@pytest.mark.slow  # a local Ray cluster (about 20 s to start) and a bench through it, 30-45 s each on 2 cores: run with -m slow
 def test_killed_worker_is_retried_and_nothing_is_lost_or_doubled(cluster, model, model_dir, data_csv, local, tmp_path):
     pids: list[int] = []
     killed: list[int] = []
@@ -166,6 +168,7 @@ def test_killed_driver_resumes_with_the_same_command(cluster, model, model_dir, 
     assert len(_rows(store)["metrics"]) == total * len(METRICS)
 
 
+@pytest.mark.slow  # a local Ray cluster (about 20 s to start) and a bench through it, 30-45 s each on 2 cores: run with -m slow
 def test_command_prints_the_local_engines_table(cluster, model_dir, data_csv, tmp_path, monkeypatch, capsys):
     common = [
         "bench", "--model", model_dir, "--dataset", data_csv, "--methods", "random,grad_x_input", "--metrics", "aopc,sufficiency",

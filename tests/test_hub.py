@@ -275,6 +275,7 @@ def test_serve_refuses_what_cannot_load_safely_in_one_line(refused, repo, names)
     assert len(lines) == 2 and names in lines[1] and "Traceback" not in done.stderr, done.stderr
 
 
+@pytest.mark.slow  # a download and a serve process for an edge of --allow-pickle, about 17 s on 2 cores: run with -m slow
 def test_serve_passes_allow_pickle_to_the_hub_path(hub, tmp_path):
     done = _run(["serve", "--model", "tiny/pickled", "--allow-pickle", "--port", str(_free_port())], tmp_path / "hf", hub.url, cli=True)
     # allowed, the pickle is downloaded and handed to transformers (which finds no model in it)

@@ -62,6 +62,7 @@ def test_every_public_name_still_resolves_after_a_light_import():
         heedful.nonexistent  # noqa: B018
 
 
+@pytest.mark.slow  # a fresh process importing every method module, about 14 s on 2 cores: run with -m slow
 def test_register_sees_the_built_in_methods_first():
     """``heedful.register`` (and ``MethodInfo``) import the built-in methods before a user's
     method is registered, so a clash is reported at the user's name, as before."""

@@ -71,8 +71,10 @@ def warm(tmp_path_factory):
     "args, extra_env",
     [
         (["explain", TEXT], {}),
-        (["explain", TEXT, "--method", "saliency", "--method", "integrated_gradients", "-o", "n_steps=8", "--json"], {}),
-        (["explain", TEXT, "--words"], {"FORCE_COLOR": "1", "COLUMNS": "60"}),  # a terminal's colours and width
+        # JSON and a terminal's colours and width: in the slow suite (a cold process each, ~16 s on 2 cores)
+        pytest.param(["explain", TEXT, "--method", "saliency", "--method", "integrated_gradients", "-o", "n_steps=8", "--json"], {},
+                     marks=pytest.mark.slow),
+        pytest.param(["explain", TEXT, "--words"], {"FORCE_COLOR": "1", "COLUMNS": "60"}, marks=pytest.mark.slow),
         (["explain", TEXT, "--method", "integrated_gradient"], {}),  # an error: one line, exit 2
         (["methods", "integrated_gradients"], {}),
     ],
@@ -141,6 +143,7 @@ def test_heedful_warm_says_which_model_it_could_not_load(warm):
     assert done.returncode == 0 and any(line.startswith("warning: no-such-model was not loaded: ") for line in lines), lines
 
 
+@pytest.mark.slow  # starts a second worker and waits for it, about 40 s on 2 cores: run with -m slow
 def test_a_model_command_starts_a_worker_after_it_for_the_next_ones(warm, tmp_path):
     """With none running, ``heedful explain`` runs in its own process and leaves a worker (here
     off a terminal: ``HEEDFUL_WARM=always``) that the next command uses; ``--no-warm`` starts
@@ -217,6 +220,7 @@ def test_the_key_changes_with_the_source_and_the_import_time_environment(tmp_pat
     assert channel.code_key(package) != second
 
 
+@pytest.mark.slow  # starts a replacement worker, about 30 s on 2 cores: run with -m slow
 def test_a_worker_running_other_code_is_replaced(warm):
     """A client whose key differs (here: an import-time variable) is refused; the command runs
     in its own process and a fresh worker takes the old one's place. (Last: it replaces the

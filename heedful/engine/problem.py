@@ -109,7 +109,7 @@ class Problem:
         from ``inputs_embeds`` ``[R, W, E]`` when given (else the problem's own start), read at
         the examples' anchors."""
         batch = self.batch
-        rows = torch.arange(len(batch)) if rows is None else rows
+        rows = torch.arange(len(batch), device=batch.input_ids.device) if rows is None else rows
         inputs = batch.cut(rows, batch.seq_len if width is None else width)
         if inputs_embeds is None and self.inputs_embeds is not None:
             inputs_embeds = self.inputs_embeds[rows, : inputs["input_ids"].shape[1]]
