@@ -55,7 +55,8 @@ import transformers  # noqa: E402
 
 transformers.logging.set_verbosity_error()
 transformers.logging.disable_progress_bar()
-torch.set_num_threads(1)  # tiny models: more threads only add overhead
+# tiny models: more threads only add overhead; HEEDFUL_TEST_THREADS=2 runs the suite as a 2-thread user would
+torch.set_num_threads(int(os.environ.get("HEEDFUL_TEST_THREADS", "1")))
 warnings.filterwarnings("ignore", module="transformers")
 
 from heedful.testing import INIT_RANGE, conformance_model  # noqa: E402,F401  (INIT_RANGE: tests read the weight scale here)

@@ -26,7 +26,7 @@ TINY, ZOO, HOURS, SETUP = "tiny", "zoo", "hours", "setup"
 COMMANDS: dict[str, str] = {
     # set-up and development commands: the suite itself, or installing it (make demo's heedful
     # command is run below as the Makefile has it)
-    "make demo": SETUP, "make test": SETUP, "make test-all": SETUP, "make lint": SETUP, "make bench": SETUP,
+    "make demo": SETUP, "make test": SETUP, "make test-all": SETUP, "HEEDFUL_TEST_THREADS=2 make test": SETUP, "make lint": SETUP, "make bench": SETUP,
     "make bench-decomposition": SETUP, "pip install -e '.[serve]'": SETUP,
     # seconds on tiny stand-ins: the default suite (and the slow suite on the zoo models)
     "heedful explain 'a charming and often affecting journey'": TINY,
