@@ -5,6 +5,8 @@ integrated gradients -- instead of one per step."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -12,7 +14,7 @@ import torch
 import heedful
 from heedful.engine.memory import Need, estimate
 from heedful.generation import prepare_steps
-from heedful.generation_shared import SharedSteps, _groups, explain_shared
+from heedful.generation_shared import CancellationWarning, SharedSteps, _groups, explain_shared
 
 PROMPTS = ["the cat sat on the mat and", "a dog ran", "birds"]
 CONTINUATIONS = [" the dog sat", " far away from the cat and the", " sing"]
@@ -114,6 +116,16 @@ def test_bf16_generation_is_float32_within_the_bf16_bound(tiny, method, options)
         np.testing.assert_allclose(f.probabilities, e.probabilities, atol=0.05)
     # the bf16 copy's passes: one forward per sequence, a backward per step, as at float32
     assert found[0].cost.backward_passes == pytest.approx(options.get("n_steps", 1))
+
+
+def test_bf16_integrated_gradients_warns_that_its_sums_cancel(tiny):
+    lm = tiny("llama", "causal_lm")
+    with pytest.warns(CancellationWarning, match="integrated_gradients through bfloat16 passes"):
+        lm.explain_generation("the cat", "integrated_gradients", continuation=" sat", precision="bf16", n_steps=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CancellationWarning)
+        lm.explain_generation("the cat", "saliency", continuation=" sat", precision="bf16")
+        lm.explain_generation("the cat", "integrated_gradients", continuation=" sat", n_steps=2)
 
 
 def test_generation_precision_refusals(tiny):
