@@ -3,8 +3,8 @@ without each method's top-k % tokens.
 
 For every method and fraction k this script (through :func:`heedful.evaluate.roar.roar`)
 
-1. explains ``--train-n`` movie snippets drawn (seed 0) from the train split and the first
-   ``--test-n`` of the test split with the method (minilm-sentiment, its predicted class);
+1. explains ``--train-n`` movie snippets drawn (seed 0) from the train split and ``--test-n``
+   drawn from the test split with the method (minilm-sentiment, its predicted class);
 2. replaces the top ``round(k n)`` of each snippet's ``n`` content tokens by ``[MASK]``
    (``--operator``), in train and test alike (``--modes kar``: all but them);
 3. trains a fresh minilm-sentiment -- the MiniLM encoder with a head drawn with the seed -- on
@@ -39,6 +39,7 @@ import torch
 from _shared import command_line, library_versions, write_results  # noqa: E402  (benchmarks/ is the script's folder)
 
 import heedful
+from heedful.errors import Interrupted
 from heedful.evaluate.roar import (
     BASELINE,
     DEFAULT_FRACTIONS,
@@ -63,7 +64,7 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--seeds", default="0", help="comma-separated retraining seeds")
     parser.add_argument("--modes", default="roar", help="roar, kar or roar,kar")
     parser.add_argument("--train-n", type=int, default=TRAIN_EXAMPLES, help=f"train snippets drawn from the train split (default {TRAIN_EXAMPLES})")
-    parser.add_argument("--test-n", type=int, default=None, help="first test snippets (default: all 1,000)")
+    parser.add_argument("--test-n", type=int, default=None, help="test snippets drawn (seed 0) from the test split (default: all 1,000)")
     parser.add_argument("--operator", default="mask", help="what replaces a removed token: mask, unk, pad, delete or sample")
     parser.add_argument("--epochs", type=int, default=None, help="training epochs (default: the zoo build's, 2)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (training's enters the store keys: it decides the weights)")
@@ -169,10 +170,14 @@ def main() -> int:
     load_before = os.getloadavg()[0]
     start = time.perf_counter()
     model = heedful.load(MODEL)
-    result = roar(
-        model, retrainer(MODEL, **changes), args.store or heedful_home() / "roar", "movies", methods, fractions,
-        operator=args.operator, seeds=seeds, modes=modes, train_n=args.train_n, test_n=args.test_n,
-    )
+    try:
+        result = roar(
+            model, retrainer(MODEL, **changes), args.store or heedful_home() / "roar", "movies", methods, fractions,
+            operator=args.operator, seeds=seeds, modes=modes, train_n=args.train_n, test_n=args.test_n,
+        )
+    except Interrupted as exc:  # what the store kept; the same command resumes
+        print(exc.message, file=sys.stderr)
+        return 130
     minutes = (time.perf_counter() - start) / 60
     sections = []
     for mode in modes:

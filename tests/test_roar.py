@@ -153,13 +153,13 @@ def test_roar_retrains_from_the_degraded_examples_and_a_second_call_retrains_not
 
 def test_an_interrupted_roar_keeps_its_retrains_and_resumes_the_rest(tiny, data_csv, tmp_path):
     model = tiny("bert")
-    args = dict(store=tmp_path / "store", dataset=data_csv, methods=["grad_x_input"], fractions=(0.3, 0.7), train_n=6, progress=False)
+    args = dict(store=tmp_path / "store", dataset=data_csv, methods=["grad_x_input"], fractions=(0.3, 0.7), train_n=6, test_n=3, progress=False)
     fits: list = []
     with pytest.raises(Interrupted, match="2 of 5 retrains stored"):
         roar(model, _retrainer(fits, stop_after=2), **args)
     fits.clear()
     resumed = roar(model, _retrainer(fits), **args)
-    assert len(fits) == 3 and resumed.retrained == 3 and resumed.explained == 0 and resumed.n_train == 6
+    assert len(fits) == 3 and resumed.retrained == 3 and resumed.explained == 0 and (resumed.n_train, resumed.n_test) == (6, 3)
     assert len(resumed.table) == 5
 
 

@@ -382,7 +382,8 @@ def roar(
     folder or ``.sqlite`` file of a :class:`~heedful.evaluate.store.ResultsStore`).
 
     ``dataset``'s ``"train"`` split gives ``train_n`` examples drawn with ``sample_seed`` (``None``:
-    all), its ``"test"`` split the first ``test_n`` (``None``: all); both need gold labels.
+    all), its ``"test"`` split ``test_n`` drawn alike (``None``: all; a file's first rows are often of one class,
+    as the snippet sets' are); both need gold labels.
     ``fractions``: the ``k`` in (0, 1); ``operator``: what replaces a removed token; ``seeds``: one
     retrain each (the fresh model's seeded part and the data order); ``modes``: ``"roar"`` and / or
     ``"kar"``; ``label``: the class explained (``"predicted"`` or ``"gold"``); ``reference``: also
@@ -394,7 +395,7 @@ def roar(
     protocol = roar_protocol(operator, ks, label, retrainer.max_length).resolved(model.adapter.device)
     bench.check_options(names, dict(method_options or {}))
     train = _split(model, dataset, "train", names, protocol, Path(store), method_options, batch_size, train_n, sample_seed)
-    test = _split(model, dataset, "test", names, protocol, Path(store), method_options, batch_size, test_n, None)
+    test = _split(model, dataset, "test", names, protocol, Path(store), method_options, batch_size, test_n, sample_seed)
     jobs = [Job("roar", BASELINE, 0.0, s) for s in seeds] if reference else []
     jobs += [Job(mode, m, k, s) for m in names for mode in modes for k in ks for s in seeds]  # a method's retrains together: its degraded examples are made once
     hashes = {job: retrain_hash(job, protocol, train.runs[job.method].key, train.ids, retrainer) for job in jobs}
