@@ -25,6 +25,8 @@ script
 
 ``smollm2-sentiment`` (200 sentences at full size) is measured too when it is built; otherwise
 the script says so and skips it (``heedful models build smollm2-sentiment``).
+ROAR (retraining without each method's top tokens, Hooker et al. 2019) costs a retrain per method,
+fraction and seed, so ``benchmarks/roar.py`` measures it apart; the file links its results.
 
     python benchmarks/frontier.py [--n 500] [--methods NAME,...] [--skip NAME,...]
         [--max-cost 3000] [--samples 4] [--threads 2] [--out docs/results/frontier.md]
@@ -326,6 +328,15 @@ def run_model(name: str, n: int, args: argparse.Namespace) -> tuple[list[str], d
     return lines, record
 
 
+def roar_note(path: Path) -> str:
+    """Where ROAR stands: it retrains a classifier per method, fraction and seed, so
+    ``benchmarks/roar.py`` measures it apart (and resumes it from its store) in ``path``."""
+    where = f"in [{path.name}]({path.name}), which states its cost" if path.exists() else f"in {path.name} (not generated yet)"
+    return ("ROAR (Hooker et al. 2019: each method's top-k % tokens removed from the train and test snippets and "
+            f"{next(iter(MODELS))} retrained on them) costs a retrain per method, fraction and seed, minutes each: "
+            f"`benchmarks/roar.py` measures it apart, {where}.")
+
+
 def main() -> int:
     args = arguments()
     torch.set_num_threads(args.threads)
@@ -353,6 +364,8 @@ def main() -> int:
         f"on `{FFID_MODEL}`). Intervals: 95 % percentile bootstrap over sentences; target comparisons: paired bootstrap of the "
         "per-sentence difference. Higher is better except sufficiency and FFid-. Cost: forward-pass equivalents per example "
         "from each method's cost model (a backward counts two); s / sentence: measured wall time on this machine under load.",
+        "",
+        roar_note(args.out.with_name("roar.md")),
         "",
     ]
     tail = [

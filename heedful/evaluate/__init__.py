@@ -13,6 +13,9 @@
 * :class:`ResultsStore`: the SQLite store ``heedful bench`` resumes from
   (:mod:`heedful.evaluate.store`); :func:`run_bench` runs methods x examples x metrics
   (:mod:`heedful.evaluate.bench`);
+* :func:`~heedful.evaluate.roar.roar`: ROAR and KAR (Hooker et al. 2019) -- the accuracy of a classifier retrained
+  without (or with only) each method's top-k % tokens, resumable from a results store
+  (:mod:`heedful.evaluate.roar`);
 * :func:`export_store`: a results store as one Parquet / CSV table with a run manifest
   (:mod:`heedful.evaluate.export`);
 * :func:`from_records`, :func:`from_json`, :func:`from_parquet`, :func:`from_captum`,

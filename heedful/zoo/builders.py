@@ -159,6 +159,12 @@ def _minilm_sentiment_start(seed: int) -> tuple[PreTrainedModel, PreTrainedToken
     )
 
 
+def minilm_sentiment_start(seed: int) -> PreTrainedModel:
+    """minilm-sentiment's untrained start with its head drawn with ``seed`` (seed
+    ``CLASSIFIER_CONFIG.seed``: the build's own): what ROAR retrains (:mod:`heedful.zoo.retraining`)."""
+    return _minilm_sentiment_start(seed)[0]
+
+
 def _new_keys(model: PreTrainedModel) -> set[str]:
     """Keys of ``model``'s state that the MiniLM checkpoint lacks (the head it adds)."""
     base = sources.minilm_encoder_dir() / "model.safetensors"

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -26,6 +27,9 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase, get_linear_sc
 from heedful.engine.perturb import remove_tokens
 from heedful.render.progress import progress_bar as render_progress
 from heedful.threads import torch_threads
+
+if TYPE_CHECKING:
+    from heedful.evaluate.roar import Retrainer
 
 
 @dataclass(frozen=True)
@@ -125,11 +129,19 @@ def _fine_tune_all(model, tokenizer, texts, targets, config: TrainConfig, bar: P
         inputs = encode(tokenizer, [texts[i] for i in rows], config.max_length)
         return model(**inputs, labels=labels[rows]).loss
 
+    return _fit_all(model, config, len(texts), batch_loss, bar, description)
+
+
+def _fit_all(
+    model: PreTrainedModel, config: TrainConfig, n_examples: int, batch_loss: Callable[[list[int]], torch.Tensor], bar: Progress, description: str
+) -> dict:
+    """Every parameter of ``model`` trained by :func:`_train` on ``batch_loss`` (train mode while
+    it runs, eval mode after); the run's :func:`_summary`."""
     start = time.perf_counter()
     model.train()
-    losses = _train(config, len(texts), list(model.parameters()), batch_loss, bar, description)
+    losses = _train(config, n_examples, list(model.parameters()), batch_loss, bar, description)
     model.eval()
-    return _summary(config, len(texts), losses, start)
+    return _summary(config, n_examples, losses, start)
 
 
 def _train(
@@ -187,15 +199,30 @@ def predict(
 ) -> np.ndarray:
     """Logits (or regression outputs) of ``model`` for ``texts``, shape [n, num_labels]."""
     texts = list(texts)
+    return _predict_batches(
+        model, len(texts), lambda rows: encode(tokenizer, [texts[i] for i in rows], max_length), batch_size, progress, description
+    )
+
+
+@torch.no_grad()
+def _predict_batches(
+    model: PreTrainedModel,
+    n_examples: int,
+    inputs_of: Callable[[list[int]], Mapping[str, torch.Tensor]],
+    batch_size: int,
+    progress: bool | Progress,
+    description: str,
+) -> np.ndarray:
+    """Logits ``[n, num_labels]`` of ``model`` (eval mode) on ``inputs_of(rows)`` for consecutive
+    rows, ``batch_size`` at a time."""
     model.eval()
     outputs: list[np.ndarray] = []
-    with progress_bar(progress) as bar:
-        task = bar.add_task(description, total=len(texts), info="")
-        for first in range(0, len(texts), batch_size):
-            chunk = texts[first : first + batch_size]
-            inputs = encode(tokenizer, chunk, max_length)
-            outputs.append(model(**inputs).logits.float().numpy())
-            bar.update(task, advance=len(chunk))
+    with _shown(progress) as bar:
+        task = bar.add_task(description, total=n_examples, info="")
+        for first in range(0, n_examples, batch_size):
+            rows = list(range(first, min(first + batch_size, n_examples)))
+            outputs.append(model(**inputs_of(rows)).logits.float().numpy())
+            bar.update(task, advance=len(rows))
     return np.concatenate(outputs, axis=0)
 
 
@@ -377,8 +404,80 @@ def _fine_tune_with_removal(model, tokenizer, texts, targets, config: RemovalTra
         inputs = randomly_removed(dict(enc), special, config.removal_max, replacement, tokenizer.pad_token_id, generator)
         return model(**inputs, labels=labels[rows]).loss
 
-    start = time.perf_counter()
-    model.train()
-    losses = _train(config, len(texts), list(model.parameters()), batch_loss, bar, "training with removal")
-    model.eval()
-    return _summary(config, len(texts), losses, start)
+    return _fit_all(model, config, len(texts), batch_loss, bar, "training with removal")
+
+
+# ---------------------------------------------------------------------------- encoded inputs
+def encoded_rows(inputs: Mapping[str, torch.Tensor], rows: Sequence[int]) -> dict[str, torch.Tensor]:
+    """The ``rows`` of encoded ``inputs`` (``input_ids``, ``attention_mask``, optional
+    ``token_type_ids``, each ``[M, N]``), cut to the positions one of them uses: a batch padded
+    to its own longest row, as :func:`encode` pads texts."""
+    picked = {name: tensor[list(rows)] for name, tensor in inputs.items()}
+    used = picked["attention_mask"].bool().any(dim=0)
+    return {name: tensor[:, used] for name, tensor in picked.items()}
+
+
+@contextmanager
+def _shown(progress: bool | Progress) -> Iterator[Progress]:
+    """``progress`` itself when it is a running display (its tasks join it), else a new one
+    (silent when false)."""
+    if isinstance(progress, Progress):
+        yield progress
+        return
+    with progress_bar(bool(progress)) as bar:
+        yield bar
+
+
+def fine_tune_encoded(
+    model: PreTrainedModel,
+    inputs: Mapping[str, torch.Tensor],
+    targets: Sequence[float] | np.ndarray,
+    config: TrainConfig,
+    progress: bool | Progress = True,
+    description: str = "training",
+) -> dict:
+    """Fine-tune every parameter of ``model`` in place, as :func:`fine_tune` does with a
+    :class:`TrainConfig`, on inputs already encoded (``[M, N]`` tensors, :func:`encoded_rows`):
+    token ids no text decodes back to -- an evaluation's ``[MASK]`` replacements in ROAR
+    (:mod:`heedful.evaluate.roar`). ``progress``: show bars, or a running display to add them to."""
+    labels = _targets_tensor(targets, model.config.problem_type == "regression")
+    n_examples = int(inputs["input_ids"].shape[0])
+    if len(labels) != n_examples:
+        raise ValueError(f"{n_examples} encoded rows but {len(labels)} targets")
+
+    def batch_loss(rows: list[int]) -> torch.Tensor:
+        return model(**encoded_rows(inputs, rows), labels=labels[rows]).loss
+
+    with _shown(progress) as bar, torch_threads(config.threads):
+        return _fit_all(model, config, n_examples, batch_loss, bar, description)
+
+
+def predict_encoded(
+    model: PreTrainedModel,
+    inputs: Mapping[str, torch.Tensor],
+    batch_size: int = 128,
+    progress: bool | Progress = True,
+    description: str = "evaluating",
+) -> np.ndarray:
+    """Logits of ``model`` for encoded ``inputs`` (``[M, N]`` tensors), shape ``[M, num_labels]``."""
+    n_examples = int(inputs["input_ids"].shape[0])
+    return _predict_batches(model, n_examples, lambda rows: encoded_rows(inputs, rows), batch_size, progress, description)
+
+
+def encoded_retrainer(name: str, fresh: Callable[[int], PreTrainedModel], config: TrainConfig) -> Retrainer:
+    """A :class:`~heedful.evaluate.roar.Retrainer` that builds ``fresh(seed)`` and trains it with
+    ``config`` (its seed replaced by the retrain's) by :func:`fine_tune_encoded`, and predicts by
+    :func:`predict_encoded`. ``name`` says what ``fresh`` starts from (it enters the store's keys
+    with ``config``)."""
+    from heedful.evaluate.roar import Retrainer
+
+    settings = {k: v for k, v in config.to_dict().items() if k != "seed"}
+
+    def fit(model, inputs, targets, seed: int, progress) -> dict:
+        return fine_tune_encoded(model, inputs, targets, replace(config, seed=seed), progress, "retraining")
+
+    def predict(model, inputs, progress) -> np.ndarray:
+        with torch_threads(config.threads):
+            return predict_encoded(model, inputs, config.eval_batch_size, progress, "degraded test")
+
+    return Retrainer(name, settings, config.max_length, fresh, fit, predict)
