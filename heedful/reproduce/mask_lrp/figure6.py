@@ -142,7 +142,7 @@ def _figure6_section(found: _Figure6 | None, run: _DatasetRun, image: str | None
     if found is None or image is None:
         return lines + [f"Not drawn: no {run.dataset} example of this run has a positive gold label and at most "
                         f"{MAX_WORDS} words.", ""]
-    chosen = "classified correctly" if found.correct else "none is classified correctly, so any"
+    chosen = "classified correctly" if found.correct else "whether classified correctly or not (the model gets none of them right)"
     lines += [
         f"The paper draws one positive SST-2 sentence (\"it's a charming and often affecting journey.\"). Here: example "
         f"`{found.example}` of the {run.dataset} test examples of this run, drawn with seed {SEED} from the "
