@@ -290,7 +290,7 @@ def test_deep_model_options_and_what_it_cannot_run(monkeypatch, tmp_path):
     from heedful.reproduce.mask_lrp.deep import _deep_run, supported
 
     plan = report._plan(ReportSettings(store="/tmp/unused"))
-    assert (plan.deep_model, plan.deep_n, plan.deep_head_mask) == ("smollm2-sentiment", 200, None)
+    assert (plan.deep_model, plan.deep_n, plan.deep_head_mask) == ("smollm2-sentiment", report.run.DEEP_N, None)
     assert plan.deep_methods == [m for m in report.run.METHODS if m in report.run.DEEP_METHODS]
     assert "integrated_gradients" not in plan.deep_methods and "mask_lrp" in plan.deep_methods
     quick = report._plan(ReportSettings(quick=True, store="/tmp/unused", options={"methods": "chefer", "deep_model": "none"}))
