@@ -94,11 +94,13 @@ def test_mask_lrp_with_every_head_kept_is_chefer(tiny):
     assert not np.allclose(fewer, fewer_reference)
 
 
+@pytest.mark.parametrize("heads_mean", ["kept", "all"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_literal_mask_lrp_rollout_against_a_plain_loop_over_eq_10_11(tiny, seed):
-    # Song et al. 2024 Eq. 10-11 written out: per layer the mean over the *kept* heads of
-    # (grad A * R_A)^+, plus I, rows normalised, multiplied from the first layer up; the [CLS] row
-    # with its own entry 0. R_A and grad A are the recorded per-head maps of the masked pass.
+def test_literal_mask_lrp_rollout_against_a_plain_loop_over_eq_10_11(tiny, seed, heads_mean):
+    # Song et al. 2024 Eq. 10-11 written out: per layer E_h (grad A * R_A)^+ -- the mean over the
+    # *kept* heads, or (heads_mean="all") over every head of the layer -- plus I, rows normalised,
+    # multiplied from the first layer up; the [CLS] row with its own entry 0. R_A and grad A are the
+    # recorded per-head maps of the masked pass.
     import torch
 
     from heedful.lrp import CheferRules, propagate
@@ -116,17 +118,39 @@ def test_literal_mask_lrp_rollout_against_a_plain_loop_over_eq_10_11(tiny, seed)
         joint = np.eye(n)
         for layer, row in enumerate(mask):
             grads, rels = found.attn_grads[layer][0].double().numpy(), found.maps[layer][0].double().numpy()
-            kept = [h for h, keep in enumerate(row) if keep]
             cam = np.zeros((n, n))
-            for h in kept:
-                cam += np.maximum(grads[h] * rels[h], 0.0) / len(kept)
+            if heads_mean == "all":  # E_h over every head: a cut head's R_A is 0 in the masked pass, so it adds 0
+                for h in range(len(row)):
+                    cam += np.maximum(grads[h] * rels[h], 0.0) / len(row)
+            else:
+                kept = [h for h, keep in enumerate(row) if keep]
+                for h in kept:
+                    cam += np.maximum(grads[h] * rels[h], 0.0) / len(kept)
             step = cam + np.eye(n)
             step /= step.sum(axis=1, keepdims=True)
             joint = step @ joint
         expected = joint[0].copy()
         expected[0] = 0.0
-        got = model.explain(text, "mask_lrp", head_mask=mask).scores
+        got = model.explain(text, "mask_lrp", head_mask=mask, heads_mean=heads_mean).scores
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-7 * np.abs(expected).max())
+
+
+def test_mask_lrp_heads_mean_readings_differ_only_where_a_block_cuts_heads(tiny):
+    from heedful.attribution import get_method
+
+    model = tiny("bert")
+    layers, heads = model.adapter.num_layers, model.adapter.config.num_attention_heads
+    everything = np.ones((layers, heads), int)
+    kept = model.explain(TEXTS[0], "mask_lrp", head_mask=everything).scores
+    np.testing.assert_allclose(model.explain(TEXTS[0], "mask_lrp", head_mask=everything, heads_mean="all").scores, kept, rtol=1e-6)
+    partial = _mask(model, 1)
+    assert 0 < sum(map(sum, partial)) < layers * heads
+    assert not np.allclose(model.explain(TEXTS[0], "mask_lrp", head_mask=partial, heads_mean="all").scores,
+                           model.explain(TEXTS[0], "mask_lrp", head_mask=partial).scores)
+    # stored results of the default reading keep their keys; the other reading gets its own
+    info = get_method("mask_lrp")
+    assert "heads_mean" not in info.key_options(info.bind({"head_mask": partial}))
+    assert info.key_options(info.bind({"head_mask": partial, "heads_mean": "all"}))["heads_mean"] == "all"
 
 
 def test_mask_lrp_variant_options_are_checked(tiny):
@@ -135,6 +159,10 @@ def test_mask_lrp_variant_options_are_checked(tiny):
         model.explain(TEXTS[0], "mask_lrp", head_mask=_mask(model), variant="paper")
     with pytest.raises(InputError, match="reference_scale"):
         model.explain(TEXTS[0], "mask_lrp", head_mask=_mask(model), reference_scale=False)
+    with pytest.raises(InputError, match="heads_mean applies to variant='literal' only"):
+        model.explain(TEXTS[0], "mask_lrp", head_mask=_mask(model), variant="reference", heads_mean="all")
+    with pytest.raises(InputError, match="heads_mean"):
+        model.explain(TEXTS[0], "mask_lrp", head_mask=_mask(model), heads_mean="some")
 
 
 def test_mask_lrp_reads_a_saved_mask_and_the_default_cache(tiny, tmp_path, monkeypatch):

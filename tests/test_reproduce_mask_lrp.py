@@ -31,6 +31,13 @@ def setting(tmp_path_factory):
             writer.writerow([text, "POSITIVE" if i % 2 == 0 else "NEGATIVE"])
     mask = HeadMask.from_array(np.array([[1, 0, 0, 0], [0, 0, 0, 0]]), {"model": "tiny", "dataset": "reviews"})
     mask_path = mask.save(root / "mask.json")
+    # the deeper classifier: a tiny Llama with a score head, and a mask with both kinds of heads (Table 3 runs on it)
+    deep_model, deep_tokenizer = tiny_hf("llama", "classification", initializer_range=0.2)
+    deep_model.save_pretrained(root / "deep")
+    deep_tokenizer.save_pretrained(root / "deep")
+    synt, pos = np.zeros((2, 4, 4), bool), np.zeros((2, 4), bool)
+    synt[1, 2, 0], pos[0, 1], pos[1, 3] = True, True, True
+    deep_mask = HeadMask(synt.any(-1) | pos, synt, pos, {"model": "deep", "dataset": "movies"}).save(root / "deep-mask.json")
     options = {
         "model": str(root / "model"),
         "datasets": [str(data)],
@@ -40,6 +47,8 @@ def setting(tmp_path_factory):
         "random_seeds": 2,
         "batch_size": 2,
         "planted_model": "none",  # the planted section needs a decoder: tested on its own below
+        "deep_model": str(root / "deep"),
+        "deep_head_mask": str(deep_mask),
     }
     return root, options
 
@@ -70,11 +79,34 @@ def test_quick_report_on_tiny_model(setting, tmp_path):
     assert "## Headline ordering with 95 % bootstrap intervals" in text and "Adjacent pairs whose intervals overlap" in text
     assert "## Mask corruption (paper Figure 4)" in text and "| 25% |" in text
     assert "precision@20 is not measured (planted section left out)" in text
+    # Eq. 10's E_h over all heads beside the kept heads, in Table 1 and in words, for both models
+    assert "Ours, E_h over all heads [`mask_lrp`, Eq. 10 as written, `heads_mean=\"all\"`]" in text
+    readings = text[text.index("## E_h over the kept heads or over all heads"):]
+    assert "is a reading of the paper" in readings and "deep " in readings.split("## ")[1]
+    # the deeper classifier: its own Table 1, mask and per-block breakdown
+    deep = text[text.index("## Table 1 on a deeper classifier: `deep`"):]
+    deep = deep[: deep.index("\n## ", 5)]
+    assert "kept 3 of 8 heads (37.5% mask rate)" in deep and "| block | heads kept | syntactic | positional | heads |" in deep
+    assert "| 1 | 2 | 1 | 1 | 2, 3 |" in deep and "GAE [`chefer`]" in deep, deep
+    # Table 3 in full where the ablations ran (the deep mask has both kinds; the main mask has no breakdown)
+    table3 = text[text.index("## Table 3: without positional or without syntactic heads"):]
+    table3 = table3[: table3.index("\n## ", 5)]
+    assert "| Ours w/o M_pos | 1 |" in table3 and "| Ours w/o M_synt | 2 |" in table3 and "0.450 / -6.001 (-0.001 / +0.000)" in table3
+    # Figure 6: decoded words, a row per baseline that ran
+    figure = text[text.index("## One sentence, Mask-LRP against each baseline (paper Figure 6)"):]
+    figure = figure[: figure.index("\n## ", 5)]
+    assert "| GAE |" in figure and "| RawAtt |" in figure and "drawn with seed 0" in figure
+    assert "▁" not in figure and "Ġ" not in figure and "##" not in figure[5:]
     claims = text[text.index("## Claims of the paper against this run"):]  # the report ends with the claims table
     assert "## " not in claims[3:] and "| The selected heads beat random heads" in claims and "cannot be tested here" in claims
+    assert "heads_mean=\"all\"" in claims and "Dropping either mask type barely changes the result" in claims
+    assert "deep " in claims  # the deeper classifier's rows join the claims
+    coverage = text[text.index("## The paper's experiments here"):]
+    assert "| Figure 6: Mask-LRP's scores minus each baseline's on one positive sentence | reproduced |" in coverage
     pngs = sorted(p.name for p in out.glob("*.png"))
     assert pngs == [
-        "mask-lrp-corruption.png", "mask-lrp-curves-reviews.png", "mask-lrp-deletion.png", "mask-lrp-heads.png", "mask-lrp-random-masks.png"
+        "mask-lrp-corruption.png", "mask-lrp-curves-reviews.png", "mask-lrp-deletion.png", "mask-lrp-figure6.png",
+        "mask-lrp-heads.png", "mask-lrp-random-masks.png",
     ]
     for name in pngs:
         assert f"({name})" in text  # every plot is linked from the report
@@ -200,3 +232,75 @@ def test_claims_give_every_data_set_a_verdict_word_and_test_the_margin_on_paired
     assert rows[f"{margin} -- movies"] == "holds"  # +0.15 against a margin of 3.56 % of 0.35
     assert rows[f"{margin} -- amazon"] == "does not hold"  # +0.0001 [-0.003, +0.003]: under a margin of 0.0125
     assert rows["Positional heads sit in earlier blocks, syntactic heads in later ones (Sec. 5.5, Figure 5)"] == "holds"
+
+
+def _with_variants(run, shifts: dict[str, tuple[float, float]], noise: float = 0.01, seed: int = 3):
+    """``run`` with Mask-LRP variants whose per-example AOPC / LOdds are Mask-LRP's shifted by
+    ``shifts[label]`` (plus independent noise)."""
+    from heedful.reproduce.mask_lrp.run import _Variant
+
+    rng = np.random.default_rng(seed)
+    for label, (da, dl) in shifts.items():
+        values = {"aopc": run.values["mask_lrp"]["aopc"] + da + rng.normal(0, noise, len(run.ids)),
+                  "log_odds": run.values["mask_lrp"]["log_odds"] + dl + rng.normal(0, noise, len(run.ids))}
+        run.variants[label] = _Variant(label, ["key"], values, {m: [float(v.mean())] for m, v in values.items()}, {}, {}, 0.1, 1.0)
+    return run
+
+
+def test_table3_claim_gives_every_verdict_from_paired_differences_on_both_metrics():
+    from heedful.reproduce.mask_lrp.claims import _table3_claim
+    from heedful.reproduce.mask_lrp.run import NO_POSITIONAL, NO_SYNTACTIC
+
+    def verdict(shifts, noise=0.01):
+        run = _with_variants(_synthetic_run("movies", {"mask_lrp": 0.2}), shifts, noise)  # full: AOPC ~0.5, LOdds ~-0.5
+        return str(_table3_claim(run)[0]), _table3_claim(run)[1]
+
+    # margins ±0.025 on both metrics (5 % of 0.5)
+    assert verdict({NO_POSITIONAL: (0.0, 0.0), NO_SYNTACTIC: (0.002, -0.002)})[0] == "holds"
+    word, numbers = verdict({NO_POSITIONAL: (0.0, 0.0), NO_SYNTACTIC: (0.0, 0.2)})  # LOdds apart, beyond the margin
+    assert word == "does not hold" and "w/o M_synt − full AOPC" in numbers and "LOdds +0.2" in numbers
+    assert verdict({NO_POSITIONAL: (0.025, 0.0)})[0].startswith("not separated")  # the interval straddles the margin
+    assert verdict({}).__getitem__(0).startswith("cannot be tested here")  # no ablation ran
+
+
+def test_all_heads_claim_and_a_missing_deep_model_in_the_claims_table():
+    from types import SimpleNamespace
+
+    from heedful.reproduce.mask_lrp.claims import _claims_section
+    from heedful.reproduce.mask_lrp.deep import _DeepRun
+    from heedful.reproduce.mask_lrp.run import ALL_HEADS
+
+    gains = {"raw_attention": 0.0, "chefer": 0.05, "mask_lrp": 0.0}
+    movies = _with_variants(_synthetic_run("movies", gains), {ALL_HEADS: (0.1, -0.1)})  # all heads: ahead of GAE
+    amazon = _with_variants(_synthetic_run("amazon", gains, seed=1), {ALL_HEADS: (0.05, -0.05)})  # level with GAE
+    mask = SimpleNamespace(positional=np.array([1, 0]), syntactic=np.array([[0], [1]]), shape=(2, 1))
+    missing = _DeepRun("smollm2-sentiment", None, missing="`smollm2-sentiment` is not built on this machine")
+    lines = _claims_section([movies, amazon], mask, None, {}, missing)
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ")[1] for line in lines if line.startswith("| ") and " | " in line}
+    all_heads = '… the same with Eq. 10\'s E_h over all heads (heads_mean="all"; a reading, see above)'
+    assert rows[f"{all_heads} -- movies"] == "holds" and rows[f"{all_heads} -- amazon"].startswith("not separated")
+    deep = "The Table 1 and Table 3 claims above on a deeper classifier (Table 1; here the analogue on `smollm2-sentiment`)"
+    assert rows[deep] == "cannot be tested here (`smollm2-sentiment` is not built on this machine)"
+
+
+def test_deep_model_options_and_what_it_cannot_run(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    from heedful import zoo
+    from heedful.reproduce.mask_lrp.deep import _deep_run, supported
+
+    plan = report._plan(ReportSettings(store="/tmp/unused"))
+    assert (plan.deep_model, plan.deep_n, plan.deep_head_mask) == ("smollm2-sentiment", report.run.DEEP_N, None)
+    assert plan.deep_methods == [m for m in report.run.METHODS if m in report.run.DEEP_METHODS]
+    assert "integrated_gradients" not in plan.deep_methods and "mask_lrp" in plan.deep_methods
+    quick = report._plan(ReportSettings(quick=True, store="/tmp/unused", options={"methods": "chefer", "deep_model": "none"}))
+    assert quick.deep_model is None and quick.deep_n == 4 and quick.deep_methods == ["chefer", "mask_lrp"]
+    # a zoo model that is not built is named, never built (that takes the better part of an hour)
+    monkeypatch.setattr(zoo, "is_built", lambda name: False)
+    monkeypatch.setattr("heedful.load", lambda *a, **k: pytest.fail("the report must not load or build it"))
+    found = _deep_run(plan, None)
+    assert found.run is None and found.missing == "`smollm2-sentiment` is not built on this machine (`heedful models build smollm2-sentiment` builds it)"
+    # methods a model cannot run are left out with what it lacks
+    adapter = SimpleNamespace(task="classification", provides=lambda need: need not in ("attentions", "attention_flow"))
+    runs, skipped = supported(["raw_attention", "grad_x_input"], adapter)
+    assert runs == ["grad_x_input"] and skipped == {"raw_attention": "needs attentions"}

@@ -77,10 +77,12 @@ def test_mask_lrp_quick_report_and_rerun(zoo_ready, tmp_path: Path, writes: Coun
         "mask-lrp", tmp_path, writes, 3,
         head_mask=mask.save(tmp_path / "mask.json"), datasets="movies", mask_seeds=2, random_seeds=2,
         ig_steps=2, planted_model="none",  # the planted section: tests/test_reproduce_mask_lrp.py, tiny decoder
+        deep_model="none",  # the deeper classifier's section: tests/test_reproduce_mask_lrp.py, tiny Llama classifier
     )
     for text in (first, second):
         assert "smoke run" in text and "n = 3" in text and "Table 1 analogue" in text
         assert "Ours (Mask-LRP)" in text and "6 of 72 heads kept" in text
+        assert "## E_h over the kept heads or over all heads: a reading of Eq. 10" in text and "## Table 3: without" in text
         assert "## Headline ordering with 95 % bootstrap intervals" in text
         assert "## Claims of the paper against this run" in text
     assert sorted(p.name for p in (tmp_path / "second").glob("*.png")) == sorted(

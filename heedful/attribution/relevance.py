@@ -23,7 +23,7 @@ from heedful.attribution.attention_gradient import (
 from heedful.engine.batch import Batch
 from heedful.engine.chunks import length_chunks
 from heedful.engine.memory import Need, require
-from heedful.engine.options import OPEN_UNIT, UNIT
+from heedful.engine.options import KEYED_WHEN_SET, OPEN_UNIT, UNIT
 from heedful.engine.problem import Problem
 from heedful.errors import InputError
 from heedful.lrp import rule_set
@@ -33,6 +33,10 @@ from heedful.lrp.rules import MASK_VARIANTS, MaskVariant
 from heedful.registry import register
 
 RELPROP_COST = "1 forward + 1 backward + 1 relevance pass"
+
+HeadsMean = Literal["kept", "all"]
+"""Song et al. 2024 Eq. 10's ``E_h`` under a head mask: the mean over the block's kept heads, or
+over all its heads with the cut heads contributing 0."""
 
 
 def lrp_reference(rules: str) -> Callable[..., LRPForward]:
@@ -103,14 +107,19 @@ def relevance_rollout(maps: list[torch.Tensor], start_layer: int = 0) -> torch.T
 
 
 def _weighted_maps(
-    grads: list[torch.Tensor], maps: dict[int, torch.Tensor], heads: torch.Tensor | None = None
+    grads: list[torch.Tensor], maps: dict[int, torch.Tensor], heads: torch.Tensor | None = None, heads_mean: str = "kept"
 ) -> list[torch.Tensor]:
     """``Abar_l = mean_h (grad A_l * R_A_l)^+`` per layer ``[B, N, N]`` (``grads``, ``maps``:
-    ``[B, H, N, N]`` per layer). With ``heads`` ``[L, H]`` (0/1) the mean runs over layer ``l``'s
-    kept heads only (Song et al. 2024 Eq. 10); a layer that keeps none gives ``Abar_l = 0``."""
+    ``[B, H, N, N]`` per layer). With ``heads`` ``[L, H]`` (0/1) only layer ``l``'s kept heads
+    enter (Song et al. 2024 Eq. 10), divided by their number ``|K_l|`` (``heads_mean="kept"``; a
+    layer that keeps none gives ``Abar_l = 0``) or by all ``H`` heads, the cut ones counted as 0
+    (``"all"``)."""
     if heads is None:
         return [(g * maps[layer]).clamp(min=0).mean(dim=1) for layer, g in enumerate(grads)]
-    weights = heads / heads.sum(dim=1, keepdim=True).clamp(min=1)  # [L, H]: 1/|K_l| on kept heads
+    if heads_mean == "all":
+        weights = heads / heads.shape[1]  # [L, H]: 1/H on kept heads, 0 on cut ones
+    else:
+        weights = heads / heads.sum(dim=1, keepdim=True).clamp(min=1)  # [L, H]: 1/|K_l| on kept heads
     kept = [(g * maps[layer]).clamp(min=0) for layer, g in enumerate(grads)]  # float32 maps: float32 products
     return [torch.einsum("bhij,h->bij", k, weights[layer].to(k)) for layer, k in enumerate(kept)]
 
@@ -171,13 +180,16 @@ def chefer(problem: Problem, *, start_layer: int = 0) -> torch.Tensor:
     return _rollout_scores(problem, start_layer)
 
 
-def _rollout_scores(problem: Problem, start_layer: int, kept_heads: torch.Tensor | None = None, **options: Any) -> torch.Tensor:
-    """Chefer's rollout of ``mean_h (grad A * R_A)^+`` per chunk (the mean over ``kept_heads``
-    ``[L, H]`` only, when given), anchor rows ``[B, N]``."""
+def _rollout_scores(
+    problem: Problem, start_layer: int, kept_heads: torch.Tensor | None = None, heads_mean: str = "kept", **options: Any
+) -> torch.Tensor:
+    """Chefer's rollout of ``mean_h (grad A * R_A)^+`` per chunk (with ``kept_heads`` ``[L, H]``
+    only those heads enter, the mean as ``heads_mean`` says, :func:`_weighted_maps`), anchor rows
+    ``[B, N]``."""
     parts = []
     for chunk, found in _passes(problem, "chefer", gradients=True, maps=True, inputs=False, **options):
         start = _start_layer(start_layer, len(found.probs))
-        joint = relevance_rollout(_weighted_maps(found.attn_grads, found.maps, kept_heads), start)
+        joint = relevance_rollout(_weighted_maps(found.attn_grads, found.maps, kept_heads, heads_mean), start)
         parts.append((chunk, _anchor_row(joint, problem.anchor[chunk.rows])))
     return _scatter(problem.batch, parts)
 
@@ -201,6 +213,7 @@ def mask_lrp(
     ablation: Ablation | None = None,
     ablation_seed: int = 0,
     corruption_rate: Annotated[float, UNIT] = 0.1,
+    heads_mean: Annotated[HeadsMean, KEYED_WHEN_SET] = "kept",
 ) -> torch.Tensor:
     """Chefer's rollout of the relevance that flows through selected syntactic and positional heads.
 
@@ -225,6 +238,12 @@ def mask_lrp(
     the only way left to conserve it. Eq. 10: ``Abar_b = mean_{h in K_b} (grad A_b^h * R_A_b^h)^+``
     over the kept heads ``K_b`` only, with ``R_A`` the renormalised relevance of ``A``
     (``Abar_b = 0`` when ``K_b`` is empty). A mask of ones is :func:`chefer` exactly.
+
+    ``heads_mean`` (literal variant only) is a reading of Eq. 10's ``E_h``, which the paper does
+    not spell out under a mask: ``"kept"`` (default) divides by ``|K_b|``; ``"all"`` takes the
+    mean over all ``H`` heads of the block, the cut heads contributing 0 (their ``R_A`` is 0), so
+    ``Abar_b = (|K_b| / H) mean_{h in K_b} (...)^+``: a block keeping few heads moves the rollout
+    less. Both agree for a mask of ones and for blocks that keep every head.
 
     ``variant="reference"`` (the authors' code, ExplanationGenerator.MGAE): no renormalisation --
     the cut heads' relevance is lost, blocks do not conserve; the map used for the rollout is
@@ -254,6 +273,11 @@ def mask_lrp(
         raise InputError(f"unknown Mask-LRP variant {variant!r}", hint="use one of: " + ", ".join(MASK_VARIANTS))
     if variant == "literal" and not reference_scale:
         raise InputError("reference_scale applies to variant='reference' only", hint="drop it, or pass variant='reference'")
+    if variant == "reference" and heads_mean != "kept":
+        raise InputError(
+            "heads_mean applies to variant='literal' only",
+            hint="the authors' code already averages every head's unmasked map; drop heads_mean or pass variant='literal'",
+        )
     adapter = problem.adapter
     adapter.lrp_roles("chefer")  # an unmapped family fails here, before any head statistics are computed
     mask = default_head_mask(adapter, xi_synt=xi_synt, xi_pos=xi_pos) if head_mask is None else as_head_mask(head_mask)
@@ -264,6 +288,7 @@ def mask_lrp(
         problem,
         start_layer,
         kept_heads=heads if variant == "literal" else None,
+        heads_mean=heads_mean,
         head_mask=heads,
         mask_variant=variant,
         reference_scale=reference_scale,

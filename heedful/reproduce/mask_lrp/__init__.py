@@ -1,7 +1,11 @@
 """Mask-LRP reproduction report (Song et al. 2024, "Better Explain Transformers by Illuminating
 Important Information"): the analogue of its Table 1, its AOPC / LOdds curves against the
-corruption rate k (Figure 3), the deletion curve, the head map (Figure 5) and the random-mask
-ablation (Table 1's "Random" row), on a zoo sentiment model.
+corruption rate k (Figure 3), the deletion curve, the head map (Figure 5), the random-mask
+ablation (Table 1's "Random" row), Table 3 in full (without positional / syntactic heads, AOPC and
+LOdds with paired differences) and Figure 6 (one positive sentence, Mask-LRP's word scores minus
+each baseline's), on a zoo sentiment model; Eq. 10's E_h read both as the mean over the kept heads
+(``mask_lrp``'s default) and over all heads (``heads_mean="all"``); and Table 1 once more on a
+deeper classifier with its own head mask (:mod:`~heedful.reproduce.mask_lrp.deep`).
 
 Everything runs through :func:`heedful.evaluate.run_bench` with the ``mask-lrp`` protocol preset
 (:mod:`heedful.evaluate.protocol`): gold label, tokens replaced by id 0 in descending score order,
@@ -24,6 +28,13 @@ Report options (``heedful reproduce mask-lrp -O key=value``): ``model`` (zoo nam
 section alone and writes ``<out>/mask-lrp-planted.md`` (never the full report). ``dataset_n``
 (``NAME:N,...``: examples per data set, default ``amazon:500``: every amazon test snippet of at least 20 tokens, 246), ``corruption_seeds``, ``extras``
 (data sets that get the corruption curve and the threshold sweep; default the first, ``none``).
+The deeper classifier's section: ``deep_model`` (default ``smollm2-sentiment``; ``none`` leaves the
+section out; a zoo model that is not built is named in the report, never built by it), ``deep_n``
+(examples of the first data set; default :data:`~heedful.reproduce.mask_lrp.run.DEEP_N`, 4 with
+``--quick``), ``deep_methods`` (default: those of ``methods`` among
+:data:`~heedful.reproduce.mask_lrp.run.DEEP_METHODS`; methods the model cannot run are named with
+the reason), ``deep_head_mask`` (a saved mask; default the model's own, selected from the
+movie-review train split as the planted model's is).
 """
 
 from __future__ import annotations
@@ -34,6 +45,8 @@ from pathlib import Path
 
 from heedful.reproduce import ReportSettings
 from heedful.reproduce.mask_lrp.claims import _claims_section
+from heedful.reproduce.mask_lrp.deep import _deep_run
+from heedful.reproduce.mask_lrp.figure6 import _figure6_data, _figure6_title, _plot_figure6
 from heedful.reproduce.mask_lrp.markdown import _markdown, _planted_section
 from heedful.reproduce.mask_lrp.plots import (
     VARIANT_ROWS,
@@ -104,12 +117,16 @@ def write(out_dir: Path, settings: ReportSettings) -> Path:
     files["ablation"] = _plot_ablation(runs, out_dir / f"{NAME}-random-masks.png").name
     if "chefer" in runs[0].values and any(k.startswith("mask_lrp (corrupted") for k in runs[0].variants):
         files["corruption"] = _plot_corruption(runs[0], out_dir / f"{NAME}-corruption.png").name
+    figure = _figure6_data(plan, runs[0])
+    if figure is not None:
+        files["figure6"] = _plot_figure6(figure, _figure6_title(figure, runs[0]), out_dir / f"{NAME}-figure6.png").name
     conservation = _conservation(model, plan.datasets[0], plan.split, mask)
+    deep = _deep_run(plan, protocol) if plan.deep_model is not None else None
     planted = _planted_run(plan) if plan.planted_model is not None else None
     report = out_dir / f"{NAME}.md"
     report.write_text(
-        "\n".join([_markdown(plan, runs, mask, files, time.perf_counter() - began, planted, conservation),
-                   *_claims_section(runs, mask, planted, conservation)]),
+        "\n".join([_markdown(plan, runs, mask, files, time.perf_counter() - began, planted, conservation, deep, figure),
+                   *_claims_section(runs, mask, planted, conservation, deep)]),
         encoding="utf-8",
     )
     return report

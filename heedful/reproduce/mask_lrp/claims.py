@@ -4,10 +4,12 @@ on why the Mask-LRP ordering comes out as it does."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
 from heedful.reproduce.mask_lrp.run import (
+    ALL_HEADS,
     NO_POSITIONAL,
     NO_SYNTACTIC,
     PAPER_ROWS,
@@ -67,7 +69,7 @@ def _why_section(runs: list[_DatasetRun], mask, planted: _PlantedRun | None, con
         pempty = sum(1 for layer in range(pm.shape[0]) if not pm.mask[layer].any())
         lines[-1] += (
             f" For comparison, `{planted.result.model_name.rsplit('@', 1)[0]}` ({pm.shape[0]} blocks x {pm.shape[1]} heads, "
-            "the zoo's only deeper model; no 12-layer encoder is available here), selected the same way from the same "
+            "the planted section's causal LM; no 12-layer encoder is available here), selected the same way from the same "
             f"movie-review train split: {int(pm.mask.sum())} kept ({pm.rate:.1%}); per block — {_layers_of(pm)}; "
             f"{pempty} of {pm.shape[0]} blocks keep no head."
         )
@@ -185,17 +187,40 @@ def _reading(runs: list[_DatasetRun], mask, conservation: dict[str, dict[str, fl
 
 
 BARELY = 0.05
-"""'Barely changes' (Table 3): the paired AOPC difference within this share of the full mask's AOPC."""
+"""'Barely changes' (Table 3): each paired difference within this share of the full mask's value."""
 
 
-def _claims_section(runs: list[_DatasetRun], mask, planted: _PlantedRun | None, conservation: dict[str, dict[str, float]]) -> list[str]:
+def _table3_claim(run: _DatasetRun):
+    """Table 3's "dropping either mask type barely changes the result" on one run: for each
+    ablation that ran and each metric, an equivalence verdict of the paired difference from the
+    full mask against a margin of :data:`BARELY` times the full mask's value; all must hold."""
+    parts, verdicts = [], []
+    for label, name in ((NO_POSITIONAL, "w/o M_pos"), (NO_SYNTACTIC, "w/o M_synt")):
+        if label not in run.variants:
+            continue
+        found = []
+        for metric, short in (("aopc", "AOPC"), ("log_odds", "LOdds")):
+            d, margin = _difference(run, label, "mask_lrp", metric), BARELY * abs(_ours(run, "mask_lrp", metric)[0])
+            verdicts.append(equivalence_verdict(d, margin))
+            found.append(f"{short} {interval_text(*d, 4, sign=True)} (±{margin:.4f})")
+        parts.append(f"{name} − full " + ", ".join(found))
+    return all_of(verdicts), "; ".join(parts)
+
+
+def _claims_section(runs: list[_DatasetRun], mask, planted: _PlantedRun | None, conservation: dict[str, dict[str, float]],
+                    deep: Any = None) -> list[str]:
     """Every claim of the paper against this run with a verdict of the toolkit (one row per data
-    set where the data sets disagree) and the number behind it (all computed above in this run)."""
+    set where the data sets disagree) and the number behind it (all computed above in this run).
+    ``deep``: the deeper classifier's run (:class:`~heedful.reproduce.mask_lrp.deep._DeepRun`),
+    whose data set joins the main model's in every Table 1 and Table 3 claim."""
     rows: list[tuple[str, str, str]] = []
+    main = runs
+    if deep is not None and deep.run is not None:
+        runs = [*runs, deep.run]
 
-    def per_dataset(claim: str, fn) -> list[tuple[str, str, str]]:
+    def per_dataset(claim: str, fn, among: list[_DatasetRun] | None = None) -> list[tuple[str, str, str]]:
         """One row when every data set gives the claim the same verdict, else one row per data set."""
-        found = [(run.dataset, str(v), n) for run in runs for v, n in [fn(run)]]
+        found = [(run.name, str(v), n) for run in (runs if among is None else among) for v, n in [fn(run)]]
         if len({v for _, v, _ in found}) == 1:
             return [(claim, found[0][1], "; ".join(f"{d}: {n}" for d, _, n in found))]
         return [(f"{claim} -- {d}", v, n) for d, v, n in found]
@@ -237,8 +262,12 @@ def _claims_section(runs: list[_DatasetRun], mask, planted: _PlantedRun | None, 
     rows += per_dataset("The selected heads beat random heads of the same rate (Table 1 \"Random\", Sec. 5.4 Q1)", beats("mask_lrp", RANDOM_MASK))
     rows += per_dataset("… the same in the authors' code's form (variant=\"reference\")", beats(REFERENCE, RANDOM_REFERENCE))
     rows += per_dataset("Cutting irrelevant heads improves on the unmasked rollout GAE (contribution 2; Table 1 Ours vs GAE)", beats("mask_lrp", "chefer"))
+    with_all = [r for r in runs if ALL_HEADS in r.variants]
+    if with_all:
+        rows += per_dataset("… the same with Eq. 10's E_h over all heads (heads_mean=\"all\"; a reading, see above)",
+                            beats(ALL_HEADS, "chefer"), with_all)
     rows += per_dataset("Even a random mask beats GAE (Sec. 5.4 Q2)", beats(RANDOM_MASK, "chefer"))
-    first = runs[0]
+    first = main[0]
     if any(k.startswith("mask_lrp (corrupted") for k in first.variants):
         rho_a, rho_l = _corruption_trend(first)
         _, da, dl = _verdict(first, "mask_lrp", "chefer")
@@ -250,22 +279,13 @@ def _claims_section(runs: list[_DatasetRun], mask, planted: _PlantedRun | None, 
             f"{first.dataset}: Spearman rho of mean against rate AOPC {rho_a:+.2f}, LOdds {rho_l:+.2f}; 0 % − 100 % AOPC "
             f"{interval_text(*da, sign=True)}, LOdds {interval_text(*dl, sign=True)}",
         ))
-    if NO_POSITIONAL in first.variants:
-        def table3(run: _DatasetRun):
-            parts, verdicts = [], []
-            margin = BARELY * abs(_ours(run, "mask_lrp", "aopc")[0])
-            for label, name in ((NO_POSITIONAL, "w/o M_pos"), (NO_SYNTACTIC, "w/o M_synt")):
-                if label not in run.variants:
-                    continue
-                d = _difference(run, label, "mask_lrp", "aopc")
-                verdicts.append(equivalence_verdict(d, margin))
-                parts.append(f"{name} − full AOPC {interval_text(*d, 4, sign=True)}")
-            return all_of(verdicts), ", ".join(parts) + f" (margin ±{margin:.4f})"
-
+    ablated = [r for r in runs if NO_POSITIONAL in r.variants or NO_SYNTACTIC in r.variants]
+    if ablated:
         rows += per_dataset(f"Dropping either mask type barely changes the result (Table 3; tested: the paired difference "
-                            f"within ±{BARELY:.0%} of the full mask's AOPC)", table3)
-    if "alti" in first.values:
-        rows += per_dataset("Mask-LRP beats ALTC/ALTI (Table 4)", beats("mask_lrp", "alti"))
+                            f"of AOPC and of LOdds within ±{BARELY:.0%} of the full mask's value)", _table3_claim, ablated)
+    with_alti = [r for r in runs if "alti" in r.values]
+    if with_alti:
+        rows += per_dataset("Mask-LRP beats ALTC/ALTI (Table 4)", beats("mask_lrp", "alti"), with_alti)
     else:
         rows.append(("Mask-LRP beats ALTC/ALTI (Table 4)", str(untestable("`alti` not in this run's methods")), "–"))
 
@@ -277,6 +297,8 @@ def _claims_section(runs: list[_DatasetRun], mask, planted: _PlantedRun | None, 
     models = [(first.result.model_name.rsplit("@", 1)[0], mask)]
     if planted is not None and planted.mask is not None:
         models.append((planted.result.model_name.rsplit("@", 1)[0], planted.mask))
+    if deep is not None and deep.mask is not None:
+        models.append((deep.model, deep.mask))
     found = [(name, *depth(m), m.shape[0]) for name, m in models]
     claim = "Positional heads sit in earlier blocks, syntactic heads in later ones (Sec. 5.5, Figure 5)"
     each = {n: exact_verdict(p < s) if math.isfinite(p) and math.isfinite(s) else untestable("a mask without both head kinds")
@@ -311,9 +333,15 @@ def _claims_section(runs: list[_DatasetRun], mask, planted: _PlantedRun | None, 
         ))
     else:
         rows.append(("Higher precision@20 than Rollout, RawAtt and AttCAT on QA (Table 2)", str(untestable("the planted section did not run")), "–"))
+    if deep is not None and deep.run is None:
+        rows.append(("The Table 1 and Table 3 claims above on a deeper classifier (Table 1; here the analogue on "
+                     f"`{deep.model}`)", str(untestable(deep.missing)), "–"))
+    instead = f"instead: a {mask.shape[0]}-block `{first.result.model_name.rsplit('@', 1)[0]}` on " + " / ".join(r.dataset for r in main)
+    if deep is not None and deep.run is not None:
+        instead += f"; a {deep.mask.shape[0]}-block `{deep.model}` on {deep.run.dataset}"
     rows += [
         ("The results hold for BERT-base on SST-2, IMDB, Yelp, MNLI, QQP and on SQuAD v1/v2 with BERT, GPT-2, RoBERTa",
-         str(untestable("no such checkpoints or data on this machine (docs: MODELS.md)")), "a 6-block MiniLM on movie / product snippets instead"),
+         str(untestable("no such checkpoints or data on this machine (docs: MODELS.md)")), instead),
     ]
     lines = [
         "## Claims of the paper against this run",

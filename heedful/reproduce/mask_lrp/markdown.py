@@ -11,6 +11,7 @@ import numpy as np
 from heedful.reproduce.mask_lrp.claims import _why_section
 from heedful.reproduce.mask_lrp.plots import VARIANT_ROWS
 from heedful.reproduce.mask_lrp.run import (
+    ALL_HEADS,
     CORRUPTION_RATES,
     DATASET_NOTES,
     EXTRA_NOTES,
@@ -25,6 +26,7 @@ from heedful.reproduce.mask_lrp.run import (
     _DatasetRun,
     _Plan,
     _PlantedRun,
+    _time_label,
     _timings,
 )
 from heedful.reproduce.mask_lrp.statistics import (
@@ -53,7 +55,7 @@ def _planted_section(plan: _Plan, run: _PlantedRun) -> list[str]:
     n, k = len(run.ids), result.spec.protocol.precision_k
     answered = int(run.answered.sum())
     times = _timings(plan, [run])
-    computed = times.get(f"{run.dataset}|{plan.split}|{result.n_examples}", run.seconds)
+    computed = times.get(_time_label(run, plan.split), run.seconds)
     planted, question, target, distractors = run.example
     lines = [
         "## Token precision@20 on planted long contexts",
@@ -219,7 +221,7 @@ def _dataset_table(run: _DatasetRun, methods: list[str]) -> tuple[list[str], dic
     r_pap_a, r_pap_l = _ranks(paper_aopc, True), _ranks(paper_lodds, False)
     col = paper_col or "–"
     lines = [
-        f"### {run.dataset} ({run.result.spec.split}, n = {run.result.n_examples}) beside the paper's {col}",
+        f"### {run.name} ({run.result.spec.split}, n = {run.result.n_examples}) beside the paper's {col}",
         "",
         f"| paper row [heedful method] | AOPC ↑ ours [95% CI] | LOdds ↓ ours [95% CI] | AOPC ↑ paper {col} | LOdds ↓ paper {col} | "
         "rank AOPC ours / paper | rank LOdds ours / paper |",
@@ -242,7 +244,8 @@ def _dataset_table(run: _DatasetRun, methods: list[str]) -> tuple[list[str], dic
             f"| {name} | {cell(m, 'aopc')} | {cell(m, 'log_odds')} | {pa} | {pl} | "
             f"{r_ours_a.get(m, '–')} / {r_pap_a.get(m, '–')} | {r_ours_l.get(m, '–')} / {r_pap_l.get(m, '–')} |"
         )
-    for m, name in ((REFERENCE, "Ours, the authors' code [`mask_lrp`, `variant=\"reference\"`]"),
+    for m, name in ((ALL_HEADS, "Ours, E_h over all heads [`mask_lrp`, Eq. 10 as written, `heads_mean=\"all\"`]"),
+                    (REFERENCE, "Ours, the authors' code [`mask_lrp`, `variant=\"reference\"`]"),
                     (RANDOM_REFERENCE, "Random, the authors' code [`mask_lrp`, `variant=\"reference\"`, random heads]")):
         if m in run.variants:
             lines.append(f"| {name} | {cell(m, 'aopc')} | {cell(m, 'log_odds')} | – | – | – | – |")
@@ -273,7 +276,7 @@ def _ordering_notes(run: _DatasetRun, found: dict[str, Any]) -> list[str]:
     col = found["paper_col"]
     oa, ol = found["ours_aopc"], found["ours_lodds"]
     pa, pl = found["paper_aopc"], found["paper_lodds"]
-    lines = [f"**{run.dataset} vs the paper's {col}:**", ""]
+    lines = [f"**{run.name} vs the paper's {col}:**", ""]
     if not col:
         return lines + ["- no paper column to compare with.", ""]
     best_a = [PAPER_ROWS[m] for m, r in found["rank_ours_aopc"].items() if r == 1]
@@ -292,7 +295,9 @@ def _ordering_notes(run: _DatasetRun, found: dict[str, Any]) -> list[str]:
                    ("mask_lrp", RANDOM_MASK, "Mask-LRP minus the random-mask rollout"),
                    (REFERENCE, "chefer", "the authors' code minus GAE"),
                    (REFERENCE, RANDOM_REFERENCE, "the authors' code minus its random-mask rollout"),
-                   ("mask_lrp", REFERENCE, "Eq. 10 as written minus the authors' code")]
+                   ("mask_lrp", REFERENCE, "Eq. 10 as written minus the authors' code"),
+                   (ALL_HEADS, "chefer", "Mask-LRP with E_h over all heads minus GAE"),
+                   (ALL_HEADS, "mask_lrp", "E_h over all heads minus E_h over the kept heads")]
     for a, b, label in comparisons:
         if _values(run, a, "aopc") is None or _values(run, b, "aopc") is None:
             continue
@@ -487,30 +492,55 @@ def _cost_table(runs: list[_DatasetRun], methods: list[str]) -> list[str]:
 PAPER_EXPERIMENTS: tuple[tuple[str, str, str], ...] = (
     ("Table 1: AOPC and LOdds of the eight baselines, Mask-LRP and the random mask on SST-2 and Yelp (BERT-base)",
      "analogue", "MiniLM-L6 (`minilm-sentiment`) on the movie snippets (beside SST-2) and the product snippets (beside "
-     "Yelp), the paper's protocol (`mask-lrp` preset), both Mask-LRP variants"),
+     "Yelp), the paper's protocol (`mask-lrp` preset), both Mask-LRP variants and both readings of Eq. 10's E_h; the "
+     "same on a deeper classifier (`smollm2-sentiment`, 30 blocks, movie snippets) with its own head mask"),
     ("Table 1: the IMDB, MNLI and QQP columns", "not reproduced",
      "no such data or classifier ships here (docs: MODELS.md)"),
     ("Table 2: precision@20 on SQuAD v1/v2 with BERT, GPT-2 and RoBERTa", "analogue",
      "token precision@20 on planted long contexts with `smollm2-135m` (no QA data ships here)"),
-    ("Table 3: Mask-LRP without positional or without syntactic heads", "analogue",
-     "both ablations on the first data set; their AOPC against the full mask in the claims table"),
+    ("Table 3: Mask-LRP without positional or without syntactic heads (SST-2, QQP)", "analogue",
+     "both ablations, AOPC and LOdds with 95 % intervals and the paired difference from the whole mask, on every "
+     "data set and on the deeper classifier, beside the paper's SST-2 and QQP numbers (no sentence-pair data here)"),
     ("Table 4: against ALTC", "analogue", "heedful's `alti` (Ferrando et al. 2022) as a row of Table 1"),
     ("Figure 3: AOPC and LOdds against the corruption rate k", "reproduced",
      "every method's curves per data set, with the deletion curve beside them"),
     ("Figure 4: corrupting the head mask, from the selected heads to GAE", "reproduced",
      "corruption rates 10 %, 25 %, 50 % on the first data set, with the threshold sweep"),
     ("Figure 5: the syntactic and positional heads per layer", "reproduced", "the head map of the model's mask"),
-    ("Figure 6: relevance visualised layer by layer", "not reproduced",
-     "a qualitative figure of single examples; this report draws no per-example heatmaps (`heedful explain TEXT "
-     "--method mask_lrp --html page.html` draws one)"),
-    ("Appendix figures (further qualitative examples)", "not reproduced",
-     "qualitative heatmaps of single examples, as Figure 6"),
+    ("Figure 6: Mask-LRP's scores minus each baseline's on one positive sentence", "reproduced",
+     "one positive movie-review test sentence (seeded choice), a row per baseline and per Table 3 ablation, words "
+     "green where Mask-LRP scores higher and red where lower (`mask-lrp-figure6.png`); the words the paper reads off "
+     "its sentence (*charming*, *journey*) are of another sentence"),
+    ("Appendix figures 7-13 (the same comparison on MNLI, IMDB and Yelp)", "not reproduced",
+     "Figure 6's drawing on further single examples of data sets not shipped here (MNLI, IMDB, Yelp); "
+     "`heedful explain TEXT --method mask_lrp --html page.html` draws one for any text"),
     ("Random head masks of the same rate (Table 1 \"Random\", Sec. 5.4)", "reproduced",
      "random masks at the selected mask's rate (`mask_seeds` of them), both variants"),
     ("Relevance conservation under the mask (Sec. 4.3)", "reproduced",
      "the per-block relevance sums of both variants on the first data set"),
 )
 """Every experiment, table and figure of the paper and how this report covers it."""
+
+
+def _described(name: str) -> str:
+    """A zoo model's one-line description, else 'a model folder'."""
+    from heedful import zoo
+
+    entry = zoo.ENTRIES.get(name)
+    return entry.description if entry is not None else "a model folder"
+
+
+def _coverage(deep: Any, figure6: bool) -> list[tuple[str, str, str]]:
+    """:data:`PAPER_EXPERIMENTS` as this run covered them: without the deeper classifier's note
+    when it did not run, Figure 6 "not reproduced" when no sentence could be drawn."""
+    rows = []
+    for what, status, how in PAPER_EXPERIMENTS:
+        if what.startswith("Table 1: AOPC") and (deep is None or deep.run is None):
+            how = how.split("; the same on a deeper")[0] + ("" if deep is None else f"; not on a deeper classifier: {deep.missing}")
+        if what.startswith("Figure 6") and not figure6:
+            status, how = "not reproduced", "no positive example of at most 30 words in this run's first data set"
+        rows.append((what, status, how))
+    return rows
 
 
 def _markdown(
@@ -521,12 +551,22 @@ def _markdown(
     seconds: float,
     planted: _PlantedRun | None = None,
     conservation: dict[str, dict[str, float]] | None = None,
+    deep: Any = None,
+    figure: Any = None,
 ) -> str:
+    """The report but its claims table: ``deep`` the deeper classifier's run
+    (:class:`~heedful.reproduce.mask_lrp.deep._DeepRun`, None when left out), ``figure`` Figure 6's
+    sentence (:class:`~heedful.reproduce.mask_lrp.figure6._Figure6`, drawn at ``files["figure6"]``)."""
+    from heedful.reproduce.mask_lrp.deep import _deep_section
+    from heedful.reproduce.mask_lrp.figure6 import _figure6_section
+    from heedful.reproduce.mask_lrp.readings import _heads_mean_section, _table3_section
+
     protocol = runs[0].result.spec.protocol
     methods = [m for m in plan.methods if m in runs[0].result.groups]
     model_name = runs[0].result.model_name
-    times = _timings(plan, runs)
-    computed = sum(times.get(f"{r.dataset}|{plan.split}|{r.result.n_examples}", r.seconds) for r in runs)
+    deep_run = [deep.run] if deep is not None and deep.run is not None else []
+    times = _timings(plan, [*runs, *deep_run])
+    computed = sum(times.get(_time_label(r, plan.split), r.seconds) for r in [*runs, *deep_run])
     lines = [
         "# Mask-LRP reproduction: Table 1 analogue, AOPC / LOdds against k, head map",
         "",
@@ -538,7 +578,10 @@ def _markdown(
         "**Eq. 10 as written** (`variant=\"literal\"`, the default: the kept heads' relevance renormalised so each "
         "block conserves relevance, the rollout averaging the kept heads only) and **the authors' code** "
         "(`variant=\"reference\"`: no renormalisation, the rollout over every head's map of the unmasked relevance). "
-        "The paper's \"Ours\" and \"Random\" rows are the first; the second is shown beside them.",
+        "The paper's \"Ours\" and \"Random\" rows are the first; the second is shown beside them, and so is the "
+        "first with Eq. 10's E_h read as the mean over all heads instead of the kept ones (`heads_mean=\"all\"`), a "
+        "reading the paper leaves open. Besides the main model: the same Table 1 on a deeper classifier, Table 3 in "
+        "full and Figure 6.",
         "",
         "## Setting",
         "",
@@ -552,6 +595,12 @@ def _markdown(
             f"- data: `{run.dataset}` {r.spec.split} split, {DATASET_NOTES.get(Path(run.dataset).stem, 'user data')}; "
             f"**n = {r.n_examples}** (first examples kept by the protocol; skipped before the cut: {skipped})"
         )
+    if deep is not None:
+        lines.append(
+            f"- deeper classifier: `{deep.model}` on `{plan.datasets[0]}`, "
+            + (f"**n = {deep.run.result.n_examples}**, its own head mask ({int(deep.mask.mask.sum())} of {deep.mask.mask.size} "
+               f"heads kept); section \"Table 1 on a deeper classifier\"" if deep.run is not None else f"not run: {deep.missing}")
+        )
     lines += [
         f"- protocol `{protocol.name}` (hash `{protocol.hash()}`): {protocol.citation}. Gold label explained and watched; "
         "tokens removed in descending score order, [CLS]/[SEP] never removed, replaced by id 0 ([PAD]), length kept, "
@@ -563,7 +612,7 @@ def _markdown(
         f"{plan.corruption_seeds} per rate; random token scores "
         f"{protocol.random_seeds}; integrated gradients with {plan.ig_steps} Gauss-Legendre steps",
         f"- run time: the run that completed the store for this n computed for {computed / 60:.1f} min ("
-        + ", ".join(f"{r.dataset} {times.get(f'{r.dataset}|{plan.split}|{r.result.n_examples}', r.seconds) / 60:.1f} min" for r in runs)
+        + ", ".join(f"{r.name} {times.get(_time_label(r, plan.split), r.seconds) / 60:.1f} min" for r in [*runs, *deep_run])
         + f", wall clock on a shared 2-core machine under the load of other jobs, on top of whatever earlier runs had stored); writing this file took {seconds / 60:.1f} min, reusing the "
         "explanations and curves kept in the results store. The explanations' own cost per example is in the cost "
         "table below; on top of it every method run measures 9 perturbed forward passes per example",
@@ -596,7 +645,11 @@ def _markdown(
             a, lo, a_sd, lo_sd = cols[col]
             cells += [_fmt(a, a_sd), _fmt(lo, lo_sd)]
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
-    lines += ["", "## AOPC and LOdds against k (paper Figure 3)", ""]
+    lines.append("")
+    lines += _deep_section(plan, deep, mask)
+    lines += _heads_mean_section([*runs, *deep_run])
+    lines += _table3_section([*runs, *deep_run])
+    lines += ["## AOPC and LOdds against k (paper Figure 3)", ""]
     for run in runs:
         lines += [f"![AOPC and LOdds against k on {run.dataset}]({files['curves-' + run.dataset]})", ""]
         lines += _curve_tables(run, [*methods, *VARIANT_ROWS])
@@ -616,6 +669,7 @@ def _markdown(
         lines.append(f"| {'**mask_lrp**' if m == 'mask_lrp' else m} | " + " | ".join(cells) + " |")
     lines.append("")
     lines += _mask_section(mask, files["heads"])
+    lines += _figure6_section(figure, runs[0], files.get("figure6"))
     lines += _ablation_section(runs, mask, files["ablation"])
     if "corruption" in files:
         lines += _corruption_section(runs[0], files["corruption"])
@@ -624,7 +678,7 @@ def _markdown(
         lines += _planted_section(plan, planted)
     lines += _cost_table(runs, methods)
     lines += [
-        *coverage_section(PAPER_EXPERIMENTS),
+        *coverage_section(_coverage(deep, "figure6" in files)),
         "## Differences from the paper's setting",
         "",
         f"- Model and data: `{model_name.rsplit('@', 1)[0]}` ({mask.shape[0]} blocks) and "
@@ -643,16 +697,22 @@ def _markdown(
         "- Mask-LRP itself: the default `mask_lrp` follows Sec. 4.3 as written — the kept heads' relevance "
         "renormalised in the A·V step so that each block conserves relevance (a block with no kept head passes "
         "everything down its residual, the only way left to conserve it), and Eq. 10's mean over the kept heads "
-        "only. The authors' code (ExplanationGenerator.MGAE), kept as `variant=\"reference\"`, differs: no "
+        "only -- a reading: the mean over all heads, the cut ones adding 0 (`heads_mean=\"all\"`), is shown beside it "
+        "(section \"E_h over the kept heads or over all heads\"). The authors' code (ExplanationGenerator.MGAE), kept as `variant=\"reference\"`, differs: no "
         "renormalisation (the cut heads' relevance is lost, see the conservation table), the rollout's maps taken "
         "from the *unmasked* head relevance (unhalved) and averaged over every head. The paper's separate "
         "normalisation of R_synt and R_pos is one factor here (the same when their sums share a sign).",
         "- Head statistics: spaCy's parser instead of Stanza; statistics from the movie-review train split "
         "(the data the zoo model was fine-tuned on); the Eq. 7 baseline lambda_k is our reading of the paper "
         "(best fixed-offset accuracy per relation).",
-        f"- Figure 4 (mask corruption), the threshold sweep and Table 3 run on {runs[0].dataset} only (the paper: "
-        "SST-2 for Figure 4, SST-2 and QQP for Table 3); Table 4's ALTC is heedful's `alti` (Ferrando et al. 2022) "
-        "when it is among the methods.",
+        f"- Figure 4 (mask corruption) and the threshold sweep run on {runs[0].dataset} only (the paper: SST-2); "
+        "Table 3 on every data set and on the deeper classifier (the paper: SST-2 and QQP); Figure 6 on one "
+        f"{runs[0].dataset} sentence (the paper: one SST-2 sentence); Table 4's ALTC is heedful's `alti` (Ferrando et "
+        "al. 2022) when it is among the methods.",
+        *([f"- The deeper classifier `{deep.model}` ({_described(deep.model)}) is not a BERT-style encoder: a decoder "
+           "classifier is explained at its last token, where it reads, and removed tokens take id 0 as in the paper's "
+           "protocol, whatever that id stands for in its vocabulary (BERT's [PAD])."]
+          if deep is not None and deep.run is not None else []),
         "",
         "## Protocol fields",
         "",

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from heedful.reproduce.mask_lrp.run import (
+    ALL_HEADS,
     PAPER_ROWS,
     RANDOM_MASK,
     RANDOM_REFERENCE,
@@ -29,6 +30,7 @@ def _style(method: str, k: int) -> tuple[Any, str, str]:
         REFERENCE: ("#8b0000", "o", "--"),
         RANDOM_MASK: ("#333333", "s", "--"),
         RANDOM_REFERENCE: ("#777777", "s", ":"),
+        ALL_HEADS: ("#ff7f0e", "o", "-."),
         "random": ("#999999", "x", ":"),
     }
     if method in fixed:
@@ -40,10 +42,11 @@ def _style(method: str, k: int) -> tuple[Any, str, str]:
 
 SEEDED = (RANDOM_MASK, RANDOM_REFERENCE)
 """Rows that are means over random head masks (their plots show +- one std over seeds)."""
-VARIANT_ROWS = (REFERENCE, RANDOM_MASK, RANDOM_REFERENCE)
+VARIANT_ROWS = (ALL_HEADS, REFERENCE, RANDOM_MASK, RANDOM_REFERENCE)
 """The Mask-LRP variants shown beside the methods in every table and plot."""
 VARIANT_NAMES = {
     "mask_lrp": "Ours (Mask-LRP, Eq. 10 as written)",
+    ALL_HEADS: "Ours, E_h over all heads",
     REFERENCE: "Ours, the authors' code",
     RANDOM_MASK: "Random mask (Eq. 10 as written)",
     RANDOM_REFERENCE: "Random mask, the authors' code",
@@ -70,7 +73,7 @@ def _plot_curves(run: _DatasetRun, methods: list[str], path: Path) -> Path:
             if curve is None:
                 continue
             color, marker, line = _style(method, k)
-            width = 2.6 if method in ("mask_lrp", REFERENCE) else 1.4
+            width = 2.6 if method in ("mask_lrp", REFERENCE, ALL_HEADS) else 1.4
             ax.plot(x[: len(curve)], curve, marker=marker, markersize=5, linestyle=line, linewidth=width, color=color, label=_label(method))
             if std is not None and method in SEEDED:
                 ax.fill_between(x[: len(curve)], curve - std, curve + std, color=color, alpha=0.2, linewidth=0)

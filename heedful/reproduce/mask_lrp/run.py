@@ -52,6 +52,16 @@ EXTRA_NOTES = {
     "random": "random token scores, not the paper's Random row",
 }
 
+#: The deeper classifier the Table 1 analogue also runs on (its own head mask, the first data set).
+DEEP_MODEL = "smollm2-sentiment"
+#: Examples of it. Every method and Mask-LRP variant of the section took 716 s for 8 movie snippets
+#: on a shared 2-core machine (load about 6): about 30 s an example when the report runs alone, so
+#: 100 examples add about 50 min, and the head mask (9,568 train texts, once per model) 7-20 min.
+DEEP_N = 100
+DEEP_QUICK_N = 4
+#: Its methods by default: the paper's Table 1 rows and random token scores (as a floor).
+DEEP_METHODS = (*(m for m in PAPER_ROWS if m != RANDOM_MASK), "random")
+
 PLANTED_MODEL = "smollm2-135m"
 PLANTED_N = 20
 PLANTED_QUICK_N = 4
@@ -78,6 +88,12 @@ PAPER_TABLE1: dict[str, dict[str, tuple[float, float, float | None, float | None
     "AttCAT": {"SST-2": (0.405, -1.110, None, None), "IMDB": (0.340, -1.697, None, None), "Yelp": (0.397, -2.034, None, None)},
     "Random": {"SST-2": (0.432, -1.205, 0.005, 0.004), "IMDB": (0.387, -1.898, 0.004, 0.003), "Yelp": (0.426, -1.886, 0.005, 0.007)},
     "Ours (Mask-LRP)": {"SST-2": (0.438, -1.208, None, None), "IMDB": (0.392, -1.906, None, None), "Yelp": (0.434, -1.898, None, None)},
+}
+#: The paper's Table 3 (BERT-base; AOPC up, LOdds down): row -> column -> (AOPC, LOdds).
+PAPER_TABLE3: dict[str, dict[str, tuple[float, float]]] = {
+    "Ours": {"SST-2": (0.438, -1.208), "QQP": (0.451, -6.001)},
+    "Ours w/o M_pos": {"SST-2": (0.438, -1.208), "QQP": (0.450, -6.001)},
+    "Ours w/o M_synt": {"SST-2": (0.437, -1.205), "QQP": (0.449, -5.998)},
 }
 #: Our data set -> the paper's column it is set beside (by genre; the texts are not the same).
 PAIRED = {"movies": "SST-2", "amazon": "Yelp", "tweets": "SST-2", "nyt": "SST-2"}
@@ -114,6 +130,10 @@ class _Plan:
     corruption_seeds: int = 1
     extras: list[str] | None = None
     """Data sets that get the corruption curve and the threshold sweep (None: the first)."""
+    deep_model: str | None = DEEP_MODEL
+    deep_n: int = DEEP_N
+    deep_methods: list[str] = dataclasses.field(default_factory=list)
+    deep_head_mask: str | None = None
 
     def n_for(self, dataset: str) -> int:
         """Examples of ``dataset``: its ``dataset_n`` entry, else ``n``."""
@@ -127,7 +147,7 @@ def _plan(settings: ReportSettings) -> _Plan:
     opts = dict(settings.options)
     known = {"model", "datasets", "split", "methods", "mask_seeds", "random_seeds", "ig_steps", "batch_size", "head_mask",
              "planted_model", "planted_n", "planted_length", "planted_methods", "only", "dataset_n", "corruption_seeds",
-             "extras"}
+             "extras", "deep_model", "deep_n", "deep_methods", "deep_head_mask"}
     unknown = sorted(set(opts) - known)
     if unknown:
         raise InputError(f"unknown mask-lrp report option {unknown[0]!r}", hint="options: " + ", ".join(sorted(known)))
@@ -157,6 +177,14 @@ def _plan(settings: ReportSettings) -> _Plan:
     if strange:
         raise InputError(f"extras names {strange[0]!r}, which is not a data set of this run",
                          hint="extras=NAME[,NAME] from datasets=" + ",".join(datasets) + ", or extras=none")
+    deep_model = str(opts.get("deep_model", DEEP_MODEL))
+    deep_head_mask = None if opts.get("deep_head_mask") in (None, "") else str(opts["deep_head_mask"])
+    if deep_head_mask is not None and not Path(deep_head_mask).is_file():
+        raise InputError(f"no head-mask file {deep_head_mask!r} (deep_head_mask)",
+                         hint="a mask saved by `heedful heads --model MODEL --out mask.json`, or leave the option out")
+    deep_methods = option_list(opts["deep_methods"]) if "deep_methods" in opts else [m for m in methods if m in DEEP_METHODS]
+    if "mask_lrp" not in deep_methods:
+        deep_methods.append("mask_lrp")
     return _Plan(
         model=str(opts.get("model", DEFAULT_MODEL)),
         datasets=datasets,
@@ -179,6 +207,10 @@ def _plan(settings: ReportSettings) -> _Plan:
         dataset_n=dataset_n,
         corruption_seeds=count_option(opts, "corruption_seeds", 1),
         extras=extras,
+        deep_model=None if deep_model.lower() in ("none", "") else deep_model,
+        deep_n=count_option(opts, "deep_n", DEEP_QUICK_N if quick else DEEP_N),
+        deep_methods=deep_methods,
+        deep_head_mask=deep_head_mask,
     )
 
 
@@ -189,6 +221,8 @@ REFERENCE = "mask_lrp (reference)"
 RANDOM_REFERENCE = "mask_lrp (reference, random mask)"
 NO_POSITIONAL = "mask_lrp (w/o positional heads)"
 NO_SYNTACTIC = "mask_lrp (w/o syntactic heads)"
+#: Eq. 10's E_h as the mean over all heads of a block, the cut heads contributing 0 (``heads_mean="all"``).
+ALL_HEADS = "mask_lrp (E_h over all heads)"
 #: Figure 4: shares of the unselected heads switched on (0 is the selected mask; 1, a mask of
 #: ones, is ``chefer`` exactly in the literal variant -- tests/test_relevance_methods.py).
 CORRUPTION_RATES = (0.1, 0.25, 0.5)
@@ -220,6 +254,8 @@ class _Variant:
     curves: dict[str, list[np.ndarray]]
     cost: dict[str, float]
     rate: float
+    kept: float = float("nan")
+    """Heads kept (mean over seeds)."""
 
     def mean(self, metric: str) -> float:
         return float(np.mean(self.seed_means[metric]))
@@ -249,6 +285,13 @@ class _DatasetRun:
     seconds: float
     sweep_rates: dict[str, float] = dataclasses.field(default_factory=dict)
     zero_share: dict[str, float] = dataclasses.field(default_factory=dict)
+    model: str = ""
+    """The model's name when it is not the report's main model (the deeper classifier's run)."""
+
+    @property
+    def name(self) -> str:
+        """The data set, with the model when it is not the report's main one (``smollm2-sentiment movies``)."""
+        return f"{self.model} {self.dataset}" if self.model else self.dataset
 
 
 def _spec(plan: _Plan, model, dataset: str, methods, options, protocol):
@@ -299,7 +342,7 @@ def _variant(plan: _Plan, model, dataset: str, label: str, option_sets: list[dic
     cost = {k: float(np.mean([c[k] for c in costs])) for k in ("seconds", "forward", "backward")}
     cost["peak_mb"] = max(c["peak_mb"] for c in costs)
     rate = float(np.mean([np.mean(m) for m in masks]))
-    return _Variant(label, keys, values, seed_means, curves, cost, rate)
+    return _Variant(label, keys, values, seed_means, curves, cost, rate, float(np.mean([np.sum(m) for m in masks])))
 
 
 def _run_dataset(plan: _Plan, model, dataset: str, mask, protocol, first: bool) -> _DatasetRun:
@@ -327,6 +370,7 @@ def _run_dataset(plan: _Plan, model, dataset: str, mask, protocol, first: bool) 
     run(REFERENCE, [{"head_mask": mask_list, "variant": "reference"}], [mask.mask])
     run(RANDOM_MASK, [{"head_mask": mask_list, "ablation": "random", "ablation_seed": s} for s in seeds], randoms)
     run(RANDOM_REFERENCE, [{"head_mask": mask_list, "variant": "reference", "ablation": "random", "ablation_seed": s} for s in seeds], randoms)
+    run(ALL_HEADS, [{"head_mask": mask_list, "heads_mean": "all"}], [mask.mask])
     if mask.positional.any() or mask.syntactic.any():  # Table 3 needs the mask's breakdown
         for label, part in ((NO_POSITIONAL, without_positional(mask)), (NO_SYNTACTIC, without_syntactic(mask))):
             run(label, [{"head_mask": part.mask.astype(int).tolist()}], [part.mask])
@@ -344,7 +388,8 @@ def _run_dataset(plan: _Plan, model, dataset: str, mask, protocol, first: bool) 
              for label, (variant, fill) in FIXED_MASKS.items()}
     keys = {r.group: r.key for r in result.runs if r.group != "random"}
     real, chefer = keys["mask_lrp"], keys.get("chefer")
-    pairs = [("literal vs reference", real, variants[REFERENCE].keys[0])]
+    pairs = [("literal vs reference", real, variants[REFERENCE].keys[0]),
+             ("literal: E_h over all heads vs over kept heads", real, variants[ALL_HEADS].keys[0])]
     if chefer is not None:
         pairs += [("literal vs chefer", real, chefer), ("reference vs chefer", variants[REFERENCE].keys[0], chefer)]
     pairs += [(f"literal: random mask (seed {s}) vs selected", real, k) for s, k in zip(seeds, variants[RANDOM_MASK].keys, strict=True)]
@@ -459,6 +504,11 @@ def _sensitivity(plan: _Plan, model, spec, pairs: list[tuple[str, Any, Any]]) ->
     return found
 
 
+def _time_label(run, split: str) -> str:
+    """The key of ``run``'s wall time in :func:`_timings` (the model's name first for a run of another model)."""
+    return (f"{run.model}|" if getattr(run, "model", "") else "") + f"{run.dataset}|{split}|{run.result.n_examples}"
+
+
 def _timings(plan: _Plan, runs: list[_DatasetRun] | None = None) -> dict[str, float]:
     """Longest wall time (seconds) any run of this report took per ``dataset|split|n``, kept in
     ``<store>/mask-lrp-times.json``: the run that computed the results, not a later one that read
@@ -471,7 +521,7 @@ def _timings(plan: _Plan, runs: list[_DatasetRun] | None = None) -> dict[str, fl
     except json.JSONDecodeError:
         times = {}
     for run in runs or []:
-        label = f"{run.dataset}|{plan.split}|{run.result.n_examples}"
+        label = _time_label(run, plan.split)
         times[label] = max(float(times.get(label, 0.0)), run.seconds)
     if runs:
         path.write_text(json.dumps(times, indent=1, sort_keys=True), encoding="utf-8")
@@ -518,9 +568,7 @@ def _planted_run(plan: _Plan) -> _PlantedRun:
     options: dict[str, dict[str, Any]] = {}
     mask_rate = mask = None
     if "mask_lrp" in methods:
-        from heedful.lrp.heads import default_head_mask
-
-        mask = default_head_mask(model.adapter, limit=1000 if plan.quick else None)
+        mask = _model_mask(model.adapter, plan.quick)
         options["mask_lrp"] = {"head_mask": mask.mask.astype(int).tolist()}
         mask_rate = mask.rate
     if "integrated_gradients" in methods:
@@ -563,6 +611,18 @@ def _planted_run(plan: _Plan) -> _PlantedRun:
         float(np.mean([len(explained[i].tokens) for i in ids])), (ex.text[a:b], question, ex.target, len(ex.meta["distractors"])),
         mask_rate, time.perf_counter() - began, mask,
     )
+
+
+def _model_mask(adapter, quick: bool, path: str | None = None):
+    """A model's Mask-LRP head mask: the saved mask at ``path``, else the model's own, selected
+    from the movie-review train split (its first 1,000 texts in a quick run) and cached -- the
+    planted model's and the deeper classifier's."""
+    from heedful.lrp.heads import default_head_mask
+    from heedful.lrp.masks import HeadMask
+
+    if path is not None:
+        return HeadMask.load(path)
+    return default_head_mask(adapter, limit=1000 if quick else None)
 
 
 def _load_mask(plan: _Plan, model):
