@@ -209,12 +209,9 @@ def targets(found: dict, costs: dict[str, float], reached: dict[str, int], n: in
         ratio = means[best_ours][0] / means[best_peer][0]
         apart = means[best_ours][1] > means[best_peer][2]
         gain = bootstrap_paired_difference(found[key][best_ours], found[key][best_peer])
-        others = [k for k in found if k != key and not k.startswith("sufficiency") and k != "ffid_minus"]
-        worse = []
-        for other in others:
-            diff, low, high = bootstrap_paired_difference(found[other][best_ours], found[other][best_peer])
-            if high < 0:
-                worse.append(f"{COLUMNS[other][0]} {diff:+.3f} [{low:+.3f}, {high:+.3f}]")
+        paired = {k: bootstrap_paired_difference(found[k][best_ours], found[k][best_peer]) for k in found if k != key}
+        # worse: the paired interval lies wholly on the bad side (below 0, or above it where lower is better)
+        worse = [f"{COLUMNS[k][0]} {d:+.3f} [{lo:+.3f}, {hi:+.3f}]" for k, (d, lo, hi) in paired.items() if (hi < 0 if COLUMNS[k][1] else lo > 0)]
         holds = ratio >= AOPC_GAIN and apart and not worse
         lines.append(
             f"- heedful's best method beats the best peer method by >= {AOPC_GAIN - 1:.0%} AOPC with intervals apart, "
@@ -224,6 +221,10 @@ def targets(found: dict, costs: dict[str, float], reached: dict[str, int], n: in
             f"[{means[best_peer][1]:.3f}, {means[best_peer][2]:.3f}]: {ratio:.1%} of it, intervals {'apart' if apart else 'overlapping'}, "
             f"paired difference {gain[0]:+.3f} [{gain[1]:+.3f}, {gain[2]:+.3f}]"
             + (f"; worse (paired) on {', '.join(worse)}" if worse else "; not worse (paired) on any other evaluation") + "."
+        )
+        lines.append(
+            f"  Paired differences `{best_ours}` - `{best_peer}` per sentence (higher is better except sufficiency and FFid-): "
+            + "; ".join(f"{COLUMNS[k][0]} {d:+.3f} [{lo:+.3f}, {hi:+.3f}]" for k, (d, lo, hi) in paired.items()) + "."
         )
     best = max(means, key=lambda m: means[m][0])
     cheap = [m for m in means if costs[m] <= CHEAP_COST * costs[best]]
@@ -405,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
                 if record is not None:
                     tasks.setdefault("classification", record)  # the first model measured is the task's frontier
                     short = sum(1 for m in record["methods"].values() if "examples" in m)
-                    sizes.append(f"{record['examples']} sentences on {name}" + (f" ({short} methods short of it)" if short else ""))
+                    sizes.append(f"{record['examples']} sentences on {name}" + (f" ({short} of {len(record['methods'])} methods on fewer)" if short else ""))
     except KeyboardInterrupt as exc:
         kept = exc.message if isinstance(exc, Interrupted) else "interrupted"
         say(f"{kept}\nthe frontier store {args.store} keeps every model batch finished; nothing was written to {args.out}. "
