@@ -4,41 +4,55 @@ On the first ``--n`` held-out sentences of the movies test split and ``minilm-se
 script
 
 1. explains every sentence with every method that claims classification and runs on the model
-   (context methods, which rank sources of a prompt, are left out), at its defaults, timing
-   each; its **cost** is the forward-pass equivalents per example its cost model gives
-   (:func:`heedful.engine.workload.passes`; a backward counts two, Kaplan et al. 2020),
-   averaged over the sentences;
+   (context methods, which rank sources of a prompt, are left out), at its defaults, cheapest
+   first (by its cost model); its **cost** is the forward-pass equivalents per example it ran
+   (counted; a backward counts two, Kaplan et al. 2020), beside what its cost model
+   (:func:`heedful.engine.workload.passes`) predicted;
 2. scores every explanation under protocol ``default`` (NormXLogit's: ratios 0..1, AOPC and
    sufficiency averaged over 10..90 %) with each removal operator of a cross-operator
    evaluation (:data:`heedful.evaluate.operators.CROSS_OPERATORS`: deletion, ``[MASK]``, and a
    corpus word of the same part of speech), soft comprehensiveness / sufficiency (Zhao &
    Aletras 2023) and, when ``minilm-sentiment-ffidelity`` is built, F-Fidelity's FFid+ / FFid-
-   (Zheng et al. 2024; :mod:`heedful.evaluate.ffidelity`);
+   (Zheng et al. 2024; :mod:`heedful.evaluate.ffidelity`) -- so a method tuned to one operator
+   (``solvability_beam`` solves comprehensiveness under ``[MASK]``) is scored on the others;
 3. gives every mean its 95 % percentile bootstrap interval over sentences, and every comparison
-   of two methods (all are scored on the same sentences) the paired interval of their
-   per-sentence difference (:mod:`heedful.evaluate.intervals`);
+   of two methods the paired interval of their per-sentence difference
+   (:mod:`heedful.evaluate.intervals`);
 4. marks the Pareto front of AOPC (``[MASK]``, the model's own removal) against cost, evaluates
    the targets of the frontier issue and prints each as holds / does not hold with the closest
    method;
-5. writes the table, the targets and the plot (``--plot``) to ``--out`` and the front to
-   ``heedful/frontier.json`` (read by ``heedful methods`` and the page's method picker), in one run.
+5. writes the table, the targets and the plot to ``--out`` and the front to
+   ``heedful/frontier.json`` (read by ``heedful methods`` and the page's method picker).
 
 ``smollm2-sentiment`` (200 sentences at full size) is measured too when it is built; otherwise
 the script says so and skips it (``heedful models build smollm2-sentiment``).
 ROAR (retraining without each method's top tokens, Hooker et al. 2019) costs a retrain per method,
 fraction and seed, so ``benchmarks/roar.py`` measures it apart; the file links its results.
 
+Resuming. Every explanation, its timing and every metric value is kept in a ``heedful bench``
+results store (``--store``, default ``$HEEDFUL_HOME/frontier``; :mod:`frontier_store`) as each
+model batch finishes, keyed by the model's fingerprint, the method with its options and version,
+the protocol (operator) and the sentence. Ctrl-C keeps what was computed, writes nothing to
+``--out`` and exits 130; the same command then computes only what is missing. ``--report-only``
+writes the report from whatever the store holds, stating the sentences each method reached (a
+method short of ``--n`` is marked and scored on the sentences it has). ``--share i/k`` measures
+every k-th method from the i-th (k processes side by side on one store, e.g. one per core with
+``--threads 1``); each writes no report -- run ``--report-only`` once all have finished. The
+store moves between machines with ``heedful bench dump`` / ``heedful bench load``.
+
     python benchmarks/frontier.py [--n 500] [--methods NAME,...] [--skip NAME,...]
-        [--max-cost 3000] [--samples 4] [--threads 2] [--out docs/results/frontier.md]
+        [--models NAME,...] [--max-cost inf] [--samples 4] [--threads 2] [--store DIR] [--share i/k]
+        [--report-only] [--out docs/results/frontier.md]
 
 ``--max-cost`` leaves out methods whose cost model exceeds that many forward-pass equivalents
-per example (listed in the file); ``--max-cost inf`` runs all.
+per example (listed in the file; default: none left out).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -47,26 +61,31 @@ from pathlib import Path
 import numpy as np
 import torch
 from _shared import command_line, library_versions, write_results  # noqa: E402  (benchmarks/ is the script's folder)
+from frontier_store import PROTOCOL, Frontier, Reading, measure, model_frontier, read
 
 import heedful
-from heedful import datasets
+from heedful.attribution import get_method
 from heedful.engine.workload import passes
-from heedful.errors import HeedfulError
-from heedful.evaluate import evaluate, get_protocol
-from heedful.evaluate.evaluation import model_inputs
-from heedful.evaluate.ffidelity import FFID_BETA, f_fidelity
+from heedful.errors import HeedfulError, Interrupted
+from heedful.evaluate.ffidelity import FFID_BETA
 from heedful.evaluate.intervals import bootstrap_mean, bootstrap_paired_difference
-from heedful.evaluate.operators import CROSS_OPERATORS, replacement_operator
+from heedful.evaluate.share import Share
+from heedful.evaluate.store import ResultsStore
+from heedful.files.cache import heedful_home
 from heedful.frontier import FRONTIER
 from heedful.registry import registered
+from heedful.render.progress import MODES, show_progress
 from heedful.zoo import is_built
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-PROTOCOL = "default"
-FFID_MODEL = "minilm-sentiment-ffidelity"
 MODELS = {"minilm-sentiment": 500, "smollm2-sentiment": 200}
 """Models measured and their full size (sentences)."""
+FFIDELITY = {"minilm-sentiment": "minilm-sentiment-ffidelity"}
+"""Each model's copy fine-tuned with random removal (F-Fidelity), when it has one."""
+DATASET, SPLIT = "movies", "test"
+load_model = heedful.load
+"""How a model of :data:`MODELS` / :data:`FFIDELITY` is loaded (tests put tiny models here)."""
 PEERS = {
     "saliency": "Captum, Inseq, ferret",
     "grad_x_input": "Captum, Inseq, ferret",
@@ -87,88 +106,66 @@ AOPC_GAIN = 1.10  # heedful's best >= 110 % of the best peer AOPC
 CHEAP_SHARE, CHEAP_COST = 0.95, 0.1  # >= 95 % of the best AOPC at <= 1/10 of its cost
 
 
-def arguments() -> argparse.Namespace:
+def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", "--limit", type=int, default=None, dest="n",
                         help="sentences per model (default: full size, 500 on minilm-sentiment, 200 on smollm2-sentiment)")
+    parser.add_argument("--models", default=None, help=f"comma-separated models (default: {', '.join(MODELS)})")
     parser.add_argument("--methods", default=None, help="comma-separated methods (default: every classification method)")
     parser.add_argument("--skip", default="", help="comma-separated methods to leave out")
-    parser.add_argument("--max-cost", type=float, default=3000.0, help="leave out methods above this many forward-pass equivalents per example")
+    parser.add_argument("--max-cost", type=float, default=math.inf,
+                        help="leave out methods whose cost model exceeds this many forward-pass equivalents per example (default: none)")
     parser.add_argument("--samples", type=int, default=4, help="F-Fidelity draws per example and ratio")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=16, help="sentences per model batch (explaining and scoring)")
+    parser.add_argument("--store", type=Path, default=None, help="folder of the results store (default: $HEEDFUL_HOME/frontier)")
+    parser.add_argument("--report-only", action="store_true", help="compute nothing: write the report from what the store holds")
+    parser.add_argument("--share", default=None, help="i/k: measure every k-th method from the i-th and write no report")
+    parser.add_argument("--progress", choices=MODES, default="auto", help="progress bars on stderr (auto: on a terminal)")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "results" / "frontier.md")
     parser.add_argument("--front", type=Path, default=FRONTIER, help="where the front is written for heedful methods and the page")
-    return parser.parse_args()
+    args = parser.parse_args(argv)
+    args.share = Share.parse(args.share, "--share")
+    if args.report_only and args.share.of > 1:
+        parser.error("--report-only reads the whole store: drop --share")
+    if args.n is not None and args.n < 1:
+        parser.error("--n must be a positive number of sentences")
+    args.models = args.models.split(",") if args.models else list(MODELS)
+    unknown = [m for m in args.models if m not in MODELS]
+    if unknown:
+        parser.error(f"--models: {', '.join(unknown)} is not one of {', '.join(MODELS)}")
+    args.store = args.store or heedful_home() / "frontier"
+    return args
 
 
-# ---------------------------------------------------------------------------- measuring
+def say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------- choosing
 def chosen_methods(model: heedful.Model, args: argparse.Namespace, lengths: np.ndarray) -> tuple[list[str], dict[str, float], list[str]]:
-    """The methods to run, their cost per example, and the ones left out (with why)."""
+    """The methods to run, cheapest first by their cost model, that model's forward-pass
+    equivalents per example, and the ones left out (with why)."""
     runs = model.methods()
     names = args.methods.split(",") if args.methods else [n for n, i in registered().items() if "classification" in i.tasks]
     skip = {s for s in args.skip.split(",") if s}
     chosen, costs, left = [], {}, []
     for name in names:
-        info = registered()[name]
-        if info.needs_sources or name in skip:
-            left.append(f"`{name}`: {'ranks sources of a prompt (context attribution)' if info.needs_sources else 'skipped (--skip)'}")
+        info = get_method(name)
+        if info.needs_sources or info.name in skip:
+            left.append(f"`{info.name}`: {'ranks sources of a prompt (context attribution)' if info.needs_sources else 'skipped (--skip)'}")
             continue
-        if runs.get(name):
-            left.append(f"`{name}`: the model does not give it {', '.join(runs[name])}")
+        if runs.get(info.name):
+            left.append(f"`{info.name}`: the model does not give it {', '.join(runs[info.name])}")
             continue
         bound = info.bind({})
         cost = float(np.mean([(lambda f, b: f + 2 * b)(*passes(info, bound, int(n))) for n in lengths]))
         if cost > args.max_cost:
-            left.append(f"`{name}`: {cost:,.0f} forward-pass equivalents per example, above --max-cost {args.max_cost:g}")
+            left.append(f"`{info.name}`: {cost:,.0f} forward-pass equivalents per example, above --max-cost {args.max_cost:g}")
             continue
-        chosen.append(name)
-        costs[name] = cost
-    return chosen, costs, left
-
-
-def explain_all(model: heedful.Model, texts: list[str], names: list[str], left: list[str]) -> tuple[dict[str, list], dict[str, float]]:
-    """Every method's explanations and its wall seconds per sentence; a method the model refuses
-    at run time is added to ``left`` with the refusal."""
-    explained, seconds = {}, {}
-    for i, name in enumerate(names):
-        print(f"[{i + 1}/{len(names)}] explaining with {name}", file=sys.stderr, flush=True)
-        start = time.perf_counter()
-        try:
-            explained[name] = model.explain(texts, name, batch_size=16)
-        except HeedfulError as exc:
-            left.append(f"`{name}`: {str(exc).splitlines()[0]}")
-            continue
-        seconds[name] = (time.perf_counter() - start) / len(texts)
-    return explained, seconds
-
-
-def scores(model: heedful.Model, explained: dict[str, list], inputs, args: argparse.Namespace) -> dict[str, dict[str, np.ndarray]]:
-    """Per evaluation, per method: the values ``[n]`` per sentence. All methods' explanations
-    of a sentence are measured together, so that perturbed inputs they share run once."""
-    names, n = list(explained), len(inputs)
-    flat = [explained[m][i] for i in range(n) for m in names]  # sentence-major
-    flat_inputs = [inputs[i] for i in range(n) for _ in names]
-    found: dict[str, dict[str, np.ndarray]] = {}
-
-    def split(values: np.ndarray) -> dict[str, np.ndarray]:
-        return {m: values.reshape(n, len(names))[:, j] for j, m in enumerate(names)}
-
-    batch = len(names) * 4
-    operators = [op if op != "mask" else replacement_operator(model.tokenizer) for op in CROSS_OPERATORS]
-    for op in operators:
-        print(f"curves under the {op} operator", file=sys.stderr, flush=True)
-        result = evaluate(model, flat, ["aopc", "sufficiency"], get_protocol(PROTOCOL, removal=op), flat_inputs, batch_size=batch)
-        found[f"aopc_{op}"] = split(result["aopc"].per_example.values)
-        found[f"sufficiency_{op}"] = split(result["sufficiency"].per_example.values)
-    print("soft comprehensiveness and sufficiency", file=sys.stderr, flush=True)
-    result = evaluate(model, flat, ["soft_comprehensiveness", "soft_sufficiency"], PROTOCOL, flat_inputs, batch_size=batch)
-    for metric in ("soft_comprehensiveness", "soft_sufficiency"):
-        found[metric] = split(result[metric].per_example.values)
-    if model.name == "minilm-sentiment" and is_built(FFID_MODEL):
-        print(f"F-Fidelity on {FFID_MODEL}", file=sys.stderr, flush=True)
-        ffid = f_fidelity(heedful.load(FFID_MODEL), flat, get_protocol(PROTOCOL, removal="mask"), samples=args.samples, batch_size=batch)
-        found["ffid_plus"], found["ffid_minus"] = split(ffid.plus.values), split(ffid.minus.values)
-    return found
+        chosen.append(info.name)
+        costs[info.name] = cost
+    return sorted(chosen, key=lambda m: (costs[m], m)), costs, left
 
 
 # ---------------------------------------------------------------------------- analysing
@@ -196,7 +193,12 @@ def interval(values: np.ndarray) -> tuple[float, float, float]:
     return bootstrap_mean(values[np.isfinite(values)])
 
 
-def targets(found: dict, costs: dict[str, float]) -> list[str]:
+def _on(m: str, reached: dict[str, int], n: int) -> str:
+    """`` (on 12 of 20 sentences)`` for a method short of ``n``."""
+    return "" if reached[m] >= n else f" (on {reached[m]} of {n} sentences)"
+
+
+def targets(found: dict, costs: dict[str, float], reached: dict[str, int], n: int) -> list[str]:
     """The issue's targets, each as holds / does not hold with the closest method."""
     key = primary(found)
     means = {m: interval(v) for m, v in found[key].items()}
@@ -208,20 +210,23 @@ def targets(found: dict, costs: dict[str, float]) -> list[str]:
         best_ours = max(ours, key=lambda m: means[m][0])
         ratio = means[best_ours][0] / means[best_peer][0]
         apart = means[best_ours][1] > means[best_peer][2]
-        others = [k for k in found if k != key and not k.startswith("sufficiency") and k != "ffid_minus"]
-        worse = []
-        for other in others:
-            diff, low, high = bootstrap_paired_difference(found[other][best_ours], found[other][best_peer])
-            if high < 0:
-                worse.append(f"{COLUMNS[other][0]} {diff:+.3f} [{low:+.3f}, {high:+.3f}]")
+        gain = bootstrap_paired_difference(found[key][best_ours], found[key][best_peer])
+        paired = {k: bootstrap_paired_difference(found[k][best_ours], found[k][best_peer]) for k in found if k != key}
+        # worse: the paired interval lies wholly on the bad side (below 0, or above it where lower is better)
+        worse = [f"{COLUMNS[k][0]} {d:+.3f} [{lo:+.3f}, {hi:+.3f}]" for k, (d, lo, hi) in paired.items() if (hi < 0 if COLUMNS[k][1] else lo > 0)]
         holds = ratio >= AOPC_GAIN and apart and not worse
         lines.append(
             f"- heedful's best method beats the best peer method by >= {AOPC_GAIN - 1:.0%} AOPC with intervals apart, "
             f"and is not worse (paired) on the other evaluations: **{'holds' if holds else 'does not hold'}**. "
-            f"Closest: `{best_ours}` {means[best_ours][0]:.3f} [{means[best_ours][1]:.3f}, {means[best_ours][2]:.3f}] against "
-            f"`{best_peer}` ({PEERS[best_peer]}) {means[best_peer][0]:.3f} [{means[best_peer][1]:.3f}, {means[best_peer][2]:.3f}]: "
-            f"{ratio:.1%} of it, intervals {'apart' if apart else 'overlapping'}"
+            f"Closest: `{best_ours}`{_on(best_ours, reached, n)} {means[best_ours][0]:.3f} [{means[best_ours][1]:.3f}, {means[best_ours][2]:.3f}] "
+            f"against `{best_peer}` ({PEERS[best_peer]}){_on(best_peer, reached, n)} {means[best_peer][0]:.3f} "
+            f"[{means[best_peer][1]:.3f}, {means[best_peer][2]:.3f}]: {ratio:.1%} of it, intervals {'apart' if apart else 'overlapping'}, "
+            f"paired difference {gain[0]:+.3f} [{gain[1]:+.3f}, {gain[2]:+.3f}]"
             + (f"; worse (paired) on {', '.join(worse)}" if worse else "; not worse (paired) on any other evaluation") + "."
+        )
+        lines.append(
+            f"  Paired differences `{best_ours}` - `{best_peer}` per sentence (higher is better except sufficiency and FFid-): "
+            + "; ".join(f"{COLUMNS[k][0]} {d:+.3f} [{lo:+.3f}, {hi:+.3f}]" for k, (d, lo, hi) in paired.items()) + "."
         )
     best = max(means, key=lambda m: means[m][0])
     cheap = [m for m in means if costs[m] <= CHEAP_COST * costs[best]]
@@ -240,13 +245,15 @@ def targets(found: dict, costs: dict[str, float]) -> list[str]:
     return lines
 
 
-def table(found: dict, costs: dict[str, float], seconds: dict[str, float], front: dict[str, bool]) -> list[str]:
+def table(found: dict, costs: dict[str, float], model_costs: dict[str, float], seconds: dict[str, float],
+          front: dict[str, bool], reached: dict[str, int], n: int) -> list[str]:
     keys = [k for k in COLUMNS if k in found]
-    heads = ["method", "offered by", "cost (fwd-eq)", "s / sentence", *(COLUMNS[k][0] for k in keys), "front"]
+    heads = ["method", "offered by", "sentences", "cost (fwd-eq)", "cost model", "s / sentence", *(COLUMNS[k][0] for k in keys), "front"]
     lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
     order = sorted(costs, key=lambda m: -interval(found[primary(found)][m])[0])
     for m in order:
-        cells = [f"`{m}`", PEERS.get(m, "heedful") or "(baseline)", f"{costs[m]:,.0f}", f"{seconds[m]:.3f}"]
+        size = f"{reached[m]}" if reached[m] >= n else f"**{reached[m]} of {n}**"
+        cells = [f"`{m}`", PEERS.get(m, "heedful") or "(baseline)", size, f"{costs[m]:,.0f}", f"{model_costs[m]:,.0f}", f"{seconds[m]:.3f}"]
         for k in keys:
             mean, low, high = interval(found[k][m])
             cells.append(f"{mean:.3f} [{low:.3f}, {high:.3f}]")
@@ -284,46 +291,92 @@ def plot(path: Path, found: dict, costs: dict[str, float], front: dict[str, bool
 
 
 # ---------------------------------------------------------------------------- one model
-def run_model(name: str, n: int, args: argparse.Namespace) -> tuple[list[str], dict | None]:
-    model = heedful.load(name)
-    data = datasets.load("movies", "test", n=n)
-    inputs = model_inputs(data, model.adapter, "predicted")
-    texts = [i.text for i in inputs]
-    lengths = model.encode(texts).lengths.numpy()
-    names, costs, left = chosen_methods(model, args, lengths)
-    explained, seconds = explain_all(model, texts, names, left)
-    names = list(explained)
-    costs = {m: costs[m] for m in names}
-    found = scores(model, explained, inputs, args)
+def setup(name: str, full: int, args: argparse.Namespace) -> tuple[Frontier, list[str], dict[str, float], list[str]]:
+    """The model's frontier on the store, its methods (cheapest first), their cost models and
+    the methods left out."""
+    model = load_model(name)
+    copy = FFIDELITY.get(name)
+    finetuned = load_model(copy) if copy and is_built(copy) else None
+    front = model_frontier(name, model, args.n or full, args.store, DATASET, SPLIT, args.batch_size, finetuned, args.samples)
+    lengths = model.encode([i.text for i in front.inputs]).lengths.numpy()
+    names, model_costs, left = chosen_methods(model, args, lengths)
+    return front, names, model_costs, left
+
+
+def compute(front: Frontier, names: list[str], model_costs: dict[str, float], left: list[str], args: argparse.Namespace) -> None:
+    """Measure this process's share of ``names`` on ``front``, what the store lacks of each;
+    a method the model refuses at run time is added to ``left``. Ctrl-C raises
+    :class:`~heedful.errors.Interrupted`."""
+    mine = [m for j, m in enumerate(names) if args.share.takes(j)]
+    with ResultsStore(args.store) as store:
+        have = {m: len(front.complete(store, front.run(m))) for m in mine}
+    todo = [m for m in mine if have[m] < len(front.ids)]
+    say(f"{front.name}: {len(mine) - len(todo)} of {len(mine)} methods already stored whole for {len(front.ids)} sentences"
+        f" in {args.store}; measuring {len(todo)}" + (f" (share {args.share})" if args.share.of > 1 else ""))
+    for k, m in enumerate(todo):
+        say(f"[{k + 1}/{len(todo)}] {front.name}: {m} (cost model {model_costs[m]:,.0f} fwd-eq per sentence; {have[m]} of {len(front.ids)} stored)")
+        wall, cpu = time.perf_counter(), time.process_time()
+        try:
+            measure(front, m, progress=args.progress != "never", say=say)
+        except HeedfulError as exc:
+            left.append(f"`{m}`: {str(exc).splitlines()[0]}")
+            say(f"  {m}: left out ({str(exc).splitlines()[0]})")
+            continue
+        say(f"  {m}: done in {time.perf_counter() - wall:,.0f} s wall, {time.process_time() - cpu:,.0f} s CPU (explaining and every evaluation)")
+
+
+def report(front: Frontier, names: list[str], model_costs: dict[str, float], left: list[str], reading: Reading,
+           args: argparse.Namespace) -> tuple[list[str], dict | None]:
+    """The model's section of the results file and its record for ``heedful/frontier.json``
+    (``None`` when the store holds no sentence of any method)."""
+    name, n = front.name, len(front.ids)
+    measured = [m for m in names if m in reading.reached]
+    missing = [m for m in names if m not in reading.reached]
+    if not measured:
+        return [f"## {name}", "", f"Nothing of `{name}` is stored in {args.store} yet: run this script without --report-only.", ""], None
+    found = {k: v for k, v in reading.values.items() if v}
+    costs, seconds = {}, {}
+    for m in measured:
+        record = reading.cost[m]
+        counted = (record["forward"] + 2 * record["backward"]) / record["examples"] if record and record["examples"] else 0.0
+        costs[m] = counted if counted > 0 else model_costs[m]  # explanations merged in without a cost record: the model's
+        seconds[m] = record["seconds"] / record["examples"] if record and record["examples"] else math.nan
     key = primary(found)
-    means = np.array([interval(found[key][m])[0] for m in names])
-    on = dict(zip(names, pareto(np.array([costs[m] for m in names]), means), strict=True))
+    means = np.array([interval(found[key][m])[0] for m in measured])
+    on = dict(zip(measured, pareto(np.array([costs[m] for m in measured]), means), strict=True))
     png = args.out.with_name(f"{args.out.stem}-{name}.png")
     png.parent.mkdir(parents=True, exist_ok=True)
-    plot(png, found, costs, on, f"{name}: {len(texts)} movies test sentences, protocol {PROTOCOL}")
-    ffid = "ffid_plus" in found
+    plot(png, found, costs, on, f"{name}: {n} movies test sentences, protocol {PROTOCOL}")
+    short = {m: reading.reached[m] for m in measured if reading.reached[m] < n}
     lines = [
-        f"## {name}: {len(texts)} movies test sentences (full size {MODELS[name]})",
+        f"## {name}: {n} movies test sentences (full size {MODELS[name]})",
         "",
         f"![AOPC against cost, {name}]({png.name})",
         "",
-        *table(found, costs, seconds, on),
+        "Sentences reached: " + (f"all {n} by every method." if not short else
+                                 f"all {n} by {len(measured) - len(short)} of {len(measured)} methods; fewer by (bold in the table, "
+                                 f"scored on the sentences they have): {', '.join(f'`{m}` {k}' for m, k in short.items())}."),
         "",
-        "Pareto front (cheapest first): " + ", ".join(f"`{m}`" for m in sorted(names, key=lambda m: costs[m]) if on[m]) + ".",
+        *table(found, costs, model_costs, seconds, on, reading.reached, n),
+        "",
+        "Pareto front (cheapest first): " + ", ".join(f"`{m}`" for m in sorted(measured, key=lambda m: costs[m]) if on[m]) + ".",
         "",
         "Targets (issue 43, item 4):",
         "",
-        *targets(found, costs),
+        *targets(found, costs, reading.reached, n),
         "",
     ]
-    if not ffid:
-        lines += [f"F-Fidelity: not measured (`{FFID_MODEL}` is not built: `heedful models build {FFID_MODEL}`).", ""]
+    if front.ffid is None:
+        lines += [f"F-Fidelity: not measured (`{FFIDELITY.get(name, 'a fine-tuned copy')}` is not built"
+                  + (f": `heedful models build {FFIDELITY[name]}`)." if name in FFIDELITY else ")."), ""]
+    if missing:
+        lines += ["Not measured yet (no sentence stored whole): " + ", ".join(f"`{m}`" for m in missing) + ".", ""]
     if left:
         lines += ["Left out: " + "; ".join(left) + ".", ""]
     record = {
-        "model": name, "examples": len(texts), "data": "movies test sentences", "protocol": PROTOCOL,
+        "model": name, "examples": n, "data": "movies test sentences", "protocol": PROTOCOL,
         "methods": {m: {"cost": round(costs[m], 1), **dict(zip(("aopc", "low", "high"), (round(v, 4) for v in interval(found[key][m])), strict=True)),
-                        "front": bool(on[m])} for m in names},
+                        "front": bool(on[m]), **({"examples": short[m]} if m in short else {})} for m in measured},
     }
     return lines, record
 
@@ -337,33 +390,65 @@ def roar_note(path: Path) -> str:
             f"`benchmarks/roar.py` measures it apart, {where}.")
 
 
-def main() -> int:
-    args = arguments()
+def main(argv: list[str] | None = None) -> int:
+    args = arguments(argv)
     torch.set_num_threads(args.threads)
     load_before = os.getloadavg()[0]
     start = time.perf_counter()
-    sections, tasks = [], {}
-    for name, full in MODELS.items():
-        if not is_built(name):
-            message = f"`{name}` is not built here: skipped (build it with `heedful models build {name}`, then run this script again)."
-            print(message, file=sys.stderr)
-            sections += [f"## {name}", "", message, ""]
-            continue
-        lines, record = run_model(name, args.n or full, args)
-        sections += lines
-        tasks.setdefault("classification", record)  # the first model measured is the task's frontier
+    sections, tasks, sizes = [], {}, []
+    try:
+        with show_progress(args.progress):
+            for name in args.models:
+                full = MODELS[name]
+                if not is_built(name):
+                    message = f"`{name}` is not built here: skipped (build it with `heedful models build {name}`, then run this script again)."
+                    say(message)
+                    sections += [f"## {name}", "", message, ""]
+                    continue
+                front, names, model_costs, left = setup(name, full, args)
+                if not args.report_only:
+                    compute(front, names, model_costs, left, args)
+                if args.share.of > 1:
+                    continue
+                with ResultsStore(args.store) as store:
+                    reading = read(store, front, names)
+                lines, record = report(front, names, model_costs, left, reading, args)
+                sections += lines
+                if record is not None:
+                    tasks.setdefault("classification", record)  # the first model measured is the task's frontier
+                    short = sum(1 for m in record["methods"].values() if "examples" in m)
+                    sizes.append(f"{record['examples']} sentences on {name}" + (f" ({short} of {len(record['methods'])} methods on fewer)" if short else ""))
+    except KeyboardInterrupt as exc:
+        kept = exc.message if isinstance(exc, Interrupted) else "interrupted"
+        say(f"{kept}\nthe frontier store {args.store} keeps every model batch finished; nothing was written to {args.out}. "
+            "Run the same command to resume, or add --report-only to write the report from what the store holds.")
+        return 130
+    except HeedfulError as exc:
+        say(f"error: {exc}")
+        return 2
+    if args.share.of > 1:
+        say(f"share {args.share} measured; once every share has finished, write the report with: python benchmarks/frontier.py --report-only"
+            + (f" --n {args.n}" if args.n else "") + f" --store {args.store}")
+        return 0
+    if not tasks:
+        say(f"error: {args.store} holds no sentence of any method measured whole; {args.out} is left as it was\n"
+            "  hint: run this script without --report-only (with the same --store) first")
+        return 2
     minutes = (time.perf_counter() - start) / 60
-    sizes = ", ".join(f"{r['examples']} sentences on {r['model']}" for r in [tasks.get("classification")] if r)
+    asked = "full size" if args.n is None else f"--n {args.n}; full size is 500 on minilm-sentiment and 200 on smollm2-sentiment"
     head = [
         "# The faithfulness-cost frontier",
         "",
-        f"Generated by `benchmarks/frontier.py` at **{sizes}** ({'full size' if args.n is None else f'--n {args.n}; full size is 500 on minilm-sentiment and 200 on smollm2-sentiment'}). "
+        f"Generated by `benchmarks/frontier.py` at **{'; '.join(sizes) or 'no sentence'}** ({asked}), "
+        f"{'from the results store as it stood' if args.report_only else 'computing what its results store lacked'}. "
         f"Every method at its defaults, explaining the predicted class; scored under protocol `{PROTOCOL}` with each removal operator "
         f"(`delete`, `[MASK]` (`[UNK]` without a mask token), `sample`: a movie-snippet word of the same spaCy part of speech), "
         f"soft comprehensiveness / sufficiency, and F-Fidelity (FFid+ / FFid-, beta = {FFID_BETA}, {args.samples} draws, "
-        f"on `{FFID_MODEL}`). Intervals: 95 % percentile bootstrap over sentences; target comparisons: paired bootstrap of the "
-        "per-sentence difference. Higher is better except sufficiency and FFid-. Cost: forward-pass equivalents per example "
-        "from each method's cost model (a backward counts two); s / sentence: measured wall time on this machine under load.",
+        f"on the model's copy fine-tuned with random masking). Intervals: 95 % percentile bootstrap over sentences; target comparisons: "
+        "paired bootstrap of the per-sentence difference. Higher is better except sufficiency and FFid-. Cost: forward-pass "
+        "equivalents per example the method ran (counted; a backward counts two), beside what its cost model predicts at these "
+        "sentences' lengths; s / sentence: measured wall time of explaining on this machine under load, summed over the runs "
+        "that stored the explanations.",
         "",
         roar_note(args.out.with_name("roar.md")),
         "",
@@ -372,12 +457,13 @@ def main() -> int:
         "",
         command_line(),
         f"- run time {minutes:.1f} min; load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after; torch threads {args.threads}",
+        f"- results store: `{args.store}` (`heedful bench dump` / `load` move it between machines)",
         f"- {library_versions('torch', 'transformers', 'spacy')}",
     ]
     write_results(args.out, "\n".join(head + sections + tail) + "\n")
     if tasks:
         args.front.write_text(json.dumps({"source": "docs/results/frontier.md (benchmarks/frontier.py)", "tasks": tasks}, indent=1) + "\n", encoding="utf-8")
-    print("\n".join(line for line in sections if line.startswith("- ") or line.startswith("Pareto")))
+    print("\n".join(line for line in sections if line.startswith("- ") or line.startswith("Pareto") or line.startswith("Sentences")))
     print(f"written to {args.out} and {args.front} in {minutes:.1f} min")
     return 0
 

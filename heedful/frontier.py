@@ -4,8 +4,9 @@ importing torch so that ``heedful methods`` and the page's method picker can sho
 
 Per task (``classification``): the model and examples it was measured on, and per method its
 cost in forward-pass equivalents per example (a backward counts two, Kaplan et al. 2020), its
-AOPC under the protocol's own removal with the 95 % bootstrap interval, and whether it is on the
-Pareto front (no other method is at most as costly and more faithful).
+AOPC under the protocol's own removal with the 95 % bootstrap interval, whether it is on the
+Pareto front (no other method is at most as costly and more faithful), and, for a method the
+frontier's results store held fewer sentences of than the task's, how many it was measured on.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ FRONTIER = Path(__file__).resolve().parent / "frontier.json"
 @dataclass(frozen=True)
 class Point:
     """One method on one task: ``cost`` (forward-pass equivalents per example), ``aopc`` and its
-    95 % interval ``low`` / ``high``, ``front``: on the Pareto front."""
+    95 % interval ``low`` / ``high``, ``front``: on the Pareto front; ``examples``: the sentences
+    it was measured on when fewer than the task's (``None``: all of them)."""
 
     method: str
     cost: float
@@ -30,10 +32,13 @@ class Point:
     low: float
     high: float
     front: bool
+    examples: int | None = None
 
     def describe(self) -> str:
-        """``"≈ 201 forward passes per example; AOPC 0.617 [0.597, 0.636]"``."""
-        return f"≈ {self.cost:,.0f} forward passes per example; AOPC {self.aopc:.3f} [{self.low:.3f}, {self.high:.3f}]"
+        """``"≈ 201 forward passes per example; AOPC 0.617 [0.597, 0.636]"`` (``"... on 120
+        sentences"`` for a method measured on fewer than the task's)."""
+        on = "" if self.examples is None else f" on {self.examples} sentences"
+        return f"≈ {self.cost:,.0f} forward passes per example; AOPC {self.aopc:.3f} [{self.low:.3f}, {self.high:.3f}]{on}"
 
 
 @lru_cache(maxsize=4)

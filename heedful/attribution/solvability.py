@@ -55,7 +55,7 @@ def solvability_beam(
     """Token ranks of the ordering a beam search finds to maximise comprehensiveness and/or minimise sufficiency.
 
     The explanation is an ordering ``o`` of the ``M`` removable tokens, and it directly optimises
-    the metric it will be scored by. ``objective="comprehensiveness"`` maximises the AOPC of the
+    a removal metric. ``objective="comprehensiveness"`` maximises the AOPC of the
     deletion curve ``sum_k f(x) - f(x without o_1..o_k)``; ``"sufficiency"`` minimises that of the
     keep curve ``sum_k f(x) - f(x with only o_1..o_k)``; ``"both"`` maximises their difference
     (comprehensiveness minus sufficiency, the paper's combined target). The orderings are built
@@ -70,6 +70,16 @@ def solvability_beam(
     ``f`` is the target's ``probability`` (as comprehensiveness is defined) or ``logit``;
     ``removal`` as for leave-one-out. Passes run in float32 only: a search turns small rounding
     differences between candidates into a different ordering, and the scores are its ranks.
+
+    Which metric it optimises: comprehensiveness (by default; sufficiency, or their difference,
+    by ``objective``) under **one removal operator**, the one ``removal`` names (``"auto"``:
+    ``[MASK]`` on an encoder such as minilm-sentiment, deletion on a causal LM), summed over every
+    prefix size ``k = 1 .. M`` -- the AOPC of a protocol with that operator, up to the protocol's
+    ratio schedule (protocol ``default`` averages 10 .. 90 % of all tokens). It optimises nothing
+    under another operator (deletion or sampled in-distribution replacement on an encoder), on
+    F-Fidelity's fine-tuned copy, or by soft comprehensiveness / sufficiency: scores there are
+    what ``benchmarks/frontier.py`` reports beside the one it solves, so that its gain on its own
+    operator is not mistaken for faithfulness.
 
     Cost: ``1 + sum_{t=0}^{M-2} min(beam, M!/(M-t)!) * (M - t)`` forwards per example, about
     ``beam * M^2 / 2`` (twice that for ``"both"``), run in ``M - 1`` batched steps.

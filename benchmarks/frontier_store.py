@@ -1,0 +1,201 @@
+"""The measuring half of ``benchmarks/frontier.py``: every method's explanations, timings and
+metric values kept in a ``heedful bench`` results store as they finish, so that the frontier
+resumes where it stopped and its report can be written from whatever the store holds.
+
+Per model, the frontier is three benches on one store (:func:`heedful.evaluate.bench.run_bench`),
+one per removal operator of :data:`heedful.evaluate.operators.CROSS_OPERATORS` -- protocol
+``default`` with that ``removal``; AOPC and sufficiency under each, and soft comprehensiveness /
+sufficiency (which remove no token, so one operator's protocol serves) with the replacement
+operator -- and F-Fidelity on the model's fine-tuned copy, stored as metrics ``ffid_plus`` /
+``ffid_minus`` of the method's run under a measurement hash of the copy's fingerprint, the
+protocol, beta, the draws and their seed (:func:`ffidelity_hash`). A row is keyed by the model's
+fingerprint, the method with its complete options and version, the protocol (operator) and the
+example (:func:`heedful.evaluate.store.run_key`), so nothing stale is reused and a rerun computes
+only what is missing; Ctrl-C loses at most the model batch in flight.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+import heedful
+from heedful.evaluate.bench import BenchSpec, Run, make_runs, run_bench, select_inputs, spec_subject
+from heedful.evaluate.evaluation import ModelInput
+from heedful.evaluate.ffidelity import FFID_BETA, FFID_SEED, f_fidelity
+from heedful.evaluate.operators import CROSS_OPERATORS, replacement_operator
+from heedful.evaluate.protocol import Protocol, get_protocol
+from heedful.evaluate.store import ResultsStore, Subject
+from heedful.fingerprint import model_fingerprint
+from heedful.progress import task
+
+PROTOCOL = "default"
+SOFT = ("soft_comprehensiveness", "soft_sufficiency")
+FFID = ("ffid_plus", "ffid_minus")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One bench of the frontier: removal ``operator``, its ``protocol`` and the ``metrics`` it stores."""
+
+    operator: str
+    protocol: Protocol
+    metrics: tuple[str, ...]
+
+
+def operator_settings(model: heedful.Model) -> list[Setting]:
+    """The benches of ``model``'s frontier, one per cross operator (``mask`` is ``[UNK]`` for a
+    tokenizer without a mask token), soft metrics with the replacement operator. The random
+    baseline runs with one seed (as every other method: per-sentence values, paired)."""
+    replacement = replacement_operator(model.tokenizer)
+    found = []
+    for op in CROSS_OPERATORS:
+        op = replacement if op == "mask" else op
+        protocol = get_protocol(PROTOCOL, removal=op, random_seeds=1).resolved(model.adapter.device)
+        found.append(Setting(op, protocol, ("aopc", "sufficiency", *(SOFT if op == replacement else ()))))
+    return found
+
+
+def ffidelity_hash(finetuned: heedful.Model, protocol: Protocol, samples: int) -> tuple[str, dict]:
+    """The measurement hash F-Fidelity values are stored under and its fields: the fine-tuned
+    copy's fingerprint, beta, the draws and their seed, and the curve protocol."""
+    fields = {"f_fidelity": {"model": model_fingerprint(finetuned).digest, "beta": FFID_BETA, "samples": samples, "seed": FFID_SEED},
+              **protocol.key_dict()}
+    return hashlib.sha1(json.dumps(fields, sort_keys=True, default=list).encode()).hexdigest()[:16], fields
+
+
+@dataclass
+class Frontier:
+    """One model's frontier on the store at ``store``: the first ``n`` sentences (``inputs``,
+    ids in order), the bench ``spec`` every method is run with (``settings`` swapped in), and
+    F-Fidelity's fine-tuned copy with its protocol and hash (``None`` when not built)."""
+
+    name: str
+    model: heedful.Model
+    n: int
+    store: Path
+    spec: BenchSpec
+    settings: list[Setting]
+    inputs: list[ModelInput]
+    about: Subject
+    ffid: tuple[heedful.Model, Protocol, str, dict] | None = None
+
+    @property
+    def ids(self) -> list[str]:
+        return [i.id for i in self.inputs]
+
+    def columns(self) -> dict[str, tuple[str, str]]:
+        """Column (``aopc_mask``, ``soft_comprehensiveness``, ``ffid_plus`` ...) -> (stored
+        metric, protocol or measurement hash)."""
+        found = {}
+        for setting in self.settings:
+            for metric in setting.metrics:
+                found[metric if metric in SOFT else f"{metric}_{setting.operator}"] = (metric, setting.protocol.hash())
+        if self.ffid is not None:
+            found.update({metric: (metric, self.ffid[2]) for metric in FFID})
+        return found
+
+    def run(self, method: str) -> Run:
+        """``method``'s run (its key in the store), as the benches make it."""
+        return make_runs(replace(self.spec, methods=[method], protocol=self.settings[0].protocol), self.about)[0]
+
+    def complete(self, store: ResultsStore, run: Run) -> set[str]:
+        """The ids whose explanation and every column's value ``store`` holds for ``run``."""
+        ids = self.ids
+        done = store.explanation_ids(run.key, ids)
+        for metric, phash in self.columns().values():
+            done &= store.metric_ids(run.key, metric, phash, ids)
+        return done
+
+
+def model_frontier(
+    name: str, model: heedful.Model, n: int, store: Path, dataset: str, split: str, batch_size: int,
+    finetuned: heedful.Model | None = None, samples: int = 4,
+) -> Frontier:
+    """The frontier of ``model`` (stored as ``name``) on the first ``n`` examples of ``dataset``'s
+    ``split``; ``finetuned``: F-Fidelity's fine-tuned copy, measured with ``samples`` draws."""
+    settings = operator_settings(model)
+    spec = BenchSpec(model=model, dataset=dataset, methods=[], metrics=list(settings[0].metrics), protocol=settings[0].protocol,
+                     out=store, split=split, n=n, batch_size=batch_size, model_label=name)
+    inputs, data = select_inputs(model, spec, {})
+    ffid = None
+    if finetuned is not None:
+        protocol = get_protocol(PROTOCOL, removal="mask").resolved(finetuned.adapter.device)
+        ffid = (finetuned, protocol, *ffidelity_hash(finetuned, protocol, samples))
+    return Frontier(name, model, n, store, spec, settings, inputs, spec_subject(spec, data), ffid)
+
+
+def measure(front: Frontier, method: str, progress: bool = True, say: Callable[[str], None] | None = None) -> None:
+    """Compute and store what ``front`` lacks of ``method``: its explanations and curves under
+    each operator (a bench each), then F-Fidelity. Ctrl-C raises
+    :class:`~heedful.errors.Interrupted` saying what the store kept."""
+    say = say or (lambda text: print(text, file=sys.stderr, flush=True))
+    for k, setting in enumerate(front.settings):
+        say(f"  {method}: {'explanations and ' if k == 0 else ''}{', '.join(setting.metrics)} under {setting.operator}")
+        spec = replace(front.spec, methods=[method], metrics=list(setting.metrics), protocol=setting.protocol)
+        run_bench(spec, progress=progress)
+    if front.ffid is not None:
+        say(f"  {method}: F-Fidelity on {front.ffid[0].name}")
+        with ResultsStore(front.store) as store:
+            store_ffidelity(store, front, front.run(method))
+
+
+def store_ffidelity(store: ResultsStore, front: Frontier, run: Run) -> int:
+    """FFid+ / FFid- of ``run``'s stored explanations, measured on the fine-tuned copy a model
+    batch at a time -- batches cut from the frontier's ids in order, so an example is measured
+    with the same neighbours whatever is stored -- each stored in one transaction. Returns the
+    examples measured."""
+    finetuned, protocol, phash, fields = front.ffid
+    store.put_protocol(phash, "f-fidelity", fields)
+    ids, size = front.ids, front.spec.batch_size
+    have = store.metric_ids(run.key, FFID[0], phash, ids) & store.metric_ids(run.key, FFID[1], phash, ids)
+    todo = [chunk for chunk in (ids[s : s + size] for s in range(0, len(ids), size)) if not have.issuperset(chunk)]
+    samples = fields["f_fidelity"]["samples"]
+    measured = 0
+    with task(f"F-Fidelity of {run.method}", total=len(todo)) as steps:
+        for chunk in todo:
+            stored = store.get_explanations(run.key, chunk)
+            found = f_fidelity(finetuned, [stored[i] for i in chunk], protocol, samples=samples, batch_size=size)
+            with store.transaction():
+                for metric, per in zip(FFID, (found.plus, found.minus), strict=True):
+                    rows = [(i, float(per.values[b]), per.curves[b].tolist(), None) for b, i in enumerate(chunk) if i not in have]
+                    store.put_metrics(run.key, metric, phash, rows)
+            measured += len(chunk)
+            steps.advance()
+    return measured
+
+
+@dataclass
+class Reading:
+    """What the store holds of a frontier: per column, per method, the values ``[n]`` over the
+    frontier's ids (NaN where the method lacks some column of that sentence, so every value of a
+    method is read on the same sentences); per method, the sentences it has whole, and its cost
+    record (examples, seconds, forward, backward) or ``None``."""
+
+    values: dict[str, dict[str, np.ndarray]]
+    reached: dict[str, int]
+    cost: dict[str, dict[str, float] | None]
+
+
+def read(store: ResultsStore, front: Frontier, methods: list[str]) -> Reading:
+    """The values ``store`` holds of ``methods`` on ``front`` (methods with no whole sentence
+    are left out)."""
+    ids, columns = front.ids, front.columns()
+    values: dict[str, dict[str, np.ndarray]] = {column: {} for column in columns}
+    reached, cost = {}, {}
+    for method in methods:
+        run = front.run(method)
+        done = front.complete(store, run)
+        if not done:
+            continue
+        reached[method], cost[method] = len(done), store.cost(run.key)
+        for column, (metric, phash) in columns.items():
+            got = store.get_metrics(run.key, metric, phash, ids)
+            values[column][method] = np.array([got[i][0] if i in done else np.nan for i in ids], dtype=float)
+    return Reading(values, reached, cost)
