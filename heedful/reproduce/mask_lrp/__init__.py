@@ -45,7 +45,7 @@ from pathlib import Path
 
 from heedful.reproduce import ReportSettings
 from heedful.reproduce.mask_lrp.claims import _claims_section
-from heedful.reproduce.mask_lrp.deep import _deep_run
+from heedful.reproduce.mask_lrp.deep import _deep_run, _deep_section
 from heedful.reproduce.mask_lrp.figure6 import _figure6_data, _figure6_title, _plot_figure6
 from heedful.reproduce.mask_lrp.markdown import _markdown, _planted_section
 from heedful.reproduce.mask_lrp.plots import (
@@ -125,7 +125,8 @@ def write(out_dir: Path, settings: ReportSettings) -> Path:
     planted = _planted_run(plan) if plan.planted_model is not None else None
     report = out_dir / f"{NAME}.md"
     report.write_text(
-        "\n".join([_markdown(plan, runs, mask, files, time.perf_counter() - began, planted, conservation, deep, figure),
+        "\n".join([_markdown(plan, runs, mask, files, time.perf_counter() - began, planted, conservation, deep, figure,
+                             _deep_section(plan, deep, mask)),
                    *_claims_section(runs, mask, planted, conservation, deep)]),
         encoding="utf-8",
     )

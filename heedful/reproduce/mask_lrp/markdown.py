@@ -553,11 +553,13 @@ def _markdown(
     conservation: dict[str, dict[str, float]] | None = None,
     deep: Any = None,
     figure: Any = None,
+    deep_lines: list[str] | None = None,
 ) -> str:
     """The report but its claims table: ``deep`` the deeper classifier's run
-    (:class:`~heedful.reproduce.mask_lrp.deep._DeepRun`, None when left out), ``figure`` Figure 6's
-    sentence (:class:`~heedful.reproduce.mask_lrp.figure6._Figure6`, drawn at ``files["figure6"]``)."""
-    from heedful.reproduce.mask_lrp.deep import _deep_section
+    (:class:`~heedful.reproduce.mask_lrp.deep._DeepRun`, None when left out) and ``deep_lines``
+    its section (:func:`~heedful.reproduce.mask_lrp.deep._deep_section`, which reads this
+    module's tables), ``figure`` Figure 6's sentence
+    (:class:`~heedful.reproduce.mask_lrp.figure6._Figure6`, drawn at ``files["figure6"]``)."""
     from heedful.reproduce.mask_lrp.figure6 import _figure6_section
     from heedful.reproduce.mask_lrp.readings import _heads_mean_section, _table3_section
 
@@ -646,7 +648,7 @@ def _markdown(
             cells += [_fmt(a, a_sd), _fmt(lo, lo_sd)]
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
     lines.append("")
-    lines += _deep_section(plan, deep, mask)
+    lines += deep_lines or []
     lines += _heads_mean_section([*runs, *deep_run])
     lines += _table3_section([*runs, *deep_run])
     lines += ["## AOPC and LOdds against k (paper Figure 3)", ""]
