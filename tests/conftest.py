@@ -6,6 +6,7 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import signal
 import sys
 import warnings
 from pathlib import Path
@@ -24,6 +25,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the suite never needs a hub (tests/test_hub.py serves its own)
+
+# A suite started as a background job of a non-interactive shell inherits SIGINT ignored, and so
+# would every process it starts: the Ctrl-C tests (tests/test_interrupt.py, test_warm.py,
+# test_bench_writers.py) need it delivered. A handled signal is reset to the default on exec.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 
