@@ -194,8 +194,9 @@ def prepare_steps(
     hidden = info is not None and info.needs_hidden
     attentions = info is not None and info.needs_attentions
     fits = keeps_graph(adapter, batch.lengths) is not None
-    if info is not None and info.reference is not None and fits:
-        problem = prepare(adapter, batch, request, reference=info.reference, quantity=quantity)
+    own = None if info is None else info.reference_for(None, adapter)
+    if own is not None and fits:
+        problem = prepare(adapter, batch, request, reference=own, quantity=quantity)
     else:
         anchor = batch.lengths - 1
         reference = shared_reference(adapter, generation, example, step, hidden_states=hidden, attentions=attentions)

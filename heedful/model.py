@@ -118,6 +118,7 @@ class Model:
         truncation: bool = True,
         max_length: int | None = None,
         method: str | None = None,
+        options: Mapping[str, Any] | None = None,
         inputs_embeds: torch.Tensor | None = None,
         hidden_states: bool = False,
         attentions: bool = False,
@@ -129,7 +130,8 @@ class Model:
 
         ``method``: prepare the reference pass the way that method wants it (with hidden states,
         attentions, or its own graph-keeping pass) so that it runs no pass twice; any method can
-        still take the problem. ``inputs_embeds`` ``[B, N, E]``: word embeddings to start from
+        still take the problem. ``options``: the options that method will run with, where they
+        choose its reference pass (``hierarchical``'s coarse method). ``inputs_embeds`` ``[B, N, E]``: word embeddings to start from
         instead of the ids' (edited inputs). ``hidden_states`` / ``attentions``: keep them in
         the reference pass. ``quantity``: explain the target's ``"logit"`` or ``"log_prob"``
         (see :func:`heedful.prepare`; a span target of several tokens defaults to its summed
@@ -151,7 +153,7 @@ class Model:
             inputs_embeds=inputs_embeds,
             hidden_states=hidden_states or (info is not None and info.needs_hidden),
             attentions=attentions or (info is not None and info.needs_attentions),
-            reference=None if info is None else info.reference,
+            reference=None if info is None else info.reference_for(options, self.adapter),
             quantity=quantity,
             sources=sources,
         )
@@ -309,7 +311,7 @@ class Model:
                 spec,
                 hidden_states=info.needs_hidden,
                 attentions=info.needs_attentions,
-                reference=info.reference,
+                reference=info.reference_for(bound, self.adapter),
                 quantity=quantity,
                 sources=sources,
             )
@@ -343,7 +345,7 @@ class Model:
         for value in (spec.value, spec.foil):
             problem, prepared = self._timed(
                 lambda v=value: prepare(
-                    self.adapter, batch, Target("given", v), reference=info.reference,
+                    self.adapter, batch, Target("given", v), reference=info.reference_for(bound, self.adapter),
                     hidden_states=info.needs_hidden, attentions=info.needs_attentions, quantity=quantity,
                     sources=sources,
                 )

@@ -42,6 +42,16 @@ method wants its problem prepared with (e.g. one that keeps its autograd graph).
 
 
 @dataclass(frozen=True)
+class ReferenceByOptions:
+    """A method's reference pass that depends on its options and the model:
+    ``choose(options, adapter)`` -> the :data:`ReferencePass` (``None``: the plain pass) for the
+    bound ``options`` (every option given) on ``adapter``'s model -- e.g. ``hierarchical``
+    keeps the autograd graph for a gradient coarse method and AT2's attention rows for AT2."""
+
+    choose: Callable[[Mapping[str, Any], Any], ReferencePass | None]
+
+
+@dataclass(frozen=True)
 class MethodInfo:
     """A registered method.
 
@@ -78,7 +88,7 @@ class MethodInfo:
     options: tuple[OptionSpec, ...] = field(default=(), repr=False)
     needs_hidden: bool = False
     needs_attentions: bool = False
-    reference: ReferencePass | None = field(default=None, repr=False)
+    reference: ReferencePass | ReferenceByOptions | None = field(default=None, repr=False)
     version: int = 1
     per_dimension: Callable | None = field(default=None, repr=False)
     spans: bool = False
@@ -88,6 +98,13 @@ class MethodInfo:
     passes: Passes | None = field(default=None, repr=False)
 
     # ------------------------------------------------------------------ the model
+    def reference_for(self, options: Mapping[str, Any] | None, adapter: Any) -> ReferencePass | None:
+        """The reference pass to prepare a problem with for this method at ``options`` (its
+        defaults where ``None`` or missing) on ``adapter``'s model (see :class:`ReferenceByOptions`)."""
+        if isinstance(self.reference, ReferenceByOptions):
+            return self.reference.choose({**self.defaults, **(options or {})}, adapter)
+        return self.reference
+
     def missing(self, adapter: Any) -> tuple[str, ...]:
         """The needs of this method that ``adapter``'s model does not provide (empty: it runs)."""
         return tuple(n for n in self.needs if not adapter.provides(n))
@@ -213,7 +230,7 @@ def register(
     tasks: tuple[str, ...] = ALL_TASKS,
     needs_hidden: bool = False,
     needs_attentions: bool = False,
-    reference: ReferencePass | None = None,
+    reference: ReferencePass | ReferenceByOptions | None = None,
     version: int = 1,
     per_dimension: Callable | None = None,
     spans: bool = False,

@@ -287,8 +287,9 @@ class _Case:
         counter.reset()
         batch = self.model.encode(self.texts)
         with _watched(self.model, batch) as passes:
-            problem = self.model.prepare(batch, method=self.info.name, sources=self.sources)
-            scores = self.info.fn(problem, **self.info.bind({**self.given, **options}))
+            bound = self.info.bind({**self.given, **options})
+            problem = self.model.prepare(batch, method=self.info.name, options=bound, sources=self.sources)
+            scores = self.info.fn(problem, **bound)
         problem.release_graph()
         return _Run(problem, scores, counter.forward, counter.backward, passes)
 

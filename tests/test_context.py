@@ -230,11 +230,44 @@ def test_hierarchical_leaves_out_the_top_sources_exactly_and_ranks_the_rest_belo
 def test_every_coarse_method_hierarchical_offers_is_registered_and_ranks_the_sources(lm):
     from typing import get_args
 
-    from heedful.attribution.context import Coarse
+    from heedful.attribution.hierarchical import Coarse
 
     for coarse in get_args(Coarse):
-        e = lm.explain(DOC, "hierarchical", coarse=coarse, keep=1)
+        heads = {"heads": "uniform"} if coarse == "at2" else {}
+        e = lm.explain(DOC, "hierarchical", coarse=coarse, keep=1, **heads)
         assert e.details["kept_sources"] == [int(np.argmax(e.details["coarse_source_scores"]))], coarse
+        assert e.details["coarse"] == ("saliency" if coarse == "auto" else coarse)  # no AT2 weights for the tiny model
+
+
+def test_hierarchical_ranks_by_at2_in_its_reference_pass_and_refines_from_that_passs_cache(lm, tmp_path, monkeypatch):
+    from heedful.attribution import at2
+    from heedful.fingerprint import model_fingerprint
+
+    monkeypatch.setenv("HEEDFUL_HOME", str(tmp_path))
+    blocks = len(lm.adapter.roles().blocks)
+    weights = np.random.default_rng(0).uniform(0.1, 1.0, (blocks, lm.adapter.config.num_attention_heads))
+    fingerprint = model_fingerprint(lm.adapter).weights
+    at2.HeadWeights(weights, fingerprint).save(at2.cache_path(fingerprint))  # learned weights in the cache: "auto" takes AT2
+    texts = [DOC, SHORT]
+    found = lm.explain(texts, "hierarchical", keep=2)
+    for text, e in zip(texts, found, strict=True):
+        assert e.details["coarse"] == "at2"
+        alone = lm.explain(text, "at2")
+        np.testing.assert_allclose(e.details["coarse_source_scores"], alone.source_scores().scores, atol=1e-6)
+        ids = lm.tokenizer(text)["input_ids"]
+        owner = token_sources(lm.encode(text).offsets[0], e.sources)
+        column = e.target.indices[0]
+        full = _plain_output(lm, ids, None, column)
+        scores = e.source_scores().scores
+        for s in e.details["kept_sources"]:
+            expected = full - _plain_output(lm, [t for t, o in zip(ids, owner, strict=True) if o != s], None, column)
+            assert scores[s] == pytest.approx(expected, abs=2e-5)
+    # one pass over each text (the reference, which ranks and keeps the cache), one per kept source, no backward
+    kept = sum(len(e.details["kept_sources"]) for e in found)
+    assert sum(e.cost.forward_passes for e in found) == pytest.approx(len(texts) + kept)
+    assert sum(e.cost.backward_passes for e in found) == 0
+    saliency = lm.explain(texts, "hierarchical", keep=2, coarse="saliency")
+    assert sum(e.cost.forward_passes for e in saliency) == pytest.approx(2 * len(texts) + kept)  # + the cache's own pass
 
 
 def test_encoders_remove_sources_without_a_cache():

@@ -454,3 +454,31 @@ def test_passes_without_probabilities_run_fused_attention_with_the_same_outputs(
     # without the padding mask (and gives the same logits, above)
     assert not fused_calls or all(seen[:fused_calls]) == adapter.is_decoder
     assert adapter.config._attn_implementation == "eager"
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2])
+@pytest.mark.parametrize("cached", [0, 3])
+def test_kernel_attention_and_row_probabilities_equal_eager_attention(kv_heads, cached):
+    """The fused context equals eager attention's (causal pattern or the given additive mask,
+    queries after a cache of ``cached`` positions, grouped key/value heads), and the rows'
+    probabilities are eager attention's rows of those query positions, soft-capped too."""
+    from heedful.adapters.intercept import AttentionCall, kernel_attention, row_probabilities
+
+    gen = torch.Generator().manual_seed(0)
+    batch, heads, queries, dim = 2, 4, 5, 8
+    keys = queries + cached
+    q = torch.randn(batch, heads, queries, dim, generator=gen)
+    k, v = (torch.randn(batch, kv_heads, keys, dim, generator=gen) for _ in range(2))
+    allowed = torch.ones(queries, keys, dtype=torch.bool).tril(cached)  # query i sits at position cached + i
+    causal_mask = torch.zeros(queries, keys).masked_fill(~allowed, torch.finfo(torch.float32).min)[None, None]
+    padded = causal_mask.repeat(batch, 1, 1, 1)
+    padded[1, :, :, keys - 1] = torch.finfo(torch.float32).min  # the second row's last key is padding
+    module = torch.nn.Linear(1, 1).eval()
+    rows = torch.tensor([[cached + 4, cached + 1], [cached + 3, cached + 3]])  # positions of the whole sequence
+    for mask, causal in ((causal_mask, True), (padded, False)):
+        for softcap in (None, 2.0):
+            call = AttentionCall(module, 0, q, k, v, mask, dim**-0.5, softcap=softcap)
+            context, probs = eager_attention(call)
+            torch.testing.assert_close(kernel_attention(call, causal=causal), context, atol=1e-6, rtol=1e-5)
+            expected = torch.stack([probs[b, :, rows[b] - cached] for b in range(batch)])  # [B, H, K, M]
+            torch.testing.assert_close(row_probabilities(call, rows), expected, atol=1e-7, rtol=1e-6)

@@ -164,12 +164,13 @@ class GenericAdapter(ModelAdapter):
         on ``get_output_embeddings()``), so no ``[B, N, V]`` tensor is made; a decoder
         classifier's rows of different lengths run in groups of equal length when the model
         could not find each row's last token from its ids (it reads the last position of
-        ``inputs_embeds``). ``prefill`` is ignored: the whole model runs at once."""
+        ``inputs_embeds``). ``prefill`` is ignored: the whole model runs at once. A language
+        model's key/value cache is returned when the keywords use one; a classifier's is not."""
         kwargs = {k: v for k, v in kwargs.items() if v is not None or k == "attention_mask"}
         if self.task in CLASSIFIER_TASKS:
-            return self._classified(kwargs, mask, anchor)
+            return (*self._classified(kwargs, mask, anchor), None)
         logits, out = self._lm_pass(kwargs, mask.shape[0], anchor)
-        return logits, out.hidden_states, out.attentions
+        return logits, out.hidden_states, out.attentions, getattr(out, "past_key_values", None) if kwargs.get("use_cache") else None
 
     def _lm_pass(self, kwargs: dict, count: int, anchor: torch.Tensor):
         """The whole language model run on ``kwargs`` (``count`` rows) with its output projection

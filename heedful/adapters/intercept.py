@@ -113,6 +113,51 @@ def eager_attention(
     return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs
 
 
+def kernel_attention(call: AttentionCall, *, causal: bool = False) -> torch.Tensor:
+    """``softmax(Q K^T * scaling + mask) V`` by PyTorch's fused ``scaled_dot_product_attention``
+    -> ``[B, N, H, d]``: the context :func:`eager_attention` computes (beyond float rounding)
+    with no ``[B, H, N, M]`` probability matrix, so memory stays linear in the length.
+    ``causal``: the mask is causality alone (a decoder pass with no padding before a real
+    position and no window), given to the kernel as its pattern, which skips the blocks above
+    the diagonal. Soft-capped scores (Gemma 2) have no fused form: eager attention's context."""
+    if call.softcap is not None:
+        return eager_attention(call)[0]
+    n, m = call.query.shape[2], call.key.shape[2]
+    if causal and n != m:
+        from torch.nn.attention.bias import causal_lower_right  # on use: it loads torch._dynamo
+
+        pattern, is_causal = causal_lower_right(n, m), False
+    else:
+        pattern, is_causal = (None, n > 1) if causal else (call.mask, False)
+    out = nn.functional.scaled_dot_product_attention(
+        call.query,
+        call.key,
+        call.value,
+        attn_mask=pattern,
+        is_causal=is_causal,
+        dropout_p=call.dropout if call.module.training else 0.0,
+        scale=call.scaling,
+        enable_gqa=call.key.shape[1] != call.query.shape[1],
+    )
+    return out.transpose(1, 2).contiguous()
+
+
+def row_probabilities(call: AttentionCall, rows: torch.Tensor) -> torch.Tensor:
+    """The attention probabilities of the query positions ``rows`` ``[B, K]`` (positions of the
+    whole sequence, a key/value cache's included) -> ``[B, H, K, M]``: the rows of eager
+    attention's ``softmax(cap(Q K^T * scaling) + mask)`` (Vaswani et al. 2017, Eq. 1) computed
+    for those queries alone."""
+    batch = torch.arange(call.query.shape[0], device=call.query.device)[:, None]
+    local = rows.to(call.query.device) - (call.key.shape[2] - call.query.shape[2])  # [B, K] in this call's queries
+    query = call.query.transpose(1, 2)[batch, local].transpose(1, 2)  # [B, H, K, d]
+    key, _ = repeat_kv(call.key, call.value, call.query.shape[1])
+    scores = softcapped(torch.matmul(query, key.transpose(-1, -2)) * call.scaling, call.softcap)
+    if call.mask is not None:
+        mask = call.mask.expand(call.query.shape[0], -1, -1, -1)  # [B, 1 or H, N, M]
+        scores = scores + mask.transpose(1, 2)[batch, local].transpose(1, 2)
+    return attention_softmax(scores, call.query.dtype)
+
+
 def heedful_attention(
     module: nn.Module,
     query: torch.Tensor,

@@ -32,12 +32,19 @@ class Forward:
     representation the head reads, after any final norm); ``attentions``: ``L`` tensors
     ``[B, H, N, N]`` (row = query); ``inputs_embeds``: when set, the word embeddings
     ``[B, N, E]`` the pass started from, with the autograd graph from them to ``logits`` kept
-    (a gradient method back-propagates through it instead of running the model again)."""
+    (a gradient method back-propagates through it instead of running the model again);
+    ``cache``: the decoder's key/value cache of the whole pass (asked for with ``keep_cache``),
+    from which copies that share a prefix with the examples continue
+    (:mod:`heedful.engine.reuse`); ``anchor_attention`` ``[B, L, H, N]``: every head's attention
+    probabilities from the anchors' rows, averaged over them, when a method's reference pass
+    kept them (AT2, :func:`heedful.attribution.at2.at2_reference`)."""
 
     logits: torch.Tensor
     hidden_states: tuple[torch.Tensor, ...] | None = None
     attentions: tuple[torch.Tensor, ...] | None = None
     inputs_embeds: torch.Tensor | None = None
+    cache: PrefixStates | None = None
+    anchor_attention: torch.Tensor | None = None
 
 
 @dataclass
@@ -87,6 +94,11 @@ def _cache_keyword(backbone: type[nn.Module]) -> str:
     return "cache" if "cache" in inspect.signature(backbone.forward).parameters else "past_key_values"
 
 
+def _prefix_states(cache) -> PrefixStates:
+    """A ``transformers`` key/value cache's keys and values, layer by layer."""
+    return PrefixStates(tuple(layer.keys for layer in cache.layers), tuple(layer.values for layer in cache.layers))
+
+
 def right_padded(mask: torch.Tensor) -> bool:
     """Whether every row of an attention mask ``[B, N]`` is its real positions followed by
     padding only (no hole inside a row), so that a causal model's real positions never attend
@@ -129,6 +141,7 @@ class Passes:
         checkpoint: bool = False,
         release: bool = False,
         prefill: int | None = None,
+        keep_cache: bool = False,
     ) -> Forward:
         """Run the model and the head at each example's ``anchor`` position ``[B]`` (logits
         ``[B, C]``), or at ``K`` positions per example ``[B, K]`` (a span; logits ``[B, K, C]``).
@@ -138,7 +151,8 @@ class Passes:
         ``prefix=(states, rows, p)`` (decoders): the rows continue the first ``p`` positions of
         examples ``rows`` ``[B']`` of ``states`` (:meth:`prefix_states`); ``input_ids`` are
         then the positions from ``p`` on, ``attention_mask`` covers all ``p + N'`` positions
-        and ``anchor`` counts from ``p``.
+        and ``anchor`` counts from ``p``. ``keep_cache`` (decoders): the pass's key/value cache
+        is returned in :attr:`Forward.cache` (the prefix's positions included when continuing one).
 
         Bounded memory (the runner decides, :mod:`heedful.engine.memory`): ``checkpoint`` runs the
         blocks with per-block gradient checkpointing for a backward through this pass, and it,
@@ -153,12 +167,13 @@ class Passes:
             return self._forward_lowered(
                 wanted, batch, anchor, input_ids=input_ids, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
                 token_type_ids=token_type_ids, hidden_states=hidden_states, attentions=attentions, prefix=prefix,
-                checkpoint=checkpoint, release=release, prefill=prefill,
+                checkpoint=checkpoint, release=release, prefill=prefill, keep_cache=keep_cache,
             )
         mask = batch.attention_mask if attention_mask is None else attention_mask
         kwargs: dict = {"attention_mask": mask, "return_dict": True}
+        keep_cache = keep_cache and self.is_decoder
         if self.is_decoder:
-            kwargs["use_cache"] = prefix is not None
+            kwargs["use_cache"] = prefix is not None or keep_cache
         if prefix is not None:
             kwargs[self.cache_keyword] = self._prefix_cache(prefix)
         if inputs_embeds is not None:
@@ -191,12 +206,13 @@ class Passes:
                 # change, and none are returned
                 kwargs["attention_mask"] = None
                 settings.enter_context(attention_set(self.config, CAUSAL_ATTENTION))
-            read_inside = hidden_states or attentions or prefix is not None
-            logits, hidden, probs = self._run_model(kwargs, mask, anchor, prefill if chunked else None, read_inside, settings)
+            read_inside = hidden_states or attentions or prefix is not None or keep_cache
+            logits, hidden, probs, cache = self._run_model(kwargs, mask, anchor, prefill if chunked else None, read_inside, settings)
         return Forward(
             logits=logits,
             hidden_states=tuple(hidden) if hidden_states else None,
             attentions=tuple(probs) if attentions else None,
+            cache=_prefix_states(cache) if keep_cache and cache is not None else None,
         )
 
     def _run_model(
@@ -207,34 +223,36 @@ class Passes:
         prefill: int | None,
         read_inside: bool,
         settings: contextlib.ExitStack,
-    ) -> tuple[torch.Tensor, Sequence[torch.Tensor] | None, Sequence[torch.Tensor] | None]:
+    ) -> tuple[torch.Tensor, Sequence[torch.Tensor] | None, Sequence[torch.Tensor] | None, object]:
         """The pass of :meth:`forward` once its keywords are set (``kwargs``: the backbone's,
         ``mask`` ``[B, N]`` the batch's own): the head's logits at ``anchor`` (``[B, C]``, or
         ``[B, K, C]`` for ``[B, K]`` anchors), every layer's hidden states and attention
-        probabilities as the backbone returned them (``None`` where not asked for), the rows
+        probabilities as the backbone returned them (``None`` where not asked for), the
+        backbone's key/value cache (``None`` unless ``kwargs`` use it), the rows
         counted. ``prefill``: run the positions in chunks of that size (:meth:`_prefilled`);
         ``settings``: the pass's open contexts, which the anchored last block
         (:meth:`_anchored`) joins unless something is ``read_inside`` the model."""
         if prefill is not None:
             if kwargs.get("output_attentions"):
                 raise InputError("attention probabilities cannot be kept in a forward run in position chunks")
-            last, hidden = self._prefilled(kwargs, prefill)
+            last, hidden, cache = self._prefilled(kwargs, prefill)
             probs = None
         else:
             settings.enter_context(self._anchored(mask, anchor, read_inside=read_inside))
             out = self.backbone(**kwargs)
             last, hidden, probs = out.last_hidden_state, out.hidden_states, out.attentions
+            cache = out.get(self.cache_keyword) if kwargs.get("use_cache") else None
         self.counter.forward += last.shape[0]
         rows = torch.arange(last.shape[0], device=last.device)
         if anchor.dim() == 2:  # a span: K positions per example -> [B, K, C]
             rows = rows[:, None]
-        return self.head_logits(last[rows, anchor.to(last.device)]), hidden, probs
+        return self.head_logits(last[rows, anchor.to(last.device)]), hidden, probs, cache
 
-    def _prefilled(self, kwargs: dict, size: int) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+    def _prefilled(self, kwargs: dict, size: int) -> tuple[torch.Tensor, list[torch.Tensor] | None, object]:
         """The backbone's pass of ``kwargs`` run ``size`` positions at a time, each chunk
         attending to the key/value cache of the positions before it (chunked prefill; decoders
-        only): the last hidden state ``[B, N, D]`` and, when asked for, every layer's hidden
-        states ``L + 1`` x ``[B, N, D]``, filled chunk by chunk."""
+        only): the last hidden state ``[B, N, D]``, when asked for every layer's hidden
+        states ``L + 1`` x ``[B, N, D]``, filled chunk by chunk, and the cache."""
         from transformers import DynamicCache
 
         if not self.is_decoder:
@@ -268,7 +286,7 @@ class Passes:
                 full[:, start:end] = h
             del out, part
             release_heap()  # the cache grows by concatenation: give the freed copies back
-        return last, hidden
+        return last, hidden, cache
 
     def forward_segments(
         self,
@@ -381,8 +399,7 @@ class Passes:
                 return_dict=True,
             )
         self.counter.forward += len(batch)
-        layers = out[self.cache_keyword].layers
-        return PrefixStates(tuple(layer.keys for layer in layers), tuple(layer.values for layer in layers))
+        return _prefix_states(out[self.cache_keyword])
 
     def _prefix_cache(self, prefix: tuple[PrefixStates, torch.Tensor, int]):
         from transformers import DynamicCache

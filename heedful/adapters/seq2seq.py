@@ -264,8 +264,8 @@ class Seq2SeqAdapter(GenericAdapter):
 
     def _run_model(self, kwargs, mask, anchor, prefill, read_inside, settings):
         """The encoder–decoder's pass of the rows (see the module docstring); ``prefill`` is
-        ignored (the model runs whole)."""
-        return self._seq2seq_pass(kwargs, anchor, bool(kwargs.get("output_hidden_states")), bool(kwargs.get("output_attentions")))
+        ignored (the model runs whole) and no key/value cache is returned."""
+        return (*self._seq2seq_pass(kwargs, anchor, bool(kwargs.get("output_hidden_states")), bool(kwargs.get("output_attentions"))), None)
 
     def _seq2seq_pass(self, kwargs: dict, anchor: torch.Tensor, hidden_states: bool, attentions: bool):
         """``kwargs``: the rows' ``input_ids`` or ``inputs_embeds`` ``[R, N(, E)]``,

@@ -23,21 +23,25 @@ writes any model's into the cache, where :func:`at2` finds them by the model's f
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from heedful.adapters import Forward, ModelAdapter
+from heedful.adapters.intercept import AttentionCall, kernel_attention, row_probabilities
+from heedful.adapters.passes import right_padded
 from heedful.attribution.context import (
     ContextOutput,
     SourceRemoval,
     _ablation_masks,
     ablation_outputs,
 )
-from heedful.engine.problem import Problem
+from heedful.engine.batch import Batch
+from heedful.engine.problem import Problem, ReferencePass
 from heedful.engine.seeding import example_generators
 from heedful.errors import HeedfulError, InputError, UnsupportedModelError
 from heedful.files.cache import heedful_home
@@ -119,6 +123,34 @@ def file_sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def _default_heads(adapter: ModelAdapter) -> HeadWeights | None:
+    """The model's own head weights: the shipped ones (sha256-checked) or those learned into the
+    cache for its weights fingerprint; ``None`` when it has neither."""
+    from heedful.fingerprint import model_fingerprint
+
+    fingerprint = model_fingerprint(adapter).weights
+    shipped = next((s for s in SHIPPED if s.fingerprint == fingerprint), None)
+    if shipped is not None:
+        digest = file_sha256(shipped.path) if shipped.path.is_file() else "missing"
+        if digest != shipped.sha256:
+            raise HeedfulError(f"the shipped AT2 head weights {shipped.path} have sha256 {digest}, not the pinned {shipped.sha256}", hint="reinstall heedful")
+        return HeadWeights.load(shipped.path)
+    if cache_path(fingerprint).is_file():
+        return HeadWeights.load(cache_path(fingerprint))
+    return None
+
+
+def has_heads(adapter: ModelAdapter, heads: str | None = None) -> bool:
+    """Whether :func:`at2` can run on ``adapter``'s model with ``heads`` (a file or
+    ``"uniform"``: always; ``None``: when the model has shipped or learned weights)."""
+    from heedful.fingerprint import model_fingerprint
+
+    if heads is not None:
+        return True
+    fingerprint = model_fingerprint(adapter).weights
+    return any(s.fingerprint == fingerprint for s in SHIPPED) or cache_path(fingerprint).is_file()
+
+
 def find_heads(problem: Problem, heads: str | None) -> HeadWeights:
     """The head weights ``at2`` uses: from the file ``heads``, uniform ``1 / (L H)`` for
     ``"uniform"`` (attention averaged over every head and layer, the paper's untrained
@@ -130,22 +162,12 @@ def find_heads(problem: Problem, heads: str | None) -> HeadWeights:
     if heads == "uniform":
         return HeadWeights(np.full((layers, per_layer), 1.0 / (layers * per_layer)), "uniform")
     fingerprint = model_fingerprint(problem.adapter).weights
-    if heads is not None:
-        found = HeadWeights.load(Path(heads))
-    else:
-        shipped = next((s for s in SHIPPED if s.fingerprint == fingerprint), None)
-        if shipped is not None:
-            digest = file_sha256(shipped.path) if shipped.path.is_file() else "missing"
-            if digest != shipped.sha256:
-                raise HeedfulError(f"the shipped AT2 head weights {shipped.path} have sha256 {digest}, not the pinned {shipped.sha256}", hint="reinstall heedful")
-            found = HeadWeights.load(shipped.path)
-        elif cache_path(fingerprint).is_file():
-            found = HeadWeights.load(cache_path(fingerprint))
-        else:
-            raise UnsupportedModelError(
-                f"at2 has no learned head weights for {problem.adapter.name} (weights fingerprint {fingerprint})",
-                hint=f"learn them first: {TRAIN_COMMAND} (or pass heads=FILE)",
-            )
+    found = HeadWeights.load(Path(heads)) if heads is not None else _default_heads(problem.adapter)
+    if found is None:
+        raise UnsupportedModelError(
+            f"at2 has no learned head weights for {problem.adapter.name} (weights fingerprint {fingerprint})",
+            hint=f"learn them first: {TRAIN_COMMAND} (or pass heads=FILE)",
+        )
     if found.weights.shape != (layers, per_layer):
         raise InputError(
             f"the AT2 head weights are {found.weights.shape[0]} x {found.weights.shape[1]}, the model has {layers} layers x {per_layer} heads",
@@ -165,24 +187,66 @@ def _heads_per_layer(problem: Problem) -> int:
 
 
 @torch.no_grad()
-def head_features(problem: Problem) -> torch.Tensor:
-    """AT2's features ``[B, S, L*H]`` (layer-major): per source and head, the attention from the
-    target's positions (:attr:`~heedful.engine.targets.ResolvedTarget.read_at`, ``[B]`` or
-    ``[B, K]``), averaged over them, summed over the source's tokens (module docstring). One
-    forward pass; each layer keeps only the target's rows of its ``[B, H, N, N]`` probabilities."""
-    rows = problem.target.read_at
-    rows = (rows[:, None] if rows.dim() == 1 else rows).to(problem.device)  # [B, K]
+def anchor_attention(
+    adapter: ModelAdapter, mask: torch.Tensor, rows: torch.Tensor, run: Callable[[], Forward]
+) -> tuple[Forward, torch.Tensor]:
+    """Run ``run()`` -- a pass of ``adapter``'s model over rows with attention mask ``mask``
+    ``[B, N]`` -- keeping every head's attention from the query positions ``rows`` (``[B]`` or
+    ``[B, K]``), averaged over them: the pass and ``[B, L, H, N]``. Every layer computes the
+    probabilities of those rows alone (:func:`~heedful.adapters.intercept.row_probabilities`)
+    and its output by the fused kernel (:func:`~heedful.adapters.intercept.kernel_attention`):
+    no ``[B, H, N, N]`` matrix, so a 4,096-token text costs what a plain pass costs. Families
+    that compute attention inline keep eager attention and take its rows."""
+    rows = (rows[:, None] if rows.dim() == 1 else rows).to(adapter.device)  # [B, K]
     found: dict[int, torch.Tensor] = {}
+    causal = adapter.is_decoder and right_padded(mask) and adapter.unwindowed(mask.shape[1])
+
+    def attend(call: AttentionCall) -> tuple[torch.Tensor, torch.Tensor]:
+        picked = row_probabilities(call, rows)  # [B, H, K, M]
+        found[call.layer] = picked.float().mean(dim=2)  # [B, H, M]
+        return kernel_attention(call, causal=causal), picked
 
     def keep_rows(layer: int, x, probs: torch.Tensor) -> None:
         picked = probs[torch.arange(probs.shape[0], device=probs.device)[:, None], :, rows]  # [B, K, H, M]
         found[layer] = picked.float().mean(dim=1)  # [B, H, M]
 
-    with problem.adapter.intercept() as hooks:
-        for layer, site in hooks.sites("probs"):
-            hooks.at(site, lambda x, probs, layer=layer: keep_rows(layer, x, probs))
-        problem.forward()
-    per_token = torch.stack([found[layer] for layer in sorted(found)], dim=1)  # [B, L, H, N]
+    with adapter.intercept() as hooks:
+        if all(site.side == "attention" for _, site in hooks.sites("probs")):
+            hooks.attend(attend)
+        else:
+            for layer, site in hooks.sites("probs"):
+                hooks.at(site, lambda x, probs, layer=layer: keep_rows(layer, x, probs))
+        forward = run()
+    return forward, torch.stack([found[layer] for layer in sorted(found)], dim=1)  # [B, L, H, N]
+
+
+def at2_reference(keep_cache: bool = False) -> ReferencePass:
+    """AT2's reference pass: the unperturbed pass over the whole batch with every head's
+    attention from the anchors' rows kept in :attr:`~heedful.adapters.Forward.anchor_attention`
+    (:func:`anchor_attention`), so that AT2 costs this one pass; ``keep_cache``: with the
+    decoder's key/value cache (:attr:`~heedful.adapters.Forward.cache`) for methods that then
+    remove sources (``hierarchical``)."""
+
+    def reference(adapter: ModelAdapter, batch: Batch, anchor: torch.Tensor, inputs_embeds: torch.Tensor | None = None) -> Forward:
+        inputs = {"inputs_embeds": inputs_embeds} if inputs_embeds is not None else {}
+        forward, attention = anchor_attention(
+            adapter, batch.attention_mask, anchor, lambda: adapter.forward(batch, anchor, keep_cache=keep_cache, **inputs)
+        )
+        return replace(forward, anchor_attention=attention)
+
+    return reference
+
+
+@torch.no_grad()
+def head_features(problem: Problem) -> torch.Tensor:
+    """AT2's features ``[B, S, L*H]`` (layer-major): per source and head, the attention from the
+    target's positions (:attr:`~heedful.engine.targets.ResolvedTarget.read_at`, ``[B]`` or
+    ``[B, K]``), averaged over them, summed over the source's tokens (module docstring). Read
+    from the reference pass when it kept them (:func:`at2_reference`), else one pass of
+    :func:`anchor_attention`."""
+    per_token = problem.reference.anchor_attention  # [B, L, H, N]
+    if per_token is None:
+        _, per_token = anchor_attention(problem.adapter, problem.batch.attention_mask, problem.target.read_at, problem.forward)
     per_token = per_token.flatten(1, 2)  # [B, L*H, N]
     members = problem.source_map().members().to(per_token)  # [B, S, N]
     return torch.einsum("bsn,bfn->bsf", members, per_token[..., : members.shape[2]])
@@ -191,10 +255,11 @@ def head_features(problem: Problem) -> torch.Tensor:
 @register(
     "at2",
     family="context",
-    cost="1 forward recording the attention rows of the target (eager attention)",
+    cost="1 forward: the reference pass, recording the attention of the target's rows",
     spans=True,
     needs_sources=True,
     needs=("roles",),
+    reference=at2_reference(),
 )
 @torch.no_grad()
 def at2(problem: Problem, *, heads: str | None = None) -> torch.Tensor:
@@ -210,11 +275,11 @@ def at2(problem: Problem, *, heads: str | None = None) -> torch.Tensor:
     the cache by ``heedful at2 train``. A model with neither is refused, naming the command.
 
     What it approximates: removal effects such as exact leave-one-source-out, at the cost of one
-    forward pass; how closely, per length, is in ``benchmarks/results/context.md``. The pass runs
-    eager attention (each layer's ``[B, H, N, N]`` probabilities exist for a moment, their
-    target rows are kept): on a 4,078-token planted document with ``smollm2-135m`` it ranked the
-    planted sentence first, in 808 s on a 2-core machine at load average 20 (under 3 CPU-minutes,
-    loading the model included; exact LOO with the cache takes 1,483 s there idle).
+    forward pass -- the reference pass every method runs, which keeps the attention of the
+    target's rows (:func:`at2_reference`); how closely, per length, is in
+    ``benchmarks/results/context.md``. That pass computes each layer's output by the fused
+    attention kernel and the probabilities of the target's rows alone, so no ``[B, H, N, N]``
+    matrix exists and a 4,096-token text costs a plain pass.
 
     Source: Cohen-Wang et al. 2025, Learning to Attribute with Attention (AT2: the attention weights of every head as features of a linear surrogate learned from source ablations with a correlation objective)
     """

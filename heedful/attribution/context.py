@@ -18,14 +18,13 @@ from typing import Annotated, Literal
 import numpy as np
 import torch
 
-from heedful.attribution.gradient import gradient_reference
 from heedful.engine.options import AT_LEAST_ONE, NON_NEGATIVE, OPEN_UNIT, RUNTIME, Range
 from heedful.engine.perturb import removable_positions
 from heedful.engine.problem import Problem
 from heedful.engine.reuse import removal_scores
 from heedful.engine.seeding import example_generators
 from heedful.errors import InputError
-from heedful.registry import find, register
+from heedful.registry import register
 
 SourceRemoval = Literal["delete", "auto", "mask", "pad", "unk"]
 ContextOutput = Literal["log_prob", "logit_prob", "logit", "probability"]
@@ -207,108 +206,3 @@ def context_cite(
         details["lds"].append(quality["lds"])
     problem.details.update(details)
     return sources.spread(values)
-
-
-Coarse = Literal["saliency", "grad_x_input", "raw_attention", "source_loo", "context_cite"]
-COARSE_SHARE = 0.5
-"""Largest magnitude of a source ``hierarchical`` did not refine, as a share of the smallest
-magnitude among those it refined: every refined source outranks every other by its magnitude."""
-
-
-def _below_refined(pooled: torch.Tensor, refined: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
-    """Source scores ``[B, S]``: the exact scores ``exact`` where ``refined`` (bool ``[B, S]``),
-    elsewhere the coarse scores ``pooled`` scaled so that the largest magnitude among them is
-    :data:`COARSE_SHARE` times the smallest refined magnitude of the example (their order
-    kept, 0 when the example refined none or all of its refined scores are 0)."""
-    inf = torch.full_like(exact, torch.inf)
-    floor = torch.where(refined, exact.abs(), inf).amin(dim=1, keepdim=True)  # [B, 1]
-    floor = torch.where(torch.isfinite(floor), floor, torch.zeros_like(floor))
-    rest = torch.where(refined, torch.zeros_like(pooled), pooled)
-    top = rest.abs().amax(dim=1, keepdim=True)
-    scale = torch.where(top > 0, COARSE_SHARE * floor / top.clamp(min=torch.finfo(top.dtype).tiny), torch.zeros_like(top))
-    return torch.where(refined, exact, rest * scale)
-
-
-@register(
-    "hierarchical",
-    family="context",
-    cost="the coarse method (saliency: 1 forward + 1 backward) + 1 forward up to the last kept source (the cache) + per kept source a forward of the text after it (decoders)",
-    spans=True,
-    needs_sources=True,
-    version=3,
-    reference=gradient_reference,  # the default coarse method's backward runs through it: no second forward
-)
-@torch.no_grad()
-def hierarchical(
-    problem: Problem,
-    *,
-    coarse: Coarse = "saliency",
-    keep: Annotated[int, AT_LEAST_ONE] = 2,
-    output: ContextOutput = "log_prob",
-    removal: SourceRemoval = "delete",
-    kv_cache: Annotated[bool, RUNTIME] = True,
-    internal_batch_size: Annotated[int | None, AT_LEAST_ONE, RUNTIME] = None,
-) -> torch.Tensor:
-    """Hierarchical attribution: rank the sources with a cheap method, then leave out only the
-    ``keep`` best of them, exactly.
-
-    The ``coarse`` method's token scores summed per source rank the sources; the ``keep`` best
-    (ties at the cut kept) get exact leave-one-source-out, ``LOO_s = f(C) - f(C \\ s)`` with
-    ``f`` the target's ``output`` (as :func:`source_loo`), each copy continuing the key/value
-    cache of the text before its source (decoders, ``kv_cache``), so a kept source costs only
-    the tokens after it. Every other source keeps its coarse score, scaled so that its
-    magnitude is at most :data:`COARSE_SHARE` of the smallest refined magnitude -- below every
-    refined source, in the coarse order; each token gets its source's score over the source's
-    tokens ``[B, N]``. The coarse source scores and the refined sources are in the explanation's
-    ``details``.
-
-    What it approximates: exact leave-one-source-out (:func:`source_loo`), which costs one pass
-    over the text after every source (about ``S N / 2`` positions for ``S`` sources of an
-    ``N``-token text); this costs a forward and a backward (saliency), one forward for the cache
-    and at most ``keep N`` positions. The kept sources' scores equal exact LOO to float
-    rounding; the ranking agrees with exact LOO's at the top wherever LOO's top source is among
-    the coarse top ``keep`` -- the ranks below are the coarse method's, not LOO's.
-
-    The default coarse method is ``saliency`` (gradient norms summed per source). On the
-    planted long documents with ``smollm2-135m`` (``benchmarks/results/hierarchical_coarse.md``:
-    12 documents at each of 512, 1,024 and 2,048 tokens) it ranked the planted source first in
-    35 of 36 and never below second -- hence ``keep=2`` -- while ``grad_x_input``'s signed sums
-    ranked it first in 26 and once 95th of 96, and ``raw_attention`` kept it in the top 3 in none. Version 3 refines whole
-    sources with the cache (version 2 left out each token of the kept sources, without the
-    cache, and scored every other token 0: slower than exact LOO over all sources).
-
-    Source: Liu et al. 2024, AttriBoT: A Bag of Tricks for Efficiently Approximating Leave-One-Out Context Attribution (Sec. 3.1 cache reuse, Sec. 3.3 hierarchical attribution: exact LOO only where a cheap estimate ranks first)
-    """
-    sources = problem.source_map()
-    info = find(coarse, problem.adapter.task)
-    if problem.target.is_span and not info.spans:
-        raise InputError(f"the coarse method {coarse} explains one position, and the target is a span", hint="use coarse='grad_x_input'")
-    with torch.enable_grad():
-        token_scores = info.fn(problem, **info.defaults).detach().float().cpu()
-    problem.release_graph()
-    if token_scores.dim() == 3:
-        token_scores = token_scores[:, -1]
-    pooled = sources.pool(token_scores)  # [B, S]
-    counts = sources.counts.cpu()
-    valid = torch.arange(pooled.shape[1], device=pooled.device)[None, :] < counts[:, None]
-    ranked = torch.where(valid, pooled, torch.full_like(pooled, -torch.inf))
-    k = min(keep, pooled.shape[1])
-    cutoff = ranked.topk(k, dim=1).values[:, -1:]
-    kept = valid & (ranked >= cutoff)  # [B, S]
-    example, which = kept.nonzero(as_tuple=True)
-    device = sources.counts.device
-    example, which = example.to(device), which.to(device)
-    keep_rows = torch.ones(len(example), pooled.shape[1], dtype=torch.bool, device=device)
-    keep_rows[torch.arange(len(example), device=device), which] = False
-    remove = _source_removals(problem, keep_rows, example)
-    changed = removal_scores(problem, example, remove, output, removal=removal, reuse=kv_cache, rows=internal_batch_size)
-    exact = torch.zeros_like(pooled)
-    exact[example.cpu(), which.cpu()] = _reference_output(problem, output)[example.cpu()] - changed
-    values = _below_refined(torch.where(valid, pooled, torch.zeros_like(pooled)), kept, exact)
-    problem.details.update(
-        {
-            "coarse_source_scores": [row[: int(n)].tolist() for row, n in zip(pooled, counts, strict=True)],
-            "kept_sources": [torch.nonzero(row).flatten().tolist() for row in kept],
-        }
-    )
-    return sources.spread(values.to(device))

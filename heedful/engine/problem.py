@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from heedful.adapters import Forward, ModelAdapter
+from heedful.adapters import Forward, ModelAdapter, PrefixStates
 from heedful.engine.batch import Batch
 from heedful.engine.chunks import length_chunks
 from heedful.engine.memory import Fit, Need, estimate, kept_bytes, refusal
@@ -139,7 +139,7 @@ class Problem:
                 hidden_states=hidden_states or ref.hidden_states is not None,
                 attentions=attentions or ref.attentions is not None,
             )
-            self.reference = Forward(ref.logits, fwd.hidden_states, fwd.attentions, ref.inputs_embeds)
+            self.reference = replace(ref, hidden_states=fwd.hidden_states, attentions=fwd.attentions)
         return self.reference
 
     def select(self, rows: list[int] | torch.Tensor) -> Problem:
@@ -148,10 +148,15 @@ class Problem:
         batch = self.batch.select(idx.tolist())
         width = batch.seq_len
         ref = self.reference
+        cache = ref.cache
         reference = Forward(
             ref.logits[idx].detach(),
             None if ref.hidden_states is None else tuple(h[idx, :width].detach() for h in ref.hidden_states),
             None if ref.attentions is None else tuple(a[idx][..., :width, :width].detach() for a in ref.attentions),
+            cache=None if cache is None else PrefixStates(
+                tuple(k[idx.to(k.device), :, :width] for k in cache.keys), tuple(v[idx.to(v.device), :, :width] for v in cache.values)
+            ),
+            anchor_attention=None if ref.anchor_attention is None else ref.anchor_attention[idx.to(ref.anchor_attention.device), ..., :width],
         )
         embeds = None if self.inputs_embeds is None else self.inputs_embeds[idx, :width]
         sources = None if self.sources is None else self.sources.select(idx.tolist(), width)
@@ -164,10 +169,12 @@ class Problem:
         later methods run passes of their own). Returns the problem itself."""
         ref = self.reference
         if ref.inputs_embeds is not None or ref.logits.requires_grad:
-            self.reference = Forward(
-                ref.logits.detach(),
-                None if ref.hidden_states is None else tuple(h.detach() for h in ref.hidden_states),
-                None if ref.attentions is None else tuple(a.detach() for a in ref.attentions),
+            self.reference = replace(
+                ref,
+                logits=ref.logits.detach(),
+                hidden_states=None if ref.hidden_states is None else tuple(h.detach() for h in ref.hidden_states),
+                attentions=None if ref.attentions is None else tuple(a.detach() for a in ref.attentions),
+                inputs_embeds=None,
             )
         return self
 

@@ -4,7 +4,8 @@ passes start from the example's key/value cache there and compute only the rest.
 
 This is AttriBoT's exact cache reuse (Liu et al. 2024, "AttriBoT: A Bag of Tricks for
 Efficiently Approximating Leave-One-Out Context Attribution", Sec. 3.1): removing a late source
-costs only the tokens after it. The example's cache comes from one pass
+costs only the tokens after it. The example's cache is the reference pass's where a method
+kept it (:attr:`~heedful.adapters.Forward.cache`), else it comes from one pass
 (:meth:`~heedful.adapters.ModelAdapter.prefix_states`) over the positions up to the latest
 copy's start; rows are sorted by where they start
 differing and cut into chunks that share the shortest prefix of their rows (each row recomputes
@@ -159,14 +160,17 @@ def _reused(
 ) -> torch.Tensor:
     """The target's ``output`` for copies ``perturbed`` of examples ``example`` ``[R]``, each
     continuing its example's key/value cache over its first ``start`` ``[R]`` positions, in
-    chunks that ``fits`` the memory budget (:func:`_fits`)."""
+    chunks that ``fits`` the memory budget (:func:`_fits`). The cache is the reference pass's
+    when it kept one (:attr:`~heedful.adapters.Forward.cache`), else one pass computes it."""
     adapter, batch = problem.adapter, problem.batch
     target = problem.target.select(example).with_anchor(perturbed.anchor)
     lengths = perturbed.attention_mask.sum(dim=1)
-    # no copy continues past the latest start: the cache's pass stops there (hierarchical keeps a
-    # few sources, often early ones, and saves much of a full pass)
-    needed = max(int(start.max()), 1)
-    states = adapter.prefix_states(batch.with_ids(batch.input_ids[:, :needed], batch.attention_mask[:, :needed]))
+    states = problem.reference.cache
+    if states is None:
+        # no copy continues past the latest start: the cache's pass stops there (hierarchical keeps a
+        # few sources, often early ones, and saves much of a full pass)
+        needed = max(int(start.max()), 1)
+        states = adapter.prefix_states(batch.with_ids(batch.input_ids[:, :needed], batch.attention_mask[:, :needed]))
     values = torch.zeros(len(example), device="cpu")  # collected on the CPU (each chunk's .cpu())
     budget = TOKEN_BUDGET if rows is None else None
     chunks = prefix_chunks(start, lengths, budget or 1 << 62, fits)
