@@ -13,7 +13,8 @@ random keep-masks ``m`` (each source kept with probability 1/2) the prediction
 ``sum_s (2 m_s - 1) score(s)`` should correlate with the target's output with the masked sources
 deleted; the objective is the mean over documents of that Pearson correlation across masks
 (:func:`objective`), maximised by Adam (:func:`fit_heads`). Attribution then costs one forward
-pass (besides the reference pass every method has).
+pass: the reference pass every method has, which records the target rows' attention
+(:func:`at2_reference`).
 
 Learned weights are JSON files (:class:`HeadWeights`): those of the zoo's decoders ship in
 ``heedful/attribution/at2_heads/`` pinned by sha256 (:data:`SHIPPED`); ``heedful at2 train``
