@@ -131,8 +131,9 @@ class Model:
         ``method``: prepare the reference pass the way that method wants it (with hidden states,
         attentions, or its own graph-keeping pass) so that it runs no pass twice; any method can
         still take the problem. ``options``: the options that method will run with, where they
-        choose its reference pass (``hierarchical``'s coarse method). ``inputs_embeds`` ``[B, N, E]``: word embeddings to start from
-        instead of the ids' (edited inputs). ``hidden_states`` / ``attentions``: keep them in
+        choose its reference pass (``hierarchical``'s coarse method); checked as ``explain``
+        checks them. ``inputs_embeds`` ``[B, N, E]``: word embeddings to start from instead of
+        the ids' (edited inputs). ``hidden_states`` / ``attentions``: keep them in
         the reference pass. ``quantity``: explain the target's ``"logit"`` or ``"log_prob"``
         (see :func:`heedful.prepare`; a span target of several tokens defaults to its summed
         log-probability).
@@ -146,6 +147,10 @@ class Model:
             texts, text_pair=text_pair, truncation=truncation, max_length=max_length
         )
         info = self.method(method) if method is not None else None
+        if options is not None:
+            if info is None:
+                raise InputError("options choose a method's reference pass, and no method was given", hint="pass method=NAME with options")
+            options = info.bind(dict(options))
         return prepare(
             self.adapter,
             batch,

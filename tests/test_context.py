@@ -401,3 +401,17 @@ def test_no_copy_continues_the_cache_where_none_fits_beside_it(lm, monkeypatch):
         cached = lm.explain(DOC, "source_loo", target=" the")
     assert seen == []
     np.testing.assert_allclose(cached.scores, reference.scores, atol=1e-5)
+
+
+def test_hierarchical_bad_options_and_prepare_options_are_one_line_refusals(tmp_path):
+    lm = cached_model("llama", "causal_lm")
+    cases = [
+        (lambda: lm.prepare(DOC, method="hierarchical", options={"coarse": "bogus"}), "coarse"),
+        (lambda: lm.prepare(DOC, options={"coarse": "at2"}), "no method"),
+        (lambda: lm.explain(DOC, "hierarchical", coarse="at2", heads=str(tmp_path / "missing.json")), "cannot read AT2 head weights"),
+        (lambda: lm.explain(DOC, "hierarchical", coarse="at2"), "no learned head weights"),
+    ]
+    for call, words in cases:
+        with pytest.raises(heedful.HeedfulError) as info:
+            call()
+        assert words in info.value.message and "\n" not in info.value.message and info.value.hint, words

@@ -144,12 +144,7 @@ def _default_heads(adapter: ModelAdapter) -> HeadWeights | None:
 def has_heads(adapter: ModelAdapter, heads: str | None = None) -> bool:
     """Whether :func:`at2` can run on ``adapter``'s model with ``heads`` (a file or
     ``"uniform"``: always; ``None``: when the model has shipped or learned weights)."""
-    from heedful.fingerprint import model_fingerprint
-
-    if heads is not None:
-        return True
-    fingerprint = model_fingerprint(adapter).weights
-    return any(s.fingerprint == fingerprint for s in SHIPPED) or cache_path(fingerprint).is_file()
+    return heads is not None or _default_heads(adapter) is not None
 
 
 def find_heads(problem: Problem, heads: str | None) -> HeadWeights:
