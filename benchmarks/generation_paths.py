@@ -1,15 +1,16 @@
 """heedful's two paths of generation attribution, back to back in one process on one machine
 load: the per-step rows (every step its own forward and backward over its prefix,
 :func:`heedful.generation.prepare_steps`) and the shared-prefix path (one forward per sequence,
-per path point for integrated gradients, and the steps' backward passes from its graph vmapped
-over their cotangents, :mod:`heedful.generation_shared`) -- and, with ``--per-step-backward``,
-the shared path with a plain backward per step, and with ``--segment N`` the shared path run in
-segments of ``N`` positions (each step's backward restricted to its prefix,
-:attr:`heedful.generation_shared.SharedSteps.segment`). Their ratio holds on a loaded machine, where absolute times
+per path point for integrated gradients, run in position segments and swept back once, each
+step's backward through its own prefix, :mod:`heedful.generation_shared`) -- and, with
+``--whole``, the shared path as one pass over the whole sequences with a backward through all of
+it per step (vmapped over the steps; with ``--per-step-backward`` also a plain backward per
+step), and with ``--segment N`` the swept path in segments of ``N`` positions
+(:attr:`heedful.generation_shared.SharedSteps.segment`). Their ratio holds on a loaded machine, where absolute times
 do not; scores are checked equal.
 
     python benchmarks/generation_paths.py [--model smollm2-135m] [--n 16] [--steps 20] [--ig-steps 8]
-                                          [--repeats 1] [--threads 2] [--methods ...] [--segment N]
+                                          [--repeats 1] [--threads 2] [--methods ...] [--whole] [--segment N]
 """
 
 from __future__ import annotations
@@ -40,8 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--methods", nargs="+", default=list(OPTIONS), choices=list(OPTIONS))
-    parser.add_argument("--per-step-backward", action="store_true", help="also time the shared path with a backward per step")
-    parser.add_argument("--segment", type=int, help="also time the shared path in segments of this many positions")
+    parser.add_argument("--whole", action="store_true", help="also time the shared path as one pass over the whole sequences")
+    parser.add_argument("--per-step-backward", action="store_true", help="with --whole: also with a plain backward per step")
+    parser.add_argument("--segment", type=int, help="also time the swept path in segments of this many positions")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     torch.set_num_threads(args.threads)
@@ -63,23 +65,26 @@ def main(argv: list[str] | None = None) -> int:
         def shared(info=info, bound=bound):
             return explain_shared(lm.adapter, generation, info, bound, "logit")[3]
 
-        def shared_per_step_backward():
-            SharedSteps.steps_per_backward = 1
-            try:
-                return shared()
-            finally:
-                SharedSteps.steps_per_backward = None
+        def setting(**values):
+            def run():
+                before = {name: getattr(SharedSteps, name) for name in values}
+                for name, value in values.items():
+                    setattr(SharedSteps, name, value)
+                try:
+                    return shared()
+                finally:
+                    for name, value in before.items():
+                        setattr(SharedSteps, name, value)
 
-        def shared_segments():
-            SharedSteps.segment = args.segment
-            try:
-                return shared()
-            finally:
-                SharedSteps.segment = None
+            return run
 
-        extra = {"shared, a backward per step": shared_per_step_backward} if args.per_step_backward else {}
+        extra = {}
+        if args.whole:
+            extra["shared, whole pass"] = setting(segment=None)
+            if args.per_step_backward:
+                extra["shared, whole pass, a backward per step"] = setting(segment=None, steps_per_backward=1)
         if args.segment:
-            extra[f"shared, segments of {args.segment}"] = shared_segments
+            extra[f"shared, segments of {args.segment}"] = setting(segment=args.segment)
         paths = {"per-step": per_step, "shared": shared, **extra}
         found = {name: [] for name in paths}
         scores = {}

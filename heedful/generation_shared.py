@@ -19,10 +19,13 @@ SmoothGrad has no shared path: its noise is drawn per step row, seeded by the ro
 text (:func:`heedful.engine.seeding.example_generators`), so two steps never see the same noised
 prefix.
 
-Each step's backward spans the whole pass; :attr:`SharedSteps.segment` runs the pass instead in
-position segments with the key/value cache kept in the graph, so that a step's backward spans
-only the segments up to its own (its prefix): fewer multiply-adds, but slower where reading
-the weights dominates a small product (measured, see there), so it is not the default.
+A step's backward needs only its prefix. Each row's score goes through the head once, and the
+steps' backward passes start from the head's input (:attr:`~heedful.adapters.Forward.head_input`)
+with those gradients, not from ``n x B x T`` rows of the head's ``C`` outputs. A decoder's pass
+runs in position segments, each continuing the keys and values before it as leaves of its own
+graph, and one reverse sweep over the segments back-propagates every step through its own
+prefix only, each segment's graph once (:meth:`SharedSteps._swept`); encoder–decoders and models
+whose own head runs take one backward per step through the whole pass (:meth:`SharedSteps._whole`).
 
 Prompts run in groups of similar length, as many per pass as keeping the pass's graph allows
 under the adapter's ``max_memory`` (:func:`heedful.engine.memory.fit`); a sequence whose graph does
@@ -38,7 +41,7 @@ from typing import Any
 
 import torch
 
-from heedful.adapters import Forward, ModelAdapter
+from heedful.adapters import Forward, ModelAdapter, PrefixStates
 from heedful.attribution.gradient import aggregate_embedding, baseline_of, path_points
 from heedful.engine.batch import Batch
 from heedful.engine.chunks import length_chunks
@@ -66,6 +69,9 @@ class CancellationWarning(UserWarning):
     """A lower precision asked of a method whose sums cancel (:data:`CANCELLING`)."""
 
 Groups = list[tuple[torch.Tensor, int]]
+
+SEGMENT = 8
+"""Positions per segment of :meth:`SharedSteps._swept`."""
 
 
 def generation_precision(info: MethodInfo, options: dict[str, Any], device: torch.device | str) -> tuple[dict[str, Any], str]:
@@ -177,22 +183,17 @@ class SharedSteps:
     ``anchors[b, t]`` (``[B, T]``), explaining ``target`` (of the ``R`` rows); ``width``: the
     step rows' width ``W``.
 
-    The steps' backward passes run vmapped over their cotangents (``is_grads_batched``), as
-    many steps a call as their transient gradients fit beside the kept graph: the arithmetic
-    of one backward per step, in larger matrix products (1.4x faster than one backward per step
-    on smollm2-135m, ``benchmarks/generation_paths.py``). :attr:`steps_per_backward` fixes that
-    number (1: a plain backward per step)."""
+    The steps' backward passes run vmapped over their cotangents (``is_grads_batched``): the
+    arithmetic of one backward per step, in larger matrix products (1.4x faster than one
+    backward per step on smollm2-135m, ``benchmarks/generation_paths.py``). The whole pass
+    (:meth:`_whole`) takes as many steps a call as their transient gradients fit beside the
+    kept graph; :attr:`steps_per_backward` fixes that number (1: a plain backward per step)."""
 
     steps_per_backward: int | None = None
-    segment: int | None = None
-    """Positions per segment of a segmented pass (:meth:`_segmented`); ``None``: one pass over
-    the whole sequences (:meth:`_whole`), the default because it measured faster: 47 s against
-    264 s (segments of 4) for 2 prompts x 8 steps on smollm2-135m, 2 threads, on a loaded
-    2-core machine (``benchmarks/generation_paths.py --segment``). Segments cut the backward's
-    arithmetic to each step's prefix (about 1.5x fewer multiply-adds at 16 x 20), but a
-    segment's backward re-runs every earlier segment's small matrix products, and on a CPU a
-    product of this size costs the read of its weights more than its rows (8x the ``mm``
-    calls at the same time each)."""
+    segment: int | None = SEGMENT
+    """Positions per segment of the swept pass of a decoder (:meth:`_swept`); ``None``: one
+    pass over the whole sequences and a backward through all of it per step (:meth:`_whole`,
+    which encoder–decoders and models whose own head runs always take)."""
 
     def __init__(
         self,
@@ -235,56 +236,118 @@ class SharedSteps:
                 mine = (position[self.example] >= 0).nonzero().squeeze(1)  # the group's step rows
                 local = position[self.example[mine]]
                 steps = self.step[mine]
-                run = self._segmented if self.adapter.is_decoder and self.segment is not None else self._whole
-                picked = run(points, rows, width, mine, local, steps, grads, done)
+                picked = None
+                if self.segment is not None and self.adapter.is_decoder and self.adapter.unwindowed(width):
+                    picked = self._swept(points, rows, width, mine, local, steps, grads, done)
+                if picked is None:
+                    picked = self._whole(points, rows, width, mine, local, steps, grads, done)
                 if logits.numel() == 0:
                     logits = picked.new_zeros(len(self.example), picked.shape[-1])
                 logits[mine.to(logits.device)] = picked
         return grads, logits
 
-    def _segmented(self, points, rows, width, mine, local, steps, grads, done) -> torch.Tensor:
-        """The group's rows ``mine`` (sequence ``local``, step ``steps``, ``[r]`` each) through one
-        forward in position segments (:meth:`~heedful.adapters.ModelAdapter.forward_segments`)
-        and per segment the backward of its anchors' scores, through that segment and those
-        before it only -- each step's backward restricted to its prefix, up to the segment's
-        end: its gradients written into ``grads``; returns the rows' logits ``[r, C]``."""
-        assert self.segment is not None
+    def _swept(self, points, rows, width, mine, local, steps, grads, done) -> torch.Tensor | None:
+        """The group's rows ``mine`` (sequence ``local``, step ``steps``, ``[r]`` each) from one
+        forward in position segments and one reverse sweep over them (decoders whose head's
+        input the pass gives): each step's backward through its own prefix only, every
+        segment's graph traversed once. Gradients are written into ``grads``; returns the
+        rows' logits ``[r, C]``, or ``None`` where the pass gives no head input.
+
+        Segment ``k`` (positions ``b_k .. b_{k+1} - 1``, :func:`segment_bounds`) continues the
+        keys and values of the positions before it, passed in as leaves ``K_{<k}`` of its own
+        graph. The cotangent slots are the anchor positions ``a``: slot ``a`` carries the
+        gradient of the score read at ``a`` (one row per sequence). Going back from the last
+        segment, segment ``k`` takes, for the slots ``a >= b_k``, its anchors' score gradients
+        at the head's input and the gradients its later segments sent to its own keys and
+        values (``dK_k``); one backward vmapped over those slots gives the rows' gradients on
+        its embeddings and ``dK_{<k}``, which it adds to the earlier segments' -- the chain
+        rule of ``K_{<k}`` feeding every later segment, summed before each segment's own
+        backward. Multiply-adds: ``sum_t (P + t)`` positions of backward per sequence, against
+        ``T (P + T)`` for :meth:`_whole`."""
         adapter, device = self.adapter, points.device
         at = self.anchors[rows][local, steps]  # [r] absolute anchor positions
-        bounds = segment_bounds(at, self.segment)
-        end = bounds[-1]
-        leaf = points[rows.to(device), :end].detach().requires_grad_(True)
-        which = torch.bucketize(at, torch.tensor(bounds[1:]), right=True)  # each row's segment
-        members = [(which == k).nonzero().squeeze(1) for k in range(len(bounds) - 1)]
+        if int(torch.unique(local * (int(at.max()) + 1) + at).numel()) != len(at):
+            return None  # two rows of a sequence read one position: slots would mix them
+        bounds = segment_bounds(at, self.segment or SEGMENT)
+        low = int(at.min())
+        slots = bounds[-1] - low  # slot s: anchor position low + s
+        shape = adapter.shape
+        kept = estimate(shape, len(rows), width, Need(grad="saved", anchors=self.anchors.shape[1]))
+        spare = adapter.max_memory - kept - slots * len(rows) * shape.cache_bytes(bounds[-2])
+        if spare <= 0:
+            return None  # the gradients sent back to the keys and values do not fit beside the graph
+        group = torch.arange(len(rows))
+        mask = self.full.attention_mask[rows, : bounds[-1]]
+        release = bool(keeps_graph(adapter, self.full.lengths[rows], self.anchors.shape[1]))
+        picked: torch.Tensor | None = None
+        segments = []
+        states = None
+        counted = adapter.counter.forward  # the segments make one pass per sequence
         with torch.enable_grad():
-            found = adapter.forward_segments(
-                leaf, self.full.attention_mask[rows, :end], bounds, [(local[m], at[m]) for m in members]
-            )
-            found = [widened(f) for f in found]
-            scores = [self.target.select(mine[m]).score(f) for m, f in zip(members, found, strict=True)]
-        picked = torch.cat([f.detach() for f in found])
-        order = torch.cat(members)
-        per_call = self.steps_per_backward or self._steps_per_backward(len(rows), end)
-        calls = []  # (segment, the segment's rows in this call, their cotangent slots, slots)
-        for k, m in enumerate(members):
-            # cotangent i: the rows anchored at the i-th position of the call (one per sequence)
-            offset = at[m] - bounds[k]
-            size = bounds[k + 1] - bounds[k]
-            for first in range(0, size, per_call):
-                n = min(per_call, size - first)
-                sel = ((offset >= first) & (offset < first + n)).nonzero().squeeze(1)
-                if sel.numel():
-                    calls.append((k, m[sel], offset[sel] - first, n))
-        for i, (k, m, slot, n) in enumerate(calls):
-            adapter.counter.backward += m.numel()
-            part = torch.searchsorted(members[k], m)  # the rows' places in the segment's scores
-            g = _backward(scores[k][part.to(scores[k].device)], leaf, slot, n, i < len(calls) - 1)
-            grads[mine[m].to(device), :end] = g[slot.to(device), local[m].to(device)].to(grads.dtype)
-            done.advance(m.numel())
-            del g
-        result = picked.new_empty(picked.shape)
-        result[order.to(picked.device)] = picked
-        return result
+            for start, stop in zip(bounds[:-1], bounds[1:], strict=True):
+                inside = ((at >= start) & (at < stop)).nonzero().squeeze(1)  # the rows anchored here
+                positions = torch.unique(at[inside])  # [K] the segment's anchor positions
+                leaf = points[rows.to(device), start:stop].detach().requires_grad_(True)
+                past = None
+                if states is not None:
+                    past = PrefixStates(
+                        tuple(t.detach().requires_grad_(True) for t in states.keys),
+                        tuple(t.detach().requires_grad_(True) for t in states.values),
+                    )
+                anchor = (positions - start)[None].expand(len(rows), -1)
+                fwd = adapter.forward(
+                    self.full, anchor, inputs_embeds=leaf, attention_mask=mask[:, :stop],
+                    prefix=None if past is None else (past, group, start), keep_cache=True, release=release,
+                )
+                if fwd.head_input is None or fwd.cache is None:
+                    return None
+                column = torch.searchsorted(positions, at[inside])  # each row's anchor among the segment's
+                logits = widened(fwd.logits[local[inside].to(fwd.logits.device), column.to(fwd.logits.device)])
+                scores = self.target.select(mine[inside]).score(logits)
+                (seeds,) = torch.autograd.grad(scores.sum(), fwd.head_input, retain_graph=True)
+                if picked is None:
+                    picked = logits.new_zeros(len(mine), logits.shape[-1])
+                picked[inside.to(picked.device)] = logits.detach()
+                states = fwd.cache
+                outputs = (*(k[:, :, start:] for k in fwd.cache.keys), *(v[:, :, start:] for v in fwd.cache.values))
+                segments.append((start, stop, inside, positions, seeds, fwd.head_input, outputs, leaf, past))
+                del fwd, logits, scores
+        assert picked is not None
+        adapter.counter.forward = counted + len(rows)
+        sent: list[torch.Tensor] | None = None  # dK, dV of every layer: [slots, B, H, positions, d]
+        while segments:
+            start, stop, inside, positions, seeds, read, outputs, leaf, past = segments.pop()
+            sources = [leaf, *(() if past is None else (*past.keys, *past.values))]
+            slot = at - low  # every row's slot
+            covered = (at >= start).nonzero().squeeze(1)  # the rows whose prefix reaches this segment
+            per_call = max(1, rows_within(self.adapter.shape, stop - start, spare, FORWARD) // len(rows))
+            first = max(0, start - low)  # the first slot anchored at or after this segment
+            while first < slots:
+                last = min(slots, first + per_call)
+                n = last - first
+                cotangent = seeds.new_zeros(n, *read.shape)
+                here = inside[(slot[inside] >= first) & (slot[inside] < last)]
+                seq, column = local[here].to(read.device), torch.searchsorted(positions, at[here]).to(read.device)
+                cotangent[(slot[here] - first).to(read.device), seq, column] = seeds[seq, column]
+                wanted, given = [read], [cotangent]
+                if sent is not None and stop < bounds[-1]:  # the last segment's keys and values feed nothing
+                    wanted.extend(outputs)
+                    given.extend(d[first:last, :, :, start:stop] for d in sent)
+                adapter.counter.backward += here.numel()
+                found = _vjp(wanted, sources, given, n, retain=last < slots)
+                mine_now = covered[(slot[covered] >= first) & (slot[covered] < last)]
+                g = found[0][(slot[mine_now] - first).to(device), local[mine_now].to(device)]
+                grads[mine[mine_now].to(device), start:stop] = g.to(grads.dtype)
+                if past is not None:
+                    if sent is None:  # reached first from the last segment, whose past is every earlier position
+                        sent = [d.new_zeros(slots, *d.shape[1:]) for d in found[1:]]
+                    for total, d in zip(sent, found[1:], strict=True):
+                        total[first:last, :, :, : d.shape[3]] += d
+                done.advance(here.numel())
+                del found, g
+                first = last
+            del outputs, read, leaf, past, sources
+        return picked
 
     def _whole(self, points, rows, width, mine, local, steps, grads, done) -> torch.Tensor:
         """As :meth:`_segmented`, from one pass over the whole sequences: every step's backward
@@ -302,6 +365,13 @@ class SharedSteps:
         last = int(steps.max())
         cut = min(width, self.width)
         per_call = self.steps_per_backward or self._steps_per_backward(len(rows), width)
+        seeds = None
+        if fwd.head_input is not None:
+            # each row's score through the head once, [r] rows: the steps' backward passes then
+            # start from the head's input, not from n x B x T rows of the head's C outputs
+            read = fwd.head_input
+            (seeds,) = torch.autograd.grad(scores.sum(), read, retain_graph=True)
+            where = (local.to(read.device), steps.to(read.device))
         for first in range(0, last + 1, per_call):
             # steps first .. first + n - 1 in one backward vmapped over their cotangents
             n = min(per_call, last + 1 - first)
@@ -309,8 +379,13 @@ class SharedSteps:
             if at.numel() == 0:
                 continue
             adapter.counter.backward += at.numel()
-            g = _backward(scores[at.to(scores.device)], leaf, steps[at] - first, n, first + n <= last)
-            grads[mine[at].to(device), :cut] = g[(steps[at] - first).to(device), local[at].to(device), :cut].to(grads.dtype)
+            retain = first + n <= last
+            slot = steps[at] - first
+            if seeds is None:
+                g = _backward(scores[at.to(scores.device)], leaf, slot, n, retain)
+            else:
+                g = _seeded_backward(read, seeds, tuple(w[at.to(read.device)] for w in where), slot, n, leaf, retain)
+            grads[mine[at].to(device), :cut] = g[slot.to(device), local[at].to(device), :cut].to(grads.dtype)
             done.advance(at.numel())
             del g
         return picked.detach()
@@ -322,6 +397,42 @@ def segment_bounds(anchors: torch.Tensor, size: int) -> list[int]:
     every step reads), each later one holds ``size`` positions."""
     first, last = int(anchors.min()) + 1, int(anchors.max()) + 1
     return [0, *range(first, last, size), last]
+
+
+def _vjp(
+    outputs: list[torch.Tensor], inputs: list[torch.Tensor], cotangents: list[torch.Tensor], n: int, retain: bool
+) -> tuple[torch.Tensor, ...]:
+    """The vector–Jacobian products of ``outputs`` for ``n`` cotangents each (``[n, *shape]``),
+    with respect to ``inputs``: ``[n, *input.shape]`` each (zeros where an input is not
+    reached), in one backward vmapped over the ``n``."""
+    common = {"allow_unused": True, "materialize_grads": True, "retain_graph": retain}
+    if n == 1:
+        found = torch.autograd.grad(outputs, inputs, grad_outputs=[c[0] for c in cotangents], **common)
+        return tuple(f[None] for f in found)
+    return torch.autograd.grad(outputs, inputs, grad_outputs=cotangents, is_grads_batched=True, **common)
+
+
+def _seeded_backward(
+    read: torch.Tensor,
+    seeds: torch.Tensor,
+    where: tuple[torch.Tensor, torch.Tensor],
+    slot: torch.Tensor,
+    n: int,
+    leaf: torch.Tensor,
+    retain: bool,
+) -> torch.Tensor:
+    """``d score / d leaf`` as ``[n, B, N, E]`` from the head's input ``read`` ``[B, T, D]``:
+    the rows at ``where = (sequence, step)`` (``[m]`` each) carry their scores' gradients
+    ``seeds`` there, row ``i`` in cotangent slot ``slot[i]`` -- the chain rule through the head
+    taken once per row instead of once per slot."""
+    cotangents = seeds.new_zeros(n, *read.shape)
+    rows, steps = where
+    cotangents[slot.to(read.device), rows, steps] = seeds[rows, steps]
+    if n == 1:
+        (g,) = torch.autograd.grad(read, leaf, grad_outputs=cotangents[0], retain_graph=retain)
+        return g[None]
+    (g,) = torch.autograd.grad(read, leaf, grad_outputs=cotangents, is_grads_batched=True, retain_graph=retain)
+    return g
 
 
 def _backward(scores: torch.Tensor, leaf: torch.Tensor, slot: torch.Tensor, n: int, retain: bool) -> torch.Tensor:

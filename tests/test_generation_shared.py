@@ -61,8 +61,10 @@ def test_shared_path_equals_the_per_step_path_with_one_forward_per_sequence(tiny
 
 
 @pytest.mark.parametrize("steps", [1, 3])
-def test_steps_per_backward_changes_nothing_but_the_grouping(tiny, steps, monkeypatch):
-    lm = tiny("llama", "causal_lm")
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_whole_pass_steps_per_backward_changes_nothing_but_the_grouping(tiny, family, steps, monkeypatch):
+    lm = tiny(family, "causal_lm")
+    monkeypatch.setattr(SharedSteps, "segment", None)  # one pass over the whole sequences (encoder–decoders' path)
     monkeypatch.setattr(SharedSteps, "steps_per_backward", steps)
     _, plain, (_, plain_bwd), scores, (fwd, bwd) = _both(lm, "grad_x_input", {})
     np.testing.assert_allclose(scores.numpy(), plain.numpy(), atol=1e-5 * float(plain.abs().max()), rtol=1e-4)
@@ -141,9 +143,14 @@ def test_generation_precision_refusals(tiny):
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
 @pytest.mark.parametrize("segment", [1, 3])
 @pytest.mark.parametrize("method,options", [("grad_x_input", {}), ("integrated_gradients", {"n_steps": 3, "baseline": "pad"})])
-def test_segmented_pass_restricts_each_backward_to_its_prefix_and_changes_no_score(tiny, family, segment, method, options, monkeypatch):
+def test_swept_pass_restricts_each_backward_to_its_prefix_and_changes_no_score(tiny, family, segment, method, options, monkeypatch):
     lm = tiny(family, "causal_lm")
     monkeypatch.setattr(SharedSteps, "segment", segment)
+
+    def whole(*args):
+        raise AssertionError("a decoder's shared passes fell back to one backward through the whole pass")
+
+    monkeypatch.setattr(SharedSteps, "_whole", whole)
     generation, plain, (_, plain_bwd), scores, (fwd, bwd) = _both(lm, method, options)
     np.testing.assert_allclose(scores.numpy(), plain.numpy(), atol=1e-5 * float(plain.abs().max()), rtol=1e-4)
     assert bwd == plain_bwd

@@ -27,6 +27,7 @@ from torch import nn
 from heedful.adapters.base import ModelAdapter
 from heedful.adapters.intercept import Interception
 from heedful.adapters.needs import NEEDS
+from heedful.adapters.passes import ModelRun
 from heedful.adapters.roles import ModelRoles
 from heedful.errors import InputError, UnsupportedModelError
 
@@ -168,9 +169,9 @@ class GenericAdapter(ModelAdapter):
         model's key/value cache is returned when the keywords use one; a classifier's is not."""
         kwargs = {k: v for k, v in kwargs.items() if v is not None or k == "attention_mask"}
         if self.task in CLASSIFIER_TASKS:
-            return (*self._classified(kwargs, mask, anchor), None)
+            return ModelRun(*self._classified(kwargs, mask, anchor), None)
         logits, out = self._lm_pass(kwargs, mask.shape[0], anchor)
-        return logits, out.hidden_states, out.attentions, getattr(out, "past_key_values", None) if kwargs.get("use_cache") else None
+        return ModelRun(logits, out.hidden_states, out.attentions, getattr(out, "past_key_values", None) if kwargs.get("use_cache") else None)
 
     def _lm_pass(self, kwargs: dict, count: int, anchor: torch.Tensor):
         """The whole language model run on ``kwargs`` (``count`` rows) with its output projection

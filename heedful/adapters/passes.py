@@ -11,6 +11,7 @@ import functools
 import inspect
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -45,6 +46,21 @@ class Forward:
     inputs_embeds: torch.Tensor | None = None
     cache: PrefixStates | None = None
     anchor_attention: torch.Tensor | None = None
+    head_input: torch.Tensor | None = None
+    """The representations the head read at the anchors, ``[B, D]`` (``[B, K, D]`` for a span),
+    in the autograd graph: the logits depend on the blocks through them alone, so a backward
+    can start from their gradient (:class:`heedful.generation_shared.SharedSteps`). ``None``
+    where the model's own head ran (the generic and encoder–decoder adapters)."""
+
+
+class ModelRun(NamedTuple):
+    """What :meth:`ModelAdapter._run_model` gives back (see there)."""
+
+    logits: torch.Tensor
+    hidden: Sequence[torch.Tensor] | None
+    probs: Sequence[torch.Tensor] | None
+    cache: object
+    head_input: torch.Tensor | None = None
 
 
 @dataclass
@@ -207,12 +223,13 @@ class Passes:
                 kwargs["attention_mask"] = None
                 settings.enter_context(attention_set(self.config, CAUSAL_ATTENTION))
             read_inside = hidden_states or attentions or prefix is not None or keep_cache
-            logits, hidden, probs, cache = self._run_model(kwargs, mask, anchor, prefill if chunked else None, read_inside, settings)
+            run = self._run_model(kwargs, mask, anchor, prefill if chunked else None, read_inside, settings)
         return Forward(
-            logits=logits,
-            hidden_states=tuple(hidden) if hidden_states else None,
-            attentions=tuple(probs) if attentions else None,
-            cache=_prefix_states(cache) if keep_cache and cache is not None else None,
+            logits=run.logits,
+            hidden_states=tuple(run.hidden) if hidden_states else None,
+            attentions=tuple(run.probs) if attentions else None,
+            cache=_prefix_states(run.cache) if keep_cache and run.cache is not None else None,
+            head_input=run.head_input,
         )
 
     def _run_model(
@@ -223,13 +240,13 @@ class Passes:
         prefill: int | None,
         read_inside: bool,
         settings: contextlib.ExitStack,
-    ) -> tuple[torch.Tensor, Sequence[torch.Tensor] | None, Sequence[torch.Tensor] | None, object]:
+    ) -> ModelRun:
         """The pass of :meth:`forward` once its keywords are set (``kwargs``: the backbone's,
         ``mask`` ``[B, N]`` the batch's own): the head's logits at ``anchor`` (``[B, C]``, or
         ``[B, K, C]`` for ``[B, K]`` anchors), every layer's hidden states and attention
         probabilities as the backbone returned them (``None`` where not asked for), the
-        backbone's key/value cache (``None`` unless ``kwargs`` use it), the rows
-        counted. ``prefill``: run the positions in chunks of that size (:meth:`_prefilled`);
+        backbone's key/value cache (``None`` unless ``kwargs`` use it) and the head's input
+        at the anchors (:attr:`Forward.head_input`), the rows counted. ``prefill``: run the positions in chunks of that size (:meth:`_prefilled`);
         ``settings``: the pass's open contexts, which the anchored last block
         (:meth:`_anchored`) joins unless something is ``read_inside`` the model."""
         if prefill is not None:
@@ -246,7 +263,8 @@ class Passes:
         rows = torch.arange(last.shape[0], device=last.device)
         if anchor.dim() == 2:  # a span: K positions per example -> [B, K, C]
             rows = rows[:, None]
-        return self.head_logits(last[rows, anchor.to(last.device)]), hidden, probs, cache
+        read = last[rows, anchor.to(last.device)]
+        return ModelRun(self.head_logits(read), hidden, probs, cache, read)
 
     def _prefilled(self, kwargs: dict, size: int) -> tuple[torch.Tensor, list[torch.Tensor] | None, object]:
         """The backbone's pass of ``kwargs`` run ``size`` positions at a time, each chunk
@@ -287,47 +305,6 @@ class Passes:
             del out, part
             release_heap()  # the cache grows by concatenation: give the freed copies back
         return last, hidden, cache
-
-    def forward_segments(
-        self,
-        inputs_embeds: torch.Tensor,
-        mask: torch.Tensor,
-        bounds: Sequence[int],
-        anchors: Sequence[tuple[torch.Tensor, torch.Tensor]],
-    ) -> list[torch.Tensor]:
-        """One pass over right-padded rows ``inputs_embeds`` ``[B, N, E]`` (``mask`` ``[B, N]``)
-        run in position segments ``bounds[k] .. bounds[k + 1] - 1`` (``bounds[0] = 0``, the last
-        ``N``), each attending to the key/value cache of the segments before it, with the cache
-        kept in the autograd graph; the head's logits ``[M_k, C]`` at segment ``k``'s anchors
-        ``anchors[k] = (rows, positions)`` (``[M_k]`` each, absolute positions inside the
-        segment). Each segment's logits are their own tensor, so a backward from them runs
-        through segments ``0 .. k`` only -- what a causal model's output there depends on
-        (decoders only; the same outputs as one pass beyond float rounding)."""
-        from transformers import DynamicCache
-
-        if not self.is_decoder:
-            raise InputError(f"a {self.family} model has no key/value cache to run positions in segments with")
-        device = self.device
-        inputs_embeds, mask = inputs_embeds.to(device), mask.to(device)
-        width = inputs_embeds.shape[1]
-        causal = right_padded(mask) and self.unwindowed(width)
-        name = self.cache_keyword
-        cache = DynamicCache()
-        found = []
-        with self._kernel_attention(True) as fused, attention_set(self.config, CAUSAL_ATTENTION if fused and causal else None):
-            for k, (rows, positions) in enumerate(anchors):
-                start, end = bounds[k], bounds[k + 1]
-                out = self.backbone(
-                    inputs_embeds=inputs_embeds[:, start:end],
-                    attention_mask=None if fused and causal else mask[:, :end],
-                    **{name: cache},
-                    use_cache=True,
-                    return_dict=True,
-                )
-                last = out.last_hidden_state
-                found.append(self.head_logits(last[rows.to(device), (positions - start).to(device)]))
-        self.counter.forward += inputs_embeds.shape[0]
-        return found
 
     def _anchored(self, mask: torch.Tensor, anchor: torch.Tensor, read_inside: bool) -> contextlib.AbstractContextManager:
         """The last block computed at ``anchor`` ``[B]`` only (:mod:`heedful.adapters.anchored`)

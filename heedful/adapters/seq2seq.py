@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from heedful.adapters.generic import GenericAdapter
+from heedful.adapters.passes import ModelRun
 from heedful.engine.batch import Batch
 from heedful.engine.memory import ModelShape
 from heedful.errors import Hint, InputError, UnsupportedModelError
@@ -265,7 +266,7 @@ class Seq2SeqAdapter(GenericAdapter):
     def _run_model(self, kwargs, mask, anchor, prefill, read_inside, settings):
         """The encoder–decoder's pass of the rows (see the module docstring); ``prefill`` is
         ignored (the model runs whole) and no key/value cache is returned."""
-        return (*self._seq2seq_pass(kwargs, anchor, bool(kwargs.get("output_hidden_states")), bool(kwargs.get("output_attentions"))), None)
+        return ModelRun(*self._seq2seq_pass(kwargs, anchor, bool(kwargs.get("output_hidden_states")), bool(kwargs.get("output_attentions"))), None)
 
     def _seq2seq_pass(self, kwargs: dict, anchor: torch.Tensor, hidden_states: bool, attentions: bool):
         """``kwargs``: the rows' ``input_ids`` or ``inputs_embeds`` ``[R, N(, E)]``,

@@ -175,6 +175,7 @@ class Problem:
                 hidden_states=None if ref.hidden_states is None else tuple(h.detach() for h in ref.hidden_states),
                 attentions=None if ref.attentions is None else tuple(a.detach() for a in ref.attentions),
                 inputs_embeds=None,
+                head_input=None,
             )
         return self
 
