@@ -60,9 +60,9 @@ SHARED = ("saliency", "grad_x_input", "integrated_gradients")
 
 CANCELLING = ("integrated_gradients",)
 """Methods whose scores are sums that cancel, so that bfloat16 gradients move them far more
-than rounding: on ``smollm2-135m`` (``benchmarks/results/generation.md``) integrated
-gradients through bfloat16 passes differed from float32 by up to 84 % of the largest score,
-saliency and gradient x input by 2.5 % and 7 %."""
+than rounding: on ``smollm2-135m`` (``benchmarks/results/generation.md``, its first prompt)
+integrated gradients through bfloat16 passes differed from float32 by up to 59 % of the largest
+score (84 % over two prompts in an earlier run), saliency and gradient x input by 2.6 % and 7 %."""
 
 
 class CancellationWarning(UserWarning):
@@ -94,7 +94,7 @@ def generation_precision(info: MethodInfo, options: dict[str, Any], device: torc
     if resolved == "bf16" and info.name in CANCELLING:
         warnings.warn(
             f"{info.name} through bfloat16 passes: its sums over path points and embedding dimensions cancel, and on "
-            "smollm2-135m the scores moved by up to 84 % of the largest one (benchmarks/results/generation.md); "
+            "smollm2-135m the scores moved by up to 59 % of the largest one (benchmarks/results/generation.md); "
             "drop precision='bf16' for scores to report",
             CancellationWarning,
             stacklevel=3,
@@ -299,7 +299,8 @@ class SharedSteps:
                     self.full, anchor, inputs_embeds=leaf, attention_mask=mask[:, :stop],
                     prefix=None if past is None else (past, group, start), keep_cache=True, release=release,
                 )
-                if fwd.head_input is None or fwd.cache is None:
+                if fwd.head_input is None or fwd.cache is None:  # the model's own head ran: the whole pass instead
+                    adapter.counter.forward = counted
                     return None
                 column = torch.searchsorted(positions, at[inside])  # each row's anchor among the segment's
                 logits = widened(fwd.logits[local[inside].to(fwd.logits.device), column.to(fwd.logits.device)])
@@ -320,7 +321,7 @@ class SharedSteps:
             sources = [leaf, *(() if past is None else (*past.keys, *past.values))]
             slot = at - low  # every row's slot
             covered = (at >= start).nonzero().squeeze(1)  # the rows whose prefix reaches this segment
-            per_call = max(1, rows_within(self.adapter.shape, stop - start, spare, FORWARD) // len(rows))
+            per_call = max(1, rows_within(shape, stop - start, spare, FORWARD) // len(rows))
             first = max(0, start - low)  # the first slot anchored at or after this segment
             while first < slots:
                 last = min(slots, first + per_call)
@@ -350,9 +351,9 @@ class SharedSteps:
         return picked
 
     def _whole(self, points, rows, width, mine, local, steps, grads, done) -> torch.Tensor:
-        """As :meth:`_segmented`, from one pass over the whole sequences: every step's backward
-        runs through all ``width`` positions (encoder–decoders, which have no cache to cut the
-        pass at)."""
+        """As :meth:`_swept`, from one pass over the whole sequences: every step's backward runs
+        through all ``width`` positions, vmapped over the steps (encoder–decoders, which have no
+        cache to cut the pass at, and models whose own head runs)."""
         adapter, full, device = self.adapter, self.full, points.device
         inputs = full.cut(rows, width)
         del inputs["input_ids"]
