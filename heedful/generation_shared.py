@@ -315,11 +315,11 @@ class SharedSteps:
                 del fwd, logits, scores
         assert picked is not None
         adapter.counter.forward = counted + len(rows)
+        slot = at - low  # every row's slot
         sent: list[torch.Tensor] | None = None  # dK, dV of every layer: [slots, B, H, positions, d]
         while segments:
             start, stop, inside, positions, seeds, read, outputs, leaf, past = segments.pop()
             sources = [leaf, *(() if past is None else (*past.keys, *past.values))]
-            slot = at - low  # every row's slot
             covered = (at >= start).nonzero().squeeze(1)  # the rows whose prefix reaches this segment
             per_call = max(1, rows_within(shape, stop - start, spare, FORWARD) // len(rows))
             first = max(0, start - low)  # the first slot anchored at or after this segment
@@ -429,20 +429,12 @@ def _seeded_backward(
     cotangents = seeds.new_zeros(n, *read.shape)
     rows, steps = where
     cotangents[slot.to(read.device), rows, steps] = seeds[rows, steps]
-    if n == 1:
-        (g,) = torch.autograd.grad(read, leaf, grad_outputs=cotangents[0], retain_graph=retain)
-        return g[None]
-    (g,) = torch.autograd.grad(read, leaf, grad_outputs=cotangents, is_grads_batched=True, retain_graph=retain)
-    return g
+    return _vjp([read], [leaf], [cotangents], n, retain)[0]
 
 
 def _backward(scores: torch.Tensor, leaf: torch.Tensor, slot: torch.Tensor, n: int, retain: bool) -> torch.Tensor:
     """``d scores / d leaf`` as ``[n, B, N, E]``: score ``i`` in cotangent slot ``slot[i]``
     (``[m]``), the ``n`` cotangents in one backward vmapped over them (``is_grads_batched``)
     -- the arithmetic of ``n`` backward passes in larger matrix products."""
-    if n == 1:
-        (g,) = torch.autograd.grad(scores.sum(), leaf, retain_graph=retain)
-        return g[None]
     onehot = torch.nn.functional.one_hot(slot.to(scores.device), n).T.to(scores)  # [n, m]
-    (g,) = torch.autograd.grad(scores, leaf, grad_outputs=onehot, is_grads_batched=True, retain_graph=retain)
-    return g
+    return _vjp([scores], [leaf], [onehot], n, retain)[0]
