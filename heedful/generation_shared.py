@@ -37,7 +37,7 @@ on the model's bfloat16 copy.
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -72,6 +72,20 @@ Groups = list[tuple[torch.Tensor, int]]
 
 SEGMENT = 8
 """Positions per segment of :meth:`SharedSteps._swept`."""
+
+
+class _Segment(NamedTuple):
+    """One segment of :meth:`SharedSteps._swept`'s forward, kept for its reverse sweep."""
+
+    start: int
+    stop: int
+    inside: torch.Tensor  # [k] the rows anchored in the segment
+    positions: torch.Tensor  # [K] its anchor positions
+    seeds: torch.Tensor  # [B, K, D] the anchors' score gradients at the head's input
+    read: torch.Tensor  # [B, K, D] the head's input
+    outputs: tuple[torch.Tensor, ...]  # the segment's own keys, then values, of every layer
+    leaf: torch.Tensor  # [B, stop - start, E] its input embeddings
+    past: PrefixStates | None  # the earlier positions' keys and values, leaves of its graph
 
 
 def generation_precision(info: MethodInfo, options: dict[str, Any], device: torch.device | str) -> tuple[dict[str, Any], str]:
@@ -264,25 +278,41 @@ class SharedSteps:
         rule of ``K_{<k}`` feeding every later segment, summed before each segment's own
         backward. Multiply-adds: ``sum_t (P + t)`` positions of backward per sequence, against
         ``T (P + T)`` for :meth:`_whole`."""
-        adapter, device = self.adapter, points.device
+        adapter = self.adapter
         at = self.anchors[rows][local, steps]  # [r] absolute anchor positions
         if int(torch.unique(local * (int(at.max()) + 1) + at).numel()) != len(at):
             return None  # two rows of a sequence read one position: slots would mix them
         bounds = segment_bounds(at, self.segment or SEGMENT)
-        low = int(at.min())
-        slots = bounds[-1] - low  # slot s: anchor position low + s
+        slots = bounds[-1] - int(at.min())  # slot s: anchor position min(at) + s
         shape = adapter.shape
         kept = estimate(shape, len(rows), width, Need(grad="saved", anchors=self.anchors.shape[1]))
         spare = adapter.max_memory - kept - slots * len(rows) * shape.cache_bytes(bounds[-2])
         if spare <= 0:
             return None  # the gradients sent back to the keys and values do not fit beside the graph
+        counted = adapter.counter.forward  # the segments make one pass per sequence
+        swept = self._sweep_forward(points, rows, mine, local, at, bounds)
+        if swept is None:  # the model's own head ran: the whole pass instead
+            adapter.counter.forward = counted
+            return None
+        picked, segments = swept
+        adapter.counter.forward = counted + len(rows)
+        self._sweep_back(segments, bounds, mine, local, at, spare, len(rows), grads, done)
+        return picked
+
+    def _sweep_forward(
+        self, points: torch.Tensor, rows: torch.Tensor, mine: torch.Tensor, local: torch.Tensor, at: torch.Tensor, bounds: list[int]
+    ) -> tuple[torch.Tensor, list[_Segment]] | None:
+        """The forward half of :meth:`_swept`: segment after segment, each continuing the
+        previous one's keys and values as fresh leaves; returns the rows' logits ``[r, C]`` and
+        every segment's graph with its anchors' score gradients at the head's input, or
+        ``None`` where the pass gives no head input."""
+        adapter, device = self.adapter, points.device
         group = torch.arange(len(rows))
         mask = self.full.attention_mask[rows, : bounds[-1]]
         release = bool(keeps_graph(adapter, self.full.lengths[rows], self.anchors.shape[1]))
         picked: torch.Tensor | None = None
-        segments = []
+        segments: list[_Segment] = []
         states = None
-        counted = adapter.counter.forward  # the segments make one pass per sequence
         with torch.enable_grad():
             for start, stop in zip(bounds[:-1], bounds[1:], strict=True):
                 inside = ((at >= start) & (at < stop)).nonzero().squeeze(1)  # the rows anchored here
@@ -299,8 +329,7 @@ class SharedSteps:
                     self.full, anchor, inputs_embeds=leaf, attention_mask=mask[:, :stop],
                     prefix=None if past is None else (past, group, start), keep_cache=True, release=release,
                 )
-                if fwd.head_input is None or fwd.cache is None:  # the model's own head ran: the whole pass instead
-                    adapter.counter.forward = counted
+                if fwd.head_input is None or fwd.cache is None:
                     return None
                 column = torch.searchsorted(positions, at[inside])  # each row's anchor among the segment's
                 logits = widened(fwd.logits[local[inside].to(fwd.logits.device), column.to(fwd.logits.device)])
@@ -311,17 +340,38 @@ class SharedSteps:
                 picked[inside.to(picked.device)] = logits.detach()
                 states = fwd.cache
                 outputs = (*(k[:, :, start:] for k in fwd.cache.keys), *(v[:, :, start:] for v in fwd.cache.values))
-                segments.append((start, stop, inside, positions, seeds, fwd.head_input, outputs, leaf, past))
+                segments.append(_Segment(start, stop, inside, positions, seeds, fwd.head_input, outputs, leaf, past))
                 del fwd, logits, scores
         assert picked is not None
-        adapter.counter.forward = counted + len(rows)
+        return picked, segments
+
+    def _sweep_back(
+        self,
+        segments: list[_Segment],
+        bounds: list[int],
+        mine: torch.Tensor,
+        local: torch.Tensor,
+        at: torch.Tensor,
+        spare: int,
+        sequences: int,
+        grads: torch.Tensor,
+        done: Any,
+    ) -> None:
+        """The reverse half of :meth:`_swept`: from the last segment to the first, one backward
+        vmapped over the slots anchored at or after each (chunked to fit ``spare`` bytes),
+        seeded with its anchors' score gradients and the ``dK``, ``dV`` its later segments sent;
+        writes the rows' gradients on each segment's embeddings into ``grads``. Consumes
+        ``segments``."""
+        adapter, device = self.adapter, grads.device
+        low = int(at.min())
+        slots = bounds[-1] - low
         slot = at - low  # every row's slot
         sent: list[torch.Tensor] | None = None  # dK, dV of every layer: [slots, B, H, positions, d]
         while segments:
             start, stop, inside, positions, seeds, read, outputs, leaf, past = segments.pop()
             sources = [leaf, *(() if past is None else (*past.keys, *past.values))]
             covered = (at >= start).nonzero().squeeze(1)  # the rows whose prefix reaches this segment
-            per_call = max(1, rows_within(shape, stop - start, spare, FORWARD) // len(rows))
+            per_call = max(1, rows_within(adapter.shape, stop - start, spare, FORWARD) // sequences)
             first = max(0, start - low)  # the first slot anchored at or after this segment
             while first < slots:
                 last = min(slots, first + per_call)
@@ -348,7 +398,6 @@ class SharedSteps:
                 del found, g
                 first = last
             del outputs, read, leaf, past, sources
-        return picked
 
     def _whole(self, points, rows, width, mine, local, steps, grads, done) -> torch.Tensor:
         """As :meth:`_swept`, from one pass over the whole sequences: every step's backward runs
