@@ -44,11 +44,15 @@ $(STAMP): $(CORE)
 demo: $(CORE)  ## set up heedful alone, assemble the default model on first use (seconds), explain a sentence
 	$(BIN)/heedful explain "a charming and often affecting journey" --method normxlogit --method integrated_gradients --method leave_one_out
 
+# The suite runs in test processes side by side (pytest-xdist), one per core up to 2 (CI has 2
+# cores); each test process keeps its own temporary HEEDFUL_HOME (tests/conftest.py).
+XDIST := --numprocesses auto --maxprocesses 2
+
 test: $(STAMP)  ## set up and run the default test suite
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(XDIST)
 
 test-all: $(STAMP)  ## every suite, slow ones included
-	$(BIN)/python -m pytest -q -m "slow or not slow"
+	$(BIN)/python -m pytest -q $(XDIST) -m "slow or not slow"
 
 lint: $(STAMP)
 	$(BIN)/ruff check heedful tests benchmarks

@@ -222,7 +222,8 @@ def test_methods_command_lists_what_a_model_allows(tmp_path, monkeypatch, capsys
     code, out, err = run_cli(monkeypatch, capsys, "methods", "--model", str(tmp_path))
     assert code == 0, err
     runs = sum(not missing for missing in model.methods().values())
-    assert f"{runs} of {len(model.methods())} run on the bloom family" in out
+    # the title wraps at the table's width, which the folder's name decides
+    assert f"{runs} of {len(model.methods())} run on the bloom family" in " ".join(out.split())
     rows = {line.split("│")[1].strip(): line for line in out.splitlines() if line.count("│") > 3}
     assert "yes" in rows["saliency"] and "no" in rows["lrp"] and "block roles" in rows["lrp"]
     assert "warning:" in err and f"{runs} of" in err  # loading said how many methods it gets
