@@ -53,6 +53,9 @@ def _isolated_home() -> None:
     (home / "head_masks").mkdir()
     (home / "head_masks" / "parses").symlink_to(real / "head_masks" / "parses", target_is_directory=True)
     os.environ["HEEDFUL_HOME"] = str(home)
+    # warm workers' sockets then live in this home's run/ too: a test process never reaches the
+    # user's own worker, nor another test process's (make test runs two side by side)
+    os.environ.pop("XDG_RUNTIME_DIR", None)
     atexit.register(shutil.rmtree, home, ignore_errors=True)  # links are removed, not followed
 
 
