@@ -27,6 +27,12 @@ graph, and one reverse sweep over the segments back-propagates every step throug
 prefix only, each segment's graph once (:meth:`SharedSteps._swept`); encoder–decoders and models
 whose own head runs take one backward per step through the whole pass (:meth:`SharedSteps._whole`).
 
+AttnLRP (:data:`RELEVANCE_SHARED`) runs the pass under its rules and each step's backward carries
+the rules' modified gradient. Every rule is a function of its own operation's inputs and outputs,
+and those are the same at a step's positions in the whole pass as in the step's own, so the
+shared pass gives each step its own relevance (Achtibat et al. 2024, Eq. 7, 9, 13); it takes the
+whole pass (:meth:`SharedSteps._whole`), not the segments.
+
 Prompts run in groups of similar length, as many per pass as keeping the pass's graph allows
 under the adapter's ``max_memory`` (:func:`heedful.engine.memory.fit`); a sequence whose graph does
 not fit at all, and a forward at a lowered precision, take the per-step path.
@@ -37,6 +43,7 @@ on the model's bfloat16 copy.
 from __future__ import annotations
 
 import warnings
+from dataclasses import replace
 from typing import Any, NamedTuple
 
 import torch
@@ -52,11 +59,18 @@ from heedful.engine.runner import keeps_graph
 from heedful.engine.targets import ResolvedTarget, resolve_target
 from heedful.errors import InputError
 from heedful.generation import Generation, shared_reference, step_request, step_rows
+from heedful.lrp.functions import RELEVANCE
+from heedful.lrp.propagate import explained_score, lrp_forward
+from heedful.lrp.rules import rule_set
 from heedful.progress import task
 from heedful.registry import MethodInfo
 
 SHARED = ("saliency", "grad_x_input", "integrated_gradients")
-"""The methods with a shared-prefix path."""
+"""The gradient methods with a shared-prefix path (and a bfloat16 one)."""
+
+RELEVANCE_SHARED = ("attnlrp",)
+"""The relevance methods with a shared-prefix path: one forward per sequence under the rule set
+and per step a backward of its modified gradient (float32 only)."""
 
 CANCELLING = ("integrated_gradients",)
 """Methods whose scores are sums that cancel, so that bfloat16 gradients move them far more
@@ -134,11 +148,12 @@ def explain_shared(
     (:meth:`~heedful.adapters.ModelAdapter.at_precision`), from the float32 inputs (and path
     points) rounded to bfloat16; scores are read in float32 from its logits and the gradients
     summed in float32."""
-    if info.name not in SHARED or active_precision() != adapter.precision:
+    if info.name not in SHARED + RELEVANCE_SHARED or active_precision() != adapter.precision:
         return None
+    rules = info.name if info.name in RELEVANCE_SHARED else None
     full = generation.batch
     longest = max(generation.steps)
-    groups = _groups(adapter, full.lengths, longest, bound.get("internal_batch_size"))
+    groups = _groups(adapter, full.lengths, longest, bound.get("internal_batch_size"), relevance=rules is not None)
     if groups is None:
         if precision != "fp32":
             raise InputError(
@@ -155,6 +170,11 @@ def explain_shared(
     anchors = (prompt[:, None] - 1 + torch.arange(longest)[None, :]).clamp(max=full.lengths[:, None] - 1)
     embeds = adapter.embed(full.input_ids.to(adapter.device)).detach()
     shared = SharedSteps(adapter.at_precision(precision), full, groups, anchors, example, step, target, batch.seq_len)
+    shared.rules = rules
+    if rules is not None:  # AttnLRP: e * g with g its modified gradient (Achtibat et al. 2024)
+        grads, logits = shared.gradients(embeds)
+        problem = Problem(adapter, batch, target, Forward(logits=logits), request)
+        return problem, example, step, (grads * shared.rows_of(embeds)).sum(dim=-1)
     if info.name == "integrated_gradients":
         alphas, weights = path_points(int(bound["n_steps"]), bound["rule"])
         base = baseline_of(adapter, full, bound["baseline"]).detach()
@@ -174,12 +194,15 @@ def explain_shared(
     return problem, example, step, aggregate_embedding(values, bound["aggregate"])
 
 
-def _groups(adapter: ModelAdapter, lengths: torch.Tensor, steps: int, rows: int | None) -> Groups | None:
+def _groups(
+    adapter: ModelAdapter, lengths: torch.Tensor, steps: int, rows: int | None, relevance: bool = False
+) -> Groups | None:
     """Groups of sequences of real lengths ``lengths`` ``[B]`` run in one pass each, keeping
     its graph with ``steps`` anchors per sequence: ``(rows, width)`` pairs of similar length
     under the memory budget (at most ``rows`` sequences a pass when given); ``None`` when one
-    sequence alone does not fit."""
-    need = Need(grad="saved", anchors=steps)
+    sequence alone does not fit. ``relevance``: the pass runs under a rule set (eager
+    attention, the hidden states kept for the language-model head's projection)."""
+    need = Need(grad="saved", anchors=steps, eager=relevance, hidden_states=relevance)
     try:
         fit(adapter.shape, int(lengths.max()), adapter.max_memory, need, checkpoint=False, prefill=False)
     except InputError:
@@ -204,6 +227,10 @@ class SharedSteps:
     kept graph; :attr:`steps_per_backward` fixes that number (1: a plain backward per step)."""
 
     steps_per_backward: int | None = None
+    rules: str | None = None
+    """A rule set (``"attnlrp"``): the pass runs under it (:func:`~heedful.lrp.propagate.lrp_forward`)
+    and its gradients are the rules' modified ones, one backward through the whole pass per step
+    (:meth:`_whole`)."""
     segment: int | None = SEGMENT
     """Positions per segment of the swept pass of a decoder (:meth:`_swept`); ``None``: one
     pass over the whole sequences and a backward through all of it per step (:meth:`_whole`,
@@ -251,7 +278,7 @@ class SharedSteps:
                 local = position[self.example[mine]]
                 steps = self.step[mine]
                 picked = None
-                if self.segment is not None and self.adapter.is_decoder and self.adapter.unwindowed(width):
+                if self.rules is None and self.segment is not None and self.adapter.is_decoder and self.adapter.unwindowed(width):
                     picked = self._swept(points, rows, width, mine, local, steps, grads, done)
                 if picked is None:
                     picked = self._whole(points, rows, width, mine, local, steps, grads, done)
@@ -399,19 +426,35 @@ class SharedSteps:
                 first = last
             del outputs, read, leaf, past, sources
 
+    def _under_rules(self, points, rows, width, mine, local, steps) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The group's forward under :attr:`rules`: its embeddings leaf ``[b, width, E]``, the
+        rows' logits ``[r, C]`` and their explained scores ``[r]`` (each step's target logit
+        through the rule set's head projection, :func:`~heedful.lrp.propagate.explained_score`),
+        the rules set to send relevance backward."""
+        prepared = lrp_forward(self.adapter, self.full, self.anchors, rule_set(self.rules), rows, width, points)
+        prepared.session.state.mode = RELEVANCE
+        at = (local.to(prepared.logits.device), steps.to(prepared.logits.device))
+        rows_only = replace(prepared, feats=None if prepared.feats is None else prepared.feats[at], logits=prepared.logits[at])
+        scores = explained_score(rows_only, self.adapter, self.target.select(mine))
+        return prepared.embeds, widened(rows_only.logits), scores
+
     def _whole(self, points, rows, width, mine, local, steps, grads, done) -> torch.Tensor:
         """As :meth:`_swept`, from one pass over the whole sequences: every step's backward runs
         through all ``width`` positions, vmapped over the steps (encoder–decoders, which have no
         cache to cut the pass at, and models whose own head runs)."""
         adapter, full, device = self.adapter, self.full, points.device
-        inputs = full.cut(rows, width)
-        del inputs["input_ids"]
-        leaf = points[rows.to(device), :width].detach().requires_grad_(True)
-        release = keeps_graph(adapter, full.lengths[rows], self.anchors.shape[1])
-        with torch.enable_grad():
-            fwd = adapter.forward(full, self.anchors[rows], inputs_embeds=leaf, release=bool(release), **inputs)
-            picked = widened(fwd.logits[local.to(fwd.logits.device), steps.to(fwd.logits.device)])  # [r, C]
-            scores = self.target.select(mine).score(picked)
+        if self.rules is not None:
+            leaf, picked, scores = self._under_rules(points, rows, width, mine, local, steps)
+            fwd = Forward(logits=picked)
+        else:
+            inputs = full.cut(rows, width)
+            del inputs["input_ids"]
+            leaf = points[rows.to(device), :width].detach().requires_grad_(True)
+            release = keeps_graph(adapter, full.lengths[rows], self.anchors.shape[1])
+            with torch.enable_grad():
+                fwd = adapter.forward(full, self.anchors[rows], inputs_embeds=leaf, release=bool(release), **inputs)
+                picked = widened(fwd.logits[local.to(fwd.logits.device), steps.to(fwd.logits.device)])  # [r, C]
+                scores = self.target.select(mine).score(picked)
         last = int(steps.max())
         cut = min(width, self.width)
         per_call = self.steps_per_backward or self._steps_per_backward(len(rows), width)

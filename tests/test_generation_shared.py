@@ -60,6 +60,20 @@ def test_shared_path_equals_the_per_step_path_with_one_forward_per_sequence(tiny
     assert plain_bwd == bwd == points * rows  # one backward per step row and point, as before
 
 
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_attnlrp_shared_path_equals_each_steps_own_relevance_pass_with_one_forward_per_sequence(tiny, family):
+    """AttnLRP's rules are local to each operation and a causal model's states before a position
+    do not depend on later tokens: one forward under the rules per sequence, and per step a
+    backward of the modified gradient, give every step row's own relevance pass."""
+    lm = tiny(family, "causal_lm")
+    generation, plain, (plain_fwd, plain_bwd), scores, (fwd, bwd) = _both(lm, "attnlrp", {}, quantity="logit")
+    rows = sum(generation.steps)
+    assert scores.shape == plain.shape
+    np.testing.assert_allclose(scores.numpy(), plain.numpy(), atol=1e-5 * float(plain.abs().max()), rtol=1e-4)
+    assert (plain_fwd, fwd) == (rows, len(PROMPTS))
+    assert plain_bwd == bwd == rows
+
+
 @pytest.mark.parametrize("steps", [1, 3])
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
 def test_whole_pass_steps_per_backward_changes_nothing_but_the_grouping(tiny, family, steps, monkeypatch):
