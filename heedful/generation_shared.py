@@ -441,7 +441,7 @@ class SharedSteps:
     def _whole(self, points, rows, width, mine, local, steps, grads, done) -> torch.Tensor:
         """As :meth:`_swept`, from one pass over the whole sequences: every step's backward runs
         through all ``width`` positions, vmapped over the steps (encoder–decoders, which have no
-        cache to cut the pass at, and models whose own head runs)."""
+        cache to cut the pass at, models whose own head runs, and passes under :attr:`rules`)."""
         adapter, full, device = self.adapter, self.full, points.device
         if self.rules is not None:
             leaf, picked, scores = self._under_rules(points, rows, width, mine, local, steps)
