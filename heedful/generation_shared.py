@@ -59,7 +59,6 @@ from heedful.engine.runner import keeps_graph
 from heedful.engine.targets import ResolvedTarget, resolve_target
 from heedful.errors import InputError
 from heedful.generation import Generation, shared_reference, step_request, step_rows
-from heedful.lrp.functions import RELEVANCE
 from heedful.lrp.propagate import explained_score, lrp_forward
 from heedful.lrp.rules import rule_set
 from heedful.progress import task
@@ -429,10 +428,8 @@ class SharedSteps:
     def _under_rules(self, points, rows, width, mine, local, steps) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The group's forward under :attr:`rules`: its embeddings leaf ``[b, width, E]``, the
         rows' logits ``[r, C]`` and their explained scores ``[r]`` (each step's target logit
-        through the rule set's head projection, :func:`~heedful.lrp.propagate.explained_score`),
-        the rules set to send relevance backward."""
+        through the rule set's head projection, :func:`~heedful.lrp.propagate.explained_score`)."""
         prepared = lrp_forward(self.adapter, self.full, self.anchors, rule_set(self.rules), rows, width, points)
-        prepared.session.state.mode = RELEVANCE
         at = (local.to(prepared.logits.device), steps.to(prepared.logits.device))
         rows_only = replace(prepared, feats=None if prepared.feats is None else prepared.feats[at], logits=prepared.logits[at])
         scores = explained_score(rows_only, self.adapter, self.target.select(mine))
@@ -445,7 +442,7 @@ class SharedSteps:
         adapter, full, device = self.adapter, self.full, points.device
         if self.rules is not None:
             leaf, picked, scores = self._under_rules(points, rows, width, mine, local, steps)
-            fwd = Forward(logits=picked)
+            read = None  # the rules' head projection runs per row: the steps start from the scores
         else:
             inputs = full.cut(rows, width)
             del inputs["input_ids"]
@@ -455,14 +452,14 @@ class SharedSteps:
                 fwd = adapter.forward(full, self.anchors[rows], inputs_embeds=leaf, release=bool(release), **inputs)
                 picked = widened(fwd.logits[local.to(fwd.logits.device), steps.to(fwd.logits.device)])  # [r, C]
                 scores = self.target.select(mine).score(picked)
+            read = fwd.head_input
         last = int(steps.max())
         cut = min(width, self.width)
         per_call = self.steps_per_backward or self._steps_per_backward(len(rows), width)
         seeds = None
-        if fwd.head_input is not None:
+        if read is not None:
             # each row's score through the head once, [r] rows: the steps' backward passes then
             # start from the head's input, not from n x B x T rows of the head's C outputs
-            read = fwd.head_input
             (seeds,) = torch.autograd.grad(scores.sum(), read, retain_graph=True)
             where = (local.to(read.device), steps.to(read.device))
         for first in range(0, last + 1, per_call):
