@@ -6,11 +6,13 @@ step's backward through its own prefix, :mod:`heedful.generation_shared`) -- and
 ``--whole``, the shared path as one pass over the whole sequences with a backward through all of
 it per step (vmapped over the steps; with ``--per-step-backward`` also a plain backward per
 step), and with ``--segment N`` the swept path in segments of ``N`` positions
-(:attr:`heedful.generation_shared.SharedSteps.segment`). Their ratio holds on a loaded machine, where absolute times
+(:attr:`heedful.generation_shared.SharedSteps.segment`). Saliency, gradient x input and integrated
+gradients by default; ``--methods smoothgrad attnlrp`` times the noised and the relevance paths
+(``--samples``: SmoothGrad's noised samples). Their ratio holds on a loaded machine, where absolute times
 do not; scores are checked equal.
 
     python benchmarks/generation_paths.py [--model smollm2-135m] [--n 16] [--steps 20] [--ig-steps 8]
-                                          [--repeats 1] [--threads 2] [--methods ...] [--whole] [--segment N]
+                                          [--samples 3] [--repeats 1] [--threads 2] [--methods ...] [--whole] [--segment N]
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import heedful
 from heedful.generation import prepare_steps
 from heedful.generation_shared import SharedSteps, explain_shared
 
-OPTIONS = {"saliency": {}, "grad_x_input": {}, "integrated_gradients": {"baseline": "unk"}}
+OPTIONS = {"saliency": {}, "grad_x_input": {}, "integrated_gradients": {"baseline": "unk"}, "smoothgrad": {}, "attnlrp": {}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,9 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--words", type=int, default=8)
     parser.add_argument("--ig-steps", type=int, default=8)
+    parser.add_argument("--samples", type=int, default=3, help="SmoothGrad's noised samples")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--methods", nargs="+", default=list(OPTIONS), choices=list(OPTIONS))
+    parser.add_argument("--methods", nargs="+", default=["saliency", "grad_x_input", "integrated_gradients"], choices=list(OPTIONS))
     parser.add_argument("--whole", action="store_true", help="also time the shared path as one pass over the whole sequences")
     parser.add_argument("--per-step-backward", action="store_true", help="with --whole: also with a plain backward per step")
     parser.add_argument("--segment", type=int, help="also time the swept path in segments of this many positions")
@@ -56,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     for method in args.methods:
         info = lm.method(method)
         options = dict(OPTIONS[method], **({"n_steps": args.ig_steps} if method == "integrated_gradients" else {}))
+        if method == "smoothgrad":
+            options["n_samples"] = args.samples
         bound = info.bind(options, lm.adapter.device)
 
         def per_step(info=info, bound=bound):

@@ -15,9 +15,11 @@ step takes one backward over the kept graph (``retain_graph``).
 Integrated gradients moves every token before a step along its path (each token between its
 baseline embedding ``e'_j`` and ``e_j``); the point ``e'_j + a (e_j - e'_j)`` of a token does
 not depend on the step, so one forward per sequence and interpolation point serves every step.
-SmoothGrad has no shared path: its noise is drawn per step row, seeded by the row's own prefix
-text (:func:`heedful.engine.seeding.example_generators`), so two steps never see the same noised
-prefix.
+SmoothGrad (:data:`NOISED`) draws each position's noise from the tokens up to it
+(:func:`heedful.engine.prefix_noise.prefix_normal`), so a step's noised prefix is the noised
+sequence's, up to the noise scale -- which a step shares with its neighbours until a generated
+token widens the range of the prefix's embedding values; per sample, one noised pass per run of
+steps of one scale serves them (:func:`_noised`).
 
 A step's backward needs only its prefix. Each row's score goes through the head once, and the
 steps' backward passes start from the head's input (:attr:`~heedful.adapters.Forward.head_input`)
@@ -43,17 +45,26 @@ on the model's bfloat16 copy.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, NamedTuple
 
 import torch
 
 from heedful.adapters import Forward, ModelAdapter, PrefixStates
-from heedful.attribution.gradient import aggregate_embedding, baseline_of, path_points
+from heedful.attribution.gradient import (
+    aggregate_embedding,
+    baseline_of,
+    path_points,
+    prefix_scale,
+    smoothgrad_aggregate,
+    tunnel,
+)
 from heedful.engine.batch import Batch
 from heedful.engine.chunks import length_chunks
 from heedful.engine.memory import FORWARD, Need, estimate, fit, rows_within
 from heedful.engine.precision import active_precision, check_precision, resolve_precision, widened
+from heedful.engine.prefix_noise import prefix_normal
 from heedful.engine.problem import Problem
 from heedful.engine.runner import keeps_graph
 from heedful.engine.targets import ResolvedTarget, resolve_target
@@ -62,7 +73,7 @@ from heedful.generation import Generation, shared_reference, step_request, step_
 from heedful.lrp.propagate import explained_score, lrp_forward
 from heedful.lrp.rules import rule_set
 from heedful.progress import task
-from heedful.registry import MethodInfo
+from heedful.registry import MethodInfo, find
 
 SHARED = ("saliency", "grad_x_input", "integrated_gradients")
 """The gradient methods with a shared-prefix path (and a bfloat16 one)."""
@@ -70,6 +81,10 @@ SHARED = ("saliency", "grad_x_input", "integrated_gradients")
 RELEVANCE_SHARED = ("attnlrp",)
 """The relevance methods with a shared-prefix path: one forward per sequence under the rule set
 and per step a backward of its modified gradient (float32 only)."""
+
+NOISED = ("smoothgrad",)
+"""The noise tunnels with a shared-prefix path: per sample one noised forward per run of steps
+with one noise scale (:func:`_noised`; float32 only), around any method of :data:`SHARED`."""
 
 CANCELLING = ("integrated_gradients",)
 """Methods whose scores are sums that cancel, so that bfloat16 gradients move them far more
@@ -147,7 +162,7 @@ def explain_shared(
     (:meth:`~heedful.adapters.ModelAdapter.at_precision`), from the float32 inputs (and path
     points) rounded to bfloat16; scores are read in float32 from its logits and the gradients
     summed in float32."""
-    if info.name not in SHARED + RELEVANCE_SHARED or active_precision() != adapter.precision:
+    if info.name not in SHARED + RELEVANCE_SHARED + NOISED or active_precision() != adapter.precision:
         return None
     rules = info.name if info.name in RELEVANCE_SHARED else None
     full = generation.batch
@@ -168,29 +183,117 @@ def explain_shared(
     # where each sequence's step t is read: P_b + t - 1 (steps past a short continuation re-read its last)
     anchors = (prompt[:, None] - 1 + torch.arange(longest)[None, :]).clamp(max=full.lengths[:, None] - 1)
     embeds = adapter.embed(full.input_ids.to(adapter.device)).detach()
+
+    def rows_problem(reference: Forward) -> Problem:
+        return Problem(adapter, batch, target, reference, request)
+
+    if info.name in NOISED:
+        return _noised(adapter, generation, bound, rows_problem, example, step, anchors, embeds, batch.lengths)
     shared = SharedSteps(adapter.at_precision(precision), full, groups, anchors, example, step, target, batch.seq_len)
     shared.rules = rules
     if rules is not None:  # AttnLRP: e * g with g its modified gradient (Achtibat et al. 2024)
         grads, logits = shared.gradients(embeds)
-        problem = Problem(adapter, batch, target, Forward(logits=logits), request)
-        return problem, example, step, (grads * shared.rows_of(embeds)).sum(dim=-1)
-    if info.name == "integrated_gradients":
-        alphas, weights = path_points(int(bound["n_steps"]), bound["rule"])
-        base = baseline_of(adapter, full, bound["baseline"]).detach()
-        delta = embeds - base
+        return rows_problem(Forward(logits=logits)), example, step, (grads * shared.rows_of(embeds)).sum(dim=-1)
+    values, logits = _per_dimension(adapter, shared, info.name, bound, embeds)
+    # integrated gradients: the rows' reference logits at the input itself, which no point of the path is
+    reference = shared_reference(adapter, generation, example, step) if logits is None else Forward(logits=logits)
+    return rows_problem(reference), example, step, aggregate_embedding(values, bound["aggregate"])
+
+
+def _per_dimension(
+    adapter: ModelAdapter, shared: SharedSteps, name: str, options: dict[str, Any], points: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The per-dimension map ``[R, W, E]`` of gradient method ``name`` (one of :data:`SHARED`,
+    with ``options``) of every step row at the sequences' input embeddings ``points``
+    ``[B, S, E]``, and the rows' logits ``[R, C]`` at ``points`` (``None`` for integrated
+    gradients, whose passes are at the path's points): the gradient (saliency), times the input
+    (gradient x input), or the path's weighted gradients times ``points - baseline``
+    (integrated gradients, Sundararajan et al. 2017, Eq. 3, one shared forward per point)."""
+    if name == "integrated_gradients":
+        alphas, weights = path_points(int(options["n_steps"]), options["rule"])
+        base = baseline_of(adapter, shared.full, options["baseline"]).detach()
+        delta = points - base
         total = None
         for alpha, weight in zip(alphas.tolist(), weights.tolist(), strict=True):
             grads, _ = shared.gradients(base + alpha * delta)
             total = weight * grads if total is None else total.add_(grads, alpha=weight)
-        # the rows' reference logits at the input itself, which no point of the path is
-        reference = shared_reference(adapter, generation, example, step)
-        values = total * shared.rows_of(delta)
-    else:
-        grads, logits = shared.gradients(embeds)
-        reference = Forward(logits=logits)
-        values = grads * shared.rows_of(embeds) if info.name == "grad_x_input" else grads
-    problem = Problem(adapter, batch, target, reference, request)
-    return problem, example, step, aggregate_embedding(values, bound["aggregate"])
+        return total * shared.rows_of(delta), None
+    grads, logits = shared.gradients(points)
+    return (grads * shared.rows_of(points) if name == "grad_x_input" else grads), logits
+
+
+def _noised(
+    adapter: ModelAdapter,
+    generation: Generation,
+    bound: dict[str, Any],
+    rows_problem: Callable[[Forward], Problem],
+    example: torch.Tensor,
+    step: torch.Tensor,
+    anchors: torch.Tensor,
+    embeds: torch.Tensor,
+    lengths: torch.Tensor,
+) -> tuple[Problem, torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """SmoothGrad of every step row from shared noised passes (see :func:`explain_shared`).
+
+    Row ``(b, t)`` noises its ``P_b + t`` positions with ``sigma_r z_k`` (:func:`~heedful.attribution.gradient._noise`):
+    ``z_k`` at a position depends only on the tokens up to it, so it is the sequence's own draw
+    there, and ``sigma_r`` (:func:`~heedful.attribution.gradient.prefix_scale` at the row's last
+    position) changes only where a generated token widens the prefix's range of embedding values.
+    The rows of a sequence with one ``sigma`` form a *run* (consecutive steps: the range only
+    widens); each run is one noised sequence, cut after its last row's positions, and every
+    sample takes one shared pass per run through the wrapped method (:func:`_per_dimension`),
+    the copies of as many samples at once as their gradients fit in a quarter of ``max_memory``;
+    the samples' maps are combined as the method combines them (:func:`~heedful.attribution.gradient.tunnel`).
+    ``lengths`` ``[R]``: the rows' lengths ``P_b + t``; ``rows_problem``: the rows' problem from a
+    reference pass; ``embeds`` ``[B, S, E]``: the sequences' input embeddings."""
+    full = generation.batch
+    nt_type, samples, multiply = bound["nt_type"], int(bound["n_samples"]), bool(bound["multiply_by_inputs"])
+    aggregate = smoothgrad_aggregate(bound["inner"], nt_type, multiply, bound["aggregate"])
+    sigma = prefix_scale(embeds, full.attention_mask.to(embeds.device), float(bound["noise_level"]))
+    sigma = sigma[example.to(embeds.device), (lengths - 1).to(embeds.device)]  # [R]
+    lengths = lengths.to(example.device)
+    starts = torch.ones(len(example), dtype=torch.bool)
+    starts[1:] = (example[1:] != example[:-1]) | (sigma[1:] != sigma[:-1]).cpu()
+    run = starts.cumsum(0) - 1  # [R] each row's run
+    first = starts.nonzero().squeeze(1)  # [V] each run's first row
+    sequence = example[first]  # [V]
+    cut = torch.zeros(len(first), dtype=torch.long).scatter_reduce(0, run, lengths, "amax")  # [V] positions each run needs
+    runs = full.select(sequence.tolist())
+    mask = runs.attention_mask * (torch.arange(runs.seq_len)[None, :] < cut[:, None]).to(runs.attention_mask.dtype)
+    runs = replace(runs, attention_mask=mask).select(list(range(len(first))))  # trimmed to the longest run
+    most = int(torch.bincount(run).max())  # rows of the largest run: the slots of a pass's backward
+    rows, width, dim = len(example), int(lengths.max()), embeds.shape[-1]
+    # samples a round: their gradients [rows x samples, width, E] within a quarter of the budget
+    per_round = max(1, min(samples, adapter.max_memory // (4 * rows * width * dim * embeds.element_size())))
+    if _groups(adapter, runs.lengths, most, None) is None:
+        return None
+    inner = find(bound["inner"])
+    inner_options = inner.bind()
+    problem = rows_problem(shared_reference(adapter, generation, example, step))
+    clean = embeds[sequence.to(embeds.device), : runs.seq_len]  # [V, S, E]
+    scale = sigma[first.to(sigma.device)][:, None, None, None]  # [V, 1, 1, 1]
+    ids = runs.input_ids.to(embeds.device)
+    run_anchors = anchors[sequence].clamp(max=cut[:, None] - 1)
+
+    def maps():
+        for low in range(0, samples, per_round):
+            drawn = range(low, min(samples, low + per_round))
+            k = len(drawn)
+            z = prefix_normal(ids, runs.attention_mask, bound["seed"], drawn, dim)  # [V, k, S, E]
+            points = (clean[:, None] + z.to(clean.dtype) * scale).transpose(0, 1).flatten(0, 1)  # [k V, S, E], sample-major
+            copies = runs.select(list(range(len(first))) * k)
+            copy = (run[None, :] + len(first) * torch.arange(k)[:, None]).flatten()  # [k R] each row copy's noised run
+            shared = SharedSteps(
+                adapter, copies, _groups(adapter, copies.lengths, most, None), run_anchors.repeat(k, 1), copy, step.repeat(k),
+                problem.target.select(torch.arange(rows).repeat(k)), width,
+            )
+            values = _per_dimension(adapter, shared, inner.name, inner_options, points)[0]
+            yield from values.view(k, rows, *values.shape[1:])
+
+    combined = tunnel(maps(), nt_type)
+    if multiply:
+        combined = combined * clean[run.to(clean.device), :width]
+    return problem, example, step, aggregate_embedding(combined, aggregate)
 
 
 def _groups(
@@ -248,6 +351,10 @@ class SharedSteps:
     ) -> None:
         self.adapter, self.full, self.groups, self.anchors = adapter, full, groups, anchors
         self.example, self.step, self.target, self.width = example, step, target, width
+        lowest = torch.full((len(full),), int(step.max()) + 1, dtype=step.dtype).scatter_reduce(0, example, step, "amin")
+        self.rank = step - lowest[example]
+        """``[R]`` each row's rank among its sequence's rows (their steps are consecutive): its
+        cotangent slot in the backward passes vmapped over a group's rows."""
 
     def rows_of(self, values: torch.Tensor) -> torch.Tensor:
         """Per-sequence values ``[B, S, E]`` as the step rows' ``[R, W, E]``, 0 past each row's
@@ -295,9 +402,10 @@ class SharedSteps:
 
         Segment ``k`` (positions ``b_k .. b_{k+1} - 1``, :func:`segment_bounds`) continues the
         keys and values of the positions before it, passed in as leaves ``K_{<k}`` of its own
-        graph. The cotangent slots are the anchor positions ``a``: slot ``a`` carries the
-        gradient of the score read at ``a`` (one row per sequence). Going back from the last
-        segment, segment ``k`` takes, for the slots ``a >= b_k``, its anchors' score gradients
+        graph. A row's cotangent slot is its rank among its sequence's rows (:attr:`rank`): slot
+        ``s`` carries the gradient of each sequence's ``s``-th row's score, read at that row's
+        anchor. Going back from the last segment, segment ``k`` takes, for the slots of rows
+        anchored at ``a >= b_k``, their anchors' score gradients
         at the head's input and the gradients its later segments sent to its own keys and
         values (``dK_k``); one backward vmapped over those slots gives the rows' gradients on
         its embeddings and ``dK_{<k}``, which it adds to the earlier segments' -- the chain
@@ -307,9 +415,10 @@ class SharedSteps:
         adapter = self.adapter
         at = self.anchors[rows][local, steps]  # [r] absolute anchor positions
         if int(torch.unique(local * (int(at.max()) + 1) + at).numel()) != len(at):
-            return None  # two rows of a sequence read one position: slots would mix them
+            return None  # two rows of a sequence read one position: their seeds would mix
         bounds = segment_bounds(at, self.segment or SEGMENT)
-        slots = bounds[-1] - int(at.min())  # slot s: anchor position min(at) + s
+        slot = self.rank[mine]
+        slots = int(slot.max()) + 1
         shape = adapter.shape
         kept = estimate(shape, len(rows), width, Need(grad="saved", anchors=self.anchors.shape[1]))
         spare = adapter.max_memory - kept - slots * len(rows) * shape.cache_bytes(bounds[-2])
@@ -389,16 +498,15 @@ class SharedSteps:
         writes the rows' gradients on each segment's embeddings into ``grads``. Consumes
         ``segments``."""
         adapter, device = self.adapter, grads.device
-        low = int(at.min())
-        slots = bounds[-1] - low
-        slot = at - low  # every row's slot
+        slot = self.rank[mine]  # every row's slot
+        slots = int(slot.max()) + 1
         sent: list[torch.Tensor] | None = None  # dK, dV of every layer: [slots, B, H, positions, d]
         while segments:
             start, stop, inside, positions, seeds, read, outputs, leaf, past = segments.pop()
             sources = [leaf, *(() if past is None else (*past.keys, *past.values))]
             covered = (at >= start).nonzero().squeeze(1)  # the rows whose prefix reaches this segment
             per_call = max(1, rows_within(adapter.shape, stop - start, spare, FORWARD) // sequences)
-            first = max(0, start - low)  # the first slot anchored at or after this segment
+            first = int(slot[covered].min()) if covered.numel() else slots  # the first slot anchored at or after this segment
             while first < slots:
                 last = min(slots, first + per_call)
                 n = last - first
@@ -453,7 +561,8 @@ class SharedSteps:
                 picked = widened(fwd.logits[local.to(fwd.logits.device), steps.to(fwd.logits.device)])  # [r, C]
                 scores = self.target.select(mine).score(picked)
             read = fwd.head_input
-        last = int(steps.max())
+        rank = self.rank[mine]
+        last = int(rank.max())
         cut = min(width, self.width)
         per_call = self.steps_per_backward or self._steps_per_backward(len(rows), width)
         seeds = None
@@ -463,14 +572,14 @@ class SharedSteps:
             (seeds,) = torch.autograd.grad(scores.sum(), read, retain_graph=True)
             where = (local.to(read.device), steps.to(read.device))
         for first in range(0, last + 1, per_call):
-            # steps first .. first + n - 1 in one backward vmapped over their cotangents
+            # each sequence's rows of ranks first .. first + n - 1 in one backward vmapped over their cotangents
             n = min(per_call, last + 1 - first)
-            at = ((steps >= first) & (steps < first + n)).nonzero().squeeze(1)
+            at = ((rank >= first) & (rank < first + n)).nonzero().squeeze(1)
             if at.numel() == 0:
                 continue
             adapter.counter.backward += at.numel()
             retain = first + n <= last
-            slot = steps[at] - first
+            slot = rank[at] - first
             if seeds is None:
                 g = _backward(scores[at.to(scores.device)], leaf, slot, n, retain)
             else:

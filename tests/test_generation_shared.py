@@ -74,6 +74,53 @@ def test_attnlrp_shared_path_equals_each_steps_own_relevance_pass_with_one_forwa
     assert plain_bwd == bwd == rows
 
 
+def _noise_runs(lm, generation, noise_level: float) -> int:
+    """Runs of steps sharing one SmoothGrad noise scale, counted by a plain loop: per sequence,
+    ``noise_level * (max - min)`` of each step's prefix embeddings, one run per change."""
+    runs = 0
+    embedding = lm.adapter.word_embeddings
+    for b, (prompt, steps) in enumerate(zip(generation.prompt_lengths, generation.steps, strict=True)):
+        ids = generation.batch.input_ids[b]
+        last = None
+        for t in range(steps):
+            e = embedding(ids[: prompt + t]).detach()
+            sigma = noise_level * (e.max() - e.min())
+            runs += last is None or bool(sigma != last)
+            last = sigma
+    return runs
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"nt_type": "vargrad"},
+        {"nt_type": "smoothgrad_sq", "inner": "grad_x_input"},
+        {"multiply_by_inputs": True, "noise_level": 0.3},
+        {"inner": "integrated_gradients"},
+    ],
+)
+def test_smoothgrad_shared_path_draws_the_per_step_noise_with_one_noised_forward_per_run(tiny, family, options):
+    """A position's SmoothGrad draw depends only on the tokens up to it, so the whole sequence's
+    noised pass carries every step's own noise; the steps of one noise scale share it."""
+    lm = tiny(family, "causal_lm")
+    samples = 3
+    options = {"n_samples": samples, "seed": 4, **options}
+    generation, plain, (plain_fwd, plain_bwd), scores, (fwd, bwd) = _both(lm, "smoothgrad", options)
+    scale = float(plain.abs().max())
+    assert scale > 0
+    np.testing.assert_allclose(scores.numpy(), plain.numpy(), atol=1e-5 * scale, rtol=1e-4)
+    inner = heedful.get_method(options.get("inner", "saliency"))
+    rows, points = sum(generation.steps), inner.defaults.get("n_steps", 1)  # the wrapped method runs at its defaults
+    runs = _noise_runs(lm, generation, options.get("noise_level", 0.15))
+    assert len(PROMPTS) <= runs < rows
+    # both: the rows' clean reference, one pass per sequence; then per sample and point one pass
+    # per step row, against one per run
+    assert (plain_fwd, fwd) == (len(PROMPTS) + samples * points * rows, len(PROMPTS) + samples * points * runs)
+    assert plain_bwd == bwd == samples * points * rows
+
+
 @pytest.mark.parametrize("steps", [1, 3])
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
 def test_whole_pass_steps_per_backward_changes_nothing_but_the_grouping(tiny, family, steps, monkeypatch):

@@ -26,6 +26,7 @@ method.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
 import numpy as np
@@ -37,9 +38,9 @@ from heedful.engine.chunks import length_chunks
 from heedful.engine.memory import Need, format_bytes
 from heedful.engine.options import AT_LEAST_ONE, NON_NEGATIVE, RUNTIME
 from heedful.engine.precision import widened
+from heedful.engine.prefix_noise import prefix_normal
 from heedful.engine.problem import Problem, reference_pass
 from heedful.engine.runner import Copies, Runner, keeps_graph
-from heedful.engine.seeding import example_generators
 from heedful.errors import Hint, InputError
 from heedful.registry import find, register
 
@@ -304,22 +305,73 @@ def integrated_gradients(
 
 
 # ---------------------------------------------------------------------------- SmoothGrad
-def _noise(problem: Problem, embeds: torch.Tensor, n_samples: int, noise_level: float, seed: int | None) -> torch.Tensor:
-    """``z_k sigma_b`` ``[B, n_samples, N, E]``: standard normal draws from each example's own
-    generator, in float32 whatever the model's dtype (0 on padding), times
-    ``sigma_b = noise_level * (max(e_b) - min(e_b))`` over the example's real positions
-    (Smilkov et al.'s noise level)."""
-    batch = problem.batch
-    bsz, seq, dim = embeds.shape
-    real = batch.attention_mask.bool()[:, :, None].expand_as(embeds)  # padding must not set sigma
+def prefix_scale(embeds: torch.Tensor, attention_mask: torch.Tensor, noise_level: float) -> torch.Tensor:
+    """``sigma`` ``[B, N]`` of every prefix: ``noise_level * (max - min)`` of ``embeds``
+    ``[B, N, E]`` over the real positions up to each position (Smilkov et al.'s noise level;
+    padding must not set it)."""
+    real = attention_mask.bool()
     inf = torch.finfo(embeds.dtype).max
-    span = embeds.masked_fill(~real, -inf).flatten(1).amax(dim=1) - embeds.masked_fill(~real, inf).flatten(1).amin(dim=1)
-    sigma = noise_level * span  # [B]
-    noise = torch.zeros(bsz, n_samples, seq, dim, dtype=embeds.dtype, device=embeds.device)
-    for b, (gen, n) in enumerate(zip(example_generators(batch, seed), batch.lengths.tolist(), strict=True)):
-        # float32 draws: a float64 or bf16 copy of the model gets the same noise
-        noise[b, :, :n] = torch.randn((n_samples, n, dim), generator=gen, dtype=torch.float32, device="cpu").to(embeds.dtype)
-    return noise * sigma[:, None, None, None]
+    high = embeds.amax(dim=-1).masked_fill(~real, -inf).cummax(dim=1).values
+    low = embeds.amin(dim=-1).masked_fill(~real, inf).cummin(dim=1).values
+    return noise_level * (high - low)
+
+
+def noise_scale(embeds: torch.Tensor, attention_mask: torch.Tensor, noise_level: float) -> torch.Tensor:
+    """``sigma_b`` ``[B]``: :func:`prefix_scale` of each example's whole text."""
+    last = attention_mask.sum(dim=1) - 1
+    return prefix_scale(embeds, attention_mask, noise_level)[torch.arange(len(last), device=last.device), last]
+
+
+def _noise(problem: Problem, embeds: torch.Tensor, n_samples: int, noise_level: float, seed: int | None) -> torch.Tensor:
+    """``z_k sigma_b`` ``[B, n_samples, N, E]``: standard normal draws keyed by each position's
+    token prefix (:func:`~heedful.engine.prefix_noise.prefix_normal`: a text draws the same in
+    any batch, and a prefix of it the same on its positions -- what lets generation steps share
+    a noised pass), drawn in float32 whatever the model's dtype, 0 on padding, times
+    :func:`noise_scale`."""
+    batch = problem.batch
+    mask = batch.attention_mask.to(embeds.device)
+    drawn = prefix_normal(batch.input_ids.to(embeds.device), mask, seed, n_samples, embeds.shape[-1])
+    return drawn.to(embeds.dtype) * noise_scale(embeds, mask, noise_level)[:, None, None, None]
+
+
+def smoothgrad_aggregate(inner: str, nt_type: str, multiply_by_inputs: bool, aggregate: str | None) -> str:
+    """SmoothGrad's per-token reduction: ``aggregate``, or by default the L2 norm of a bare
+    gradient (saliency's mean without ``multiply_by_inputs``) and the signed sum otherwise; an
+    :class:`InputError` for options that make no token score."""
+    bare = inner == "saliency" and not multiply_by_inputs and nt_type == "smoothgrad"
+    if multiply_by_inputs and inner != "saliency":
+        raise InputError(
+            f"smoothgrad: multiply_by_inputs applies to the bare gradient, and {inner} already multiplies by its input",
+            hint="drop multiply_by_inputs, or use inner='saliency'",
+        )
+    if aggregate is None:
+        return "l2" if bare else "sum"
+    if bare and aggregate == "sum":
+        raise InputError(
+            "smoothgrad: aggregate='sum' is not 'l2' | 'l1' for a bare gradient (its signed sum is no token score)",
+            hint="use aggregate='l2' or 'l1', or multiply_by_inputs=True",
+        )
+    return aggregate
+
+
+def tunnel(maps: Iterable[torch.Tensor], nt_type: str) -> torch.Tensor:
+    """The noise tunnel's combination of per-sample maps ``a(e + z_k)`` (each ``[...]``, one
+    at a time): their mean (``"smoothgrad"``), mean of squares (``"smoothgrad_sq"``) or variance
+    (``"vargrad"``, over the samples, Welford's running update) -- no more than two maps' memory
+    whatever the number of samples."""
+    mean = spread = None
+    for n, x in enumerate(maps, start=1):
+        x = x.pow(2) if nt_type == "smoothgrad_sq" else x
+        if mean is None:
+            mean, spread = x.clone(), torch.zeros_like(x)
+            continue
+        step = x - mean
+        mean.add_(step / n)
+        if nt_type == "vargrad":
+            spread.add_(step * (x - mean))
+    if mean is None:
+        raise ValueError("tunnel: no maps")
+    return spread / n if nt_type == "vargrad" else mean
 
 
 def _inner_steps(inner: str) -> int:
@@ -333,6 +385,7 @@ def _inner_steps(inner: str) -> int:
     cost="n_samples x the wrapped method (saliency: 1 forward + 1 backward)",
     passes=lambda o, n: (1 + o["n_samples"] * _inner_steps(o["inner"]), o["n_samples"] * _inner_steps(o["inner"])),
     spans=True,
+    version=2,
 )
 def smoothgrad(
     problem: Problem,
@@ -359,35 +412,20 @@ def smoothgrad(
     ``multiply_by_inputs`` (saliency only): ``M(e) * e``, the clean input. Reduced per token to
     ``[B, N]`` by ``aggregate``: ``None`` (default) is the L2 norm of a bare gradient
     (saliency without ``multiply_by_inputs``) and the signed sum otherwise; a bare gradient takes
-    only the norms.
+    only the norms. The draws at a position depend only on ``seed`` and the tokens up to it
+    (:func:`~heedful.engine.prefix_noise.prefix_normal`), so a text's scores do not depend on
+    its batch, and a generation's steps share their noised passes.
 
     Source: Smilkov et al. 2017, SmoothGrad: removing noise by adding noise (Eq. 3); nt_type as
     Captum's NoiseTunnel (smoothgrad_sq, vargrad: Adebayo et al. 2018)
     """
+    aggregate = smoothgrad_aggregate(inner, nt_type, multiply_by_inputs, aggregate)
     wrapped = find(inner)
-    bare = inner == "saliency" and not multiply_by_inputs and nt_type == "smoothgrad"
-    if multiply_by_inputs and inner != "saliency":
-        raise InputError(
-            f"smoothgrad: multiply_by_inputs applies to the bare gradient, and {inner} already multiplies by its input",
-            hint="drop multiply_by_inputs, or use inner='saliency'",
-        )
-    if aggregate is None:
-        aggregate = "l2" if bare else "sum"
-    elif bare and aggregate == "sum":
-        raise InputError(
-            "smoothgrad: aggregate='sum' is not 'l2' | 'l1' for a bare gradient (its signed sum is no token score)",
-            hint="use aggregate='l2' or 'l1', or multiply_by_inputs=True",
-        )
     embeds = problem.word_embeddings()
     bsz, seq, dim = embeds.shape
     noisy = (embeds[:, None] + _noise(problem, embeds, n_samples, noise_level, seed)).flatten(0, 1)
     copies = problem.select(torch.arange(bsz, device=problem.batch.input_ids.device).repeat_interleave(n_samples))
     options = {**wrapped.bind(), "internal_batch_size": internal_batch_size}
     maps = wrapped.per_dimension(copies, noisy, options).view(bsz, n_samples, seq, dim)
-    if nt_type == "smoothgrad":
-        combined = maps.mean(dim=1)
-    elif nt_type == "smoothgrad_sq":
-        combined = maps.pow(2).mean(dim=1)
-    else:
-        combined = maps.var(dim=1, unbiased=False)
+    combined = tunnel((maps[:, k] for k in range(n_samples)), nt_type)
     return aggregate_embedding(combined * embeds if multiply_by_inputs else combined, aggregate)
