@@ -32,8 +32,9 @@ whose own head runs take one backward per step through the whole pass (:meth:`Sh
 AttnLRP (:data:`RELEVANCE_SHARED`) runs the pass under its rules and each step's backward carries
 the rules' modified gradient. Every rule is a function of its own operation's inputs and outputs,
 and those are the same at a step's positions in the whole pass as in the step's own, so the
-shared pass gives each step its own relevance (Achtibat et al. 2024, Eq. 7, 9, 13); it takes the
-whole pass (:meth:`SharedSteps._whole`), not the segments.
+shared pass gives each step its own relevance (Achtibat et al. 2024, Eq. 7, 9, 13) -- in
+segments too: the rules' modified backward of a segment, fed the modified gradients its later
+segments sent to its keys and values, composes into the whole pass's.
 
 Prompts run in groups of similar length, as many per pass as keeping the pass's graph allows
 under the adapter's ``max_memory`` (:func:`heedful.engine.memory.fit`); a sequence whose graph does
@@ -44,6 +45,7 @@ on the model's bfloat16 copy.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Callable
 from dataclasses import replace
@@ -70,8 +72,9 @@ from heedful.engine.runner import keeps_graph
 from heedful.engine.targets import ResolvedTarget, resolve_target
 from heedful.errors import InputError
 from heedful.generation import Generation, shared_reference, step_request, step_rows
-from heedful.lrp.propagate import explained_score, lrp_forward
+from heedful.lrp.propagate import Prepared, explained_score, lrp_forward
 from heedful.lrp.rules import rule_set
+from heedful.lrp.session import LRPSession
 from heedful.progress import task
 from heedful.registry import MethodInfo, find
 
@@ -330,9 +333,9 @@ class SharedSteps:
 
     steps_per_backward: int | None = None
     rules: str | None = None
-    """A rule set (``"attnlrp"``): the pass runs under it (:func:`~heedful.lrp.propagate.lrp_forward`)
-    and its gradients are the rules' modified ones, one backward through the whole pass per step
-    (:meth:`_whole`)."""
+    """A rule set (``"attnlrp"``): the pass runs under it (:class:`~heedful.lrp.session.LRPSession`)
+    and its gradients are the rules' modified ones, each row's score its target logit through the
+    rule set's head projection (:func:`~heedful.lrp.propagate.explained_score`)."""
     segment: int | None = SEGMENT
     """Positions per segment of the swept pass of a decoder (:meth:`_swept`); ``None``: one
     pass over the whole sequences and a backward through all of it per step (:meth:`_whole`,
@@ -384,7 +387,7 @@ class SharedSteps:
                 local = position[self.example[mine]]
                 steps = self.step[mine]
                 picked = None
-                if self.rules is None and self.segment is not None and self.adapter.is_decoder and self.adapter.unwindowed(width):
+                if self.segment is not None and self.adapter.is_decoder and self.adapter.unwindowed(width):
                     picked = self._swept(points, rows, width, mine, local, steps, grads, done)
                 if picked is None:
                     picked = self._whole(points, rows, width, mine, local, steps, grads, done)
@@ -448,7 +451,8 @@ class SharedSteps:
         picked: torch.Tensor | None = None
         segments: list[_Segment] = []
         states = None
-        with torch.enable_grad():
+        session = LRPSession(adapter, rule_set(self.rules)) if self.rules is not None else contextlib.nullcontext()
+        with session, torch.enable_grad():
             for start, stop in zip(bounds[:-1], bounds[1:], strict=True):
                 inside = ((at >= start) & (at < stop)).nonzero().squeeze(1)  # the rows anchored here
                 positions = torch.unique(at[inside])  # [K] the segment's anchor positions
@@ -467,8 +471,13 @@ class SharedSteps:
                 if fwd.head_input is None or fwd.cache is None:
                     return None
                 column = torch.searchsorted(positions, at[inside])  # each row's anchor among the segment's
-                logits = widened(fwd.logits[local[inside].to(fwd.logits.device), column.to(fwd.logits.device)])
-                scores = self.target.select(mine[inside]).score(logits)
+                where = (local[inside].to(fwd.logits.device), column.to(fwd.logits.device))
+                logits = widened(fwd.logits[where])
+                if self.rules is None:
+                    scores = self.target.select(mine[inside]).score(logits)
+                else:  # each row's target logit through the rule set's head projection
+                    feats = adapter.lm_head_parts().transform(fwd.head_input[where])
+                    scores = explained_score(Prepared(session, rows, stop, leaf, logits, feats), adapter, self.target.select(mine[inside]))
                 (seeds,) = torch.autograd.grad(scores.sum(), fwd.head_input, retain_graph=True)
                 if picked is None:
                     picked = logits.new_zeros(len(mine), logits.shape[-1])
@@ -546,7 +555,7 @@ class SharedSteps:
     def _whole(self, points, rows, width, mine, local, steps, grads, done) -> torch.Tensor:
         """As :meth:`_swept`, from one pass over the whole sequences: every step's backward runs
         through all ``width`` positions, vmapped over the steps (encoder–decoders, which have no
-        cache to cut the pass at, models whose own head runs, and passes under :attr:`rules`)."""
+        cache to cut the pass at, and models whose own head runs)."""
         adapter, full, device = self.adapter, self.full, points.device
         if self.rules is not None:
             leaf, picked, scores = self._under_rules(points, rows, width, mine, local, steps)

@@ -203,8 +203,13 @@ def test_generation_precision_refusals(tiny):
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
 @pytest.mark.parametrize("segment", [1, 3])
-@pytest.mark.parametrize("method,options", [("grad_x_input", {}), ("integrated_gradients", {"n_steps": 3, "baseline": "pad"})])
+@pytest.mark.parametrize(
+    "method,options", [("grad_x_input", {}), ("integrated_gradients", {"n_steps": 3, "baseline": "pad"}), ("attnlrp", {})]
+)
 def test_swept_pass_restricts_each_backward_to_its_prefix_and_changes_no_score(tiny, family, segment, method, options, monkeypatch):
+    """Segment after segment, each continuing the keys and values before it as leaves, and one
+    reverse sweep: a step's backward -- AttnLRP's modified one too, each rule being local to its
+    operation -- through its own prefix only, equal to the per-step rows."""
     lm = tiny(family, "causal_lm")
     monkeypatch.setattr(SharedSteps, "segment", segment)
 
@@ -212,7 +217,8 @@ def test_swept_pass_restricts_each_backward_to_its_prefix_and_changes_no_score(t
         raise AssertionError("a decoder's shared passes fell back to one backward through the whole pass")
 
     monkeypatch.setattr(SharedSteps, "_whole", whole)
-    generation, plain, (_, plain_bwd), scores, (fwd, bwd) = _both(lm, method, options)
+    quantity = "logit" if method == "attnlrp" else "log_prob"
+    generation, plain, (_, plain_bwd), scores, (fwd, bwd) = _both(lm, method, options, quantity=quantity)
     np.testing.assert_allclose(scores.numpy(), plain.numpy(), atol=1e-5 * float(plain.abs().max()), rtol=1e-4)
     assert bwd == plain_bwd
 
