@@ -317,9 +317,9 @@ def prefix_scale(embeds: torch.Tensor, attention_mask: torch.Tensor, noise_level
 
 
 def noise_scale(embeds: torch.Tensor, attention_mask: torch.Tensor, noise_level: float) -> torch.Tensor:
-    """``sigma_b`` ``[B]``: :func:`prefix_scale` of each example's whole text."""
-    last = attention_mask.sum(dim=1) - 1
-    return prefix_scale(embeds, attention_mask, noise_level)[torch.arange(len(last), device=last.device), last]
+    """``sigma_b`` ``[B]``: :func:`prefix_scale` of each example's whole text (at the last
+    position, which its running extremes reach whatever the padding)."""
+    return prefix_scale(embeds, attention_mask, noise_level)[:, -1]
 
 
 def _noise(problem: Problem, embeds: torch.Tensor, n_samples: int, noise_level: float, seed: int | None) -> torch.Tensor:
