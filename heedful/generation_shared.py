@@ -268,7 +268,7 @@ def _noised(
     rows, width, dim = len(example), int(lengths.max()), embeds.shape[-1]
     # samples a round: their gradients [rows x samples, width, E] within a quarter of the budget
     per_round = max(1, min(samples, adapter.max_memory // (4 * rows * width * dim * embeds.element_size())))
-    if _groups(adapter, runs.lengths, most, None) is None:
+    if _groups(adapter, runs.lengths, most, bound.get("internal_batch_size")) is None:
         return None
     inner = find(bound["inner"])
     inner_options = inner.bind()
@@ -287,7 +287,8 @@ def _noised(
             copies = runs.select(list(range(len(first))) * k)
             copy = (run[None, :] + len(first) * torch.arange(k)[:, None]).flatten()  # [k R] each row copy's noised run
             shared = SharedSteps(
-                adapter, copies, _groups(adapter, copies.lengths, most, None), run_anchors.repeat(k, 1), copy, step.repeat(k),
+                adapter, copies, _groups(adapter, copies.lengths, most, bound.get("internal_batch_size")), run_anchors.repeat(k, 1),
+                copy, step.repeat(k),
                 problem.target.select(torch.arange(rows).repeat(k)), width,
             )
             values = _per_dimension(adapter, shared, inner.name, inner_options, points)[0]

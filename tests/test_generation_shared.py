@@ -99,6 +99,7 @@ def _noise_runs(lm, generation, noise_level: float) -> int:
         {"nt_type": "smoothgrad_sq", "inner": "grad_x_input"},
         {"multiply_by_inputs": True, "noise_level": 0.3},
         {"inner": "integrated_gradients"},
+        {"internal_batch_size": 1},  # one noised run a pass
     ],
 )
 def test_smoothgrad_shared_path_draws_the_per_step_noise_with_one_noised_forward_per_run(tiny, family, options):
