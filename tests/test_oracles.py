@@ -300,7 +300,8 @@ def test_smoothgrad_noise_follows_its_law(drawn_noise):
         assert abs(float(real.std()) / sigma - 1) < 0.03 and abs(float(real.mean())) < 0.03 * sigma
         assert not batched[b, :, one.n :].any()  # no noise on padding
     n = Alone(model, TEXTS[1]).n
-    torch.testing.assert_close(alone[0, :, :n], batched[1, :, :n], rtol=0, atol=0)
+    # the same draws: float32 log and cos may round an ulp apart in another tensor's layout
+    torch.testing.assert_close(alone[0, :, :n], batched[1, :, :n], rtol=1e-6, atol=1e-6)
     assert not torch.equal(other[0, :, :n], alone[0, :, :n])
 
 

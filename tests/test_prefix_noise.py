@@ -14,6 +14,10 @@ import torch
 from heedful.engine.prefix_noise import prefix_keys, prefix_normal
 
 MASK64 = (1 << 64) - 1
+SAME = {"rtol": 1e-6, "atol": 1e-6}
+"""One draw computed twice: its integer key and counter are exact, but float32 ``log`` and ``cos``
+may round differently (an ulp, about 1e-7 relative) in a vectorised kernel and in its scalar
+tail, which tensors of other shapes or other thread splits put a draw in."""
 GOLDEN = 0x9E3779B97F4A7C15
 
 
@@ -54,13 +58,13 @@ def test_draws_equal_a_plain_python_generator():
 def test_a_prefix_draws_what_its_row_draws_and_nothing_else_does():
     ids = torch.tensor([[5, 6, 7, 8, 9], [5, 6, 7, 1, 2], [5, 4, 7, 8, 9]])
     z = prefix_normal(ids, torch.ones_like(ids), seed=0, samples=3, dim=16)
-    torch.testing.assert_close(z[0, :, :3], z[1, :, :3], rtol=0, atol=0)  # the shared prefix 5 6 7
+    torch.testing.assert_close(z[0, :, :3], z[1, :, :3], **SAME)  # the shared prefix 5 6 7
     assert not torch.equal(z[0, :, 3], z[1, :, 3])
-    torch.testing.assert_close(z[0, :, 0], z[2, :, 0], rtol=0, atol=0)
+    torch.testing.assert_close(z[0, :, 0], z[2, :, 0], **SAME)
     # a token changed at position 1 changes every later position's draw, though positions 2-4 agree
     assert all(not torch.equal(z[0, :, j], z[2, :, j]) for j in range(1, 5))
     short = prefix_normal(ids[:, :2], torch.ones(3, 2, dtype=torch.long), seed=0, samples=3, dim=16)
-    torch.testing.assert_close(short, z[:, :, :2], rtol=0, atol=0)
+    torch.testing.assert_close(short, z[:, :, :2], **SAME)
     assert prefix_keys(ids, 0)[0, 2] == prefix_keys(ids, 0)[1, 2] != prefix_keys(ids, 1)[0, 2]
 
 
@@ -75,8 +79,8 @@ def test_one_sample_alone_draws_what_it_draws_among_others_whatever_the_threads(
         two = prefix_normal(ids, mask, seed=2, samples=6, dim=300)
     finally:
         torch.set_num_threads(threads)
-    torch.testing.assert_close(one, two, rtol=0, atol=0)
-    torch.testing.assert_close(prefix_normal(ids, mask, 2, range(4, 5), 300)[:, 0], one[:, 4], rtol=0, atol=0)
+    torch.testing.assert_close(one, two, **SAME)
+    torch.testing.assert_close(prefix_normal(ids, mask, 2, range(4, 5), 300)[:, 0], one[:, 4], **SAME)
 
 
 def test_draws_follow_the_standard_normal_law_without_correlation():
