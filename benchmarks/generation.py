@@ -113,10 +113,11 @@ def _peak_mb() -> float:
 
 
 def run_side(side: str, method: str, model_name: str, prompts: list[str], continuations: list[list[int]],
-             n_steps: int, threads: int, quantity: str) -> dict:
+             n_steps: int, threads: int, quantity: str, log_probs: list[list[float]] | None = None) -> dict:
     """One side's attribution of every generated token, in this (fresh) process: seconds, peak
     memory above the loaded model, and per prompt the ``[T, S]`` scores (NaN where undefined)
-    with the ids the side explained."""
+    with the ids the side explained. heedful's side is given the generation as its ``generate``
+    returned it: the ids and ``log_probs``, each token's log-probability kept while generating."""
     warnings.filterwarnings("ignore")
     torch.set_num_threads(threads)
     lm = heedful.load(model_name)
@@ -126,7 +127,7 @@ def run_side(side: str, method: str, model_name: str, prompts: list[str], contin
     if method == "integrated_gradients":
         options["n_steps"] = n_steps
 
-    def attribution(prompts: list[str], continuations: list[list[int]]):
+    def attribution(prompts: list[str], continuations: list[list[int]], log_probs: list[list[float]] | None = None):
         """The side's call that explains every continuation token after every prompt."""
         if side == "inseq":
             texts = [p + lm.tokenizer.decode(c) for p, c in zip(prompts, continuations, strict=True)]
@@ -146,8 +147,8 @@ def run_side(side: str, method: str, model_name: str, prompts: list[str], contin
             return call
         prompt_batch = lm.encode(prompts)
         generation = heedful.Generation(  # the generated ids themselves, never re-tokenized
-            continue_batch(lm.adapter, prompt_batch, continuations), prompt_batch.lengths.tolist(), continuations, True,
-            prompts=list(prompts),
+            continue_batch(lm.adapter, prompt_batch, continuations), prompt_batch.lengths.tolist(), continuations,
+            log_probs is None, prompts=list(prompts), log_probs=log_probs,
         )
         return lambda: lm.explain_generation(generation, METHODS[method][0], quantity=quantity, **options)
 
@@ -165,8 +166,9 @@ def run_side(side: str, method: str, model_name: str, prompts: list[str], contin
 
         inner = {"LayerGradientXActivation": LayerGradientXActivation, "LayerIntegratedGradients": LayerIntegratedGradients}
         explainer = LLMGradientAttribution(inner[captum_name](lm.hf_model, lm.hf_model.get_input_embeddings()), lm.tokenizer)
-    attribution(prompts[:1], [continuations[0][:2]])()  # warm-up: first passes allocate and initialise
-    call = attribution(prompts, continuations)
+    kept = None if log_probs is None else [log_probs[0][:2]]
+    attribution(prompts[:1], [continuations[0][:2]], kept)()  # warm-up: first passes allocate and initialise
+    call = attribution(prompts, continuations, log_probs)
     base = _rss_mb()
     began = time.perf_counter()
     result = call()
@@ -258,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
         found = {}
         for side, quantity in [("heedful", "logit"), ("inseq", "logit")]:
             console.print(f"{method}: {side} ...")
-            found[side] = measure((side, method, *common[:4], args.threads, quantity))
+            kept = (generation.log_probs,) if side == "heedful" else ()
+            found[side] = measure((side, method, *common[:4], args.threads, quantity, *kept))
         worst, largest, compared = differences(found["heedful"]["scores"], found["inseq"]["scores"])
         rows.append(_row(method, "Inseq 0.7 `attribute`", found["heedful"], found["inseq"], worst, largest, compared, len(prompts)))
         if method in BF16_METHODS:
@@ -270,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
             low.append({"method": method, "prompts": k, "seconds": half["seconds"], "mb": half["peak_mb"], "diff": diff, "largest": scale, "ratio": ratio})
         if METHODS[method][4] is not None:
             console.print(f"{method}: heedful (log_prob) and captum ...")
-            ours = measure(("heedful", method, *common[:4], args.threads, "log_prob"))
+            ours = measure(("heedful", method, *common[:4], args.threads, "log_prob", generation.log_probs))
             captum = measure(("captum", method, *common[:4], args.threads, "log_prob"))
             if method == "integrated_gradients":
                 first = [(ids, s[:1]) for ids, s in ours["scores"]]
@@ -330,7 +333,9 @@ def _report(args, rows, low, native, notes, generate_seconds, lm, prompts, promp
     lines += [
         "",
         "Time: the attribution call alone, in a fresh process per side and method (model loaded, "
-        "generation given). Peak MB: the process's peak resident memory above its resident memory "
+        "generation given: the generated ids to every side, and to heedful also each token's "
+        "log-probability, which its `generate` kept while generating, so its forward-only methods "
+        "run no output head). Peak MB: the process's peak resident memory above its resident memory "
         "before the call. Differences: over every cell both sides define (see the script's docstring "
         "for what is compared).",
     ]

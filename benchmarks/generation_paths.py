@@ -8,7 +8,10 @@ it per step (vmapped over the steps; with ``--per-step-backward`` also a plain b
 step), and with ``--segment N`` the swept path in segments of ``N`` positions
 (:attr:`heedful.generation_shared.SharedSteps.segment`). Saliency, gradient x input and integrated
 gradients by default; ``--methods smoothgrad attnlrp`` times the noised and the relevance paths
-(``--samples``: SmoothGrad's noised samples). Their ratio holds on a loaded machine, where absolute times
+(``--samples``: SmoothGrad's noised samples); ``--methods raw_attention rollout`` times a
+forward-only method's shared pass with the head at every step's anchor (a generation given
+without its tokens' log-probabilities) against the pass without a head (the generation as
+``generate`` returned it, :attr:`heedful.Generation.log_probs`). Their ratio holds on a loaded machine, where absolute times
 do not; scores are checked equal.
 
     python benchmarks/generation_paths.py [--model smollm2-135m] [--n 16] [--steps 20] [--ig-steps 8]
@@ -22,7 +25,9 @@ import os
 import sys
 import time
 import warnings
+from dataclasses import replace
 
+import numpy as np
 import torch
 from generation import prompts_of  # noqa: E402  (benchmarks/ is the script's folder)
 
@@ -31,6 +36,7 @@ from heedful.generation import prepare_steps
 from heedful.generation_shared import SharedSteps, explain_shared
 
 OPTIONS = {"saliency": {}, "grad_x_input": {}, "integrated_gradients": {"baseline": "unk"}, "smoothgrad": {}, "attnlrp": {}}
+FORWARD_ONLY = ("raw_attention", "rollout")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, default=3, help="SmoothGrad's noised samples")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--methods", nargs="+", default=["saliency", "grad_x_input", "integrated_gradients"], choices=list(OPTIONS))
+    parser.add_argument("--methods", nargs="+", default=["saliency", "grad_x_input", "integrated_gradients"], choices=[*OPTIONS, *FORWARD_ONLY])
     parser.add_argument("--whole", action="store_true", help="also time the shared path as one pass over the whole sequences")
     parser.add_argument("--per-step-backward", action="store_true", help="with --whole: also with a plain backward per step")
     parser.add_argument("--segment", type=int, help="also time the swept path in segments of this many positions")
@@ -57,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     generation = lm.generate(prompts_of(args.n, args.words), args.steps, generation_config={"min_new_tokens": args.steps})
     print(f"{args.model}: {len(generation.steps)} prompts x {args.steps} tokens", flush=True)
     for method in args.methods:
+        if method in FORWARD_ONLY:
+            _head_or_not(lm, generation, method, args.repeats)
+            continue
         info = lm.method(method)
         options = dict(OPTIONS[method], **({"n_steps": args.ig_steps} if method == "integrated_gradients" else {}))
         if method == "smoothgrad":
@@ -105,6 +114,25 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{method}: {times}; per-step / shared {ratio:.2f}x; max abs diff {worst:.1e} (max abs score {largest:.3g})", flush=True)
     print(f"load average {os.getloadavg()[0]:.2f} after", flush=True)
     return 0
+
+
+def _head_or_not(lm: heedful.Model, generation: heedful.Generation, method: str, repeats: int) -> None:
+    """A forward-only method's generation attribution with the head at every step's anchor and
+    without it (the steps' probabilities then come from the generation), interleaved."""
+    paths = {"with the head": replace(generation, log_probs=None, forced=True), "without": generation}
+    found = {name: [] for name in paths}
+    out = {}
+    for _ in range(repeats):
+        for name, given in paths.items():
+            began = time.perf_counter()
+            out[name] = lm.explain_generation(given, method)
+            found[name].append(time.perf_counter() - began)
+    pairs = list(zip(out["with the head"], out["without"], strict=True))
+    scores = max(float(np.nanmax(np.abs(a.scores - b.scores))) for a, b in pairs)
+    probs = max(float(np.abs(a.probabilities - b.probabilities).max()) for a, b in pairs)
+    times = ", ".join(f"{name} {min(t):.2f} s" for name, t in found.items())
+    ratio = min(found["with the head"]) / min(found["without"])
+    print(f"{method}: {times}; with / without {ratio:.2f}x; max abs diff: scores {scores:.1e}, probabilities {probs:.1e}", flush=True)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -47,6 +47,11 @@ class Generation:
     seconds: float = 0.0
     prompts: list[str] | None = None
     """The prompts' texts (the start of each joined text); ``None``: up to the prompt tokens' end."""
+    log_probs: list[list[float]] | None = None
+    """Each continuation's tokens' log-probabilities under the model as :func:`generate` ran it
+    (its raw distribution, before any sampling setting), ``T_b`` per prompt, so the steps' own
+    probabilities need no second pass through the head; ``None`` for given continuations, or
+    where keeping every step's logits would not fit a tenth of the adapter's ``max_memory``."""
 
     @property
     def steps(self) -> list[int]:
@@ -82,14 +87,12 @@ def generate(
         settings.setdefault("pad_token_id", pad)
     began = time.perf_counter()
     with torch.no_grad():
-        out = adapter.hf_model.generate(input_ids=ids.to(adapter.device), attention_mask=mask.to(adapter.device), **settings)
+        out = adapter.hf_model.generate(
+            input_ids=ids.to(adapter.device), attention_mask=mask.to(adapter.device), **settings, **_logits_kept(adapter, len(prompts), max_new_tokens)
+        )
     seconds = time.perf_counter() - began
-    eos = _eos_ids(adapter)
-    continuations = []
-    for row in out[:, width:].cpu().tolist():
-        stop = next((k + 1 for k, token in enumerate(row) if token in eos), len(row))
-        continuations.append(row[:stop])
-    return Generation(continue_batch(adapter, prompts, continuations), lengths, continuations, False, seconds, list(prompts.texts))
+    continuations, log_probs = _continuations(adapter, out, width)
+    return Generation(continue_batch(adapter, prompts, continuations), lengths, continuations, False, seconds, list(prompts.texts), log_probs)
 
 
 def _generate_target(adapter: ModelAdapter, prompts: Batch, max_new_tokens: int, options: dict[str, Any]) -> Generation:
@@ -112,14 +115,38 @@ def _generate_target(adapter: ModelAdapter, prompts: Batch, max_new_tokens: int,
             attention_mask=mask.to(adapter.device),
             decoder_input_ids=torch.tensor([prefix[0]] * len(prompts), device=adapter.device),
             **settings,
+            **_logits_kept(adapter, len(prompts), max_new_tokens),
         )
     seconds = time.perf_counter() - began
+    continuations, log_probs = _continuations(adapter, out, len(prefix[0]))
+    return Generation(continue_batch(adapter, prompts, continuations), lengths, continuations, False, seconds, list(prompts.texts), log_probs)
+
+
+def _logits_kept(adapter: ModelAdapter, rows: int, steps: int) -> dict[str, bool]:
+    """``generate`` keywords that keep each step's raw logits ``steps`` x ``[rows, V]`` (float32),
+    when they and their log-softmax fit a tenth of the adapter's ``max_memory``; else none."""
+    vocab = adapter.hf_model.get_output_embeddings().weight.shape[0]
+    if 2 * rows * steps * vocab * 4 > adapter.max_memory // 10:
+        return {}
+    return {"return_dict_in_generate": True, "output_logits": True}
+
+
+def _continuations(adapter: ModelAdapter, out: Any, start: int) -> tuple[list[list[int]], list[list[float]] | None]:
+    """Each row's generated ids of ``generate``'s output ``out`` from position ``start``, cut
+    after the end-of-sequence token, and their log-probabilities ``log_softmax(z_t)[y_t]`` from
+    the kept raw logits ``z_t`` (``None`` where ``generate`` did not keep them)."""
+    sequences = out if torch.is_tensor(out) else out.sequences
+    tokens = sequences[:, start:]
     eos = _eos_ids(adapter)
     continuations = []
-    for row in out[:, len(prefix[0]) :].cpu().tolist():
+    for row in tokens.cpu().tolist():
         stop = next((k + 1 for k, token in enumerate(row) if token in eos), len(row))
         continuations.append(row[:stop])
-    return Generation(continue_batch(adapter, prompts, continuations), lengths, continuations, False, seconds, list(prompts.texts))
+    if torch.is_tensor(out) or not out.logits:
+        return continuations, None
+    logits = torch.stack(out.logits, dim=1).float()  # [B, T, V]
+    chosen = logits.gather(2, tokens[:, : logits.shape[1], None].to(logits.device)).squeeze(2) - logits.logsumexp(dim=2)
+    return continuations, [row[: len(c)] for row, c in zip(chosen.cpu().tolist(), continuations, strict=True)]
 
 
 def force(adapter: ModelAdapter, prompts: Batch, continuations: str | Sequence[str]) -> Generation:
@@ -199,11 +226,27 @@ def prepare_steps(
         problem = prepare(adapter, batch, request, reference=own, quantity=quantity)
     else:
         anchor = batch.lengths - 1
-        reference = shared_reference(adapter, generation, example, step, hidden_states=hidden, attentions=attentions)
-        target = resolve_target(request, adapter, anchor, "last", reference.logits)
+        reference = shared_reference(
+            adapter, generation, example, step, hidden_states=hidden, attentions=attentions,
+            head=generation.log_probs is None or info is None or info.reads_logits,
+        )
+        target = resolve_target(request, adapter, anchor, "last", None)  # columns: no logits read
         target.quantity = quantity
         problem = Problem(adapter, batch, target, reference, request)
     return problem, example, step
+
+
+def step_probabilities(generation: Generation, example: torch.Tensor, step: torch.Tensor, problem: Problem) -> torch.Tensor:
+    """Each step row's probability of its token ``[R]``: from :attr:`Generation.log_probs` where
+    the generation kept them, else the softmax of ``problem``'s reference logits at the rows'
+    anchors."""
+    if generation.log_probs is None:
+        target = replace(problem.target, quantity="logit")
+        return target.score(torch.softmax(problem.reference.logits.detach().float(), dim=-1))
+    kept = torch.full((len(generation.log_probs), max(generation.steps)), float("nan"), dtype=torch.float64)
+    for b, row in enumerate(generation.log_probs):
+        kept[b, : len(row)] = torch.tensor(row, dtype=torch.float64)
+    return kept[example.cpu(), step.cpu()].exp()
 
 
 def shared_reference(
@@ -214,6 +257,7 @@ def shared_reference(
     *,
     hidden_states: bool = False,
     attentions: bool = False,
+    head: bool = True,
 ) -> Forward:
     """The reference pass of every step row from one pass per whole sequence.
 
@@ -221,22 +265,27 @@ def shared_reference(
     ``L + 1`` x ``[R, W, D]`` and ``attentions`` ``L`` x ``[R, H, W, W]`` when asked for, each
     row's positions taken from its sequence and 0 beyond the row's own ``P_b + t`` positions --
     equal to the row's own pass because a causal model's state at a position does not depend
-    on later tokens."""
+    on later tokens. Without ``head`` the pass reads the head nowhere and ``logits`` are
+    ``[R, 0]``: for a method that never reads them (:attr:`~heedful.registry.MethodInfo.reads_logits`)
+    of a generation that kept its steps' probabilities (:attr:`Generation.log_probs`), the
+    ``R x D x V`` head -- on a large vocabulary the largest matrix of the model -- is not run."""
     full = generation.batch
     prompt = torch.tensor(generation.prompt_lengths)
     longest = max(generation.steps)
     positions = (prompt[:, None] - 1 + torch.arange(longest)[None, :]).clamp(max=full.lengths[:, None] - 1)
-    fwd = reference_pass(adapter, full, positions, hidden_states=hidden_states, attentions=attentions)
+    fwd = reference_pass(
+        adapter, full, positions if head else positions[:, :0], hidden_states=hidden_states, attentions=attentions
+    )
     lengths = prompt[example] + step
     width = int(lengths.max())
     own = (torch.arange(width)[None, :] < lengths[:, None]).to(adapter.device)
-    logits = fwd.logits[example, step]
     hidden = None
     if fwd.hidden_states is not None:
         hidden = tuple(h[:, :width][example].mul_(own[..., None].to(h.dtype)) for h in fwd.hidden_states)
     probs = None
     if fwd.attentions is not None:
         probs = StepAttentions(fwd.attentions, example, own)
+    logits = fwd.logits[example, step] if head else fwd.logits.new_empty(len(example), 0)
     return Forward(logits, hidden, probs)
 
 

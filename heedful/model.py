@@ -31,7 +31,7 @@ from heedful.engine.targets import ResolvedTarget, Target
 from heedful.engine.workload import Work, check, check_generation, step_lengths
 from heedful.errors import InputError
 from heedful.explanation import Cost, Explanation, Explanations, TargetInfo
-from heedful.generation import Generation, force, generate, prepare_steps
+from heedful.generation import Generation, force, generate, prepare_steps, step_probabilities
 from heedful.generation_explanation import GenerationExplanation, assemble_generation
 from heedful.generation_shared import explain_shared, generation_precision
 from heedful.registry import MethodInfo
@@ -565,7 +565,7 @@ class Model:
         problem.release_graph()
         rows = max(len(problem), 1)
         cost = Cost(*((a + b) / rows for a, b in zip(shared, own, strict=True)))
-        probs = replace(problem.target, quantity="logit").score(torch.softmax(problem.reference.logits.detach().float(), dim=-1))
+        probs = step_probabilities(generation, example, step, problem)
         found = assemble_generation(
             self.adapter, generation, example, step, scores, probs, info.name,
             jsonable(bound if precision == "fp32" else {**bound, "precision": precision}), quantity, cost, self.name,

@@ -76,6 +76,10 @@ class MethodInfo:
     (:meth:`require`).
     ``passes``: the sequences it sends per example (:data:`Passes`; ``None``: one forward, and
     one backward for a method with a reference pass of its own), what ``cost`` says in words.
+    ``reads_logits``: the method reads the reference pass's logits (the prediction). A method
+    that reads only attention probabilities or hidden states declares ``False``, and the steps of
+    a generation that kept their probabilities then run no head at all
+    (:func:`heedful.generation.shared_reference`); it gets ``[B, 0]`` logits, which fail any read.
     """
 
     name: str
@@ -96,6 +100,7 @@ class MethodInfo:
     needs_sources: bool = False
     needs: tuple[str, ...] = ("embeddings",)
     passes: Passes | None = field(default=None, repr=False)
+    reads_logits: bool = True
 
     # ------------------------------------------------------------------ the model
     def reference_for(self, options: Mapping[str, Any] | None, adapter: Any) -> ReferencePass | None:
@@ -238,6 +243,7 @@ def register(
     needs_sources: bool = False,
     needs: tuple[str, ...] = (),
     passes: Passes | None = None,
+    reads_logits: bool = True,
 ) -> Callable[[Callable], Callable]:
     """Register ``fn`` under ``name`` (see :class:`MethodInfo`); ``fn`` is returned unchanged.
 
@@ -289,6 +295,7 @@ def register(
             needs_sources=needs_sources,
             needs=check_needs(declared, f"method {name!r}"),
             passes=passes,
+            reads_logits=reads_logits,
         )
         return fn
 

@@ -47,7 +47,7 @@ import functools
 import inspect
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -439,6 +439,21 @@ def _check_options(case: _Case) -> None:
             raise AssertionError(f"{bad} was accepted")
 
 
+def _check_reads_logits(case: _Case) -> None:
+    """A method that declares ``reads_logits=False`` gives the same scores with the reference
+    pass's logits withheld (``[B, 0]``, as generation attribution then gives them)."""
+    if case.info.reads_logits:
+        return
+    problem = case.raw.problem
+    withheld = replace(problem, reference=replace(problem.reference, logits=problem.reference.logits[:, :0]))
+    try:
+        scores = case.info.fn(withheld, **case.info.bind(case.given))
+    except (IndexError, RuntimeError) as exc:
+        raise AssertionError(f"declares reads_logits=False, yet fails without the reference logits: {exc}") from None
+    mismatch = _mismatch(case.raw.scores.detach().float().cpu().numpy(), scores.detach().float().cpu().numpy())
+    assert mismatch is None, f"declares reads_logits=False, yet its scores change without the reference logits: {mismatch}"
+
+
 _CHECK_FUNCTIONS: dict[str, Callable[[_Case], None]] = {
     "shape": _check_shape,
     "batch_invariance": _check_batch_invariance,
@@ -446,6 +461,7 @@ _CHECK_FUNCTIONS: dict[str, Callable[[_Case], None]] = {
     "special_tokens": _check_special_tokens,
     "cost": _check_cost,
     "options": _check_options,
+    "reads_logits": _check_reads_logits,
 }
 
 CHECKS: tuple[str, ...] = tuple(_CHECK_FUNCTIONS)
@@ -503,6 +519,8 @@ def check_method(
       explaining again with ``**explanation.options`` gives identical scores; an unknown option
       and a value of the wrong type for each typed option raise :class:`~heedful.InputError`
       before any forward pass; no option shadows a parameter of :meth:`Model.explain`.
+    - ``reads_logits`` (methods that declare ``reads_logits=False``): the scores are the same
+      with the reference pass's logits withheld.
 
     >>> check_method("saliency", families=("gpt2",), tasks=("regression",))
     ['gpt2/regression']

@@ -69,6 +69,19 @@ def test_scores_normalised_over_the_batch_fail_batch_invariance(register_broken)
     assert failed_checks(register_broken(batch_normalised)) == {"batch_invariance"}
 
 
+def test_a_method_that_reads_the_logits_it_says_it_does_not_fails_reads_logits():
+    def softmax_weighted(problem) -> torch.Tensor:
+        confidence = torch.softmax(problem.reference.logits, dim=-1).amax(dim=-1)  # reads the prediction
+        return problem.word_embeddings().norm(dim=-1) * confidence[:, None]
+
+    registry.register("broken_reads_logits", family="baseline", cost="-", citation="test only", summary="Broken.", reads_logits=False)(softmax_weighted)
+    try:
+        assert failed_checks("broken_reads_logits") == {"reads_logits"}
+    finally:
+        registry.unregister("broken_reads_logits")
+    assert check_method("raw_attention", families=("llama",), tasks=("causal_lm",)) == ["llama/causal_lm"]
+
+
 def test_an_ignored_seed_fails_determinism(register_broken):
     def fixed_seed(problem, *, seed: int | None = 0) -> torch.Tensor:
         scores = torch.zeros(problem.batch.input_ids.shape)

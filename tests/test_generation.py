@@ -8,6 +8,7 @@ the gradients of each, computed one token at a time.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -16,6 +17,7 @@ import torch
 from conftest import run_cli, saved_tiny
 
 import heedful
+import heedful.generation
 from heedful.engine.sequences import continue_batch
 from heedful.errors import InputError
 from heedful.generation import step_rows
@@ -63,6 +65,35 @@ def test_three_steps_equal_a_loop_of_single_positions(tiny, family, method, opti
             assert np.isnan(g.scores[t, width:]).all()
             if alone.prediction["index"] == generated[t]:  # greedy: the step's token is the prediction
                 assert g.probabilities[t] == pytest.approx(alone.prediction["probability"], abs=1e-6)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_a_generation_keeps_each_tokens_log_probability_so_forward_only_steps_run_no_head(tiny, family, monkeypatch):
+    lm = tiny(family, "causal_lm")
+    generation = lm.generate(PROMPTS, 4)
+    for b, (prompt, continuation) in enumerate(zip(PROMPTS, generation.continuations, strict=True)):
+        assert len(generation.log_probs[b]) == len(continuation)
+        for t, token in enumerate(continuation):  # oracle: the step's own pass, log-softmax at its token
+            logits = _prefix_problem(lm, prompt, continuation[: t + 1], "log_prob").reference.logits[0].double()
+            assert generation.log_probs[b][t] == pytest.approx(float(torch.log_softmax(logits, -1)[token]), abs=1e-5)
+
+    rows = []
+    head = lm.adapter.head_logits
+    monkeypatch.setattr(lm.adapter, "head_logits", lambda h, columns=None: rows.append(h.shape[:-1].numel()) or head(h, columns))
+    kept = lm.explain_generation(generation, "raw_attention")
+    assert sum(rows) == 0  # the steps' probabilities came with the generation
+    given = lm.explain_generation(dataclasses.replace(generation, forced=True, log_probs=None), "raw_attention")
+    assert sum(rows) == sum(generation.steps)  # without them: the head once at every step's anchor
+    for a, b in zip(kept, given, strict=True):
+        np.testing.assert_array_equal(a.scores, b.scores)
+        np.testing.assert_allclose(a.probabilities, b.probabilities, atol=1e-6)
+    occlusion = lm.explain_generation(generation, "leave_one_out")  # a method that reads the reference logits gets them
+    for a, b in zip(occlusion, lm.explain_generation(dataclasses.replace(generation, log_probs=None), "leave_one_out"), strict=True):
+        np.testing.assert_allclose(a.scores, b.scores, atol=1e-6)
+
+    monkeypatch.setattr(heedful.generation, "_logits_kept", lambda *args: {})  # the step logits would not fit the budget
+    unkept = lm.generate(PROMPTS, 4)
+    assert unkept.log_probs is None and unkept.continuations == generation.continuations
 
 
 def test_greedy_generation_matches_transformers_one_prompt_at_a_time(tiny):

@@ -20,7 +20,7 @@ def _layer_index(layer: int, num_layers: int) -> int:
     return layer % num_layers
 
 
-@register("raw_attention", family="attention", cost="1 forward", needs_attentions=True)
+@register("raw_attention", family="attention", cost="1 forward", needs_attentions=True, reads_logits=False)
 @torch.no_grad()
 def raw_attention(problem: Problem, *, layer: int = -1, head: int | None = None) -> torch.Tensor:
     """Attention from the explained position, averaged over heads, in one layer (last by default).
@@ -43,7 +43,7 @@ def raw_attention(problem: Problem, *, layer: int = -1, head: int | None = None)
     return _anchor_rows(per_layer, problem.anchor)
 
 
-@register("rollout", family="attention", cost="1 forward", needs_attentions=True, needs=("attention_flow",))
+@register("rollout", family="attention", cost="1 forward", needs_attentions=True, needs=("attention_flow",), reads_logits=False)
 @torch.no_grad()
 def rollout(problem: Problem, *, start_layer: int = 0) -> torch.Tensor:
     """Head-averaged attention plus identity, row-normalised, multiplied through the layers.

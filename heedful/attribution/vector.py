@@ -72,7 +72,7 @@ def logit_attribution(problem: Problem, layerwise: bool, regression_rank: str = 
     )
 
 
-@register("embedding_norm", family="vector", cost="1 forward", needs_hidden=True)
+@register("embedding_norm", family="vector", cost="1 forward", needs_hidden=True, reads_logits=False)
 @torch.no_grad()
 def embedding_norm(problem: Problem, *, norm: NormSource = "embedding_output") -> torch.Tensor:
     """L2 norm of each token's input embedding; task-independent.
@@ -84,7 +84,7 @@ def embedding_norm(problem: Problem, *, norm: NormSource = "embedding_output") -
     return embedding_norms(problem, norm)
 
 
-@register("logat", family="vector", cost="1 forward + 1 batched head call", needs_hidden=True, version=2, needs=("head",))
+@register("logat", family="vector", cost="1 forward + 1 batched head call", needs_hidden=True, version=2, needs=("head",), reads_logits=False)
 @torch.no_grad()
 def logat(problem: Problem, *, layerwise: bool = False, regression_rank: RegressionRank = "near") -> torch.Tensor:
     """Head-on-top logit of the target read off every token's final representation.
@@ -101,7 +101,7 @@ def logat(problem: Problem, *, layerwise: bool = False, regression_rank: Regress
     return logit_attribution(problem, layerwise, regression_rank)
 
 
-@register("normxlogit", family="vector", cost="1 forward + 1 batched head call", needs_hidden=True, version=2, needs=("head",))
+@register("normxlogit", family="vector", cost="1 forward + 1 batched head call", needs_hidden=True, version=2, needs=("head",), reads_logits=False)
 @torch.no_grad()
 def normxlogit(
     problem: Problem, *, layerwise: bool = False, norm: NormSource = "embedding_output", regression_rank: RegressionRank = "near"

@@ -200,11 +200,12 @@ def resolve_target(
     adapter: ModelAdapter,
     anchor: torch.Tensor,
     anchor_kind: str,
-    anchor_logits: torch.Tensor,
+    anchor_logits: torch.Tensor | None,
 ) -> ResolvedTarget:
     """Resolve ``target`` for every example given the anchor positions ``[B]`` (and how they move
     under deletion, see :meth:`~heedful.adapters.ModelAdapter.anchor_positions`) and the
-    unperturbed anchor logits ``[B, C]``."""
+    unperturbed anchor logits ``[B, C]`` (not read for :class:`Columns` or a regression model:
+    ``None`` may stand for them there)."""
     bsz = anchor.shape[0]
     task = adapter.task
     if isinstance(target, Columns):
@@ -224,6 +225,8 @@ def resolve_target(
         classes = torch.zeros(bsz, 1, dtype=torch.long)
         return ResolvedTarget(anchor, anchor_kind, classes, torch.ones(1), ["value"] * bsz, task)
 
+    if anchor_logits is None:
+        raise TypeError("resolve_target needs the anchor logits for a target other than columns")
     predicted = anchor_logits.argmax(dim=-1).cpu()
     if target.kind == "predicted":
         classes = predicted[:, None]
