@@ -88,7 +88,7 @@ def generate(
     began = time.perf_counter()
     with torch.no_grad():
         out = adapter.hf_model.generate(
-            input_ids=ids.to(adapter.device), attention_mask=mask.to(adapter.device), **settings, **_logits_kept(adapter, len(prompts), max_new_tokens)
+            input_ids=ids.to(adapter.device), attention_mask=mask.to(adapter.device), **settings, **_logits_kept(adapter, len(prompts), max_new_tokens, settings)
         )
     seconds = time.perf_counter() - began
     continuations, log_probs = _continuations(adapter, out, width)
@@ -115,18 +115,19 @@ def _generate_target(adapter: ModelAdapter, prompts: Batch, max_new_tokens: int,
             attention_mask=mask.to(adapter.device),
             decoder_input_ids=torch.tensor([prefix[0]] * len(prompts), device=adapter.device),
             **settings,
-            **_logits_kept(adapter, len(prompts), max_new_tokens),
+            **_logits_kept(adapter, len(prompts), max_new_tokens, settings),
         )
     seconds = time.perf_counter() - began
     continuations, log_probs = _continuations(adapter, out, len(prefix[0]))
     return Generation(continue_batch(adapter, prompts, continuations), lengths, continuations, False, seconds, list(prompts.texts), log_probs)
 
 
-def _logits_kept(adapter: ModelAdapter, rows: int, steps: int) -> dict[str, bool]:
+def _logits_kept(adapter: ModelAdapter, rows: int, steps: int, settings: dict[str, Any]) -> dict[str, bool]:
     """``generate`` keywords that keep each step's raw logits ``steps`` x ``[rows, V]`` (float32),
-    when they and their log-softmax fit a tenth of the adapter's ``max_memory``; else none."""
+    when they and their log-softmax fit a tenth of the adapter's ``max_memory``; else none -- and
+    none for beam search, whose kept logits are the beams', not the chosen sequence's."""
     vocab = adapter.hf_model.get_output_embeddings().weight.shape[0]
-    if 2 * rows * steps * vocab * 4 > adapter.max_memory // 10:
+    if settings.get("num_beams", 1) != 1 or 2 * rows * steps * vocab * 4 > adapter.max_memory // 10:
         return {}
     return {"return_dict_in_generate": True, "output_logits": True}
 

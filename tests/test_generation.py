@@ -91,6 +91,8 @@ def test_a_generation_keeps_each_tokens_log_probability_so_forward_only_steps_ru
     for a, b in zip(occlusion, lm.explain_generation(dataclasses.replace(generation, log_probs=None), "leave_one_out"), strict=True):
         np.testing.assert_allclose(a.scores, b.scores, atol=1e-6)
 
+    beams = lm.generate(PROMPTS, 3, generation_config={"num_beams": 2})  # the kept logits would be the beams'
+    assert beams.log_probs is None and all(len(c) > 0 for c in beams.continuations)
     monkeypatch.setattr(heedful.generation, "_logits_kept", lambda *args: {})  # the step logits would not fit the budget
     unkept = lm.generate(PROMPTS, 4)
     assert unkept.log_probs is None and unkept.continuations == generation.continuations
