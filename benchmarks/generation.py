@@ -36,10 +36,13 @@ generated tokens, same targets, in one run.
 
 Targets (issue 44), each marked holds / does not hold: against Inseq at float32, saliency and
 input x gradient >= 5x, integrated gradients >= 3x, attention >= 3x; saliency and input x
-gradient >= 8x with bf16; against Captum >= 2x.
+gradient >= 8x with bf16; against Captum >= 2x. A peer's time on a shared host can move by 40 %
+between runs (Inseq's saliency: 174 s, then 105 s, on one machine on one day): ``--repeats R``
+times each side ``R`` times, alternating, and reports the ratio of the medians with the
+per-run range.
 
     python benchmarks/generation.py [--model smollm2-135m] [--n 16] [--steps 20] [--ig-steps 50]
-                                    [--threads 2] [--bf16-n 2] [--out benchmarks/results/generation.md]
+                                    [--threads 2] [--repeats 1] [--bf16-n 2] [--out benchmarks/results/generation.md]
 """
 
 from __future__ import annotations
@@ -236,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--words", type=int, default=8)
     parser.add_argument("--ig-steps", type=int, default=50)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=1, help="runs per side, alternating; the ratio is of the medians (3 takes about 2.5 h)")
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--bf16-n", type=int, default=2, help="prompts the bf16 runs explain where lscpu lists no bf16 instructions")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "generation.md")
@@ -257,11 +261,11 @@ def main(argv: list[str] | None = None) -> int:
     native = bf16_flags()
     for method in args.methods:
         common = (args.model, prompts, continuations, args.ig_steps, args.threads)
-        found = {}
-        for side, quantity in [("heedful", "logit"), ("inseq", "logit")]:
-            console.print(f"{method}: {side} ...")
-            kept = (generation.log_probs,) if side == "heedful" else ()
-            found[side] = measure((side, method, *common[:4], args.threads, quantity, *kept))
+        found = alternate(
+            {"heedful": ("heedful", method, *common[:4], args.threads, "logit", generation.log_probs),
+             "inseq": ("inseq", method, *common[:4], args.threads, "logit")},
+            args.repeats, lambda side, r, method=method: console.print(f"{method}: {side} (run {r + 1} of {args.repeats}) ..."),
+        )
         worst, largest, compared = differences(found["heedful"]["scores"], found["inseq"]["scores"])
         rows.append(_row(method, "Inseq 0.7 `attribute`", found["heedful"], found["inseq"], worst, largest, compared, len(prompts)))
         if method in BF16_METHODS:
@@ -272,9 +276,12 @@ def main(argv: list[str] | None = None) -> int:
             ratio = found["inseq"]["seconds"] / half["seconds"] if k == len(prompts) else None
             low.append({"method": method, "prompts": k, "seconds": half["seconds"], "mb": half["peak_mb"], "diff": diff, "largest": scale, "ratio": ratio})
         if METHODS[method][4] is not None:
-            console.print(f"{method}: heedful (log_prob) and captum ...")
-            ours = measure(("heedful", method, *common[:4], args.threads, "log_prob", generation.log_probs))
-            captum = measure(("captum", method, *common[:4], args.threads, "log_prob"))
+            pair = alternate(
+                {"heedful": ("heedful", method, *common[:4], args.threads, "log_prob", generation.log_probs),
+                 "captum": ("captum", method, *common[:4], args.threads, "log_prob")},
+                args.repeats, lambda side, r, method=method: console.print(f"{method}: {side} (log_prob; run {r + 1} of {args.repeats}) ..."),
+            )
+            ours, captum = pair["heedful"], pair["captum"]
             if method == "integrated_gradients":
                 first = [(ids, s[:1]) for ids, s in ours["scores"]]
                 first_c = [(ids, s[:1]) for ids, s in captum["scores"]]
@@ -292,13 +299,32 @@ def main(argv: list[str] | None = None) -> int:
     return finish(text, args, console)
 
 
+def alternate(sides: dict[str, tuple], repeats: int, announce) -> dict[str, dict]:
+    """Each side's :func:`run_side` (``sides``: name -> its arguments) ``repeats`` times, the
+    sides alternating (their order reversed every other round, so that neither always runs
+    first), each run in a fresh process: per side its first run's result with ``seconds`` the
+    median over the runs, ``runs`` every run's seconds and ``peak_mb`` the largest."""
+    runs: dict[str, list[dict]] = {name: [] for name in sides}
+    for r in range(repeats):
+        for name in (list(sides) if r % 2 == 0 else list(reversed(sides))):
+            announce(name, r)
+            runs[name].append(measure(sides[name]))
+    return {
+        name: {**found[0], "seconds": float(np.median([f["seconds"] for f in found])),
+               "runs": [f["seconds"] for f in found], "peak_mb": max(f["peak_mb"] for f in found)}
+        for name, found in runs.items()
+    }
+
+
 def _row(method, peer, ours, theirs, worst, largest, compared, total) -> dict:
+    ratios = [t / o for t, o in zip(theirs["runs"], ours["runs"], strict=True)]
     return {
         "method": method,
         "peer": peer,
         "heedful": ours["seconds"],
         "peer_s": theirs["seconds"],
         "ratio": theirs["seconds"] / ours["seconds"],
+        "range": (min(ratios), max(ratios)),
         "heedful_mb": ours["peak_mb"],
         "peer_mb": theirs["peak_mb"],
         "diff": worst,
@@ -320,19 +346,21 @@ def _report(args, rows, low, native, notes, generate_seconds, lm, prompts, promp
         f"{len(prompts)} prompts × {args.steps} generated tokens (greedy, generated once by heedful in "
         f"{fmt_s(generate_seconds)}) on `{args.model}`; every side explains every generated token.",
         "",
-        "| method | peer | heedful | peer time | peer / heedful | heedful peak MB | peer peak MB | max abs diff | max abs score | prompts compared |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| method | peer | heedful | peer time | peer / heedful | ratio per run (min–max) | heedful peak MB | peer peak MB | max abs diff | max abs score | prompts compared |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
+        low_r, high_r = r["range"]
         lines.append(
             f"| {r['method']} | {r['peer']} | {fmt_s(r['heedful'])} | {fmt_s(r['peer_s'])} | {r['ratio']:.2f}× | "
-            f"{r['heedful_mb']:.0f} | {r['peer_mb']:.0f} | {r['diff']:.1e} | {r['largest']:.3g} | {r['compared']} |"
+            f"{low_r:.2f}–{high_r:.2f}× | {r['heedful_mb']:.0f} | {r['peer_mb']:.0f} | {r['diff']:.1e} | {r['largest']:.3g} | {r['compared']} |"
         )
     inseq = {r["method"]: r["ratio"] for r in rows if r["peer"].startswith("Inseq")}
     captum_ratios = [r["ratio"] for r in rows if r["peer"].startswith("Captum")]
     lines += [
         "",
-        "Time: the attribution call alone, in a fresh process per side and method (model loaded, "
+        f"Time: the attribution call alone, the median of {args.repeats} run(s) per side, the sides alternating, "
+        "each run in a fresh process (model loaded, "
         "generation given: the generated ids to every side, and to heedful also each token's "
         "log-probability, which its `generate` kept while generating, so its forward-only methods "
         "run no output head). Peak MB: the process's peak resident memory above its resident memory "
@@ -356,7 +384,9 @@ def _report(args, rows, low, native, notes, generate_seconds, lm, prompts, promp
     lines += ["", "## Targets", ""]
     for method, target in TARGETS.items():
         if method in inseq:
-            lines.append(f"- {method} ≥ {target:g}× faster than Inseq at float32: {_verdict(inseq[method], target)}")
+            spread = next(r["range"] for r in rows if r["method"] == method and r["peer"].startswith("Inseq"))
+            runs = f"; per run {spread[0]:.2f}–{spread[1]:.2f}× over {args.repeats} runs" if args.repeats > 1 else ""
+            lines.append(f"- {method} ≥ {target:g}× faster than Inseq at float32: {_verdict(inseq[method], target)}{runs}")
     for method, target in BF16_TARGETS.items():
         half = next((r for r in low if r["method"] == method), None)
         if half is None:
