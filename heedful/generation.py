@@ -269,7 +269,10 @@ def shared_reference(
     on later tokens. Without ``head`` the pass reads the head nowhere and ``logits`` are
     ``[R, 0]``: for a method that never reads them (:attr:`~heedful.registry.MethodInfo.reads_logits`)
     of a generation that kept its steps' probabilities (:attr:`Generation.log_probs`), the
-    ``R x D x V`` head -- on a large vocabulary the largest matrix of the model -- is not run."""
+    ``R x D x V`` head -- on a large vocabulary the largest matrix of the model -- is not run;
+    without the head, hidden states or attentions no pass runs at all."""
+    if not (head or hidden_states or attentions):  # nothing of the pass would be read
+        return Forward(torch.empty(len(example), 0, device=adapter.device))
     full = generation.batch
     prompt = torch.tensor(generation.prompt_lengths)
     longest = max(generation.steps)

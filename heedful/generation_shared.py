@@ -199,7 +199,8 @@ def explain_shared(
         return rows_problem(Forward(logits=logits)), example, step, (grads * shared.rows_of(embeds)).sum(dim=-1)
     values, logits = _per_dimension(adapter, shared, info.name, bound, embeds)
     # integrated gradients: the rows' reference logits at the input itself, which no point of the path is
-    reference = shared_reference(adapter, generation, example, step) if logits is None else Forward(logits=logits)
+    # (for the steps' probabilities: none needed when the generation kept them)
+    reference = Forward(logits=logits) if logits is not None else shared_reference(adapter, generation, example, step, head=generation.log_probs is None)
     return rows_problem(reference), example, step, aggregate_embedding(values, bound["aggregate"])
 
 
@@ -272,7 +273,7 @@ def _noised(
         return None
     inner = find(bound["inner"])
     inner_options = inner.bind()
-    problem = rows_problem(shared_reference(adapter, generation, example, step))
+    problem = rows_problem(shared_reference(adapter, generation, example, step, head=generation.log_probs is None))
     clean = embeds[sequence.to(embeds.device), : runs.seq_len]  # [V, S, E]
     scale = sigma[first.to(sigma.device)][:, None, None, None]  # [V, 1, 1, 1]
     ids = runs.input_ids.to(embeds.device)

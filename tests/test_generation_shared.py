@@ -5,6 +5,7 @@ integrated gradients -- instead of one per step."""
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import numpy as np
@@ -244,3 +245,19 @@ def test_raw_attention_over_steps_copies_only_the_layer_it_reads(tiny):
     # every layer read gives the rows' own masked probabilities, whichever way it is read
     assert torch.equal(attentions[-1], attentions[len(attentions) - 1]) and len(attentions[0:2]) == 2
     assert scores.shape == (len(example), problem.batch.seq_len)
+
+
+@pytest.mark.parametrize("method,options", [("integrated_gradients", {"n_steps": 3}), ("smoothgrad", {"n_samples": 2})])
+def test_a_generation_that_kept_its_probabilities_runs_no_reference_pass_for_them(tiny, method, options):
+    lm = tiny("llama", "causal_lm")
+    kept = lm.generate(PROMPTS, 3)
+    given = dataclasses.replace(kept, log_probs=None, forced=True)
+    counter = lm.adapter.counter
+    passes = {}
+    for name, generation in (("kept", kept), ("given", given)):
+        counter.reset()
+        passes[name] = (explain_shared(lm.adapter, generation, lm.method(method), lm.method(method).bind(options), "logit"), counter.forward)
+    (_, _, _, with_kept), forward_kept = passes["kept"]
+    (_, _, _, with_head), forward_given = passes["given"]
+    torch.testing.assert_close(with_kept, with_head, rtol=0, atol=1e-5 * float(with_head.abs().max()))
+    assert forward_given - forward_kept == len(PROMPTS)  # the one pass per sequence that read the steps' logits

@@ -218,8 +218,10 @@ def dump(
     folder: Annotated[Path, typer.Argument(help="Results folder: a --out of heedful bench, or a heedful reproduce store folder.")],
     archive: Annotated[Path, typer.Argument(help="Folder to write the text archive into (created when missing).")],
 ) -> None:
-    """Write every results store under FOLDER as sorted JSON Lines into ARCHIVE, and copy the
-    files beside them, so the results can be committed and loaded on another machine."""
+    """Write every results store under FOLDER as sorted JSON Lines into ARCHIVE (sixteen shards
+    a store, by the first hex digit of each row's run key, so that no file nears a code host's
+    100 MB limit), and copy the files beside them, so the results can be committed and loaded on
+    another machine."""
     from rich.console import Console
 
     from heedful.evaluate.archive import dump_folder

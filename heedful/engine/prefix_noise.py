@@ -98,7 +98,8 @@ def prefix_normal(
 
     >>> ids = torch.tensor([[5, 7, 9], [5, 7, 0]])
     >>> z = prefix_normal(ids, torch.tensor([[1, 1, 1], [1, 1, 0]]), seed=0, samples=2, dim=4)
-    >>> z.shape, torch.equal(z[0, :, :2], z[1, :, :2]), bool(z[1, :, 2].eq(0).all())
+    >>> same = torch.allclose(z[0, :, :2], z[1, :, :2], rtol=0, atol=1e-6)  # an ulp: log and cos, vectorised or not
+    >>> z.shape, same, bool(z[1, :, 2].eq(0).all())
     (torch.Size([2, 2, 3, 4]), True, True)
     """
     bsz, seq = input_ids.shape
