@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich import box
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
@@ -349,6 +350,10 @@ def _json_view(expl, words: bool) -> dict[str, Any]:
     return data
 
 
+WIDE_METHODS_TABLE = 160
+"""Terminal columns from which ``heedful methods`` shows each method's source in its table."""
+
+
 @app.command()
 def methods(
     name: Annotated[str | None, typer.Argument(help="Show this method's options.")] = None,
@@ -394,15 +399,23 @@ def methods(
     fronts = {task: frontier.front(task) for task in catalog.tasks}
     measured = [f"{task} ({frontier.measured_on(task)})" for task, names in fronts.items() if names]
     caption = f"front: on the faithfulness-cost front of {'; '.join(measured)} -- docs/results/frontier.md" if measured else None
-    table = Table(title="heedful methods", show_lines=False, caption=caption)
+    # a source column folded into a narrow terminal is a letter per line: there, NAME shows it
+    sources = out.width >= WIDE_METHODS_TABLE
+    if not sources:
+        caption = "\n".join(c for c in (caption, "heedful methods NAME: a method's source and options") if c)
+    table = Table(title="heedful methods", caption=caption, box=None if not sources else box.HEAVY_HEAD, pad_edge=False)
     table.add_column("method", no_wrap=True, style="bold")
-    for col in ("family", "tasks", "cost per example", "source"):
-        table.add_column(col, overflow="fold")
-    table.add_column("front", no_wrap=True)
+    table.add_column("family", no_wrap=True)
+    table.add_column("tasks", overflow="fold", max_width=16)
+    table.add_column("cost per example", ratio=1, min_width=16)
+    if sources:
+        table.add_column("source", ratio=1)
+    table.add_column("front", no_wrap=True, min_width=5)
     for info in catalog.methods:
         tasks = "all" if set(info.tasks) == set(catalog.tasks) else ", ".join(info.tasks)
         on = ", ".join(task for task, names in fronts.items() if info.name in names)
-        table.add_row(info.name, info.family, tasks, escape(info.cost), escape(info.citation), f"★ {on}" if on else "")
+        cells = (info.name, info.family, tasks, escape(info.cost), *((escape(info.citation),) if sources else ()))
+        table.add_row(*cells, ("★" if len(measured) == 1 and not sources else f"★ {on}") if on else "")
     out.print(table)
 
 

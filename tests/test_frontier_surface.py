@@ -40,12 +40,20 @@ def test_the_front_is_read_cheapest_first(measured):
     assert frontier.row("classification", "rollout") is None
 
 
-def test_heedful_methods_marks_the_methods_on_the_front(measured, monkeypatch, capsys):
+@pytest.mark.parametrize("width", [80, 200])
+def test_heedful_methods_marks_the_methods_on_the_front(measured, monkeypatch, capsys, width):
+    from heedful.commands.console import out as console
+
+    monkeypatch.setattr(console, "width", width)
     code, out, _ = run_cli(monkeypatch, capsys, "methods")
     assert code == 0
-    marked = {line.split("│")[1].strip() for line in out.splitlines() if "★ classification" in line}
+    marked = {line.replace("│", " ").split()[0] for line in out.splitlines() if "★" in line}
     assert marked == {"normxlogit", "attnlrp", "lime"}
     assert "faithfulness-cost front of classification (minilm-sentiment, 12 movies test sentences)" in " ".join(out.split())
+    # every column fits the terminal; a method's source shows where there is room for it, else NAME gives it
+    assert max(len(line) for line in out.splitlines()) <= width
+    assert ("Abbasi et al. 2025" in out) == (width >= 160)
+    assert ("heedful methods NAME" in " ".join(out.split())) == (width < 160)
 
 
 def test_the_methods_api_carries_cost_and_faithfulness(measured, tiny):
