@@ -185,3 +185,21 @@ def test_cli_errors_are_one_clear_message(monkeypatch, capsys, model_dir):
     assert code == 2 and "no method run takes the option 'nonsense'" in stderr
     code, _, stderr = run_cli(monkeypatch, capsys, "rectify", "--model", model_dir, "--method", "no_such_method")
     assert code == 2 and "Traceback" not in stderr
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_rectify_runs_on_byte_level_tokenizers(tiny, tmp_path, family):
+    """Explanations carry readable tokens (' film') and the tokenizer's own (' Ġfilm'); the
+    scores are laid out by the latter, so a byte-level model rectifies as a WordPiece one does --
+    fresh and again from its store."""
+    model = tiny(family)
+    texts = TEXTS[:6]
+    predicted = rect.classify(model, texts)
+    data = _write_csv(tmp_path / "d.csv", texts, [(int(y) + 1) % 2 for y in predicted])
+    expl = model.explain(texts[0], "random")
+    assert expl.tokens != expl.raw_tokens  # the case this test is about
+    first = rect.rectify(model, data, ["random", "leave_one_out"], [0.5], store=tmp_path / "store")
+    again = rect.rectify(model, data, ["random", "leave_one_out"], [0.5], store=tmp_path / "store")
+    assert first.n_errors == len(texts) and again.methods["leave_one_out"].from_store == len(texts)
+    for name in ("random", "leave_one_out"):
+        np.testing.assert_array_equal(first.methods[name].fixed, again.methods[name].fixed)

@@ -174,11 +174,12 @@ def _encode(model: Model, texts, pairs, max_length: int | None) -> Batch:
 
 def scores_tensor(explanations: Sequence[Explanation], batch: Batch) -> torch.Tensor:
     """Token scores ``[B, N]`` of ``explanations`` laid out like ``batch`` (0 on padding). Each
-    explanation must have exactly the batch's tokens for its example."""
+    explanation must have exactly the batch's tokens for its example -- the tokenizer's own
+    (``raw_tokens``, as ``batch.tokens``), not the readable ones a byte-level tokenizer decodes."""
     scores = torch.zeros(len(batch), batch.seq_len, dtype=torch.float64)
     for b, expl in enumerate(explanations):
         n = int(batch.lengths[b])
-        if list(expl.tokens) != list(batch.tokens[b]) or expl.scores.ndim != 1:
+        if list(expl.raw_tokens) != list(batch.tokens[b]) or expl.scores.ndim != 1:
             raise HeedfulError(
                 f"the explanation of example {b} does not match its tokens",
                 hint="layer-wise scores cannot rank tokens; or the store holds another tokenisation",
