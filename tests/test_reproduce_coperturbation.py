@@ -382,3 +382,106 @@ def test_plausibility_and_focus_run_on_the_stored_explanations(tmp_path: Path, t
     np.testing.assert_allclose(finite[:, 1:].sum(axis=1), 1.0)
     text = "\n".join(fc.focus_section(found))
     assert "| rise | " in text and "Where each method puts its weight" in text
+
+
+# ----------------------------------------------------------------------------- the optimised lambda and layer studies
+def _content_explanation(scores):
+    """An explanation stand-in: [CLS] + content ``scores`` (``[N]`` or ``[L, N]``) + [SEP]."""
+    from types import SimpleNamespace
+
+    scores = np.asarray(scores, dtype=float)
+    pad = np.full(scores.shape[:-1] + (1,), 5.0)
+    return SimpleNamespace(special=[True] + [False] * scores.shape[-1] + [True], scores=np.concatenate([pad, scores, pad], axis=-1))
+
+
+def test_lambda_order_counts_reversals_of_the_two_leading_tokens_by_a_plain_loop():
+    from heedful.reproduce.coperturbation import optimised as op
+
+    rng = np.random.default_rng(3)
+    lams = list(op.LAMS)
+    ids = [str(k) for k in range(30)]
+    per_lam = {lam: {} for lam in lams}
+    seed = {}
+    for i in ids:
+        base = rng.dirichlet(np.ones(6))
+        for lam in lams:
+            per_lam[lam][i] = _content_explanation(base + rng.normal(0, 0.08, 6) * lam)
+        seed[i] = _content_explanation(base + rng.normal(0, 0.02, 6))
+    found = op.lambda_order(per_lam, seed, ids)
+    for s, i in enumerate(ids):  # the oracle: the pair from the mean of the normalised rows, strict reversals only
+        rows = [per_lam[lam][i].scores[1:-1] for lam in lams] + [seed[i].scores[1:-1]]
+        mean = sum(r / np.abs(r).sum() for r in rows) / len(rows)
+        a, b = sorted(range(6), key=lambda k: (-mean[k], k))[:2]
+        first, last, ref = rows[0], rows[len(lams) - 1], rows[lams.index(0.6)]
+        assert found["flip_lambda"][s] == float((first[a] - first[b]) * (last[a] - last[b]) < 0)
+        assert found["flip_seed"][s] == float((ref[a] - ref[b]) * (rows[-1][a] - rows[-1][b]) < 0)
+        assert found["top_same"][s, 0] == float(np.argmax(first) == np.argmax(ref))
+    np.testing.assert_allclose(found["spearman_to_ref"][:, lams.index(0.6)], 1.0)
+    assert found["flip_lambda"].sum() > found["flip_seed"].sum()  # the noise grows with lambda here, not between seeds
+
+
+def test_layer_concentration_matches_the_linearized_studys_keys():
+    from heedful.reproduce.coperturbation import optimised as op
+
+    layerwise = {"a": _content_explanation([[0.25, 0.25, 0.25, 0.25, 0.0], [0.9, 0.05, 0.05, 0.0, 0.0]])}
+    head = {"a": _content_explanation([0.7, 0.1, 0.1, 0.1, 0.0])}
+    found = op.layer_concentration(layerwise, head, ["a"])
+    assert list(found["layers"]) == [1, 2]
+    np.testing.assert_allclose(found["concentration"], [[0.25, 0.9]])  # the top 20 % of 5 tokens: one token
+    np.testing.assert_allclose(found["head_concentration"], [0.7])
+    assert found["spearman_to_head"][0, 1] > found["spearman_to_head"][0, 0]
+
+
+def test_the_lambda_claim_reads_the_optimised_study_against_seed_noise():
+    n = 100
+    apart = {"lams": np.array([0.1, 0.6, 1.0]), "ref": np.array(0.6), "flip_lambda": np.r_[np.ones(40), np.zeros(60)],
+             "flip_seed": np.r_[np.ones(5), np.zeros(95)]}
+    rows = _claim_rows(cp.Found(notes=[], lam_optimised=apart))
+    (claim, verdict), = ((k, v) for k, v in rows.items() if k.startswith("lambda changes which of two words"))
+    assert verdict == "holds" and f"tested on {n} sentences" in claim
+    tied = {**apart, "flip_lambda": apart["flip_seed"][::-1].copy()}
+    rows = _claim_rows(cp.Found(notes=[], lam_optimised=tied))
+    assert next(v for k, v in rows.items() if k.startswith("lambda changes which")).startswith("not separated")
+    sweep = LambdaSweep(text="a b", tokens=["a", "b"], words=["a", "b"], lams=[0.1, 0.5, 1.0],
+                        interest=np.array([[0.3, 0.2], [0.2, 0.3], [0.3, 0.1]]), distortion=np.zeros(3),
+                        objective=np.zeros(3), scores=np.zeros((3, 2)), target="pos")
+    rows = _claim_rows(cp.Found(notes=[], sweep=sweep))  # without the study: the one sentence, as before
+    assert next(v for k, v in rows.items() if k.startswith("lambda changes which")) == "holds"
+
+
+def test_optimised_studies_store_every_run_and_reuse_it(tmp_path: Path, tiny):
+    from heedful.evaluate.store import ResultsStore, run_key, subject
+    from heedful.reproduce.coperturbation import optimised as op
+
+    model = tiny("bert")
+    texts = ["a charming and often affecting journey", "the movie was dull and far too long"]
+    ids, about, options = ["a", "b"], subject(model, "movies", "test"), {"max_steps": 3, "samples": 2}
+    lo, ly = op.optimised_studies(model, tmp_path, about, ids, texts, options, 0, lambda _: None)
+    assert lo["spearman_to_ref"].shape[1] == len(op.LAMS) and ly["concentration"].shape == (2, model.adapter.num_layers)
+    with ResultsStore(tmp_path) as db:
+        for _, run in op.study_runs(options, 0):
+            assert db.explanation_ids(run_key(about, "coperturbation", run)) == set(ids)
+        layer = db.get_explanations(run_key(about, "coperturbation", {**options, "seed": 0, "layerwise": True}))["a"]
+    direct = model.explain(texts[0], "coperturbation", seed=0, layerwise=True, **options)
+    np.testing.assert_allclose(layer.scores, direct.scores, atol=1e-6)  # stored as a plain explanation under its options
+    again = op.optimised_studies(model, tmp_path, about, ids, texts, options, 0, lambda _: None)
+    np.testing.assert_array_equal(again[0]["flip_lambda"], lo["flip_lambda"])
+
+
+def test_section_6_shows_the_optimised_studies_beside_the_linearized_ones(tmp_path: Path):
+    from heedful.reproduce.coperturbation.markdown import _studies_section
+
+    rng = np.random.default_rng(0)
+    lams = np.array([0.1, 0.6, 1.0])
+    lam_optimised = {"lams": lams, "ref": np.array(0.6), "spearman_to_ref": rng.uniform(0.5, 1, (20, 3)), "top_same": np.ones((20, 3)),
+                     "flip_lambda": np.r_[np.ones(7), np.zeros(13)], "flip_seed": np.r_[np.ones(2), np.zeros(18)],
+                     "spearman_seed": rng.uniform(0.8, 1, 20), "top_same_seed": np.ones(20)}
+    layers = {"layers": np.array([1, 2]), "concentration": rng.uniform(0.2, 0.4, (20, 2)), "head_concentration": rng.uniform(0.3, 0.4, 20),
+              "spearman_to_head": rng.uniform(0.3, 0.9, (20, 2))}
+    found = cp.Found(notes=[], layer_study=layers, layer_optimised=layers, lam_optimised=lam_optimised,
+                     files={"layer study": tmp_path / "coperturbation-layer-study.png"})
+    text = "\n".join(_studies_section(found))
+    assert "Over 20 of the same sentences, optimised solver" in text and "| 0.6, second seed |" in text
+    assert "reversed order between lambda = 0.1 and 1 in 7 of 20 sentences, and between the two seeds at 0.6 in 2 of 20" in text
+    assert "The same with the optimised solver" in text and text.count("| head |") == 2
+    assert text.count("![layer study](coperturbation-layer-study.png)") == 1

@@ -94,7 +94,7 @@ def _content_scores(fit_sigma: torch.Tensor, problem, rows_example: torch.Tensor
     return cp.interest_scores(fit_sigma, batch.content_mask[rows_example], batch.attention_mask.bool()[rows_example])
 
 
-def _concentration(scores: np.ndarray) -> float:
+def concentration(scores: np.ndarray) -> float:
     """Share of the (non-negative) interest mass on the top-20 % tokens."""
     total = scores.sum()
     return float(scores[list(_top(scores))].sum() / total) if total > 0 else math.nan
@@ -169,7 +169,7 @@ def layer_study(model: Model, texts: Sequence[str], probes: int = cp.Settings.pr
         content = batch.content_mask.bool()
         for b in range(bsz):
             rows = scores[b][:, content[b]].numpy()
-            conc.append([_concentration(rows[j]) for j in range(len(layers))])
+            conc.append([concentration(rows[j]) for j in range(len(layers))])
             agree.append([spearman(rows[j], rows[0]) for j in range(1, len(layers))])
     conc_arr = np.asarray(conc)
     return {

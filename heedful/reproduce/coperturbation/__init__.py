@@ -16,7 +16,9 @@ What it runs (on ``minilm-sentiment`` unless said, movie-review snippets, test s
 5. rectification (Section 5.4.1, Tables 1 / 3, Figure 8): the model's errors, the top-``r`` tokens
    by each method toward the wrong prediction suppressed, for a sweep of ratios
    (:func:`heedful.interest.rectify.rectify`); on ``smollm2-sentiment`` too (linearized solver);
-6. lambda and layer studies over :data:`N_STUDY` sentences (linearized) and on one sentence
+6. lambda and layer studies over :data:`N_STUDY` sentences with the linearized solver and with
+   the optimised one (each lambda of the grid, a second seed, every layer; stored like every
+   other explanation, :mod:`heedful.reproduce.coperturbation.optimised`), and on one sentence
    (optimised; :mod:`heedful.interest.studies`);
 7. steering generation by suppressing prompt words (Section 5.4.2, Figure 9) with
    :func:`heedful.interest.steer` on ``smollm2-135m``

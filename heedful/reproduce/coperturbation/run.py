@@ -185,6 +185,10 @@ class Found:
     units: dict[str, np.ndarray] = field(default_factory=dict)
     lam_study: dict[str, np.ndarray] = field(default_factory=dict)
     layer_study: dict[str, np.ndarray] = field(default_factory=dict)
+    lam_optimised: dict[str, np.ndarray] = field(default_factory=dict)
+    """The lambda-order study with the optimised solver (:func:`~heedful.reproduce.coperturbation.optimised.lambda_order`)."""
+    layer_optimised: dict[str, np.ndarray] = field(default_factory=dict)
+    """The layer study with the optimised solver (:func:`~heedful.reproduce.coperturbation.optimised.layer_concentration`)."""
     probes: dict[int, dict] = field(default_factory=dict)
     check: dict | None = None
     seed_agreement: dict | None = None
@@ -385,6 +389,7 @@ def _main_model(model, name: str, run: Plan, found: Found, out_dir: Path, say, p
     from heedful.interest.plots import plot_lambda_sweep, plot_layer_map
     from heedful.reproduce import coperturbation_studies as st
     from heedful.reproduce.coperturbation import focus as fc
+    from heedful.reproduce.coperturbation.optimised import optimised_studies
 
     about = subject(model, DATASET, "test")
     ids, texts = _compare_inputs(model, run)
@@ -400,7 +405,6 @@ def _main_model(model, name: str, run: Plan, found: Found, out_dir: Path, say, p
     found.layer_study = st.layer_study(model, study, seed=run.seed)
     found.probes = st.probe_stability(model, study, model.adapter.num_layers, PROBE_COUNTS if not run.quick else (4, 16))
     found.files["lambda study"] = _plot_lambda_study(found.lam_study, out_dir / f"{NAME}-lambda-study.png")
-    found.files["layer study"] = _plot_layer_study(found.layer_study, out_dir / f"{NAME}-layer-study.png")
     run.timings.add("lambda, layer and probe studies", began)
 
     torch.manual_seed(run.seed)
@@ -450,6 +454,13 @@ def _main_model(model, name: str, run: Plan, found: Found, out_dir: Path, say, p
         say(f"optimised co-perturbation with seeds {run.seed} and {run.seed + 1} on {run.check} sentences")
         found.check = _seed_check(model, ids, run.coperturbation(), run.store, about, run.seed, run.check)
         run.timings.add("seed check", began)
+
+    began = time.perf_counter()
+    found.lam_optimised, found.layer_optimised = optimised_studies(
+        model, run.store, about, ids[: run.n_study], texts[: run.n_study], run.coperturbation(), run.seed, say,
+    )
+    found.files["layer study"] = _plot_layer_study(found.layer_study, out_dir / f"{NAME}-layer-study.png", found.layer_optimised)
+    run.timings.add("lambda and layer studies, optimised", began)
 
 
 def _compare(model, run: Plan, found: Found, progress: bool) -> None:
@@ -590,9 +601,9 @@ def _seed_check(model, ids: list[str], options: dict, store: Path, about, seed: 
     import torch
     from scipy.stats import spearmanr
 
-    from heedful.engine.memory import peak_rss_mb
     from heedful.evaluate.store import ResultsStore, run_key
     from heedful.interest.suppress import top_fraction
+    from heedful.reproduce.coperturbation.optimised import explained
 
     ids = ids[:count]
 
@@ -601,14 +612,7 @@ def _seed_check(model, ids: list[str], options: dict, store: Path, about, seed: 
 
     with ResultsStore(store) as db:
         first = db.get_explanations(key(seed), ids)
-        second = db.get_explanations(key(seed + 1), ids)
-        todo = [i for i in ids if i not in second]
-        for start in range(0, len(todo), 16):  # stored part by part, with what they cost
-            part = todo[start : start + 16]
-            began = time.perf_counter()
-            fresh = model.explain([first[i].text for i in part], "coperturbation", None, batch_size=len(part), **{**options, "seed": seed + 1})
-            db.record_explained(key(seed + 1), list(zip(part, fresh, strict=True)), time.perf_counter() - began, peak_rss_mb())
-            second.update(zip(part, fresh, strict=True))
+        second = explained(model, db, key(seed + 1), ids, [first[i].text for i in ids], {**options, "seed": seed + 1}, f"seed {seed + 1}")
     rhos, overlaps, tokens = [], [], []
     for i in ids:
         keep = [k for k, sp in enumerate(first[i].special) if not sp]
