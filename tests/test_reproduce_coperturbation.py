@@ -485,3 +485,13 @@ def test_section_6_shows_the_optimised_studies_beside_the_linearized_ones(tmp_pa
     assert "reversed order between lambda = 0.1 and 1 in 7 of 20 sentences, and between the two seeds at 0.6 in 2 of 20" in text
     assert "The same with the optimised solver" in text and text.count("| head |") == 2
     assert text.count("![layer study](coperturbation-layer-study.png)") == 1
+
+
+def test_the_layer_claim_is_read_for_each_solver():
+    rng = np.random.default_rng(1)
+    low = rng.uniform(0.2, 0.3, 60)
+    rising = {"concentration": np.stack([low, low + 0.1 + rng.normal(0, 0.01, 60)], 1), "layers": np.array([1, 6])}
+    flat = {"concentration": np.stack([low, low + rng.normal(0, 0.05, 60)], 1), "layers": np.array([1, 6])}
+    rows = _claim_rows(cp.Found(notes=[], layer_study=rising, layer_optimised=flat))
+    assert rows["Higher layers concentrate interest on fewer, more relevant words (5.3, Figure 5)"] == "holds"
+    assert rows["Higher layers concentrate interest on fewer, more relevant words (5.3, Figure 5; the optimised solver)"].startswith("not separated")

@@ -118,26 +118,9 @@ def _claims(found: Found) -> list[str]:
         str(threshold_verdict(ceiling[:3], 0.5, above=False) if ceiling else untestable("the lambda-units study did not run")),
         f"share at the ceiling {interval_text(*ceiling[:3], 2)}; in Eq. 9's units lambda = 0.6 puts {100 * np.mean(found.units['at_ceiling_paper']):.0f} % of MiniLM's tokens at the noise ceiling; the default 0.6 is a normalised lambda (median paper value {np.median(found.units['lambda_paper']):.1e})" if found.units else "",
     ))
-    if found.layer_study:
-        ly = found.layer_study
-        first, last = mean_interval(ly["concentration"][:, 0]), mean_interval(ly["concentration"][:, -1])
-        verdict, d = paired_verdict(np.asarray(ly["concentration"][:, -1]), np.asarray(ly["concentration"][:, 0]))
-        rows.append((
-            "Higher layers concentrate interest on fewer, more relevant words (5.3, Figure 5)",
-            str(verdict),
-            f"concentration layer 1 {interval_text(*first[:3], 2)}, layer {ly['layers'][-1]} {interval_text(*last[:3], 2)} (n = {first[3]}, linearized); "
-            f"paired difference {interval_text(*d, 2)}",
-        ))
-    lo = found.layer_optimised
-    if lo and len(lo["concentration"]):
-        first, last = mean_interval(lo["concentration"][:, 0]), mean_interval(lo["concentration"][:, -1])
-        verdict, d = paired_verdict(np.asarray(lo["concentration"][:, -1]), np.asarray(lo["concentration"][:, 0]))
-        rows.append((
-            "Higher layers concentrate interest on fewer, more relevant words (5.3, Figure 5; the optimised solver)",
-            str(verdict),
-            f"concentration layer 1 {interval_text(*first[:3], 2)}, layer {lo['layers'][-1]} {interval_text(*last[:3], 2)} "
-            f"(n = {first[3]}, optimised); paired difference {interval_text(*d, 2)}",
-        ))
+    for solver, study in (("linearized", found.layer_study), ("optimised", found.layer_optimised)):
+        if study and len(study["concentration"]):
+            rows.append(_layer_claim(study, solver))
     for name, result in found.rect.items():
         m = "coperturbation" if "coperturbation" in result.methods else "coperturbation (linearized)"
         r = result.best(m)
@@ -197,6 +180,21 @@ def _claims(found: Found) -> list[str]:
     lines = ["## Claims", "", LEGEND, "", "| claim of the paper | verdict here | number (this run) |", "|---|---|---|"]
     lines += [f"| {a} | {b} | {n} |" for a, b, n in rows]
     return lines + [""]
+
+
+def _layer_claim(study: dict, solver: str) -> tuple[str, str, str]:
+    """Figure 5's claim from a layer study (``concentration`` ``[S, L]``): the last layer's
+    concentration against the first's, paired over sentences."""
+    conc = np.asarray(study["concentration"])
+    first, last = mean_interval(conc[:, 0]), mean_interval(conc[:, -1])
+    verdict, d = paired_verdict(conc[:, -1], conc[:, 0])
+    return (
+        "Higher layers concentrate interest on fewer, more relevant words (5.3, Figure 5"
+        + ("; the optimised solver)" if solver == "optimised" else ")"),
+        str(verdict),
+        f"concentration layer 1 {interval_text(*first[:3], 2)}, layer {study['layers'][-1]} {interval_text(*last[:3], 2)} "
+        f"(n = {first[3]}, {solver}); paired difference {interval_text(*d, 2)}",
+    )
 
 
 def _lambda_order_claims(found: Found) -> list[tuple[str, str, str]]:
