@@ -40,6 +40,8 @@ if TYPE_CHECKING:
 
 PART = 16
 """Sentences explained and stored together (an interrupted run loses at most one part)."""
+LAYERWISE_PART = 4
+"""The same for the layer-wise run, whose every sentence is one optimisation per layer."""
 REFERENCE_LAM = 0.6
 """The default (normalised) lambda the grid's rankings are compared with."""
 LAMS = (STUDY_LAMS[0], REFERENCE_LAM, STUDY_LAMS[-1])
@@ -52,13 +54,14 @@ def explained(
     model: Model, db: ResultsStore, key: RunKey, ids: Sequence[str], texts: Sequence[str], options: Mapping[str, Any], title: str
 ) -> dict[str, Explanation]:
     """``coperturbation`` explanations of ``texts`` (ids ``ids``) under ``options``: those ``db``
-    holds under ``key``, the rest computed :data:`PART` sentences at a time and stored with their
-    cost as each part finishes."""
+    holds under ``key``, the rest computed :data:`PART` sentences at a time (:data:`LAYERWISE_PART`
+    with ``layerwise=True``) and stored with their cost as each part finishes."""
     found = db.get_explanations(key, list(ids))
     todo = [k for k, i in enumerate(ids) if i not in found]
+    size = LAYERWISE_PART if options.get("layerwise") else PART
     with task(title, total=len(todo), shown=bool(todo)) as done:
-        for start in range(0, len(todo), PART):
-            part = todo[start : start + PART]
+        for start in range(0, len(todo), size):
+            part = todo[start : start + size]
             began = time.perf_counter()
             fresh = model.explain([texts[k] for k in part], "coperturbation", None, batch_size=len(part), **options)
             items = [(ids[k], e) for k, e in zip(part, fresh, strict=True)]
