@@ -40,7 +40,8 @@ Prompts run in groups of similar length, as many per pass as keeping the pass's 
 under the adapter's ``max_memory`` (:func:`heedful.engine.memory.fit`); a sequence whose graph does
 not fit at all, and a forward at a lowered precision, take the per-step path.
 ``precision="bf16"`` (:func:`generation_precision`) runs the shared passes, forward and backward,
-on the model's bfloat16 copy.
+on the model's bfloat16 copy; the fused attention kernel alone runs in float32 on a CPU, where
+bfloat16's backward is several times slower (:mod:`heedful.adapters.kernel`).
 """
 
 from __future__ import annotations

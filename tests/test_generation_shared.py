@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import heedful
+from heedful.adapters import kernel as kernel_module
 from heedful.engine.memory import Need, estimate
 from heedful.generation import prepare_steps
 from heedful.generation_shared import CancellationWarning, SharedSteps, _groups, explain_shared
@@ -181,6 +182,22 @@ def test_bf16_generation_is_float32_within_the_bf16_bound(tiny, method, options)
         np.testing.assert_allclose(f.probabilities, e.probabilities, atol=0.05)
     # the bf16 copy's passes: one forward per sequence, a backward per step, as at float32
     assert found[0].cost.backward_passes == pytest.approx(options.get("n_steps", 1))
+
+
+def test_bf16_generation_runs_attention_in_float32_where_its_backward_follows(tiny, monkeypatch):
+    """heedful.adapters.kernel: the bf16 copy's matrix products stay bfloat16, the fused attention
+    kernel of its gradient passes gets float32 (its bfloat16 backward is several times slower on CPUs)."""
+    lm = tiny("llama", "causal_lm")
+    seen, kernel = [], kernel_module._fused
+
+    def spy(q, k, v, **options):
+        seen.append((q.dtype, torch.is_grad_enabled() and q.requires_grad))
+        return kernel(q, k, v, **options)
+
+    monkeypatch.setattr(kernel_module, "_fused", spy)
+    lm.explain_generation(PROMPTS, "saliency", continuation=CONTINUATIONS, precision="bf16")
+    graded = [dtype for dtype, grad in seen if grad]
+    assert graded and set(graded) == {torch.float32}
 
 
 def test_bf16_integrated_gradients_warns_that_its_sums_cancel(tiny):

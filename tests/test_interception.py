@@ -12,6 +12,7 @@ from tiny import DECODERS, ENCODERS, FAMILIES, tiny_hf, tiny_model
 
 import heedful
 from heedful.adapters import ROLES, GenericAdapter, ModelAdapter, adapter_for, register_family
+from heedful.adapters import kernel as kernel_module
 from heedful.adapters.families import LlamaAdapter
 from heedful.adapters.intercept import HEEDFUL_ATTENTION, eager_attention
 
@@ -438,7 +439,8 @@ def test_passes_without_probabilities_run_fused_attention_with_the_same_outputs(
         seen.append(kwargs.get("attn_mask", args[3] if len(args) > 3 else None) is None)
         return sdpa(*args, **kwargs)
 
-    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", counted)
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", counted)  # transformers' "sdpa"
+    monkeypatch.setattr(kernel_module, "_fused", counted)  # heedful's own calls (heedful.adapters.kernel)
     fused = _logits(adapter, batch, anchor)
     fused_calls = len(seen)
     with_probs = adapter.forward(batch, anchor, attentions=True)

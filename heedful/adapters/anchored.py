@@ -24,9 +24,9 @@ import math
 from collections.abc import Iterator
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from heedful.adapters.kernel import scaled_dot_product
 from heedful.adapters.roles import BlockRoles
 
 
@@ -48,7 +48,7 @@ def anchored_block_output(
 
     q, k, v = split(roles.query.module(at)), split(roles.key.module(h)), split(roles.value.module(h))
     keep = mask.to(torch.bool)[:, None, None, :]  # [B, 1, 1, N]
-    context = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, scale=1.0 / math.sqrt(q.shape[-1]))
+    context = scaled_dot_product(q, k, v, attn_mask=keep, scale=1.0 / math.sqrt(q.shape[-1]))
     context = context.transpose(1, 2).reshape(at.shape[0], 1, -1)  # [B, 1, H*d]
     x = roles.attn_norm.module(roles.attn_out.module(context) + at)
     out = roles.mlp_norm.module(roles.mlp_out.module(roles.mlp_act.module(roles.mlp_up.module(x))) + x)

@@ -21,6 +21,8 @@ from __future__ import annotations
 import torch
 from transformers import AttentionInterface
 
+from heedful.adapters.kernel import scaled_dot_product
+
 CAUSAL_ATTENTION = "heedful_causal"
 """The name :func:`causal_attention` is registered under with ``AttentionInterface``."""
 
@@ -46,7 +48,7 @@ def causal_attention(
     # imported here: torch.nn.attention.bias loads torch._dynamo (~1.3 s of start-up)
     from torch.nn.attention.bias import causal_lower_right
 
-    out = torch.nn.functional.scaled_dot_product_attention(
+    out = scaled_dot_product(
         query,
         key,
         value,

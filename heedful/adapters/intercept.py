@@ -41,6 +41,7 @@ from torch import nn
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
+from heedful.adapters.kernel import scaled_dot_product
 from heedful.adapters.roles import ModelRoles, Site
 from heedful.errors import UnsupportedModelError
 
@@ -129,7 +130,7 @@ def kernel_attention(call: AttentionCall, *, causal: bool = False) -> torch.Tens
         pattern, is_causal = causal_lower_right(n, m), False
     else:
         pattern, is_causal = (None, n > 1) if causal else (call.mask, False)
-    out = nn.functional.scaled_dot_product_attention(
+    out = scaled_dot_product(
         call.query,
         call.key,
         call.value,
