@@ -82,3 +82,37 @@ def test_an_additive_half_mask_is_widened_with_the_inputs():
     kept = _attention(q[..., :, :], k[:, :, 1:], v[:, :, 1:], causal=False)
     ulp = torch.finfo(torch.bfloat16).eps
     assert torch.allclose(out.double(), kept, rtol=ulp, atol=ulp * kept.abs().max().item())
+
+
+@pytest.mark.parametrize("family", ["bert", "llama"])
+def test_a_half_precision_model_s_gradient_passes_reach_the_kernel_in_float32(family, monkeypatch):
+    """Encoders and padded decoders run transformers' "sdpa" attention under heedful's name
+    (kernel.FUSED_ATTENTION): a model stored in bfloat16 explained by gradients gets the kernel
+    in float32, its forward-only passes in bfloat16; the scores agree with the float32 model's
+    within bfloat16's bound (tests/test_half_precision.py)."""
+    import numpy as np
+
+    import heedful
+    from heedful.testing import tiny_hf
+
+    full, tokenizer = tiny_hf(family, "classification", initializer_range=0.2)
+    half, _ = tiny_hf(family, "classification", initializer_range=0.2)
+    texts = ["a charming and often affecting journey", "dull"]  # padded: the model builds its mask
+    expected = heedful.from_pretrained_objects(full, tokenizer).explain(texts, "saliency", target=0)
+    lm = heedful.from_pretrained_objects(half.to(torch.bfloat16), tokenizer)
+    seen, kernel = [], torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, **options):
+        seen.append((q.dtype, torch.is_grad_enabled() and q.requires_grad))
+        return kernel(q, k, v, **options)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)  # transformers' "sdpa"
+    monkeypatch.setattr(kernel_module, "_fused", spy)  # heedful's causal path
+    found = lm.explain(texts, "saliency", target=0)  # a fixed class: a near-tie may flip the predicted one in bf16
+    graded = {dtype for dtype, grad in seen if grad}
+    assert graded == {torch.float32}
+    seen.clear()
+    lm.predict(texts)
+    assert seen and {dtype for dtype, _ in seen} == {torch.bfloat16}
+    for e, f in zip(expected, found, strict=True):
+        assert np.abs(f.scores - e.scores).max() <= 0.15 * np.abs(e.scores).max()

@@ -10,6 +10,11 @@ at float32, eating the matrix products' gain (2.4 s against 4.5 s). Forward-only
 are within about 20 % of each other in either direction, so a pass without gradients keeps the
 tensors' own precision.
 
+The fused passes of models that build their own mask (encoders, padded decoders) run
+``transformers``' ``"sdpa"`` attention; :data:`FUSED_ATTENTION` registers it, with the same
+widening, under a name of its own (``AttentionInterface`` and ``AttentionMaskInterface``), which
+:meth:`heedful.adapters.ModelAdapter.forward` selects for them.
+
 >>> import torch
 >>> q = torch.randn(1, 2, 3, 4, dtype=torch.bfloat16, requires_grad=True)
 >>> scaled_dot_product(q, q, q, is_causal=True).dtype
@@ -20,8 +25,29 @@ from __future__ import annotations
 
 import torch
 from torch.nn.functional import scaled_dot_product_attention as _fused
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 _HALF = (torch.bfloat16, torch.float16)
+
+FUSED_ATTENTION = "heedful_sdpa"
+"""The name :func:`fused_attention` is registered under (with ``"sdpa"``'s mask function)."""
+
+
+def _widened(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:
+    """Whether the kernel runs in float32 for these inputs (module docstring)."""
+    return (
+        query.device.type == "cpu"
+        and query.dtype in _HALF
+        and torch.is_grad_enabled()
+        and (query.requires_grad or key.requires_grad or value.requires_grad)
+    )
+
+
+def _float_mask(mask):
+    """An additive half-precision mask in float32; a boolean mask or a ``CausalBias`` pattern as it is."""
+    return mask.float() if type(mask) is torch.Tensor and mask.is_floating_point() else mask
 
 
 def scaled_dot_product(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, **options) -> torch.Tensor:
@@ -30,17 +56,29 @@ def scaled_dot_product(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
     ``[B, H, q, d]``, ``key`` / ``value`` ``[B, Hkv, k, d]`` -> ``[B, H, q, d]`` in ``query``'s
     dtype. Half-precision inputs on a CPU whose backward will run (autograd on and an input
     requiring gradients) go through the kernel in float32 (module docstring)."""
-    dtype = query.dtype
-    widen = (
-        query.device.type == "cpu"
-        and dtype in _HALF
-        and torch.is_grad_enabled()
-        and (query.requires_grad or key.requires_grad or value.requires_grad)
-    )
-    if not widen:
+    if not _widened(query, key, value):
         return _fused(query, key, value, **options)
-    mask = options.get("attn_mask")
-    if type(mask) is torch.Tensor and mask.is_floating_point():  # an additive mask; a CausalBias is a pattern
-        options = {**options, "attn_mask": mask.float()}
-    out = _fused(query.float(), key.float(), value.float(), **options)
-    return out.to(dtype)
+    if "attn_mask" in options:
+        options = {**options, "attn_mask": _float_mask(options["attn_mask"])}
+    return _fused(query.float(), key.float(), value.float(), **options).to(query.dtype)
+
+
+def fused_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """``transformers``' ``"sdpa"`` attention (``query`` ``[B, H, q, d]``, ``key`` / ``value``
+    ``[B, Hkv, k, d]`` -> ``[B, q, H, d]``), its kernel in float32 where :func:`scaled_dot_product`
+    would widen it."""
+    if not _widened(query, key, value):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    out, weights = sdpa_attention_forward(module, query.float(), key.float(), value.float(), _float_mask(attention_mask), **kwargs)
+    return out.to(query.dtype), weights
+
+
+AttentionInterface.register(FUSED_ATTENTION, fused_attention)
+AttentionMaskInterface.register(FUSED_ATTENTION, sdpa_mask)

@@ -19,6 +19,7 @@ from torch import nn
 from heedful.adapters.anchored import anchored_last_block, hooked
 from heedful.adapters.causal import CAUSAL_ATTENTION
 from heedful.adapters.intercept import intercepting
+from heedful.adapters.kernel import FUSED_ATTENTION
 from heedful.engine.batch import Batch
 from heedful.engine.memory import release_heap
 from heedful.engine.precision import active_precision
@@ -356,7 +357,7 @@ class Passes:
         if not switch:
             yield False
             return
-        config._attn_implementation = "sdpa"
+        config._attn_implementation = FUSED_ATTENTION
         try:
             yield True
         finally:
