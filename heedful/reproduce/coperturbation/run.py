@@ -57,10 +57,6 @@ BUDGET = {
 }
 """The report's compute budget for the baselines (``--option budget=default`` runs every method's
 defaults instead). Co-perturbation always runs at its defaults."""
-CHECK_SENTENCES = 8
-"""Sentences (the first of the comparison's) on which the optimised co-perturbation is run again
-with the next seed, to measure how much its ranking depends on the seed (``--option check=N``;
-0 skips it)."""
 PROBE_COUNTS = (4, 16)
 """Hutchinson probe counts whose seed stability is measured at the last layer."""
 STEERING_HEADING = "## 8. Steering generation by suppressing prompt words (paper Section 5.4.2, Figure 9)"
@@ -194,7 +190,7 @@ class Found:
     seed_agreement: dict | None = None
     """The optimised solver's seed agreement at its defaults as the stability section measured it
     (``spearman`` per sentence, ``n`` dev sentences): the one seed figure the report quotes when
-    it is there; else the seed check's (:data:`CHECK_SENTENCES` test sentences)."""
+    it is there; else the seed check's (``n_study`` test sentences unless ``check`` says)."""
     lmap: Any = None
     sweep: Any = None
     second: dict[str, Any] = field(default_factory=dict)
@@ -252,7 +248,9 @@ def _plan(settings: ReportSettings) -> Plan:
         n_bench=size("n_bench", settings.n or N_BENCH), n_study=size("n_study", N_STUDY),
         n_compare=None if "n_compare" in stored else size("n_compare", N_COMPARE),
         n_rectify="stored" if "n_rectify" in stored else (int(opts["n_rectify"]) if opts.get("n_rectify") else (QUICK["n_rectify"] if quick else None)),
-        check=int(opts.get("check", QUICK["check"] if quick else CHECK_SENTENCES)), steering=steering == "on",
+        # the seed check's default: the study's sentences, whose second seed the lambda study stores anyway
+        check=int(opts["check"]) if "check" in opts else (QUICK["check"] if quick else size("n_study", N_STUDY)),
+        steering=steering == "on",
         ratios=tuple(QUICK["ratios"] if quick else (*_rect().SWEEP_RATIOS, *BEYOND_SWEEP)), method_options=method_options,
         study_options=study_options, store=_store(settings), n_seed=size("n_seed", N_SEED), n_warm=size("n_warm", N_WARM),
         until=_until(opts.get("until")), only=only, share=Share.parse(opts.get("share"), "share="), workers=_workers(opts.get("workers")),
