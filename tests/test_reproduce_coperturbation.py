@@ -200,6 +200,12 @@ def test_sizes_say_which_targets_were_reached():
     assert f"{cp.N_BENCH} test sentences (target >= {cp.N_BENCH}: reached)" in lines
     assert "100 test sentences classified (target >= 500: not reached), 20 errors explained by 2 methods" in lines
     assert "`coperturbation-stability.md`" in lines and "stability=off" in lines
+    found.lam_study = {"measured": [0.0] * 100}
+    assert "the optimised solver on one sentence" in "\n".join(cp._sizes(cp._plan(ReportSettings()), found))
+    found.lam_optimised = {"flip_lambda": np.zeros(100)}
+    found.layer_optimised = {"concentration": np.zeros((48, 6))}
+    lines = "\n".join(cp._sizes(cp._plan(ReportSettings()), found))
+    assert "100 sentences (linearized solver); the optimised solver: lambda 100, layers 48 sentences" in lines
 
 
 def test_grid_is_a_markdown_table_with_a_corner():

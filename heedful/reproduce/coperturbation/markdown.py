@@ -176,7 +176,12 @@ def _sizes(run: Plan, found: Found) -> list[str]:
     if found.probes:
         lines.append(f"- Seed stability of the linearized solver: {len(next(iter(found.probes.values()))['spearman'])} sentences.")
     if found.lam_study:
-        lines.append(f"- Lambda and layer studies: {len(found.lam_study['measured'])} sentences (linearized solver); the optimised solver on one sentence.")
+        lo, ly = found.lam_optimised, found.layer_optimised
+        optimised = [f"lambda {len(lo['flip_lambda'])}" if lo and len(lo["flip_lambda"]) else "",
+                     f"layers {len(ly['concentration'])}" if ly and len(ly["concentration"]) else ""]
+        optimised = ", ".join(o for o in optimised if o)
+        lines.append(f"- Lambda and layer studies: {len(found.lam_study['measured'])} sentences (linearized solver); the optimised "
+                     + (f"solver: {optimised} sentences, and one sentence over the finer sweep." if optimised else "solver on one sentence."))
     return lines + [""]
 
 
