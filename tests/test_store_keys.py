@@ -265,6 +265,40 @@ def test_two_models_wrapped_under_one_name_get_their_own_head_masks(monkeypatch,
     assert len(computed) == 3 and cache_path(one, limit=2) != cache_path(one)
 
 
+def test_a_head_mask_computation_reports_its_progress(monkeypatch, tmp_path):
+    from heedful.lrp import heads
+    from heedful.progress import reporting
+
+    monkeypatch.setenv("HEEDFUL_HOME", str(tmp_path))
+    monkeypatch.setattr("heedful.datasets.load_split", lambda dataset, split: pd.DataFrame({"text": [t for t, _ in ROWS]}))
+    monkeypatch.setattr(heads, "cached_arcs", lambda texts, key, progress=None, **kw: progress(len(texts)) or [[] for _ in texts])
+
+    class Recorder:
+        def __init__(self):
+            self.seen = {}
+
+        def start(self, description, total):
+            self.seen[description] = [total, 0]
+            return description
+
+        def advance(self, handle, steps):
+            self.seen[handle][1] += steps
+
+        def finish(self, handle):
+            pass
+
+    recorder = Recorder()
+    lm = heedful.from_pretrained_objects(*tiny_hf("bert", "classification", 0))
+    with reporting(recorder):
+        heads.default_head_mask(lm.adapter)
+    statistics = next(v for k, v in recorder.seen.items() if k.startswith("head statistics"))
+    assert statistics == [len(ROWS), len(ROWS)] and any(k.startswith("parsing") for k in recorder.seen)
+    with reporting(recorder):
+        recorder.seen.clear()
+        heads.default_head_mask(lm.adapter)  # read from the cache: nothing to report
+    assert recorder.seen == {}
+
+
 # ---------------------------------------------------------------------------- bad options
 def test_options_are_checked_before_any_work():
     with pytest.raises(heedful.InputError, match="not a method of this run") as exc:

