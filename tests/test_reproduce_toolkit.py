@@ -117,6 +117,10 @@ def test_legend_names_the_five_words_and_helpers():
     assert interval_text(0.01, -0.002, 0.02, sign=True) == "+0.010 [-0.002, +0.020]"
     assert interval_text(0.25, 0.2, 0.3, std=0.008) == "0.250 ± 0.008 [0.200, 0.300]"
     assert interval_text(0.5, math.nan, math.nan, 2) == "0.50" and interval_text(math.nan, 0, 1) == "–"
+    # a bound that is not 0 never prints as 0: the side of 0 a verdict reads shows
+    assert interval_text(0.0004, 0.0001, 0.0007, sign=True) == "+0.0004 [+0.0001, +0.0007]"
+    assert interval_text(0.0, 0.0, 0.001) == "0.000 [0.000, 0.001]"  # an exact 0 keeps the digits
+    assert interval_text(2e-9, -1e-9, 3e-9, sign=True) == "+0.000000 [-0.000000, +0.000000]"  # at most 6 digits
     assert spearman([1, 2, 3, 4], [10, 20, 40, 30]) == pytest.approx(0.8)
     assert math.isnan(spearman([1, 1, 1], [1, 2, 3])) and math.isnan(spearman([1.0], [2.0]))
 

@@ -258,9 +258,19 @@ def interval_text(estimate: float, low: float, high: float, digits: int = 3, sig
                   std: float | None = None) -> str:
     """``0.812 [0.780, 0.844]`` (``+``-signed with ``sign``; ``0.812 ± 0.004 [...]`` with a
     finite ``std`` over seeds); the estimate alone when the interval is not finite; ``–`` when
-    the estimate is not."""
+    the estimate is not.
+
+    An interval bound that is not 0 but would print as 0 gets up to three more digits, so that
+    the side of 0 a verdict reads from it shows:
+
+    >>> interval_text(0.0004, 0.0001, 0.0007, sign=True)
+    '+0.0004 [+0.0001, +0.0007]'
+    """
     if estimate is None or not math.isfinite(estimate):
         return "–"
+    bounds = [b for b in (low, high) if math.isfinite(b) and b != 0]
+    while digits < 6 and any(round(b, digits) == 0 for b in bounds):
+        digits += 1
     f = f"+.{digits}f" if sign else f".{digits}f"
     text = f"{estimate:{f}}" + (f" ± {std:.{digits}f}" if std is not None and math.isfinite(std) else "")
     if not (math.isfinite(low) and math.isfinite(high)):
