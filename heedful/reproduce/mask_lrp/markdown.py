@@ -368,6 +368,9 @@ def _curve_tables(run: _DatasetRun, methods: list[str]) -> list[str]:
             cells = " | ".join(_fmt(v) for v in curve)
             lines.append(f"| {'**mask_lrp**' if m == 'mask_lrp' else m} | {cells} | {_fmt(value)} |")
         lines.append("")
+    if run.result.spec.protocol.skip_lowest:
+        lines += ["At 100 % each method's input still holds its lowest-ranked token (the authors' code never removes it), "
+                  "so the last column differs between methods.", ""]
     return lines
 
 
@@ -607,7 +610,9 @@ def _markdown(
         f"- protocol `{protocol.name}` (hash `{protocol.hash()}`): {protocol.citation}. Gold label explained and watched; "
         "tokens removed in descending score order, [CLS]/[SEP] never removed, replaced by id 0 ([PAD]), length kept, "
         "segment ids all zero; k = unique(round(linspace(0, 1, 10) · N))[1:] with N counting special tokens "
-        "(nominal 11 % … 100 %); AOPC = mean over k of p(gold | x) − p(gold | x̃_k), LOdds = mean over k of "
+        "(nominal 11 % … 100 %)" + ("; as in the authors' code the lowest-ranked token is never removed, so the input "
+                                    "at 100 % keeps one token, which depends on the method" if protocol.skip_lowest else "")
+        + "; AOPC = mean over k of p(gold | x) − p(gold | x̃_k), LOdds = mean over k of "
         "log p(gold | x̃_k) / p(gold | x); examples under 20 tokens skipped",
         f"- head mask: {int(mask.mask.sum())} of {mask.mask.size} heads kept (**mask rate {mask.rate:.1%}**), see below",
         f"- seeds: random head masks {plan.mask_seeds} (seeds 0..{plan.mask_seeds - 1}); corrupted masks "
