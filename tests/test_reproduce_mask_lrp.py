@@ -305,3 +305,16 @@ def test_deep_model_options_and_what_it_cannot_run(monkeypatch, tmp_path):
     adapter = SimpleNamespace(task="classification", provides=lambda need: need not in ("attentions", "attention_flow"))
     runs, skipped = supported(["raw_attention", "grad_x_input"], adapter)
     assert runs == ["grad_x_input"] and skipped == {"raw_attention": "needs attentions"}
+
+
+def test_the_sample_line_says_when_a_split_ran_out():
+    from types import SimpleNamespace
+
+    from heedful.reproduce.mask_lrp.markdown import _sample_text
+
+    def run(n):
+        return SimpleNamespace(dataset="amazon", result=SimpleNamespace(n_examples=n, skipped={"shorter than 20 tokens": 254},
+                                                                       spec=SimpleNamespace(split="test")))
+
+    assert _sample_text(run(246), 500) == "all 246 test texts of amazon that are 20 tokens or longer (of 500; 500 asked for)"
+    assert _sample_text(run(200), 200) == "the first 200 test texts of amazon that are 20 tokens or longer"

@@ -355,6 +355,16 @@ def _headline_section(runs: list[_DatasetRun], methods: list[str]) -> list[str]:
     return lines
 
 
+def _sample_text(run: _DatasetRun, asked: int) -> str:
+    """Which examples of ``run``'s split were explained: the first ``asked`` long enough, or all
+    of them when the split has fewer."""
+    r = run.result
+    if r.n_examples < asked:
+        return (f"all {r.n_examples} {r.spec.split} texts of {run.dataset} that are 20 tokens or longer "
+                f"(of {r.n_examples + sum(r.skipped.values())}; {asked} asked for)")
+    return f"the first {r.n_examples} {r.spec.split} texts of {run.dataset} that are 20 tokens or longer"
+
+
 def _curve_tables(run: _DatasetRun, methods: list[str]) -> list[str]:
     x = [f"{100 * v:.0f}%" for v in run.result.x]
     lines = []
@@ -505,7 +515,7 @@ PAPER_EXPERIMENTS: tuple[tuple[str, str, str], ...] = (
      "both ablations, AOPC and LOdds with 95 % intervals and the paired difference from the whole mask, on every "
      "data set and on the deeper classifier, beside the paper's SST-2 and QQP numbers (no sentence-pair data here)"),
     ("Table 4: against ALTC", "analogue", "heedful's `alti` (Ferrando et al. 2022) as a row of Table 1"),
-    ("Figure 3: AOPC and LOdds against the corruption rate k", "reproduced",
+    ("Figure 3: AOPC and LOdds against k, the share of tokens removed", "reproduced",
      "every method's curves per data set, with the deletion curve beside them"),
     ("Figure 4: corrupting the head mask, from the selected heads to GAE", "reproduced",
      "corruption rates 10 %, 25 %, 50 % on the first data set, with the threshold sweep"),
@@ -694,10 +704,9 @@ def _markdown(
         "and no SQuAD: "
         + ("precision@20 is measured on planted long contexts with a causal LM instead (section above)."
            if planted is not None else "precision@20 is not measured (planted section left out)."),
-        f"- n: {', '.join(f'{r.dataset} {r.result.n_examples}' for r in runs)} examples: the first "
-        f"{', '.join(f'{plan.n_for(r.dataset)} of {r.dataset}' for r in runs)} in the test split that are 20 tokens or longer "
-        "(the paper uses whole validation / test sets; the product reviews are fewer because their perturbation curves "
-        "cost about four times a movie snippet's). Standard error of Mask-LRP's mean AOPC over the examples: "
+        f"- n: {', '.join(f'{r.dataset} {r.result.n_examples}' for r in runs)} examples: "
+        + ", ".join(_sample_text(r, plan.n_for(r.dataset)) for r in runs)
+        + " (the paper uses whole validation / test sets). Standard error of Mask-LRP's mean AOPC over the examples: "
         + ", ".join(f"{r.dataset} {_standard_error(r, 'mask_lrp', 'aopc'):.3f}" for r in runs)
         + "; every comparison above carries a 95 % bootstrap interval, paired over the examples where two methods are "
         "compared; the random-mask std is over seeds, not over examples.",

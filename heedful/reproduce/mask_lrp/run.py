@@ -16,9 +16,9 @@ from heedful.reproduce.toolkit import count_option, option_list
 
 NAME = "mask-lrp"
 DEFAULT_N = 500
-#: Fewer examples of the long product reviews (their curves cost about four times a movie
-#: snippet's), so that the whole report computes in about an hour.
-DEFAULT_DATASET_N = "amazon:500"
+#: Examples per data set where they differ from ``DEFAULT_N``: ``NAME:N`` entries (none by
+#: default; amazon's test split has 246 snippets of 20 tokens or more, and all of them are used).
+DEFAULT_DATASET_N = ""
 QUICK_N = 16
 DEFAULT_MODEL = "minilm-sentiment"
 DEFAULT_DATASETS = ("movies", "amazon")
