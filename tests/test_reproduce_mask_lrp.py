@@ -79,6 +79,7 @@ def test_quick_report_on_tiny_model(setting, tmp_path):
     assert "## Headline ordering with 95 % bootstrap intervals" in text and "Adjacent pairs whose intervals overlap" in text
     assert "## Mask corruption (paper Figure 4)" in text and "| 25% |" in text
     assert "so the last column differs between methods" in text and "the input at 100 % keeps one token" in text
+    assert "are this processor's: Chefer's z-rule shares" in text  # the rows that move with the kernels, named
     assert "precision@20 is not measured (planted section left out)" in text
     # Eq. 10's E_h over all heads beside the kept heads, in Table 1 and in words, for both models
     assert "Ours, E_h over all heads [`mask_lrp`, Eq. 10 as written, `heads_mean=\"all\"`]" in text

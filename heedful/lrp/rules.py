@@ -27,6 +27,14 @@ gradient x input of a softmax already is), the identity rule on element-wise act
 Conservation: with Chefer's rules a block conserves relevance up to the ``1e-9`` stabiliser
 and outputs whose positive pre-activations vanish; with AttnLRP biases, LayerNorm shifts and
 the softmax rule's bias term absorb part of it (see the tests for measured tolerances).
+
+Processor dependence: Chefer's z-rule shares divide by sums of signed terms (``a + b`` of an
+addition, the operands' products), which can all but cancel, and the ``1e-9`` stabiliser (the
+reference's) does not damp them, so float32 rounding decides some shares. The token orders of
+``lrp``, ``chefer`` and ``mask_lrp`` therefore move with the processor's kernels, while
+AttnLRP's and every gradient method's do not (``benchmarks/processor_stability.py``, AVX-512
+against AVX2 kernels; ``benchmarks/results/processor-stability.md``): a published number of
+theirs is the processor's.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from heedful.engine.machine import cpuinfo
 from heedful.reproduce.mask_lrp.claims import _why_section
 from heedful.reproduce.mask_lrp.plots import VARIANT_ROWS
 from heedful.reproduce.mask_lrp.run import (
@@ -729,6 +730,10 @@ def _markdown(
            "classifier is explained at its last token, where it reads, and removed tokens take id 0 as in the paper's "
            "protocol, whatever that id stands for in its vocabulary (BERT's [PAD])."]
           if deep is not None and deep.run is not None else []),
+        f"- Processor: this run's {cpuinfo()[0] or 'processor'}. The rows of `lrp`, `chefer` (GAE), `mask_lrp` (both "
+        "variants) and, less, `partial_lrp` are this processor's: Chefer's z-rule shares divide by sums that can cancel, "
+        "so their token orders move with the processor's kernels, unlike the other methods here (`benchmarks/results/processor-stability.md`: "
+        "AVX-512 against AVX2 kernels; `heedful.lrp.rules`).",
         "",
         "## Protocol fields",
         "",
