@@ -356,6 +356,13 @@ def _headline_section(runs: list[_DatasetRun], methods: list[str]) -> list[str]:
     return lines
 
 
+def _processor() -> str:
+    """The processor's name and its widest vector instructions, e.g. ``AMD EPYC (AVX-512)``."""
+    name, flags = cpuinfo()
+    widest = next((label for flag, label in (("avx512f", "AVX-512"), ("avx2", "AVX2")) if flag in (flags or ())), None)
+    return f"{name or 'processor'}" + (f" ({widest})" if widest else "")
+
+
 def _sample_text(run: _DatasetRun, asked: int) -> str:
     """Which examples of ``run``'s split were explained: the first ``asked`` long enough, or all
     of them when the split has fewer."""
@@ -730,7 +737,7 @@ def _markdown(
            "classifier is explained at its last token, where it reads, and removed tokens take id 0 as in the paper's "
            "protocol, whatever that id stands for in its vocabulary (BERT's [PAD])."]
           if deep is not None and deep.run is not None else []),
-        f"- Processor: this run's {cpuinfo()[0] or 'processor'}. The rows of `lrp`, `chefer` (GAE), `mask_lrp` (both "
+        f"- Processor: this run's {_processor()}. The rows of `lrp`, `chefer` (GAE), `mask_lrp` (both "
         "variants) and, less, `partial_lrp` are this processor's: Chefer's z-rule shares divide by sums that can cancel, "
         "so their token orders move with the processor's kernels, unlike the other methods here (`benchmarks/results/processor-stability.md`: "
         "AVX-512 against AVX2 kernels; `heedful.lrp.rules`).",
