@@ -398,8 +398,9 @@ def default_head_mask(
 
     Cached at :func:`~heedful.lrp.masks.cache_path`, keyed by the model's fingerprint and the
     data settings, so another model -- even one wrapped under the same name -- or a rebuilt one
-    never gets this mask. Computed the first time, reporting its progress (:mod:`heedful.progress`); later calls read
-    the cache, re-selecting from its statistics when other thresholds are asked for.
+    never gets this mask. Computed the first time, reporting its progress (:mod:`heedful.progress`);
+    later calls read the cache, re-selecting from its statistics when other thresholds are asked
+    for.
     """
     from heedful.datasets import load_split
     from heedful.fingerprint import model_fingerprint

@@ -260,7 +260,7 @@ def interval_text(estimate: float, low: float, high: float, digits: int = 3, sig
     finite ``std`` over seeds); the estimate alone when the interval is not finite; ``–`` when
     the estimate is not.
 
-    An interval bound that is not 0 but would print as 0 gets up to three more digits, so that
+    An interval bound that is not 0 but would print as 0 gets more digits (up to six), so that
     the side of 0 a verdict reads from it shows:
 
     >>> interval_text(0.0004, 0.0001, 0.0007, sign=True)
