@@ -87,6 +87,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     methods = [m for m in args.methods.split(",") if m]
+    if args.n < 1:
+        parser.error(f"--n must be a positive number of texts, got {args.n}")
+    import heedful  # noqa: F401  (registers the methods)
+    from heedful.errors import MethodError
+    from heedful.registry import find
+
+    for method in methods:
+        try:
+            find(method)
+        except MethodError:
+            parser.error(f"no method {method!r}: `heedful methods` lists them")
+    if not methods:
+        parser.error("--methods names no method")
     if args.worker is not None:
         explain(args.model, args.n, methods, args.threads, args.worker)
         return 0
