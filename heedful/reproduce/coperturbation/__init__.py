@@ -32,8 +32,8 @@ what is missing. Report options (``--option key=value``): ``n_compare``, ``n_ben
 ``n_compare=stored`` / ``n_rectify=stored``: as many as the store already holds optimised
 explanations for -- the longest prefix, or every error -- so a run sized to the compute at hand
 grows with the store),
-``check`` (sentences of the optimised solver's seed check, 0 to skip it; by default ``n_study``, whose second seed the lambda study stores anyway), ``methods``
-(comma-separated), ``models`` (comma-separated zoo names), ``seed``, ``budget`` (``report``: the
+``check`` (sentences of the optimised solver's seed check, 0 to skip it; by default ``n_study``,
+whose second seed the lambda study stores anyway), ``methods`` (comma-separated), ``models`` (comma-separated zoo names), ``seed``, ``budget`` (``report``: the
 reduced compute budget of :data:`BUDGET`; ``default``: every method's defaults), ``steering``
 (``on``, the default, or ``off``: leave out the steering case study), ``stability`` (``on``, the
 default, or ``off``: leave out the section on cost, stability and the first-order limit, hours of

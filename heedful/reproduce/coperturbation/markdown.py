@@ -177,9 +177,8 @@ def _sizes(run: Plan, found: Found) -> list[str]:
         lines.append(f"- Seed stability of the linearized solver: {len(next(iter(found.probes.values()))['spearman'])} sentences.")
     if found.lam_study:
         lo, ly = found.lam_optimised, found.layer_optimised
-        optimised = [f"lambda {len(lo['flip_lambda'])}" if lo and len(lo["flip_lambda"]) else "",
-                     f"layers {len(ly['concentration'])}" if ly and len(ly["concentration"]) else ""]
-        optimised = ", ".join(o for o in optimised if o)
+        counts = {"lambda": len(lo["flip_lambda"]) if lo else 0, "layers": len(ly["concentration"]) if ly else 0}
+        optimised = ", ".join(f"{study} {n}" for study, n in counts.items() if n)
         lines.append(f"- Lambda and layer studies: {len(found.lam_study['measured'])} sentences (linearized solver); the optimised "
                      + (f"solver: {optimised} sentences, and one sentence over the finer sweep." if optimised else "solver on one sentence."))
     return lines + [""]
