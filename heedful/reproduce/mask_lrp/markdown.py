@@ -357,10 +357,11 @@ def _headline_section(runs: list[_DatasetRun], methods: list[str]) -> list[str]:
 
 
 def _processor() -> str:
-    """The processor's name and its widest vector instructions, e.g. ``AMD EPYC (AVX-512)``."""
-    name, flags = cpuinfo()
-    widest = next((label for flag, label in (("avx512f", "AVX-512"), ("avx2", "AVX2")) if flag in (flags or ())), None)
-    return f"{name or 'processor'}" + (f" ({widest})" if widest else "")
+    """The processor and the kernels PyTorch runs on it, e.g. ``AMD EPYC, PyTorch's AVX512 kernels``
+    (the kernels, not the processor's flags, decide the rounding)."""
+    import torch
+
+    return f"{cpuinfo()[0] or 'processor'}, PyTorch's {torch.backends.cpu.get_cpu_capability()} kernels"
 
 
 def _sample_text(run: _DatasetRun, asked: int) -> str:
