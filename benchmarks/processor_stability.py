@@ -12,7 +12,8 @@ largest difference relative to the text's largest score. Results of a faithfulne
 one processor carry over to another only for the methods that keep their orders.
 
     python benchmarks/processor_stability.py [--model minilm-sentiment] [--n 200]
-        [--methods lrp,chefer,...] [--threads 1] [--out benchmarks/results/processor-stability.md]
+        [--methods lrp,chefer,...] [--threads 1] [--progress auto|always|never]
+        [--out benchmarks/results/processor-stability.md]
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _shared import ROOT, cpu_name, emit, library_versions  # noqa: E402
 
+from heedful.render.progress import MODES  # noqa: E402
+
 #: The cheap methods of every family heedful registers for an encoder classifier.
 METHODS = ("saliency", "grad_x_input", "integrated_gradients", "raw_attention", "rollout", "attention_gradcam", "cam",
            "attcat", "gae", "chefer", "lrp", "partial_lrp", "mask_lrp", "attnlrp", "alti", "globenc", "decompx",
@@ -40,7 +43,7 @@ AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE
 NARROWER = {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"}
 
 
-def explain(model: str, n: int, methods: list[str], threads: int, out: Path) -> None:
+def explain(model: str, n: int, methods: list[str], threads: int, out: Path, progress: str = "auto") -> None:
     """Worker: the first ``n`` movies test texts of 20 tokens or more explained by every method,
     the scores saved to ``out`` (``.npz``, one object array per method) with the kernels' level."""
     import warnings
@@ -55,16 +58,22 @@ def explain(model: str, n: int, methods: list[str], threads: int, out: Path) -> 
     lm = heedful.load(model)
     tok = lm.adapter.tokenizer
     texts = [e.text for e in datasets.load("movies", "test", None) if len(tok(e.text)["input_ids"]) >= 20][:n]
-    found = {}
-    for method in methods:
-        options = {}
-        if method == "mask_lrp":  # the model's own mask, as the Mask-LRP report runs it
-            from heedful.lrp.heads import default_head_mask
+    from heedful.progress import task
+    from heedful.render.progress import show_progress
 
-            options["head_mask"] = default_head_mask(lm.adapter).mask.astype(int).tolist()
-        found[method] = np.array([np.asarray(e.scores, dtype=np.float64) for e in lm.explain(texts, method, **options)],
-                                 dtype=object)
-    np.savez(out, capability=torch.backends.cpu.get_cpu_capability(), **found)
+    found = {}
+    capability = torch.backends.cpu.get_cpu_capability()
+    with show_progress(progress), task(f"{len(texts)} texts, {capability} kernels: methods", total=len(methods)) as steps:
+        for method in methods:
+            options = {}
+            if method == "mask_lrp":  # the model's own mask, as the Mask-LRP report runs it
+                from heedful.lrp.heads import default_head_mask
+
+                options["head_mask"] = default_head_mask(lm.adapter).mask.astype(int).tolist()
+            found[method] = np.array([np.asarray(e.scores, dtype=np.float64) for e in lm.explain(texts, method, **options)],
+                                     dtype=object)
+            steps.advance()
+    np.savez(out, capability=capability, **found)
 
 
 def compare(a: np.ndarray, b: np.ndarray) -> tuple[int, float, float]:
@@ -83,13 +92,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=200, help="movies test texts of 20 tokens or more")
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--progress", choices=MODES, default="auto", help="progress bars on stderr (auto: on a terminal)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "processor-stability.md")
     parser.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     methods = [m for m in args.methods.split(",") if m]
     if args.n < 1:
         parser.error(f"--n must be a positive number of texts, got {args.n}")
-    import heedful  # noqa: F401  (registers the methods)
+    import heedful.attribution  # noqa: F401  (registers the methods)
     from heedful.errors import MethodError
     from heedful.registry import find
 
@@ -101,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     if not methods:
         parser.error("--methods names no method")
     if args.worker is not None:
-        explain(args.model, args.n, methods, args.threads, args.worker)
+        explain(args.model, args.n, methods, args.threads, args.worker, args.progress)
         return 0
     import torch
 

@@ -30,3 +30,15 @@ def test_bad_input_is_one_line_and_exit_code_2(argv, says, capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert says in err[-1] and not any("Traceback" in line for line in err)
+
+
+def test_registered_methods_pass_the_checks(monkeypatch):
+    class Started(Exception):
+        pass
+
+    def run(*args, **kwargs):
+        raise Started
+
+    monkeypatch.setattr(ps.subprocess, "run", run)
+    with pytest.raises(Started):  # the checks passed: the first worker is being started
+        ps.main(["--methods", "cam,lrp,integrated-gradients", "--n", "2"])
