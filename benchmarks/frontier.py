@@ -13,7 +13,10 @@ script
    evaluation (:data:`heedful.evaluate.operators.CROSS_OPERATORS`: deletion, ``[MASK]``, and a
    corpus word of the same part of speech), soft comprehensiveness / sufficiency (Zhao &
    Aletras 2023) and, when ``minilm-sentiment-ffidelity`` is built, F-Fidelity's FFid+ / FFid-
-   (Zheng et al. 2024; :mod:`heedful.evaluate.ffidelity`) -- so a method tuned to one operator
+   (Zheng et al. 2024; :mod:`heedful.evaluate.ffidelity`), and the counterfactual tests of Ye et
+   al. 2021 (:mod:`heedful.inside.counterfactual`: the share of sentences where replacing the top
+   word by a movie-snippet word of its tag, or negating the top adjective, lowers p(class) by 0.05 more
+   than the same edit of a control word) -- so a method tuned to one operator
    (``solvability_beam`` solves comprehensiveness under ``[MASK]``) is scored on the others;
 3. gives every mean its 95 % percentile bootstrap interval over sentences, and every comparison
    of two methods the paired interval of their per-sentence difference
@@ -175,6 +178,7 @@ COLUMNS = {  # key: (heading, higher is better)
     "sufficiency_delete": ("suff. delete", False), "sufficiency_sample": ("suff. sampled", False),
     "soft_comprehensiveness": ("soft comp.", True), "soft_sufficiency": ("soft suff.", True),
     "ffid_plus": ("FFid+", True), "ffid_minus": ("FFid-", False),
+    "counterfactual_replace": ("cf. replace", True), "counterfactual_negate": ("cf. negate", True),
 }
 
 
@@ -444,7 +448,9 @@ def main(argv: list[str] | None = None) -> int:
         f"Every method at its defaults, explaining the predicted class; scored under protocol `{PROTOCOL}` with each removal operator "
         f"(`delete`, `[MASK]` (`[UNK]` without a mask token), `sample`: a movie-snippet word of the same spaCy part of speech), "
         f"soft comprehensiveness / sufficiency, and F-Fidelity (FFid+ / FFid-, beta = {FFID_BETA}, {args.samples} draws, "
-        f"on the model's copy fine-tuned with random masking). Intervals: 95 % percentile bootstrap over sentences; target comparisons: "
+        f"on the model's copy fine-tuned with random masking), and counterfactual tests (Ye et al. 2021; cf. replace / cf. negate: the share of "
+        "sentences where replacing the top word by a movie-snippet word of its spaCy tag, or putting `not` before the top adjective, lowers "
+        "p(class) by 0.05 more than the same edit of a control word drawn per sentence; sentences without such an edit are left out). Intervals: 95 % percentile bootstrap over sentences; target comparisons: "
         "paired bootstrap of the per-sentence difference. Higher is better except sufficiency and FFid-. Cost: forward-pass "
         "equivalents per example the method ran (counted; a backward counts two), beside what its cost model predicts at these "
         "sentences' lengths; s / sentence: measured wall time of explaining on this machine under load, summed over the runs "

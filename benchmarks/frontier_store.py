@@ -6,9 +6,14 @@ Per model, the frontier is three benches on one store (:func:`heedful.evaluate.b
 one per removal operator of :data:`heedful.evaluate.operators.CROSS_OPERATORS` -- protocol
 ``default`` with that ``removal``; AOPC and sufficiency under each, and soft comprehensiveness /
 sufficiency (which remove no token, so one operator's protocol serves) with the replacement
-operator -- and F-Fidelity on the model's fine-tuned copy, stored as metrics ``ffid_plus`` /
+operator -- F-Fidelity on the model's fine-tuned copy, stored as metrics ``ffid_plus`` /
 ``ffid_minus`` of the method's run under a measurement hash of the copy's fingerprint, the
-protocol, beta, the draws and their seed (:func:`ffidelity_hash`). A row is keyed by the model's
+protocol, beta, the draws and their seed (:func:`ffidelity_hash`), and the counterfactual tests
+of Ye et al. 2021 (:mod:`heedful.inside.counterfactual`: the top word replaced by a corpus word
+of its tag (from the sampled-replacement operator's corpus), the top adjective negated, each
+against a control edit), stored as metrics ``counterfactual_replace`` / ``counterfactual_negate``
+-- 1 confirmed, 0 not, NaN where the sentence allows no such edit -- under a hash of the test's
+options, the tagger and the corpus (:func:`counterfactual_hash`). A row is keyed by the model's
 fingerprint, the method with its complete options and version, the protocol (operator) and the
 example (:func:`heedful.evaluate.store.run_key`), so nothing stale is reused and a rerun computes
 only what is missing; Ctrl-C loses at most the model batch in flight.
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -29,15 +35,30 @@ import heedful
 from heedful.evaluate.bench import BenchSpec, Run, make_runs, run_bench, select_inputs, spec_subject
 from heedful.evaluate.evaluation import ModelInput
 from heedful.evaluate.ffidelity import FFID_BETA, FFID_SEED, f_fidelity
-from heedful.evaluate.operators import CROSS_OPERATORS, replacement_operator
+from heedful.evaluate.operators import CROSS_OPERATORS, corpus_texts, replacement_operator
 from heedful.evaluate.protocol import Protocol, get_protocol
 from heedful.evaluate.store import ResultsStore, Subject
 from heedful.fingerprint import model_fingerprint
+from heedful.inside.counterfactual import (
+    Tagger,
+    Word,
+    counterfactual_report,
+    spacy_tagger,
+    tagger_name,
+    vocabulary,
+)
 from heedful.progress import task
 
 PROTOCOL = "default"
 SOFT = ("soft_comprehensiveness", "soft_sufficiency")
 FFID = ("ffid_plus", "ffid_minus")
+COUNTERFACTUAL_EDITS = ("replace", "negate")
+COUNTERFACTUAL = tuple(f"counterfactual_{edit}" for edit in COUNTERFACTUAL_EDITS)
+COUNTERFACTUAL_OPTIONS = {"k": 1, "seed": 0, "margin": 0.05}
+"""The top word, control draws seeded per sentence, and the counterfactual module's margin."""
+counterfactual_tagger: Tagger = spacy_tagger
+"""Tags the frontier's sentences and the replacement corpus for the counterfactual tests (tests
+swap in a dictionary tagger)."""
 
 
 @dataclass(frozen=True)
@@ -70,11 +91,39 @@ def ffidelity_hash(finetuned: heedful.Model, protocol: Protocol, samples: int) -
     return hashlib.sha1(json.dumps(fields, sort_keys=True, default=list).encode()).hexdigest()[:16], fields
 
 
+@dataclass(frozen=True)
+class CounterfactualSetting:
+    """The frontier's counterfactual tests: the sentences' ``tagged`` words, the ``pool`` of
+    replacement words by tag, and the hash (with its ``fields``) their values are stored under."""
+
+    tagged: list[list[Word]]
+    pool: dict[str, list[str]]
+    hash: str
+    fields: dict
+
+
+def counterfactual_setting(texts: list[str]) -> CounterfactualSetting:
+    """Tag ``texts`` and the corpus of the sampled-replacement operator
+    (:func:`heedful.evaluate.operators.corpus_texts`: movie train snippets), whose words the
+    replacements are drawn from, with :data:`counterfactual_tagger`; key the tests by their
+    options, the tagger and that corpus."""
+    corpus = corpus_texts()
+    fields = {"counterfactual": {**COUNTERFACTUAL_OPTIONS, "edits": list(COUNTERFACTUAL_EDITS), "tagger": tagger_name(counterfactual_tagger),
+                                 "corpus": hashlib.sha1("\n".join(corpus).encode()).hexdigest()[:16]}}
+    return CounterfactualSetting(counterfactual_tagger(texts), vocabulary(counterfactual_tagger(corpus)), counterfactual_hash(fields), fields)
+
+
+def counterfactual_hash(fields: dict) -> str:
+    """The measurement hash counterfactual values are stored under."""
+    return hashlib.sha1(json.dumps(fields, sort_keys=True, default=list).encode()).hexdigest()[:16]
+
+
 @dataclass
 class Frontier:
     """One model's frontier on the store at ``store``: the first ``n`` sentences (``inputs``,
-    ids in order), the bench ``spec`` every method is run with (``settings`` swapped in), and
-    F-Fidelity's fine-tuned copy with its protocol and hash (``None`` when not built)."""
+    ids in order), the bench ``spec`` every method is run with (``settings`` swapped in),
+    F-Fidelity's fine-tuned copy with its protocol and hash (``None`` when not built), and the
+    counterfactual tests' setting (``None`` for a model that is not a classifier)."""
 
     name: str
     model: heedful.Model
@@ -85,6 +134,7 @@ class Frontier:
     inputs: list[ModelInput]
     about: Subject
     ffid: tuple[heedful.Model, Protocol, str, dict] | None = None
+    counterfactual: CounterfactualSetting | None = None
 
     @property
     def ids(self) -> list[str]:
@@ -99,6 +149,8 @@ class Frontier:
                 found[metric if metric in SOFT else f"{metric}_{setting.operator}"] = (metric, setting.protocol.hash())
         if self.ffid is not None:
             found.update({metric: (metric, self.ffid[2]) for metric in FFID})
+        if self.counterfactual is not None:
+            found.update({metric: (metric, self.counterfactual.hash) for metric in COUNTERFACTUAL})
         return found
 
     def run(self, method: str) -> Run:
@@ -128,12 +180,13 @@ def model_frontier(
     if finetuned is not None:
         protocol = get_protocol(PROTOCOL, removal="mask").resolved(finetuned.adapter.device)
         ffid = (finetuned, protocol, *ffidelity_hash(finetuned, protocol, samples))
-    return Frontier(name, model, n, store, spec, settings, inputs, spec_subject(spec, data), ffid)
+    counterfactual = counterfactual_setting([i.text for i in inputs]) if model.task == "classification" else None
+    return Frontier(name, model, n, store, spec, settings, inputs, spec_subject(spec, data), ffid, counterfactual)
 
 
 def measure(front: Frontier, method: str, progress: bool = True, say: Callable[[str], None] | None = None) -> None:
     """Compute and store what ``front`` lacks of ``method``: its explanations and curves under
-    each operator (a bench each), then F-Fidelity. Ctrl-C raises
+    each operator (a bench each), then F-Fidelity and the counterfactual tests. Ctrl-C raises
     :class:`~heedful.errors.Interrupted` saying what the store kept."""
     say = say or (lambda text: print(text, file=sys.stderr, flush=True))
     for k, setting in enumerate(front.settings):
@@ -144,6 +197,10 @@ def measure(front: Frontier, method: str, progress: bool = True, say: Callable[[
         say(f"  {method}: F-Fidelity on {front.ffid[0].name}")
         with ResultsStore(front.store) as store:
             store_ffidelity(store, front, front.run(method))
+    if front.counterfactual is not None:
+        say(f"  {method}: counterfactual tests")
+        with ResultsStore(front.store) as store:
+            store_counterfactual(store, front, front.run(method))
 
 
 def store_ffidelity(store: ResultsStore, front: Frontier, run: Run) -> int:
@@ -169,6 +226,39 @@ def store_ffidelity(store: ResultsStore, front: Frontier, run: Run) -> int:
             measured += len(chunk)
             steps.advance()
     return measured
+
+
+def store_counterfactual(store: ResultsStore, front: Frontier, run: Run) -> int:
+    """The counterfactual tests of ``run``'s stored explanations on the sentences that lack them,
+    stored in one transaction: per sentence and edit, 1 when the model bore the hypothesis out,
+    0 when not, NaN when the sentence allows no such edit (its ``extra``: the words edited, the
+    edited and the control texts, and both drops of p(class)). Returns the sentences tested."""
+    setting = front.counterfactual
+    store.put_protocol(setting.hash, "counterfactual", setting.fields)
+    ids = front.ids
+    have = set(ids)
+    for metric in COUNTERFACTUAL:
+        have &= store.metric_ids(run.key, metric, setting.hash, ids)
+    stored = store.get_explanations(run.key, [i for i in ids if i not in have])
+    todo = [j for j, i in enumerate(ids) if i in stored]
+    if not todo:
+        return 0
+    report = counterfactual_report(
+        front.model, [front.inputs[j].text for j in todo], {run.method: [stored[ids[j]] for j in todo]}, [setting.tagged[j] for j in todo],
+        setting.pool, k=COUNTERFACTUAL_OPTIONS["k"], edits=COUNTERFACTUAL_EDITS, seed=COUNTERFACTUAL_OPTIONS["seed"],
+        batch_size=front.spec.batch_size, margin=COUNTERFACTUAL_OPTIONS["margin"], numbers=todo,
+    )
+    found = {(h.edit, h.index): h for h in report.hypotheses}
+    with store.transaction():
+        for edit, metric in zip(COUNTERFACTUAL_EDITS, COUNTERFACTUAL, strict=True):
+            rows = []
+            for t, j in enumerate(todo):
+                h = found.get((edit, t))
+                extra = None if h is None else {"top": h.top, "control": h.control, "texts": list(h.texts), "drop": h.drop,
+                                                "control_drop": h.control_drop}
+                rows.append((ids[j], math.nan if h is None else float(h.confirmed), None, extra))
+            store.put_metrics(run.key, metric, setting.hash, rows)
+    return len(todo)
 
 
 @dataclass

@@ -1,8 +1,9 @@
 """benchmarks/frontier.py keeps every method's explanations and metric values in a results store
 as they finish: a second run computes no explanation, Ctrl-C keeps the finished methods and writes
 no report, ``--share`` splits the methods between processes, and ``--report-only`` states the
-sentences each method reached. On a tiny seeded model, a six-review CSV and a dictionary tagger
-for the sampled-replacement operator."""
+sentences each method reached; its counterfactual values are the model's own behaviour on the
+edited texts. On a tiny seeded model, a six-review CSV and a dictionary tagger for the
+sampled-replacement operator and the counterfactual tests."""
 
 from __future__ import annotations
 
@@ -11,15 +12,26 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 from conftest import write_reviews
-from test_evaluate_operators import dictionary_tagger  # noqa: F401  (a fixture, used below)
+from test_evaluate_operators import _words, dictionary_tagger  # noqa: F401  (a fixture, used below)
+
+from heedful.evaluate.store import ResultsStore
+from heedful.inside.counterfactual import Word
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import frontier  # noqa: E402
+import frontier_store  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("dictionary_tagger")
+
+
+def _tagged(texts):
+    """The dictionary tagger's words, each with its universal tag as its fine tag."""
+    return [[Word(a, b, t[a:b], pos, pos) for a, b, pos in words] for t, words in zip(texts, _words(texts), strict=True)]
 
 
 @pytest.fixture
@@ -42,6 +54,7 @@ def setting(tmp_path, monkeypatch, tiny):
     monkeypatch.setattr(frontier, "is_built", lambda name: True)
     monkeypatch.setattr(frontier, "DATASET", write_reviews(tmp_path / "reviews.csv"))
     monkeypatch.setattr(frontier, "write_results", lambda path, text: path.write_text(text, encoding="utf-8"))
+    monkeypatch.setattr(frontier_store, "counterfactual_tagger", _tagged)
     base = ["--store", str(tmp_path / "store"), "--out", str(tmp_path / "frontier.md"), "--front", str(tmp_path / "frontier.json"),
             "--threads", "1", "--batch-size", "4", "--samples", "2", "--progress", "never"]
     return model, calls, base
@@ -125,3 +138,66 @@ def test_a_report_from_an_empty_store_writes_nothing(setting, tmp_path):
     _, calls, base = setting
     assert frontier.main([*base, "--methods", "random", "--report-only"]) == 2
     assert not (tmp_path / "frontier.md").exists() and not calls
+
+
+@torch.no_grad()
+def _p(model, text: str) -> np.ndarray:
+    enc = model.tokenizer(text, return_tensors="pt")
+    return torch.softmax(model.hf_model(**enc).logits[0].double(), -1).numpy()
+
+
+def test_counterfactual_values_are_the_models_behaviour_on_the_edited_texts(setting, tmp_path):
+    model, _, base = setting
+    assert frontier.main([*base, "--methods", "saliency"]) == 0
+    assert "cf. replace" in (tmp_path / "frontier.md").read_text(encoding="utf-8")
+    front, *_ = frontier.setup("tiny-bert", 6, frontier.arguments(base))
+    key, cf = front.run("saliency").key, front.counterfactual
+    with ResultsStore(front.store) as store:
+        stored = {m: store.get_metrics(key, m, cf.hash, front.ids) for m in frontier_store.COUNTERFACTUAL}
+        explained = store.get_explanations(key, front.ids)
+    tested = 0
+    for edit, metric in zip(frontier_store.COUNTERFACTUAL_EDITS, frontier_store.COUNTERFACTUAL, strict=True):
+        for item, words in zip(front.inputs, _tagged([i.text for i in front.inputs]), strict=True):
+            value, _, extra = stored[metric][item.id]
+            if extra is None:
+                assert np.isnan(value)
+                continue
+            # the top word: the content word whose first tokens score highest (a plain loop)
+            expl = explained[item.id]
+            score = dict.fromkeys(range(len(words)), 0.0)
+            for t, offset in enumerate(expl.offsets):
+                for w, word in enumerate(words):
+                    if offset is not None and not expl.special[t] and word.start <= offset[0] < word.end:
+                        score[w] += float(expl.scores[t])
+            content = [w for w, word in enumerate(words) if word.pos in ("ADJ", "NOUN", "VERB", "ADV") and (edit == "replace" or word.pos == "ADJ")]
+            assert extra["top"][0] == words[max(content, key=lambda w: (score[w], -w))].text
+            before = _p(model, item.text)
+            c = int(before.argmax())
+            drops = [before[c] - _p(model, text)[c] for text in extra["texts"]]
+            assert drops == pytest.approx([extra["drop"], extra["control_drop"]], abs=1e-5)
+            assert value == float(drops[0] > drops[1] + 0.05)
+            tested += 1
+    assert tested >= 4
+
+
+def test_counterfactual_values_resumed_on_some_sentences_equal_those_of_one_pass(setting, tmp_path):
+    _, _, base = setting
+    assert frontier.main([*base, "--methods", "saliency"]) == 0
+    front, *_ = frontier.setup("tiny-bert", 6, frontier.arguments(base))
+    run, cf = front.run("saliency"), front.counterfactual
+    with ResultsStore(front.store) as store:
+        whole = {m: store.get_metrics(run.key, m, cf.hash, front.ids) for m in frontier_store.COUNTERFACTUAL}
+        with store.transaction():
+            store.db.execute("DELETE FROM metrics WHERE metric LIKE 'counterfactual_%' AND example_id IN (?, ?, ?)", front.ids[1::2])
+        assert frontier_store.store_counterfactual(store, front, run) == 3
+        again = {m: store.get_metrics(run.key, m, cf.hash, front.ids) for m in frontier_store.COUNTERFACTUAL}
+    for m in whole:
+        for i in front.ids:
+            (v, _, extra), (w, _, kept) = again[m][i], whole[m][i]
+            assert v == w or (np.isnan(v) and np.isnan(w))
+            if extra is None:
+                assert kept is None
+                continue
+            # the same draws, edited texts and verdicts; the drops to float32 rounding (other batches)
+            assert {k: extra[k] for k in ("top", "control", "texts")} == {k: kept[k] for k in ("top", "control", "texts")}
+            assert [extra["drop"], extra["control_drop"]] == pytest.approx([kept["drop"], kept["control_drop"]], abs=1e-5)

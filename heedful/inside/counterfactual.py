@@ -90,6 +90,16 @@ def vocabulary(tagged: Sequence[Sequence[Word]]) -> dict[str, list[str]]:
     return {tag: sorted(found) for tag, found in pool.items()}
 
 
+def tagger_name(tagger: Tagger) -> str:
+    """What tags the words, for keys of stored results: spaCy's pipeline with its version, or
+    the function's qualified name."""
+    if tagger is spacy_tagger:
+        from heedful.lrp.heads import PARSER_PIN
+
+        return f"spacy {PARSER_PIN.requirement}"
+    return f"{tagger.__module__}.{tagger.__qualname__}"
+
+
 def word_scores(expl: Explanation, words: Sequence[Word]) -> np.ndarray:
     """``[W]``: each word's score, the sum of the scores of the tokens that start inside it."""
     scores = np.asarray(expl.scores[-1] if expl.scores.ndim == 2 else expl.scores, dtype=float)
@@ -152,15 +162,17 @@ class Hypothesis:
 
 
 def hypotheses(
-    index: int, method: str, text: str, words: list[Word], scores: np.ndarray, pool: dict[str, list[str]], k: int, edits: Sequence[str], seed: int
+    index: int, method: str, text: str, words: list[Word], scores: np.ndarray, pool: dict[str, list[str]], k: int, edits: Sequence[str], seed: int,
+    number: int | None = None,
 ) -> list[Hypothesis]:
-    """The hypotheses of one explanation (``scores`` ``[W]`` over ``words``), one per edit that
-    the text allows (enough content words, a replacement of the same tag)."""
+    """The hypotheses of one explanation (``scores`` ``[W]`` over ``words``) of text ``index``,
+    one per edit that the text allows (enough content words, a replacement of the same tag);
+    the control draws are seeded with ``(seed, number)`` (default ``number = index``)."""
     content = [i for i, w in enumerate(words) if w.pos in CONTENT and w.text.isalpha()]
     ranked = sorted(content, key=lambda i: (-scores[i], i))
     found = []
     # the control draws depend on the text and the seed only, so methods ranking alike edit alike
-    rng = np.random.default_rng([seed, index])
+    rng = np.random.default_rng([seed, index if number is None else number])
     if "replace" in edits and len(ranked) >= 2 * k:
         top = [words[i] for i in ranked[:k]]
         rest = ranked[k:]
@@ -277,8 +289,7 @@ def counterfactual_test(
     replacements are drawn from (default ``texts``); ``method_options``: options per method;
     ``margin``: how much more the top words' edit must lower ``p(c)`` than the control's."""
     check_test(k, edits, margin)
-    if model.task != "classification":
-        raise InputError(f"counterfactual tests read a classifier's prediction; {model.name} is a {model.task} model", hint="use a classifier, e.g. minilm-sentiment")
+    _check_classifier(model)
     texts = [t for t in texts if isinstance(t, str) and t.strip()]
     if not texts or not methods:
         raise InputError("no texts or no methods to test", hint="give at least one text and one method")
@@ -287,13 +298,46 @@ def counterfactual_test(
     tagger = tagger or spacy_tagger
     tagged = tagger(texts)
     pool = vocabulary(tagged if corpus is None else tagger(corpus))
-    found: list[Hypothesis] = []
+    explained: dict[str, list[Explanation]] = {}
     with task("explaining", len(methods)) as progress:
         for name in methods:
-            explanations = model.explain(list(texts), method=name, batch_size=batch_size, **(method_options or {}).get(name, {}))
-            for i, (text, words, expl) in enumerate(zip(texts, tagged, explanations, strict=True)):
-                found += hypotheses(i, name, text, words, word_scores(expl, words), pool, k, edits, seed)
+            explained[name] = model.explain(list(texts), method=name, batch_size=batch_size, **(method_options or {}).get(name, {}))
             progress.advance()
+    return counterfactual_report(model, texts, explained, tagged, pool, k=k, edits=edits, seed=seed, batch_size=batch_size, margin=margin)
+
+
+def _check_classifier(model: Model) -> None:
+    if model.task != "classification":
+        raise InputError(f"counterfactual tests read a classifier's prediction; {model.name} is a {model.task} model", hint="use a classifier, e.g. minilm-sentiment")
+
+
+def counterfactual_report(
+    model: Model,
+    texts: Sequence[str],
+    explained: dict[str, Sequence[Explanation]],
+    tagged: Sequence[Sequence[Word]],
+    pool: dict[str, list[str]],
+    *,
+    k: int = 1,
+    edits: Sequence[str] = EDITS,
+    seed: int = 0,
+    batch_size: int = 16,
+    margin: float = 0.05,
+    numbers: Sequence[int] | None = None,
+) -> CounterfactualReport:
+    """Test explanations already computed: ``explained[method][i]`` explains ``model``'s
+    prediction on ``texts[i]``, whose words are ``tagged[i]``; replacements are drawn from
+    ``pool`` (:func:`vocabulary`). The hypotheses of text ``i`` draw their control words from
+    ``(seed, numbers[i])`` alone (default ``numbers[i] = i``), so a method ranking alike edits
+    alike, and a text tested apart from its corpus (``numbers``: its place there) is edited as
+    it would be with it. :func:`counterfactual_test` is this after explaining."""
+    check_test(k, edits, margin)
+    _check_classifier(model)
+    numbers = list(range(len(texts))) if numbers is None else list(numbers)
+    found: list[Hypothesis] = []
+    for name, explanations in explained.items():
+        for i, (text, words, expl) in enumerate(zip(texts, tagged, explanations, strict=True)):
+            found += hypotheses(i, name, text, words, word_scores(expl, words), pool, k, edits, seed, numbers[i])
     original = class_probabilities(model, texts, batch_size)
     predicted = original.argmax(-1)
     edited_texts = [t for h in found for t in h.texts]
@@ -311,7 +355,7 @@ def counterfactual_test(
         else:
             h.control_drop = before - float(rows[1, c])
             h.confirmed = h.drop > h.control_drop + margin
-    return CounterfactualReport(found, list(methods), k, len(texts), {"edits": list(edits), "seed": seed, "margin": margin})
+    return CounterfactualReport(found, list(explained), k, len(texts), {"edits": list(edits), "seed": seed, "margin": margin})
 
 
 _WORD = re.compile(r"[A-Za-z]+")
