@@ -202,8 +202,21 @@ def _on(m: str, reached: dict[str, int], n: int) -> str:
     return "" if reached[m] >= n else f" (on {reached[m]} of {n} sentences)"
 
 
+def shared(values: dict[str, np.ndarray], a: str, b: str) -> tuple[tuple[float, float, float], tuple[float, float, float], int]:
+    """The intervals of methods ``a`` and ``b`` over the sentences both have (a method short of
+    the frontier's size is compared where it was measured), and how many those are."""
+    both = np.isfinite(values[a]) & np.isfinite(values[b])
+    return interval(values[a][both]), interval(values[b][both]), int(both.sum())
+
+
+def _over(k: int, n: int) -> str:
+    """``, over the 12 sentences both have`` when two methods share fewer than ``n``."""
+    return "" if k >= n else f", over the {k} sentences both have"
+
+
 def targets(found: dict, costs: dict[str, float], reached: dict[str, int], n: int) -> list[str]:
-    """The issue's targets, each as holds / does not hold with the closest method."""
+    """The issue's targets, each as holds / does not hold with the closest method; the methods
+    are chosen by their mean AOPC and compared over the sentences both have."""
     key = primary(found)
     means = {m: interval(v) for m, v in found[key].items()}
     ours = [m for m in means if m not in PEERS]
@@ -212,8 +225,9 @@ def targets(found: dict, costs: dict[str, float], reached: dict[str, int], n: in
     if ours and peers:
         best_peer = max(peers, key=lambda m: means[m][0])
         best_ours = max(ours, key=lambda m: means[m][0])
-        ratio = means[best_ours][0] / means[best_peer][0]
-        apart = means[best_ours][1] > means[best_peer][2]
+        ours_at, peer_at, k = shared(found[key], best_ours, best_peer)
+        ratio = ours_at[0] / peer_at[0]
+        apart = ours_at[1] > peer_at[2]
         gain = bootstrap_paired_difference(found[key][best_ours], found[key][best_peer])
         paired = {k: bootstrap_paired_difference(found[k][best_ours], found[k][best_peer]) for k in found if k != key}
         # worse: the paired interval lies wholly on the bad side (below 0, or above it where lower is better)
@@ -222,9 +236,9 @@ def targets(found: dict, costs: dict[str, float], reached: dict[str, int], n: in
         lines.append(
             f"- heedful's best method beats the best peer method by >= {AOPC_GAIN - 1:.0%} AOPC with intervals apart, "
             f"and is not worse (paired) on the other evaluations: **{'holds' if holds else 'does not hold'}**. "
-            f"Closest: `{best_ours}`{_on(best_ours, reached, n)} {means[best_ours][0]:.3f} [{means[best_ours][1]:.3f}, {means[best_ours][2]:.3f}] "
-            f"against `{best_peer}` ({PEERS[best_peer]}){_on(best_peer, reached, n)} {means[best_peer][0]:.3f} "
-            f"[{means[best_peer][1]:.3f}, {means[best_peer][2]:.3f}]: {ratio:.1%} of it, intervals {'apart' if apart else 'overlapping'}, "
+            f"Closest: `{best_ours}`{_on(best_ours, reached, n)} {ours_at[0]:.3f} [{ours_at[1]:.3f}, {ours_at[2]:.3f}] "
+            f"against `{best_peer}` ({PEERS[best_peer]}){_on(best_peer, reached, n)} {peer_at[0]:.3f} "
+            f"[{peer_at[1]:.3f}, {peer_at[2]:.3f}]{_over(k, n)}: {ratio:.1%} of it, intervals {'apart' if apart else 'overlapping'}, "
             f"paired difference {gain[0]:+.3f} [{gain[1]:+.3f}, {gain[2]:+.3f}]"
             + (f"; worse (paired) on {', '.join(worse)}" if worse else "; not worse (paired) on any other evaluation") + "."
         )
@@ -236,12 +250,13 @@ def targets(found: dict, costs: dict[str, float], reached: dict[str, int], n: in
     cheap = [m for m in means if costs[m] <= CHEAP_COST * costs[best]]
     if cheap:
         closest = max(cheap, key=lambda m: means[m][0])
-        share = means[closest][0] / means[best][0]
+        cheap_at, best_at, k = shared(found[key], closest, best)
+        share = cheap_at[0] / best_at[0]
         holds = share >= CHEAP_SHARE
         lines.append(
             f"- one method reaches >= {CHEAP_SHARE:.0%} of the best AOPC at <= 1/10 of its cost: **{'holds' if holds else 'does not hold'}**. "
-            f"Best: `{best}` {means[best][0]:.3f} at {costs[best]:,.0f} forward passes; closest at <= {CHEAP_COST * costs[best]:,.0f}: "
-            f"`{closest}` {means[closest][0]:.3f} ({share:.1%}) at {costs[closest]:,.0f}."
+            f"Best: `{best}`{_on(best, reached, n)} {best_at[0]:.3f} at {costs[best]:,.0f} forward passes; closest at <= {CHEAP_COST * costs[best]:,.0f}: "
+            f"`{closest}`{_on(closest, reached, n)} {cheap_at[0]:.3f} ({share:.1%}{_over(k, n)}) at {costs[closest]:,.0f}."
         )
     else:
         lines.append(f"- one method reaches >= {CHEAP_SHARE:.0%} of the best AOPC at <= 1/10 of its cost: **does not hold** "

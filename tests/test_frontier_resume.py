@@ -201,3 +201,14 @@ def test_counterfactual_values_resumed_on_some_sentences_equal_those_of_one_pass
             # the same draws, edited texts and verdicts; the drops to float32 rounding (other batches)
             assert {k: extra[k] for k in ("top", "control", "texts")} == {k: kept[k] for k in ("top", "control", "texts")}
             assert [extra["drop"], extra["control_drop"]] == pytest.approx([kept["drop"], kept["control_drop"]], abs=1e-5)
+
+
+def test_the_targets_compare_two_methods_over_the_sentences_both_have():
+    n = 8
+    beam = np.array([0.9, 0.9, 0.9, 0.9] + [np.nan] * 4)  # heedful's, measured on half the sentences
+    lime = np.array([0.5, 0.5, 0.5, 0.5, 0.95, 0.95, 0.95, 0.95])  # a peer's: mean 0.725 over all 8
+    found = {"aopc_mask": {"solvability_beam": beam, "lime": lime}}
+    lines = frontier.targets(found, {"solvability_beam": 1000.0, "lime": 100.0}, {"solvability_beam": 4, "lime": 8}, n)
+    # over all of lime's sentences beam would be 124 % of it; over the four both have, 180 %
+    assert "0.900 [0.900, 0.900] against `lime` (Captum, Inseq, ferret) 0.500 [0.500, 0.500], over the 4 sentences both have: 180.0% of it" in lines[0]
+    assert "`solvability_beam` (on 4 of 8 sentences) 0.900" in lines[2] and "`lime` 0.500 (55.6%, over the 4 sentences both have)" in lines[2]
