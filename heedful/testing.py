@@ -388,8 +388,19 @@ def _check_special_tokens(case: _Case) -> None:
         assert max(at_anchor) == 0, f"scores at the [MASK] anchor: {at_anchor} (a removal method never removes it)"
 
 
+COST_MODEL_SLACK = 2.0
+"""The ``cost`` check's bound: the forward-pass equivalents a method runs per example (a backward
+counts two) are at most this many times what its cost model (``passes=`` of
+:func:`~heedful.register`) predicts for the examples' lengths. A cost model may overestimate -- an
+early-stopping search counts every step it may take -- but never hide work: budgets, progress
+estimates and the frontier's cost axis read it."""
+
+
 def _check_cost(case: _Case) -> None:
-    """Passes reported per example = what the adapter counted / B = what the model ran / B."""
+    """Passes reported per example = what the adapter counted / B = what the model ran / B, and
+    no more than :data:`COST_MODEL_SLACK` x the cost model's prediction."""
+    from heedful.engine.workload import passes
+
     run, n = case.raw, len(case.texts)
     assert run.passes.sequences == run.forward, (
         f"the model ran {run.passes.sequences} sequences forward; the adapter counted {run.forward}"
@@ -402,6 +413,15 @@ def _check_cost(case: _Case) -> None:
         assert (cost.forward_passes, cost.backward_passes) == counted, (
             f"reported (forward, backward) {(cost.forward_passes, cost.backward_passes)} per example; counted {counted}"
         )
+    if case.info.needs_sources:
+        return  # its work grows with the sources, which a cost model by tokens does not see
+    bound = case.info.bind(case.given)
+    predicted = float(np.mean([(lambda f, b: f + 2 * b)(*passes(case.info, bound, len(e.tokens))) for e in case.together]))
+    ran = (run.forward + 2 * run.backward) / n
+    assert ran <= COST_MODEL_SLACK * predicted, (
+        f"{ran:g} forward-pass equivalents per example run, {ran / predicted:.1f}x what the cost model predicts ({predicted:g}): "
+        "give register(...) a passes= that counts them"
+    )
 
 
 class _Wrong:
@@ -513,8 +533,10 @@ def check_method(
       not held to the last rule: the registry does not say what they leave alone.
     - ``cost``: every explanation reports at least 1 forward pass (the reference) and some
       seconds; the passes it reports per example equal what the adapter counted while the method
-      ran (its problem prepared as :meth:`Model.explain` does) divided by the batch size, and the
-      adapter counted every sequence the model ran.
+      ran (its problem prepared as :meth:`Model.explain` does) divided by the batch size, the
+      adapter counted every sequence the model ran, and the method's cost model predicts at least
+      half of them (:data:`COST_MODEL_SLACK`; context methods, whose work grows with the
+      sources, are not held to this).
     - ``options``: the explanation records exactly ``info.bind(given)``, JSON-serialisable;
       explaining again with ``**explanation.options`` gives identical scores; an unknown option
       and a value of the wrong type for each typed option raise :class:`~heedful.InputError`

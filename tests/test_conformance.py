@@ -128,6 +128,16 @@ def test_passes_the_adapter_does_not_count_fail_cost(register_broken):
     assert failed_checks(register_broken(uncounted), tasks=("classification",)) == {"cost"}
 
 
+def test_work_the_cost_model_does_not_count_fails_cost(register_broken):
+    def hidden_work(problem) -> torch.Tensor:
+        batch = problem.batch
+        for _ in range(3):  # counted by the adapter, but the registration predicts one forward
+            problem.adapter.forward(batch, problem.anchor)
+        return problem.word_embeddings().norm(dim=-1)
+
+    assert failed_checks(register_broken(hidden_work), tasks=("classification",)) == {"cost"}
+
+
 def test_a_method_is_named_by_name_function_or_info(register_broken):
     def steady(problem) -> torch.Tensor:
         return problem.word_embeddings().norm(dim=-1)

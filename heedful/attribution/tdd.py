@@ -91,10 +91,18 @@ def _prefix_one_pass(problem: Problem, features: Features) -> torch.Tensor | Non
     return d
 
 
+def _passes(direction: str, tokens: int) -> tuple[float, float]:
+    """The reference and ``tokens + 1`` prefix or suffix copies per direction: an encoder's count
+    (a decoder reads every prefix off the reference pass, so its forward direction costs one
+    pass: this is an upper bound there)."""
+    return (1 + (tokens + 1) * (2 if direction == "bidirectional" else 1), 0)
+
+
 @register(
     "tdd",
     family="perturbation",
     cost="forward: 1 forward (decoders) or N+1; backward: N+1; bidirectional: both (batched)",
+    passes=lambda o, n: _passes(o["direction"], n),
     needs_hidden=True,  # decoders read every prefix off the reference pass
 )
 @torch.no_grad()
