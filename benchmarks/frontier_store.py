@@ -13,7 +13,7 @@ of Ye et al. 2021 (:mod:`heedful.inside.counterfactual`: the top word replaced b
 of its tag (from the sampled-replacement operator's corpus), the top adjective negated, each
 against a control edit), stored as metrics ``counterfactual_replace`` / ``counterfactual_negate``
 -- 1 confirmed, 0 not, NaN where the sentence allows no such edit -- under a hash of the test's
-options, the tagger and the corpus (:func:`counterfactual_hash`). A row is keyed by the model's
+options, the tagger and the corpus (:func:`measurement_hash`). A row is keyed by the model's
 fingerprint, the method with its complete options and version, the protocol (operator) and the
 example (:func:`heedful.evaluate.store.run_key`), so nothing stale is reused and a rerun computes
 only what is missing; Ctrl-C loses at most the model batch in flight.
@@ -88,7 +88,7 @@ def ffidelity_hash(finetuned: heedful.Model, protocol: Protocol, samples: int) -
     copy's fingerprint, beta, the draws and their seed, and the curve protocol."""
     fields = {"f_fidelity": {"model": model_fingerprint(finetuned).digest, "beta": FFID_BETA, "samples": samples, "seed": FFID_SEED},
               **protocol.key_dict()}
-    return hashlib.sha1(json.dumps(fields, sort_keys=True, default=list).encode()).hexdigest()[:16], fields
+    return measurement_hash(fields), fields
 
 
 @dataclass(frozen=True)
@@ -110,11 +110,12 @@ def counterfactual_setting(texts: list[str]) -> CounterfactualSetting:
     corpus = corpus_texts()
     fields = {"counterfactual": {**COUNTERFACTUAL_OPTIONS, "edits": list(COUNTERFACTUAL_EDITS), "tagger": tagger_name(counterfactual_tagger),
                                  "corpus": hashlib.sha1("\n".join(corpus).encode()).hexdigest()[:16]}}
-    return CounterfactualSetting(counterfactual_tagger(texts), vocabulary(counterfactual_tagger(corpus)), counterfactual_hash(fields), fields)
+    return CounterfactualSetting(counterfactual_tagger(texts), vocabulary(counterfactual_tagger(corpus)), measurement_hash(fields), fields)
 
 
-def counterfactual_hash(fields: dict) -> str:
-    """The measurement hash counterfactual values are stored under."""
+def measurement_hash(fields: dict) -> str:
+    """The hash values measured with ``fields`` are stored under (F-Fidelity's, the
+    counterfactual tests')."""
     return hashlib.sha1(json.dumps(fields, sort_keys=True, default=list).encode()).hexdigest()[:16]
 
 
