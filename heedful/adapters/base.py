@@ -74,8 +74,9 @@ class ModelAdapter(FamilyHooks, Encoding, Passes, MemoryFitting, Lowering):
         """Whether the model gives a method what it ``need``s (one of
         :data:`~heedful.adapters.needs.NEEDS`): a mapped family gives everything but relevance
         rules where none was checked on its blocks (:attr:`relevance_rules`; a rule set it does
-        not map is refused by :meth:`lrp_roles`) and plain blocks where its roles describe more
-        (:meth:`~heedful.adapters.roles.BlockRoles.unplain`)."""
+        not map is refused by :meth:`lrp_roles`), plain blocks where its roles describe more
+        (:meth:`~heedful.adapters.roles.BlockRoles.unplain`) and pre-LN blocks where they are
+        post-LN."""
         if need not in NEEDS:
             raise ValueError(f"unknown need {need!r} (one of {', '.join(NEEDS)})")
         if need == "rules":
@@ -84,6 +85,8 @@ class ModelAdapter(FamilyHooks, Encoding, Passes, MemoryFitting, Lowering):
             return need.removeprefix("rules.") in self.relevance_rules
         if need == "plain_blocks":
             return not any(block.unplain() for block in self.roles().blocks)
+        if need == "pre_ln_blocks":
+            return all(block.pre_ln for block in self.roles().blocks)
         return True
 
     def refusal(self, method: str, missing: tuple[str, ...]) -> UnsupportedModelError:
@@ -95,6 +98,11 @@ class ModelAdapter(FamilyHooks, Encoding, Passes, MemoryFitting, Lowering):
                 self.roles().require_plain(method)
             except UnsupportedModelError as exc:
                 return exc
+        if missing == ("pre_ln_blocks",):  # known to heedful: the model has no such stream
+            return UnsupportedModelError(
+                f"{method} reads layer updates off an additive residual stream; {self.described} has post-LN blocks",
+                hint="use decompx (or alti) for post-LN models",
+            )
         return refusal(method, missing, self.described)
 
     def intercept(self) -> Interception:

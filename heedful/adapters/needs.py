@@ -2,7 +2,8 @@
 
 Every registered method declares its needs (:func:`heedful.registry.register`, ``needs=``);
 every adapter says which it provides (:meth:`heedful.adapters.ModelAdapter.provides`). A mapped
-family provides all of them but the relevance rules of families they were not checked on; the
+family provides all of them but the relevance rules of families they were not checked on (and
+the block shapes its roles do not have: plain or pre-LN blocks); the
 generic adapter of an unknown family (:mod:`heedful.adapters.generic`) provides only what
 ``transformers`` exposes for every model. A method whose needs the model does not meet is
 refused before any work (:func:`refusal`).
@@ -21,6 +22,7 @@ NEEDS: dict[str, str] = {
     "head": "the head as a module applied to any token's representation (the logit lens)",
     "roles": "the block roles (where each block's query, key, value, attention output, norms and MLP live)",
     "plain_blocks": "plain pre-LN or post-LN blocks (no query/key, sandwich or post norms, parallel sub-layers or experts)",
+    "pre_ln_blocks": "an additive residual stream (every block pre-LN), whose layer updates add up to the output",
     "rules": "a relevance (LRP) rule set checked on the family's blocks",
     **{f"rules.{name}": f"the {name} relevance rules checked on the family's blocks" for name in ("chefer", "lrp", "attnlrp")},
 }

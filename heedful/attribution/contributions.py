@@ -34,7 +34,6 @@ from heedful.attribution.decomposition import (
     target_parts,
 )
 from heedful.engine.problem import Problem
-from heedful.errors import UnsupportedModelError
 from heedful.registry import register
 
 STATES = 4.0
@@ -257,7 +256,7 @@ def attention_logits(
     return _logit_lens(problem, rec, roles, vectors)
 
 
-@register("alti_logit", family="vector", cost=CONTRIBUTION_COST, quantities=("logit",), needs=("roles", "head", "plain_blocks"))
+@register("alti_logit", family="vector", cost=CONTRIBUTION_COST, quantities=("logit",), needs=("roles", "head", "plain_blocks", "pre_ln_blocks"))
 @torch.no_grad()
 def alti_logit(problem: Problem, *, rollout: bool = True, layerwise: bool = False) -> torch.Tensor:
     """Each token's part of the target logit through every attention update, tracked by ALTI.
@@ -282,11 +281,6 @@ def alti_logit(problem: Problem, *, rollout: bool = True, layerwise: bool = Fals
     """
     adapter = problem.adapter
     roles = adapter.roles()
-    if not all(block.pre_ln for block in roles.blocks):
-        raise UnsupportedModelError(
-            f"alti_logit reads layer updates off an additive residual stream; this {adapter.family} model's blocks are post-LN",
-            hint="use decompx (or alti) for post-LN models",
-        )
     layers = adapter.num_layers if layerwise else None
 
     def groups() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
