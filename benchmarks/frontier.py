@@ -4,8 +4,9 @@ On the first ``--n`` held-out sentences of the movies test split and ``minilm-se
 script
 
 1. explains every sentence with every method that claims classification and runs on the model
-   (context methods, which rank sources of a prompt, are left out), at its defaults, cheapest
-   first (by its cost model); its **cost** is the forward-pass equivalents per example it ran
+   (context methods, which rank sources of a prompt, are left out), at its defaults, and the rows
+   of :data:`VARIANTS` (a method with other options, labelled ``method[key=value,...]``; so is
+   any row ``--methods`` names), cheapest first (by its cost model); its **cost** is the forward-pass equivalents per example it ran
    (counted; a backward counts two, Kaplan et al. 2020), beside what its cost model
    (:func:`heedful.engine.workload.passes`) predicted;
 2. scores every explanation under protocol ``default`` (NormXLogit's: ratios 0..1, AOPC and
@@ -57,6 +58,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -64,9 +66,10 @@ from pathlib import Path
 import numpy as np
 import torch
 from _shared import command_line, library_versions, write_results  # noqa: E402  (benchmarks/ is the script's folder)
-from frontier_store import PROTOCOL, Frontier, Reading, measure, model_frontier, read
+from frontier_store import PROTOCOL, Frontier, Reading, measure, model_frontier, read, split_label
 
 import heedful
+from heedful.adapters.needs import NEEDS
 from heedful.attribution import get_method
 from heedful.engine.workload import passes
 from heedful.errors import HeedfulError, Interrupted
@@ -105,6 +108,10 @@ PEERS = {
     "random": "",
 }
 """Methods a peer toolkit offers (Captum, Inseq, ferret, LXT); every other one is heedful's own."""
+VARIANTS = ("solvability_beam[objective=both]",)
+"""Rows measured beside every method at its defaults: a method with other options (the beam search
+on Zhou & Shah's combined target, comprehensiveness minus sufficiency, besides its default
+comprehensiveness)."""
 AOPC_GAIN = 1.10  # heedful's best >= 110 % of the best peer AOPC
 CHEAP_SHARE, CHEAP_COST = 0.95, 0.1  # >= 95 % of the best AOPC at <= 1/10 of its cost
 
@@ -114,7 +121,8 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--n", "--limit", type=int, default=None, dest="n",
                         help="sentences per model (default: full size, 500 on minilm-sentiment, 200 on smollm2-sentiment)")
     parser.add_argument("--models", default=None, help=f"comma-separated models (default: {', '.join(MODELS)})")
-    parser.add_argument("--methods", default=None, help="comma-separated methods (default: every classification method)")
+    parser.add_argument("--methods", default=None, help="comma-separated methods, each optionally with options: "
+                        "lime,solvability_beam[objective=both,beam=8] (default: every classification method at its defaults, and VARIANTS)")
     parser.add_argument("--skip", default="", help="comma-separated methods to leave out")
     parser.add_argument("--max-cost", type=float, default=math.inf,
                         help="leave out methods whose cost model exceeds this many forward-pass equivalents per example (default: none)")
@@ -146,28 +154,40 @@ def say(text: str) -> None:
 
 
 # ---------------------------------------------------------------------------- choosing
+def labels(text: str) -> list[str]:
+    """``"lime,solvability_beam[objective=both,beam=8]"`` -> its rows (commas inside brackets
+    separate a row's options)."""
+    return [m.strip() for m in re.findall(r"[^,\[]+(?:\[[^\]]*\]?)?", text) if m.strip()]
+
+
+def offered(label: str) -> str | None:
+    """The peers offering the row's method (``""``: the random baseline; ``None``: heedful's own)."""
+    return PEERS.get(split_label(label)[0])
+
+
 def chosen_methods(model: heedful.Model, args: argparse.Namespace, lengths: np.ndarray) -> tuple[list[str], dict[str, float], list[str]]:
-    """The methods to run, cheapest first by their cost model, that model's forward-pass
-    equivalents per example, and the ones left out (with why)."""
+    """The rows to run (methods, some with options), cheapest first by their cost model, that
+    model's forward-pass equivalents per example, and the ones left out (with why)."""
     runs = model.methods()
-    names = args.methods.split(",") if args.methods else [n for n, i in registered().items() if "classification" in i.tasks]
-    skip = {s for s in args.skip.split(",") if s}
+    names = labels(args.methods) if args.methods else [n for n, i in registered().items() if "classification" in i.tasks] + list(VARIANTS)
+    skip = set(labels(args.skip))
     chosen, costs, left = [], {}, []
-    for name in names:
-        info = get_method(name)
-        if info.needs_sources or info.name in skip:
-            left.append(f"`{info.name}`: {'ranks sources of a prompt (context attribution)' if info.needs_sources else 'skipped (--skip)'}")
+    for label in names:
+        method, options = split_label(label)
+        info = get_method(method)
+        if info.needs_sources or label in skip or info.name in skip:
+            left.append(f"`{label}`: {'ranks sources of a prompt (context attribution)' if info.needs_sources else 'skipped (--skip)'}")
             continue
         if runs.get(info.name):
-            left.append(f"`{info.name}`: the model does not give it {', '.join(runs[info.name])}")
+            left.append(f"`{label}`: the model does not give it {'; '.join(NEEDS[n] for n in runs[info.name])}")
             continue
-        bound = info.bind({})
+        bound = info.bind(options)
         cost = float(np.mean([(lambda f, b: f + 2 * b)(*passes(info, bound, int(n))) for n in lengths]))
         if cost > args.max_cost:
-            left.append(f"`{info.name}`: {cost:,.0f} forward-pass equivalents per example, above --max-cost {args.max_cost:g}")
+            left.append(f"`{label}`: {cost:,.0f} forward-pass equivalents per example, above --max-cost {args.max_cost:g}")
             continue
-        chosen.append(info.name)
-        costs[info.name] = cost
+        chosen.append(label)
+        costs[label] = cost
     return sorted(chosen, key=lambda m: (costs[m], m)), costs, left
 
 
@@ -219,8 +239,8 @@ def targets(found: dict, costs: dict[str, float], reached: dict[str, int], n: in
     are chosen by their mean AOPC and compared over the sentences both have."""
     key = primary(found)
     means = {m: interval(v) for m, v in found[key].items()}
-    ours = [m for m in means if m not in PEERS]
-    peers = [m for m in means if m in PEERS and m != "random"]
+    ours = [m for m in means if offered(m) is None]
+    peers = [m for m in means if offered(m)]
     lines = []
     if ours and peers:
         best_peer = max(peers, key=lambda m: means[m][0])
@@ -237,7 +257,7 @@ def targets(found: dict, costs: dict[str, float], reached: dict[str, int], n: in
             f"- heedful's best method beats the best peer method by >= {AOPC_GAIN - 1:.0%} AOPC with intervals apart, "
             f"and is not worse (paired) on the other evaluations: **{'holds' if holds else 'does not hold'}**. "
             f"Closest: `{best_ours}`{_on(best_ours, reached, n)} {ours_at[0]:.3f} [{ours_at[1]:.3f}, {ours_at[2]:.3f}] "
-            f"against `{best_peer}` ({PEERS[best_peer]}){_on(best_peer, reached, n)} {peer_at[0]:.3f} "
+            f"against `{best_peer}` ({offered(best_peer)}){_on(best_peer, reached, n)} {peer_at[0]:.3f} "
             f"[{peer_at[1]:.3f}, {peer_at[2]:.3f}]{_over(k, n)}: {ratio:.1%} of it, intervals {'apart' if apart else 'overlapping'}, "
             f"paired difference {gain[0]:+.3f} [{gain[1]:+.3f}, {gain[2]:+.3f}]"
             + (f"; worse (paired) on {', '.join(worse)}" if worse else "; not worse (paired) on any other evaluation") + "."
@@ -272,7 +292,8 @@ def table(found: dict, costs: dict[str, float], model_costs: dict[str, float], s
     order = sorted(costs, key=lambda m: -interval(found[primary(found)][m])[0])
     for m in order:
         size = f"{reached[m]}" if reached[m] >= n else f"**{reached[m]} of {n}**"
-        cells = [f"`{m}`", PEERS.get(m, "heedful") or "(baseline)", size, f"{costs[m]:,.0f}", f"{model_costs[m]:,.0f}", f"{seconds[m]:.3f}"]
+        by = offered(m)
+        cells = [f"`{m}`", "heedful" if by is None else by or "(baseline)", size, f"{costs[m]:,.0f}", f"{model_costs[m]:,.0f}", f"{seconds[m]:.3f}"]
         for k in keys:
             mean, low, high = interval(found[k][m])
             cells.append(f"{mean:.3f} [{low:.3f}, {high:.3f}]")
@@ -292,7 +313,7 @@ def plot(path: Path, found: dict, costs: dict[str, float], front: dict[str, bool
     names = list(costs)
     for m in names:
         mean, low, high = interval(found[key][m])
-        color = "tab:red" if front[m] else ("tab:blue" if m not in PEERS else "tab:gray")
+        color = "tab:red" if front[m] else ("tab:blue" if offered(m) is None else "tab:gray")
         ax.errorbar(costs[m], mean, yerr=[[mean - low], [high - mean]], fmt="o", color=color, capsize=2, ms=4)
         ax.annotate(m, (costs[m], mean), fontsize=7, xytext=(3, 3), textcoords="offset points")
     on = sorted((costs[m], interval(found[key][m])[0]) for m in names if front[m])
@@ -395,7 +416,8 @@ def report(front: Frontier, names: list[str], model_costs: dict[str, float], lef
     record = {
         "model": name, "examples": n, "data": "movies test sentences", "protocol": PROTOCOL,
         "methods": {m: {"cost": round(costs[m], 1), **dict(zip(("aopc", "low", "high"), (round(v, 4) for v in interval(found[key][m])), strict=True)),
-                        "front": bool(on[m]), **({"examples": short[m]} if m in short else {})} for m in measured},
+                        "front": bool(on[m]), **({"examples": short[m]} if m in short else {}),
+                        **({"options": split_label(m)[1]} if split_label(m)[1] else {})} for m in measured},
     }
     return lines, record
 

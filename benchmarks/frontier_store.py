@@ -28,10 +28,13 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 import heedful
+from heedful.commands.options import key_value
+from heedful.errors import HeedfulError
 from heedful.evaluate.bench import BenchSpec, Run, make_runs, run_bench, select_inputs, spec_subject
 from heedful.evaluate.evaluation import ModelInput
 from heedful.evaluate.ffidelity import FFID_BETA, FFID_SEED, f_fidelity
@@ -113,6 +116,20 @@ def counterfactual_setting(texts: list[str]) -> CounterfactualSetting:
     return CounterfactualSetting(counterfactual_tagger(texts), vocabulary(counterfactual_tagger(corpus)), measurement_hash(fields), fields)
 
 
+def split_label(label: str) -> tuple[str, dict[str, Any]]:
+    """A frontier row's label -> the method and the options it runs with: ``"lime"`` -> ``("lime",
+    {})``, ``"solvability_beam[objective=both,beam=8]"`` -> ``("solvability_beam", {"objective":
+    "both", "beam": 8})`` (values read as JSON where they parse, else text; a bad item is a
+    one-line :class:`~heedful.errors.HeedfulError`)."""
+    method, bracket, rest = label.partition("[")
+    if not bracket:
+        return label, {}
+    if not rest.endswith("]"):
+        raise HeedfulError(f"method {label!r} lacks its closing ']'", hint="e.g. solvability_beam[objective=both]")
+    items = [item for item in rest[:-1].split(",") if item.strip()]
+    return method, dict(key_value(item, "solvability_beam[objective=both]") for item in items)
+
+
 def measurement_hash(fields: dict) -> str:
     """The hash values measured with ``fields`` are stored under (F-Fidelity's, the
     counterfactual tests')."""
@@ -154,9 +171,16 @@ class Frontier:
             found.update({metric: (metric, self.counterfactual.hash) for metric in COUNTERFACTUAL})
         return found
 
-    def run(self, method: str) -> Run:
-        """``method``'s run (its key in the store), as the benches make it."""
-        return make_runs(replace(self.spec, methods=[method], protocol=self.settings[0].protocol), self.about)[0]
+    def spec_of(self, label: str, setting: Setting) -> BenchSpec:
+        """The bench of the row ``label`` (a method, or a method with options: :func:`split_label`)
+        under ``setting``."""
+        method, options = split_label(label)
+        return replace(self.spec, methods=[method], method_options={method: options} if options else {},
+                       metrics=list(setting.metrics), protocol=setting.protocol)
+
+    def run(self, label: str) -> Run:
+        """The run of the row ``label`` (its key in the store), as the benches make it."""
+        return make_runs(self.spec_of(label, self.settings[0]), self.about)[0]
 
     def complete(self, store: ResultsStore, run: Run) -> set[str]:
         """The ids whose explanation and every column's value ``store`` holds for ``run``."""
@@ -186,14 +210,13 @@ def model_frontier(
 
 
 def measure(front: Frontier, method: str, progress: bool = True, say: Callable[[str], None] | None = None) -> None:
-    """Compute and store what ``front`` lacks of ``method``: its explanations and curves under
+    """Compute and store what ``front`` lacks of the row ``method`` (a label, :func:`split_label`): its explanations and curves under
     each operator (a bench each), then F-Fidelity and the counterfactual tests. Ctrl-C raises
     :class:`~heedful.errors.Interrupted` saying what the store kept."""
     say = say or (lambda text: print(text, file=sys.stderr, flush=True))
     for k, setting in enumerate(front.settings):
         say(f"  {method}: {'explanations and ' if k == 0 else ''}{', '.join(setting.metrics)} under {setting.operator}")
-        spec = replace(front.spec, methods=[method], metrics=list(setting.metrics), protocol=setting.protocol)
-        run_bench(spec, progress=progress)
+        run_bench(front.spec_of(method, setting), progress=progress)
     if front.ffid is not None:
         say(f"  {method}: F-Fidelity on {front.ffid[0].name}")
         with ResultsStore(front.store) as store:

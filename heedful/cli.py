@@ -413,7 +413,8 @@ def methods(
     table.add_column("front", no_wrap=True, min_width=5)
     for info in catalog.methods:
         tasks = "all" if set(info.tasks) == set(catalog.tasks) else ", ".join(info.tasks)
-        on = ", ".join(task for task, names in fronts.items() if info.name in names)
+        on = "; ".join(task if marks == [""] else f"{task} ({'; '.join(m or 'defaults' for m in marks)})"
+                       for task in fronts for marks in [frontier.front_marks(task, info.name)] if marks)
         cells = (info.name, info.family, tasks, escape(info.cost), *((escape(info.citation),) if sources else ()))
         table.add_row(*cells, ("★" if len(measured) == 1 and not sources else f"★ {on}") if on else "")
     out.print(table)

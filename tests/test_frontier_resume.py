@@ -212,3 +212,27 @@ def test_the_targets_compare_two_methods_over_the_sentences_both_have():
     # over all of lime's sentences beam would be 124 % of it; over the four both have, 180 %
     assert "0.900 [0.900, 0.900] against `lime` (Captum, Inseq, ferret) 0.500 [0.500, 0.500], over the 4 sentences both have: 180.0% of it" in lines[0]
     assert "`solvability_beam` (on 4 of 8 sentences) 0.900" in lines[2] and "`lime` 0.500 (55.6%, over the 4 sentences both have)" in lines[2]
+
+
+def test_a_row_with_options_is_measured_and_reported_apart_from_the_defaults(setting, tmp_path, capsys):
+    model, calls, base = setting
+    rows = "random,solvability_beam,solvability_beam[objective=both]"
+    assert frontier.main([*base, "--methods", rows]) == 0
+    assert calls["solvability_beam"] == 2 * 2  # each row explained its two model batches of the six reviews
+    reported = _rows(tmp_path / "frontier.md")
+    assert set(reported) == {"random", "solvability_beam", "solvability_beam[objective=both]"}
+    assert reported["solvability_beam[objective=both]"].split(" | ")[1] == "heedful"
+    front = frontier_store.model_frontier("tiny-bert", model, 6, tmp_path / "store", frontier.DATASET, "test", 4)
+    default, both = front.run("solvability_beam"), front.run("solvability_beam[objective=both]")
+    assert default.key != both.key and both.options["objective"] == "both" and "objective" not in default.options
+    with frontier_store.ResultsStore(tmp_path / "store") as store:
+        ids = front.ids
+        assert len(store.explanation_ids(default.key, ids)) == len(store.explanation_ids(both.key, ids)) == 6
+    methods = json.loads((tmp_path / "frontier.json").read_text(encoding="utf-8"))["tasks"]["classification"]["methods"]
+    assert methods["solvability_beam[objective=both]"]["options"] == {"objective": "both"} and "options" not in methods["solvability_beam"]
+    calls.clear()
+    assert frontier.main([*base, "--methods", rows]) == 0 and not calls  # both rows resumed from the store
+    capsys.readouterr()
+    assert frontier.main([*base, "--methods", "saliency[steps=3]"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "steps" in err and "Traceback" not in err

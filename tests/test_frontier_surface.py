@@ -78,3 +78,42 @@ def test_the_pareto_front_is_the_set_no_method_dominates():
     assert pareto(costs, aopc).tolist() == [True, True, False, True, False]
     # equal cost and faithfulness: neither dominates the other
     assert pareto(np.array([2.0, 2.0]), np.array([0.5, 0.5])).tolist() == [True, True]
+
+
+def test_a_row_with_options_marks_its_method_with_them(measured, monkeypatch, capsys):
+    from heedful.commands.console import out as console
+
+    task = json.loads(measured.read_text(encoding="utf-8"))
+    task["tasks"]["classification"]["methods"]["solvability_beam[objective=both]"] = {
+        "cost": 3000.0, "aopc": 0.70, "low": 0.68, "high": 0.72, "front": True, "options": {"objective": "both"}}
+    task["tasks"]["classification"]["methods"]["lime[n_samples=400]"] = {
+        "cost": 401.0, "aopc": 0.63, "low": 0.61, "high": 0.65, "front": True, "options": {"n_samples": 400}}
+    measured.write_text(json.dumps(task), encoding="utf-8")
+    frontier._read.cache_clear()
+    assert frontier.front("classification")[-1] == "solvability_beam[objective=both]"
+    assert frontier.front_marks("classification", "solvability_beam") == ["objective=both"]
+    assert frontier.front_marks("classification", "lime") == ["", "n_samples=400"]
+    assert frontier.front_marks("classification", "saliency") == []
+    assert frontier.row("classification", "solvability_beam") is None  # the page shows a method's defaults
+    monkeypatch.setattr(console, "width", 200)
+    code, out, _ = run_cli(monkeypatch, capsys, "methods")
+    assert code == 0
+    rows = {line.replace("│", " ").split()[0]: " ".join(line.replace("│", " ").split()) for line in out.splitlines() if "★" in line}
+    assert rows["solvability_beam"].endswith("★ classification (objective=both)")
+    assert rows["lime"].endswith("★ classification (defaults; n_samples=400)")
+    assert rows["attnlrp"].endswith("★ classification")
+    frontier._read.cache_clear()
+
+
+def test_a_frontier_row_is_a_method_with_its_options():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from frontier import labels
+    from frontier_store import split_label
+
+    from heedful.errors import HeedfulError
+
+    assert labels("lime, solvability_beam[objective=both,beam=8],saliency") == ["lime", "solvability_beam[objective=both,beam=8]", "saliency"]
+    assert split_label("lime") == ("lime", {})
+    assert split_label("solvability_beam[objective=both,beam=8]") == ("solvability_beam", {"objective": "both", "beam": 8})
+    with pytest.raises(HeedfulError, match="closing"):
+        split_label("solvability_beam[objective=both")
