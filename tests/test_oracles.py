@@ -651,6 +651,7 @@ ORACLES: dict[str, tuple[str, ...]] = {
     "solvability_beam": (
         "test_solvability.py::test_solvability_beam_finds_the_brute_force_optimum_when_the_beam_holds_every_ordering",
         "test_solvability.py::test_solvability_beam_of_one_is_the_greedy_search",
+        "test_solvability.py::test_solvability_beam_with_a_shortlist_is_the_lazy_greedy_search",
     ),
     "tdd": ("test_perturbation_tdd.py::test_tdd_matches_the_reference_on_gpt2",),
     # context

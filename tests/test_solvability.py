@@ -90,6 +90,33 @@ def test_solvability_beam_of_one_is_the_greedy_search(family, task):
         assert list(order) == greedy
 
 
+@pytest.mark.parametrize(("family", "task"), [("bert", "classification"), ("llama", "classification")])
+def test_solvability_beam_with_a_shortlist_is_the_lazy_greedy_search(family, task):
+    """Lazy greedy by hand: the first step measures every token; every later step re-measures
+    only the two tokens left whose last measured gain is largest and takes the better of them."""
+    model = cached_model(family, task)
+    texts = ("a charming , unbelievably affecting journey", "the plot is thin but the cast is great fun")
+    found = _orders(model, texts, beam=1, shortlist=2)
+    for text, order in zip(texts, found, strict=True):
+        c = Curves(Alone(model, text))
+        greedy: list[int] = []
+        last = {i: c.gain((i,), "comprehensiveness") for i in c.removable}
+        greedy.append(max(c.removable, key=lambda i: last[i]))
+        while len(greedy) < len(c.removable) - 1:
+            left = [i for i in c.removable if i not in greedy]
+            for i in sorted(left, key=lambda i: -last[i])[:2]:
+                last[i] = c.gain((*greedy, i), "comprehensiveness")
+            greedy.append(max(sorted(left, key=lambda i: -last[i])[:2], key=lambda i: last[i]))
+        greedy += [i for i in c.removable if i not in greedy]
+        assert len(c.removable) > 4 and list(order) == greedy
+
+
+def test_a_shortlist_as_long_as_the_text_is_the_full_search():
+    model = cached_model("bert", "classification")
+    texts = ["a charming , unbelievably affecting journey"]
+    assert _orders(model, texts, beam=2, shortlist=64) == _orders(model, texts, beam=2)
+
+
 def test_solvability_beam_reports_the_forwards_it_runs():
     model = cached_model("bert", "classification")
     e = model.explain("a bad film", "solvability_beam", beam=3, objective="both")
@@ -97,6 +124,10 @@ def test_solvability_beam_reports_the_forwards_it_runs():
     assert e.cost.forward_passes == 1 + beam_forwards(3, m, "both")
     # M = 5, beam 3: steps try 5, 3 x 4, 3 x 3, 3 x 2 removals; twice for "both"
     assert beam_forwards(3, 5, "both") == 2 * (5 + 12 + 9 + 6)
+    lazy = model.explain("a bad film", "solvability_beam", beam=2, shortlist=2)
+    assert lazy.cost.forward_passes == 1 + beam_forwards(2, m, "comprehensiveness", 2)
+    # M = 5, beam 2, shortlist 2: steps try 5, then 2 x 2 at each of the three steps with more than one token left
+    assert beam_forwards(2, 5, "comprehensiveness", 2) == 5 + 4 + 4 + 4
 
 
 def test_solvability_beam_refuses_a_beam_of_zero_in_one_line():

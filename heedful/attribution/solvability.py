@@ -20,26 +20,28 @@ from heedful.registry import register
 Objective = Literal["comprehensiveness", "sufficiency", "both"]
 
 
-def beam_forwards(beam: int, tokens: int, objective: str) -> int:
+def beam_forwards(beam: int, tokens: int, objective: str, shortlist: int | None = None) -> int:
     """Forward passes the search runs for ``tokens`` removable tokens (the reference excluded):
     at step ``t`` (a prefix of ``t`` tokens chosen) each of the ``min(beam, tokens!/(tokens-t)!)``
-    live orderings tries the ``tokens - t`` tokens left, one removal each (two for ``"both"``);
-    the step that has one token left runs nothing (its prefix is the whole text for every beam)."""
+    live orderings tries the ``tokens - t`` tokens left -- after the first step at most
+    ``shortlist`` of them -- one removal each (two for ``"both"``); the step that has one token
+    left runs nothing (its prefix is the whole text for every beam)."""
     total, alive = 0, 1
     for t in range(tokens - 1):
-        total += alive * (tokens - t)
-        alive = min(beam, alive * (tokens - t))
+        left = tokens - t
+        total += alive * (left if shortlist is None or t == 0 else min(shortlist, left))
+        alive = min(beam, alive * left)
     return total * (2 if objective == "both" else 1)
 
 
 def _passes(options: Mapping[str, Any], tokens: int) -> tuple[float, float]:
-    return (1 + beam_forwards(options["beam"], tokens, options["objective"]), 0)
+    return (1 + beam_forwards(options["beam"], tokens, options["objective"], options["shortlist"]), 0)
 
 
 @register(
     "solvability_beam",
     family="perturbation",
-    cost="1 + ~beam * N^2 / 2 forwards (x2 for objective='both'; batched per step)",
+    cost="1 + ~beam * N^2 / 2 forwards (x2 for objective='both'; N + beam * shortlist * N with a shortlist; batched per step)",
     passes=_passes,
 )
 @torch.no_grad()
@@ -48,6 +50,7 @@ def solvability_beam(
     *,
     beam: Annotated[int, AT_LEAST_ONE] = 4,
     objective: Objective = "comprehensiveness",
+    shortlist: Annotated[int | None, AT_LEAST_ONE] = None,
     removal: Removal = "auto",
     output: Literal["logit", "probability"] = "probability",
     internal_batch_size: Annotated[int | None, AT_LEAST_ONE, RUNTIME] = None,
@@ -63,7 +66,20 @@ def solvability_beam(
     token it lacks, each extension scored by its prefix's curve so far plus the output drop of
     its new prefix removed (or kept), all extensions of all examples in one batched
     :func:`~heedful.engine.ablation.removal_drops`; the ``beam`` best extensions survive.
-    ``beam=1`` is the greedy search; a beam of ``M!`` is exhaustive. The scores are the best
+    ``beam=1`` is the greedy search; a beam of ``M!`` is exhaustive.
+
+    ``shortlist=L`` makes the search lazy (the accelerated greedy of Minoux 1978): the first step
+    measures every token, and from then on each live ordering re-measures only the ``L`` tokens
+    left whose gain it measured last was largest (a token not re-measured keeps its older
+    gain, inherited from the ordering's parent, for the next shortlist; only re-measured tokens
+    can extend the ordering at this step). A token whose removal mattered before is likely to
+    matter after the next one is removed, so a few candidates a step find most of what the
+    full step finds, at ``M + beam * L * M`` forwards instead of ``beam * M^2 / 2``: with
+    ``beam=1, shortlist=4`` about a tenth of the default search's passes on 25-token
+    sentences. A heuristic -- the curves are not submodular, so a token can gain after others
+    are gone and be missed; ``shortlist >= M`` is the full search.
+
+    The scores are the best
     ordering as ranks, ``M - k + 1`` for the ``k``-th token (``M`` for the first), 0 for special
     tokens ``[B, N]``: only the order carries meaning, not the gaps.
 
@@ -82,10 +98,12 @@ def solvability_beam(
     operator is not mistaken for faithfulness.
 
     Cost: ``1 + sum_{t=0}^{M-2} min(beam, M!/(M-t)!) * (M - t)`` forwards per example, about
-    ``beam * M^2 / 2`` (twice that for ``"both"``), run in ``M - 1`` batched steps.
+    ``beam * M^2 / 2`` (twice that for ``"both"``; ``M - t`` is at most ``shortlist`` after the
+    first step), run in ``M - 1`` batched steps.
 
     Source: Zhou & Shah 2023, The Solvability of Interpretability Evaluation Metrics (EACL
-    Findings), Sec. 3 (beam search over feature orderings)
+    Findings), Sec. 3 (beam search over feature orderings); lazy steps: Minoux 1978,
+    Accelerated greedy algorithms for maximizing submodular set functions
     """
     allowed = removable_positions(problem.batch, problem.target)  # [B, N]
     bsz, width = allowed.shape
@@ -96,12 +114,17 @@ def solvability_beam(
     order = torch.zeros(bsz, beam, max(most, 1), dtype=torch.long, device=device)
     score = torch.full((bsz, beam), -math.inf, dtype=torch.float64, device=device)
     score[:, 0] = 0.0  # one live (empty) ordering to start from
+    last = torch.zeros(bsz, beam, width, dtype=torch.float64, device=device)  # each token's gain as last measured
     eye = torch.eye(width, dtype=torch.bool, device=device)
     drop = dict(output=output, removal=removal, rows=internal_batch_size)
     with task(f"solvability beam steps ({bsz} texts)", total=max(most - 1, 0)) as steps:
         for t in range(most):
             left = counts - t  # [B] tokens not yet placed
             valid = score.isfinite()[:, :, None] & allowed[:, None, :] & ~used  # [B, W, N]
+            if shortlist is not None and t > 0:  # lazy: only the tokens that gained most when last measured
+                stale = torch.where(valid, last, torch.full_like(last, -math.inf))
+                listed = stale.topk(min(shortlist, width), dim=2).indices
+                valid &= torch.zeros_like(valid).scatter_(2, listed, True)
             grown = used[:, :, None, :] | eye  # [B, W, N(new token), N]
             measured = valid & (left > 1)[:, None, None]  # the last token's step changes no ranking
             gain = torch.zeros(bsz, beam, width, dtype=torch.float64, device=device)
@@ -113,6 +136,7 @@ def solvability_beam(
                     keep_only = allowed[:, None, None, :] & ~grown & measured[..., None]
                     gain -= removal_drops(problem, keep_only.view(bsz, -1, width), **drop).view(bsz, beam, width).double()
                 steps.advance()
+            last = torch.where(measured, gain, last)
             total = torch.where(valid, score[:, :, None] + gain, torch.full_like(gain, -math.inf)).view(bsz, -1)
             best = torch.sort(total, dim=1, descending=True, stable=True)  # stable: ties keep beam-then-position order
             top, index = best.values[:, :beam], best.indices[:, :beam]  # [B, W]
@@ -120,6 +144,7 @@ def solvability_beam(
             rows = torch.arange(bsz, device=device)[:, None]
             active = (left > 0)[:, None]  # an example with every token placed keeps its beams
             used = torch.where(active[..., None], used[rows, parent] | eye[token], used)
+            last = torch.where(active[..., None], last[rows, parent], last)
             new_order = order[rows, parent]
             new_order[:, :, t] = token
             order = torch.where(active[..., None], new_order, order)
