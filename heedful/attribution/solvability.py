@@ -72,12 +72,12 @@ def solvability_beam(
     measures every token, and from then on each live ordering re-measures only the ``L`` tokens
     left whose gain it measured last was largest (a token not re-measured keeps its older
     gain, inherited from the ordering's parent, for the next shortlist; only re-measured tokens
-    can extend the ordering at this step). A token whose removal mattered before is likely to
-    matter after the next one is removed, so a few candidates a step find most of what the
-    full step finds, at ``M + beam * L * M`` forwards instead of ``beam * M^2 / 2``: with
-    ``beam=1, shortlist=4`` about a tenth of the default search's passes on 25-token
-    sentences. A heuristic -- the curves are not submodular, so a token can gain after others
-    are gone and be missed; ``shortlist >= M`` is the full search.
+    can extend the ordering at this step). The bet is that a token whose removal mattered before
+    still matters once the next one is removed; it costs ``M + beam * L * M`` forwards instead of
+    ``beam * M^2 / 2`` -- with ``beam=1, shortlist=4`` about a tenth of the default search's
+    passes on 25-token sentences -- and ``benchmarks/frontier.py`` measures how much of the full
+    search's AOPC it keeps. A heuristic: the curves are not submodular, so a token can gain
+    after others are gone and be missed; ``shortlist >= M`` is the full search.
 
     The scores are the best
     ordering as ranks, ``M - k + 1`` for the ``k``-th token (``M`` for the first), 0 for special
