@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 import torch
 
 from heedful.engine.ablation import removal_drops
-from heedful.engine.options import AT_LEAST_ONE, RUNTIME
+from heedful.engine.options import AT_LEAST_ONE, KEYED_WHEN_SET, RUNTIME
 from heedful.engine.perturb import Removal, removable_positions
 from heedful.engine.problem import Problem
 from heedful.progress import task
@@ -50,7 +50,7 @@ def solvability_beam(
     *,
     beam: Annotated[int, AT_LEAST_ONE] = 4,
     objective: Objective = "comprehensiveness",
-    shortlist: Annotated[int | None, AT_LEAST_ONE] = None,
+    shortlist: Annotated[int | None, AT_LEAST_ONE, KEYED_WHEN_SET] = None,
     removal: Removal = "auto",
     output: Literal["logit", "probability"] = "probability",
     internal_batch_size: Annotated[int | None, AT_LEAST_ONE, RUNTIME] = None,
