@@ -274,10 +274,12 @@ def targets(found: dict, costs: dict[str, float], reached: dict[str, int], n: in
         cheap_at, best_at, k = shared(found[key], closest, best)
         share = cheap_at[0] / best_at[0]
         holds = share >= CHEAP_SHARE
+        d, lo, hi = bootstrap_paired_difference(found[key][closest], found[key][best])
         lines.append(
             f"- one method reaches >= {CHEAP_SHARE:.0%} of the best AOPC at <= 1/10 of its cost: **{'holds' if holds else 'does not hold'}**. "
             f"Best: `{best}`{_on(best, reached, n)} {best_at[0]:.3f} at {costs[best]:,.0f} forward passes; closest at <= {CHEAP_COST * costs[best]:,.0f}: "
-            f"`{closest}`{_on(closest, reached, n)} {cheap_at[0]:.3f} ({share:.1%}{_over(k, n)}) at {costs[closest]:,.0f}."
+            f"`{closest}`{_on(closest, reached, n)} {cheap_at[0]:.3f} ({share:.1%}{_over(k, n)}) at {costs[closest]:,.0f}; "
+            f"paired difference {d:+.3f} [{lo:+.3f}, {hi:+.3f}], {1 + lo / best_at[0]:.1%} to {1 + hi / best_at[0]:.1%} of the best."
         )
     else:
         lines.append(f"- one method reaches >= {CHEAP_SHARE:.0%} of the best AOPC at <= 1/10 of its cost: **does not hold** "

@@ -212,6 +212,8 @@ def test_the_targets_compare_two_methods_over_the_sentences_both_have():
     # over all of lime's sentences beam would be 124 % of it; over the four both have, 180 %
     assert "0.900 [0.900, 0.900] against `lime` (Captum, Inseq, ferret) 0.500 [0.500, 0.500], over the 4 sentences both have: 180.0% of it" in lines[0]
     assert "`solvability_beam` (on 4 of 8 sentences) 0.900" in lines[2] and "`lime` 0.500 (55.6%, over the 4 sentences both have)" in lines[2]
+    # the cheap method's paired difference from the best, over the same four sentences
+    assert "paired difference -0.400 [-0.400, -0.400], 55.6% to 55.6% of the best." in lines[2]
 
 
 def test_a_row_with_options_is_measured_and_reported_apart_from_the_defaults(setting, tmp_path, capsys):
