@@ -61,6 +61,7 @@ lint: $(STAMP)
 method: $(STAMP)  ## after adding or changing method NAME: its golden outputs, the catalog, the README table, then its checks
 	@test -n "$(NAME)" || { echo "usage: make method NAME=<method>" >&2; exit 2; }
 	$(BIN)/python tests/regenerate_method_outputs.py --only $(NAME)
+	$(BIN)/python tests/test_method_keys.py
 	$(BIN)/python -m heedful.catalog
 	$(BIN)/heedful methods --markdown --write README.md
 	$(BIN)/python -m pytest -q tests/test_extension_steps.py tests/test_conformance.py tests/test_oracles.py -k "steps or $(NAME)"

@@ -3,8 +3,9 @@
 and version in ``tests/data/method_keys.json``. An option added to a method later enters the key
 only once set (``KEYED_WHEN_SET``, :mod:`heedful.engine.options`); otherwise every result a
 results store holds of the method at its defaults -- hours of a frontier, a reproduction report --
-would be orphaned. A method whose computation changed bumps ``version=`` instead, and the file is
-rewritten with::
+would be orphaned. A method whose computation changed bumps ``version=`` instead. A new method,
+or one whose version was bumped, is recorded with (``make method NAME=...`` runs it; the other
+methods' records are left as they are)::
 
     python tests/test_method_keys.py
 """
@@ -51,6 +52,19 @@ def test_an_added_option_marked_keyed_when_set_keeps_the_key():
     assert info.key_options(info.bind({"shortlist": 4}))["shortlist"] == 4
 
 
+def recorded_with_new(recorded: dict[str, dict], found: dict[str, dict]) -> dict[str, dict]:
+    """``recorded`` with the methods it lacks and those whose version moved taken from ``found``
+    (a method whose key options changed at the same version keeps its record: the test fails)."""
+    return {**recorded, **{name: row for name, row in found.items() if recorded.get(name, {}).get("version") != row["version"]}}
+
+
+def test_only_new_methods_and_versions_are_recorded():
+    recorded = {"a": {"version": 1, "options": "{}"}, "b": {"version": 1, "options": "{}"}}
+    found = {"a": {"version": 1, "options": '{"x":1}'}, "b": {"version": 2, "options": '{"y":1}'}, "c": {"version": 1, "options": "{}"}}
+    assert recorded_with_new(recorded, found) == {"a": recorded["a"], "b": found["b"], "c": found["c"]}
+
+
 if __name__ == "__main__":
-    PATH.write_text(json.dumps(default_keys(), indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    print(f"wrote {PATH}", file=sys.stderr)
+    rows = recorded_with_new(RECORDED, default_keys())
+    PATH.write_text(json.dumps(rows, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    print(f"wrote {PATH}: {len(rows) - len(RECORDED)} method(s) added", file=sys.stderr)
