@@ -42,7 +42,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import statistics
 import time
 import warnings
 from collections.abc import Iterator, Sequence
@@ -250,8 +249,9 @@ def support(device: str | torch.device = "cpu", *, refresh: bool = False) -> Sup
     The flags come from the processor (:mod:`heedful.engine.machine`) or the GPU's compute
     capability; the speed from a probe -- a layer norm and two linear layers (``T x H -> 4H ->
     H``) timed at fp32, bf16 (:func:`lowered_model`) and int8 (dynamic quantisation, CPU only),
-    interleaved, median of 7 rounds, at the current torch threads (about a second on a CPU
-    without AVX-512, less with it). The result is cached in ``heedful_home()`` per processor
+    interleaved, the fastest of 7 rounds (other work on the machine only adds time to a round,
+    so the fastest is the least disturbed; a median moves with the load), at the current torch
+    threads (about a second on a CPU without AVX-512, less with it). The result is cached in ``heedful_home()`` per processor
     model, flags and torch version (per GPU model on CUDA), so later calls take milliseconds;
     ``refresh`` probes again. A cache that cannot be written is skipped (the probe then runs once
     per process).
@@ -337,8 +337,8 @@ def _probe(device: torch.device) -> tuple[dict[str, float | None], str]:
             _synchronize(device)
             if round_:
                 times[precision].append(time.perf_counter() - began)
-    base = statistics.median(times["fp32"])
-    speed = {p: (base / statistics.median(times[p]) if p in times else None) for p in PRECISIONS}
+    base = min(times["fp32"])
+    speed = {p: (base / min(times[p]) if p in times else None) for p in PRECISIONS}
     return speed, f"layer norm + linear {hidden}->{inner}->{hidden} on {tokens} tokens"
 
 
