@@ -420,7 +420,7 @@ def report(front: Frontier, names: list[str], model_costs: dict[str, float], lef
         "model": name, "examples": n, "data": "movies test sentences", "protocol": PROTOCOL,
         "methods": {m: {"cost": round(costs[m], 1), **dict(zip(("aopc", "low", "high"), (round(v, 4) for v in interval(found[key][m])), strict=True)),
                         "front": bool(on[m]), **({"examples": short[m]} if m in short else {}),
-                        **({"options": split_label(m)[1]} if split_label(m)[1] else {})} for m in measured},
+                        **({"options": options} if (options := split_label(m)[1]) else {})} for m in measured},
     }
     return lines, record
 
