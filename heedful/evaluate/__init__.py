@@ -10,6 +10,8 @@
   explanations for the continuation's log-probability (:mod:`heedful.evaluate.generation`);
 * context attribution: top-1 / top-3 source accuracy, token precision@k against the answer,
   source comprehensiveness and LDS, with bootstrap intervals (:mod:`heedful.evaluate.context`);
+* :func:`aopc_ceiling`: the exact best AOPC (or sufficiency) any ranking can score on a short
+  text, and the ordering that scores it (:mod:`heedful.evaluate.ceiling`);
 * :class:`ResultsStore`: the SQLite store ``heedful bench`` resumes from
   (:mod:`heedful.evaluate.store`); :func:`run_bench` runs methods x examples x metrics
   (:mod:`heedful.evaluate.bench`);
@@ -25,6 +27,7 @@
 """
 
 from heedful.evaluate.alignment import AlignmentError
+from heedful.evaluate.ceiling import Ceiling, aopc_ceiling
 from heedful.evaluate.evaluation import MetricResult, ModelInput, evaluate, model_inputs
 from heedful.evaluate.export import export_store
 from heedful.evaluate.generation import GenerationFaithfulness, generation_faithfulness
@@ -42,6 +45,7 @@ from heedful.evaluate.store import ResultsStore, RunKey
 
 __all__ = [
     "AlignmentError",
+    "Ceiling",
     "GenerationFaithfulness",
     "METRICS",
     "PRESETS",
@@ -53,6 +57,7 @@ __all__ = [
     "ResultsStore",
     "RunKey",
     "Summary",
+    "aopc_ceiling",
     "bootstrap_mean",
     "evaluate",
     "export_store",
