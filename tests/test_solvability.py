@@ -133,3 +133,16 @@ def test_solvability_beam_reports_the_forwards_it_runs():
 def test_solvability_beam_refuses_a_beam_of_zero_in_one_line():
     with pytest.raises(heedful.InputError, match="beam=0"):
         cached_model("bert", "classification").explain("a bad film", "solvability_beam", beam=0)
+
+
+def test_trailing_specials_are_ordered_with_the_words():
+    model = cached_model("bert", "classification")
+    for text in TEXTS["bert"]:
+        c = Curves(Alone(model, text))
+        c.removable = [i for i in range(1, c.one.n)]  # every token but [CLS]: the words and [SEP]
+        (order,) = _orders(model, [text], beam=720, trailing_specials=True)
+        assert sorted(order) == c.removable, "the words and [SEP] are ranked, [CLS] is not"
+        best = max(c.value(p, "comprehensiveness") for p in itertools.permutations(c.removable))
+        assert c.value(order, "comprehensiveness") >= best - 1e-5, (order, best)
+    llama = cached_model("llama", "classification")  # no special token after the words: nothing changes
+    assert _orders(llama, TEXTS["llama"], trailing_specials=True) == _orders(llama, TEXTS["llama"])

@@ -51,6 +51,7 @@ def solvability_beam(
     beam: Annotated[int, AT_LEAST_ONE] = 4,
     objective: Objective = "comprehensiveness",
     shortlist: Annotated[int | None, AT_LEAST_ONE, KEYED_WHEN_SET] = None,
+    trailing_specials: Annotated[bool, KEYED_WHEN_SET] = False,
     removal: Removal = "auto",
     output: Literal["logit", "probability"] = "probability",
     internal_batch_size: Annotated[int | None, AT_LEAST_ONE, RUNTIME] = None,
@@ -79,9 +80,16 @@ def solvability_beam(
     search's AOPC it keeps. A heuristic: the curves are not submodular, so a token can gain
     after others are gone and be missed; ``shortlist >= M`` is the full search.
 
+    ``trailing_specials=True`` orders the special tokens after the first content token too
+    (``[SEP]``, ``</s>``): the default evaluation protocol ranks and removes them like words
+    (:func:`heedful.evaluate.perturbation.rankable_positions`, ``specials="leading"``), and a
+    model can rely on them heavily -- replacing ``[SEP]`` moves minilm-sentiment's output more
+    than most words (``benchmarks/aopc_ceiling.py``: the best orderings place it early). Off, the
+    search orders the words only, and an evaluation that ranks ``[SEP]`` places it last.
+
     The scores are the best
-    ordering as ranks, ``M - k + 1`` for the ``k``-th token (``M`` for the first), 0 for special
-    tokens ``[B, N]``: only the order carries meaning, not the gaps.
+    ordering as ranks, ``M - k + 1`` for the ``k``-th token (``M`` for the first), 0 for the
+    tokens not ordered (special ones) ``[B, N]``: only the order carries meaning, not the gaps.
 
     ``f`` is the target's ``probability`` (as comprehensiveness is defined) or ``logit``;
     ``removal`` as for leave-one-out. Passes run in float32 only: a search turns small rounding
@@ -105,7 +113,7 @@ def solvability_beam(
     Findings), Sec. 3 (beam search over feature orderings); lazy steps: Minoux 1978,
     Accelerated greedy algorithms for maximizing submodular set functions
     """
-    allowed = removable_positions(problem.batch, problem.target)  # [B, N]
+    allowed = removable_positions(problem.batch, problem.target, trailing_specials)  # [B, N]
     bsz, width = allowed.shape
     device = allowed.device
     counts = allowed.sum(dim=1)  # M_b

@@ -92,9 +92,22 @@ def removal_id(adapter: ModelAdapter, removal: str) -> int | None:
     return int(token)
 
 
-def removable_positions(batch: Batch, target: ResolvedTarget) -> torch.Tensor:
-    """``[B, N]`` bool: content tokens that may be removed (not special, not a fixed anchor)."""
+def trailing_special_positions(batch: Batch) -> torch.Tensor:
+    """``[B, N]`` bool: special tokens after an example's first content token (``[SEP]``,
+    ``</s>``; a leading ``[CLS]`` / ``<s>`` / BOS is not one)."""
+    real = batch.attention_mask.bool()
+    special = batch.special_mask.bool() & real
+    positions = torch.arange(batch.seq_len, device=real.device)[None, :]
+    first_content = torch.where(real & ~special, positions, batch.seq_len).min(dim=1).values  # [B]
+    return special & (positions > first_content[:, None])
+
+
+def removable_positions(batch: Batch, target: ResolvedTarget, trailing_specials: bool = False) -> torch.Tensor:
+    """``[B, N]`` bool: content tokens that may be removed (not special, not a fixed anchor);
+    with ``trailing_specials`` the special tokens after the first content token too."""
     allowed = batch.content_mask.clone()
+    if trailing_specials:
+        allowed |= trailing_special_positions(batch).to(allowed.device)
     if target.anchor_kind == "fixed":
         allowed[torch.arange(len(batch)), target.anchor] = False
     return allowed

@@ -20,7 +20,7 @@ import torch
 
 from heedful.adapters import ModelAdapter
 from heedful.engine.batch import Batch
-from heedful.engine.perturb import Perturbed, removal_id, remove_tokens
+from heedful.engine.perturb import Perturbed, removal_id, remove_tokens, trailing_special_positions
 from heedful.engine.problem import Problem
 from heedful.engine.problem import prepare as prepare_problem
 from heedful.engine.runner import Copies, Runner
@@ -167,10 +167,7 @@ def rankable_positions(
     if specials == "exclude":
         allowed = real & ~special
     elif specials == "leading":
-        content = real & ~special
-        positions = torch.arange(batch.seq_len)[None, :]
-        first_content = torch.where(content, positions, batch.seq_len).min(dim=1).values  # [B]
-        allowed = real & ~(special & (positions < first_content[:, None]))
+        allowed = (real & ~special) | trailing_special_positions(batch)
     else:
         allowed = real.clone()
     if target.anchor_kind == "fixed":  # a masked LM's target position is never removed
