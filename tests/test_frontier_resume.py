@@ -216,6 +216,24 @@ def test_the_targets_compare_two_methods_over_the_sentences_both_have():
     assert "paired difference -0.400 [-0.400, -0.400], 55.6% to 55.6% of the best." in lines[2]
 
 
+def test_target_one_judges_the_named_evaluations_and_picks_the_row_closest_to_holding():
+    lime = np.array([0.50, 0.52, 0.48, 0.50, 0.51, 0.49])
+    found = {
+        "aopc_mask": {"solvability_beam": lime * 1.30, "solvability_beam[objective=both]": lime * 1.12, "lime": lime},
+        "sufficiency_mask": {"solvability_beam": lime * 0 + 0.30, "solvability_beam[objective=both]": lime * 0, "lime": lime * 0 + 0.01},
+        "counterfactual_replace": {"solvability_beam": lime * 0, "solvability_beam[objective=both]": lime * 0, "lime": lime * 0 + 1.0},
+    }
+    costs = {"solvability_beam": 1000.0, "solvability_beam[objective=both]": 2000.0, "lime": 100.0}
+    line = frontier.targets(found, costs, dict.fromkeys(costs, 6), 6)[0]
+    # the default beam has the larger margin but is worse on sufficiency, which the target names;
+    # the combined row is worse only on the counterfactual test, which it does not name
+    assert "**holds**" in line and "Closest (the row that holds" in line and "`solvability_beam[objective=both]`" in line
+    assert "worse on evaluations the target does not name: cf. replace" in line
+    found["aopc_mask"]["solvability_beam[objective=both]"] = lime * 1.05
+    line = frontier.targets(found, costs, dict.fromkeys(costs, 6), 6)[0]
+    assert "**does not hold**" in line and "`solvability_beam[objective=both]` 0.525" in line and "105.0% of it" in line
+
+
 def test_a_row_with_options_is_measured_and_reported_apart_from_the_defaults(setting, tmp_path, capsys):
     model, calls, base = setting
     rows = "random,solvability_beam,solvability_beam[objective=both]"
