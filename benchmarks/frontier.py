@@ -110,7 +110,8 @@ PEERS = {
 }
 """Methods a peer toolkit offers (Captum, Inseq, ferret, LXT); every other one is heedful's own."""
 VARIANTS = ("solvability_beam[objective=both]", "solvability_beam[beam=1,shortlist=4]", "solvability_beam[beam=1,shortlist=5]",
-            "solvability_beam[beam=1,shortlist=5,trailing_specials=true]", "solvability_beam[trailing_specials=true]",
+            "solvability_beam[beam=1,shortlist=4,trailing_specials=true]", "solvability_beam[beam=1,shortlist=5,trailing_specials=true]",
+            "solvability_beam[trailing_specials=true]",
             "solvability_beam[objective=both,trailing_specials=true]")
 """Rows measured beside every method at its defaults: a method with other options -- the beam
 search on Zhou & Shah's combined target (comprehensiveness minus sufficiency) besides its default
