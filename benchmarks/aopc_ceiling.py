@@ -52,6 +52,8 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--progress", choices=MODES, default="auto")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "results" / "aopc-ceiling.md")
     args = parser.parse_args(argv)
+    if not 1 <= args.max_tokens <= 20:
+        parser.error(f"--max-tokens must be 1 to 20 (2^M forward passes per sentence), got {args.max_tokens}")
     args.frontier = ["--models", MODEL, "--store", str(args.store), "--report-only"]
     return args
 
@@ -85,6 +87,10 @@ def main(argv: list[str] | None = None) -> int:
             check[metric] = float(np.max(np.abs(scored - ceilings[metric].values[np.isfinite(ceilings[metric].values)])))
     searched = np.isfinite(ceilings["aopc"].values)
     n = int(searched.sum())
+    if not n:
+        print(f"error: no sentence has at most {args.max_tokens} eligible tokens; {args.out} is left as it was\n"
+              "  hint: raise --max-tokens (each step doubles the passes)", file=sys.stderr)
+        return 2
     forwards = ceilings["aopc"].forwards[searched]
     lines = [
         "# The AOPC ceiling: the best ranking a removal curve can reward",

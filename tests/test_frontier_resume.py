@@ -256,3 +256,14 @@ def test_a_row_with_options_is_measured_and_reported_apart_from_the_defaults(set
     assert frontier.main([*base, "--methods", "saliency[steps=3]"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "steps" in err and "Traceback" not in err
+
+
+def test_the_ceiling_script_refuses_a_search_it_cannot_run_in_one_line(capsys):
+    import aopc_ceiling  # benchmarks/, on the path above
+
+    for bad in ("40", "0"):
+        with pytest.raises(SystemExit) as info:
+            aopc_ceiling.arguments(["--max-tokens", bad])
+        assert info.value.code == 2
+        assert capsys.readouterr().err.strip().splitlines()[-1].endswith(f"--max-tokens must be 1 to 20 (2^M forward passes per sentence), got {bad}")
+    assert aopc_ceiling.arguments(["--max-tokens", "12"]).max_tokens == 12
