@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from _shared import command_line, library_versions, write_results  # noqa: E402  (benchmarks/ is the script's folder)
-from frontier import MODELS, PEERS, offered, setup
+from frontier import MODELS, PEERS, offered, setup, share_of
 from frontier import arguments as frontier_arguments
 from frontier_store import PROTOCOL, read
 
@@ -59,12 +59,9 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def share(a: np.ndarray, b: np.ndarray) -> str:
-    """``a`` as a share of ``b`` over the sentences both have: the ratio of means and the paired
-    difference's interval mapped onto it."""
-    both = np.isfinite(a) & np.isfinite(b)
-    diff, low, high = bootstrap_paired_difference(a[both], b[both])
-    base = b[both].mean()
-    return f"{100 * (1 + diff / base):.1f}% [{100 * (1 + low / base):.1f}, {100 * (1 + high / base):.1f}]"
+    """``a`` as a share of ``b`` over the sentences both have, with its paired interval."""
+    ratio, low, high = share_of(a, b)
+    return f"{100 * ratio:.1f}% [{100 * low:.1f}, {100 * high:.1f}]"
 
 
 def main(argv: list[str] | None = None) -> int:

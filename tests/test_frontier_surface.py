@@ -80,6 +80,25 @@ def test_the_pareto_front_is_the_set_no_method_dominates():
     assert pareto(np.array([2.0, 2.0]), np.array([0.5, 0.5])).tolist() == [True, True]
 
 
+def test_the_pareto_front_compares_rows_over_the_sentences_both_have():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from frontier import pareto
+
+    nan = np.nan
+    full = np.array([0.9, 0.9, 0.2, 0.2])  # measured on all four sentences: mean 0.55
+    part = np.array([0.8, 0.8, nan, nan])  # on the first two, the easy ones: mean 0.80 there
+    # by their own means the cheaper partial row would push the full one off; over the
+    # sentences both have the full row is the more faithful, so both stay on the front
+    assert pareto(np.array([10.0, 5.0]), np.array([full.mean(), np.nanmean(part)])).tolist() == [False, True]
+    assert pareto(np.array([10.0, 5.0]), np.stack([full, part])).tolist() == [True, True]
+    # and a costlier partial row is beaten where it was measured
+    assert pareto(np.array([5.0, 10.0]), np.array([full.mean(), np.nanmean(part)])).tolist() == [True, True]
+    assert pareto(np.array([5.0, 10.0]), np.stack([full, part])).tolist() == [True, False]
+    # rows that share no sentence do not dominate one another
+    apart = np.array([nan, nan, 0.1, 0.1])
+    assert pareto(np.array([10.0, 5.0]), np.stack([part, apart])).tolist() == [True, True]
+
+
 def test_a_row_with_options_marks_its_method_with_them(measured, monkeypatch, capsys):
     from heedful.commands.console import out as console
 
