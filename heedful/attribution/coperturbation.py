@@ -121,16 +121,30 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field, replace
-from typing import Annotated, Literal
+from dataclasses import replace
+from typing import Annotated
 
 import torch
 
+from heedful.attribution.coperturbation_linearized import fit_linearized, jacobian_sq_norms
+from heedful.attribution.coperturbation_settings import (
+    ACTIVATION_BUDGET,
+    ADAM_BETAS,
+    ADAM_EPS,
+    GRAD_CHUNK_OVERHEAD,
+    GUAN2019,
+    INIT_CLIP,
+    SCORES,
+    Init,
+    InterestFit,
+    Keep,
+    Objective,
+    Schedule,
+    Score,
+    Settings,
+    Solver,
+)
 from heedful.attribution.noise import (
-    GUAN_SCALE_FACTOR,
-    OUTPUTS,
-    SCALE_BASES,
-    SPACES,
     NoiseProbe,
     PhiOutput,
     ScaleBasis,
@@ -149,22 +163,6 @@ from heedful.errors import InputError
 from heedful.progress import task
 from heedful.registry import register
 
-Score = Literal["rho", "log_rho"]
-Keep = Literal["best", "last", "average"]
-Init = Literal["randn", "zeros", "linearized"]
-Objective = Literal["normalised", "paper"]
-Solver = Literal["adam", "linearized"]
-Schedule = Literal["constant", "cosine"]
-SCORES: tuple[str, ...] = Score.__args__
-KEEP: tuple[str, ...] = Keep.__args__
-INITS: tuple[str, ...] = Init.__args__
-OBJECTIVES: tuple[str, ...] = Objective.__args__
-SOLVERS: tuple[str, ...] = Solver.__args__
-SCHEDULES: tuple[str, ...] = Schedule.__args__
-INIT_CLIP = 4.0
-"""``init="linearized"``: the largest ``|theta|`` of the warm start (``sigmoid(4) = 0.982``, so
-the closed-form noise keeps its shape over a factor ``e^4`` either side of the cold start's
-level and is clipped beyond)."""
 COPERTURBATION_COST = (
     "adam: steps x (samples forwards + 1 backward), batched over sentences (converged ones drop out); "
     "linearized: 1 forward + 1 backward over min(probes, outputs) rows"
@@ -180,137 +178,6 @@ def _passes(options: dict) -> tuple[float, float]:
         return 2, 1
     rows = options["max_steps"] * options["samples"]
     return 1 + rows, rows
-
-
-ACTIVATION_BUDGET = 512 * 2**20
-"""Bytes one noised forward+backward chunk may take (estimated by :mod:`heedful.engine.memory`; the
-adapter's ``max_memory`` when that is smaller): on a CPU the cost per position is flat from a
-few hundred positions on, so bigger chunks would only cost memory."""
-GRAD_CHUNK_OVERHEAD = 64
-"""What one more forward+backward chunk costs, in noised token positions, when problems are cut
-into chunks (measured on MiniLM, one thread: ~20 ms of per-call work against ~0.7 ms per
-noised position, i.e. ~30 positions; 64 leaves room for the lower efficiency of small chunks).
-
-Problems are chunked by the runner with padding costed per noised copy (``samples`` per
-problem): costing it per problem, sizing every chunk by the batch's longest problem and charging
-a forward pass's overhead at 256 cells padded 32 movie sentences (8..53 tokens) to 1.34x their
-real positions -- a third more arithmetic than running them one at a time; now 1.08x."""
-ADAM_BETAS = (0.9, 0.999)
-ADAM_EPS = 1e-8
-
-
-@dataclass(frozen=True)
-class Settings:
-    """Optimisation settings (see the module docstring for the source of each default).
-
-    ``tol`` <= 0 disables the convergence test (run ``max_steps``). ``scale`` ``None``:
-    ``scale_factor x`` the std of the noised representation (``scale_basis="input"``) or of the
-    word-embedding matrix (``"word_embeddings"``, Guan et al.); see
-    :func:`~heedful.attribution.noise.noise_scale`. ``keep``: the state with the lowest ``J`` seen
-    (``"best"``, Algorithm 1 / Guan et al.), the final one (``"last"``; ``J`` is a noisy
-    estimate, so the lowest one seen favours a lucky draw) or the mean ``theta`` of the last
-    ``window`` iterates (``"average"``, Polyak-Ruppert averaging). ``init``: ``theta`` starts at
-    0, at a seeded N(0, 1) draw, or at the first-order optimum (``"linearized"``, see
-    :func:`linearized_theta`). ``antithetic``: the ``samples`` draws of a step come in pairs
-    ``z, -z``. ``crn``: common random numbers -- every step reuses the first step's draws.
-    ``schedule``: Adam's learning rate constant or cosine-annealed from ``lr`` to 0 over
-    ``max_steps``.
-    """
-
-    lam: float = 0.6
-    samples: int = 8
-    lr: float = 0.05
-    max_steps: int = 100
-    window: int = 25
-    tol: float = 0.005
-    scale: float | None = None
-    scale_factor: float | None = None
-    scale_basis: str = "input"
-    space: str = "embedding_output"
-    output: str = "logits"
-    objective: str = "normalised"
-    solver: str = "adam"
-    probes: int = 16
-    keep: str = "best"
-    init: str = "zeros"
-    antithetic: bool = False
-    crn: bool = False
-    schedule: str = "constant"
-    internal_batch_size: int | None = None
-
-    def check(self) -> None:
-        check_choice("space", self.space, SPACES)
-        check_choice("objective", self.objective, OBJECTIVES)
-        check_choice("solver", self.solver, SOLVERS)
-        check_choice("keep", self.keep, KEEP)
-        check_choice("init", self.init, INITS)
-        check_choice("schedule", self.schedule, SCHEDULES)
-        check_choice("scale_basis", self.scale_basis, SCALE_BASES)
-        check_choice("output", self.output, OUTPUTS)
-        for name in ("samples", "max_steps", "window", "probes"):
-            _check_number(name, getattr(self, name), 1, integer=True)
-        if self.internal_batch_size is not None:
-            _check_number("internal_batch_size", self.internal_batch_size, 1, integer=True)
-        _check_number("lr", self.lr, 0, strict=True)
-        _check_number("tol", self.tol, None)
-        for name in ("scale", "scale_factor"):
-            value = getattr(self, name)
-            if value is not None:
-                _check_number(name, value, 0, strict=True)
-        _check_number("lam", self.lam, 0)
-
-
-def _check_number(name: str, value: object, low: float | None, strict: bool = False, integer: bool = False) -> None:
-    """An :class:`InputError` unless ``value`` is a finite number (an integer if ``integer``)
-    above ``low`` (or at it, unless ``strict``)."""
-    import math
-
-    kind = "an integer" if integer else "a finite number"
-    bound = "" if low is None else f" {'>' if strict else '>='} {low:g}"
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    ok = ok and (not integer or float(value).is_integer())
-    ok = ok and (low is None or (value > low if strict else value >= low))
-    if not ok:
-        default = Settings.__dataclass_fields__[name].default
-        raise InputError(f"{name} must be {kind}{bound}, got {value!r}", hint="leave it unset for the default" if default is None else f"e.g. {name}={default}")
-
-
-GUAN2019 = Settings(
-    lam=0.2, samples=1, lr=0.01, max_steps=5000, tol=0.0, scale_factor=GUAN_SCALE_FACTOR,
-    scale_basis="word_embeddings", init="randn",
-)
-"""Guan et al.'s reference settings: ``rate = 0.1`` (``lam = 2 * rate``), one noise sample per
-step, 5000 Adam iterations at lr 0.01 from ``theta ~ N(0, 1)``, no convergence test, scale
-10 x std(word embeddings)."""
-
-
-@dataclass
-class InterestFit:
-    """Result of :func:`fit_interest` for ``P`` problems over a batch padded to ``N`` tokens.
-
-    ``sigma`` ``[P, N]``: noise std of every token at the kept state (lowest objective, or the
-    last with ``keep="last"``), 0 on padding. ``objective``/``distortion`` ``[P]``: ``J`` and its
-    distortion term at that state (estimates from that step's samples). ``steps`` ``[P]``: steps run; ``converged`` ``[P]``;
-    ``history`` ``[T, P]``: ``J`` per step (NaN once a problem stopped); ``scale`` ``[P]``: noise
-    ceilings. ``elapsed`` ``[T]``: wall seconds from the start of the fit to the end of step
-    ``t`` (for the whole batch; the warm start's closed form included); ``init_seconds``: the part
-    of it spent on the warm start; ``elapsed_cpu`` / ``init_cpu``: the same in CPU seconds of
-    the process (less sensitive to other work on the machine). ``states``: ``sigma`` under every ``keep`` rule (``"best"``,
-    ``"last"``, ``"average"``) of the same run -- one optimisation, three estimates.
-    """
-
-    sigma: torch.Tensor
-    objective: torch.Tensor
-    distortion: torch.Tensor
-    steps: torch.Tensor
-    converged: torch.Tensor
-    history: torch.Tensor
-    scale: torch.Tensor
-    elapsed: torch.Tensor = field(default_factory=lambda: torch.zeros(0))
-    init_seconds: float = 0.0
-    states: dict[str, torch.Tensor] = field(default_factory=dict)
-    elapsed_cpu: torch.Tensor = field(default_factory=lambda: torch.zeros(0))
-    init_cpu: float = 0.0
 
 
 def problem_generators(batch: Batch, example: torch.Tensor, key: torch.Tensor, seed: int | None) -> list[torch.Generator]:
@@ -582,140 +449,6 @@ def _flat(history: torch.Tensor, window: int, tol: float) -> torch.Tensor:
     prev, cur = history[:window].mean(dim=0), history[window:].mean(dim=0)
     denom = torch.maximum(prev.abs(), cur.abs()).clamp_min(1e-8)
     return (cur - prev).abs() / denom < tol
-
-
-# ------------------------------------------------------------------------- linearized solver
-PROBE_BLOCK = 8
-"""Probe rows of one problem run together at most: a sentence's probes are cut into blocks of
-this many rows, so that one block of a long sentence fits the activation budget."""
-VARIANCE_FLOOR = 1e-12
-"""Smallest variance the linearized solver returns, as a share of the ceiling's (``lambda = 0``
-would otherwise give zero noise and an infinite ``ln sigma``)."""
-
-
-def fit_linearized(
-    problem: Problem,
-    probe: NoiseProbe,
-    example: torch.Tensor,
-    key: torch.Tensor,
-    lam: torch.Tensor,
-    scale: torch.Tensor,
-    gens: list[torch.Generator],
-    settings: Settings,
-) -> InterestFit:
-    """Closed-form optimum of the objective's small-noise expansion (ours; ``solver="linearized"``).
-
-    For small noise ``phi(x + eps) - phi(x) ~ sum_j J_j eps_j`` (``J_j`` ``[M, D]``: the Jacobian
-    of ``phi`` w.r.t. token ``j``'s representation), and with independent ``eps_j ~ N(0, sigma_j
-    I)`` (``sigma_j`` the variance) the cross terms vanish in expectation::
-
-        E||phi(x) - phi(x~)||^2  ~  sum_j sigma_j a_j,   a_j = ||J_j||_F^2
-
-    so the objective separates into convex one-dimensional problems in ``sigma_j``:
-
-    - ``"paper"``: ``sum_j sigma_j a_j - lambda (D/2) sum_j ln sigma_j`` -> ``sigma_j = lambda D / (2 a_j)``;
-    - ``"normalised"``: ``sum_j sigma_j a_j / (M E) - (lambda / (4 N)) sum_j ln sigma_j`` (``M``
-      probed elements, ``E`` their mean squared reference value, ``N`` real tokens; ``ln std =
-      ln sigma / 2``) -> ``sigma_j = lambda M E / (4 N a_j)``;
-
-    clipped to the ceiling ``scale^2`` (the constrained optimum of a convex problem in one
-    variable; a token with ``a_j = 0`` gets the ceiling) and floored at
-    :data:`VARIANCE_FLOOR` ``x scale^2``. ``a_j`` comes from :func:`jacobian_sq_norms`.
-    Returns an :class:`InterestFit` whose ``sigma`` is the std ``sqrt(sigma_j)``, ``distortion``
-    and ``objective`` the expansion's values, ``steps`` 0 and ``history`` empty.
-    """
-    batch = problem.batch
-    n_problems = example.shape[0]
-    real = batch.attention_mask.bool()[example]
-    a = jacobian_sq_norms(problem, probe, example, key, settings.probes, gens, settings.internal_batch_size)
-    tokens = real.sum(dim=1).clamp_min(1)
-    if settings.objective == "paper":
-        norm = torch.ones(n_problems)
-        numer = lam * probe.dim / 2
-    else:
-        norm = torch.zeros(n_problems)
-        for k in sorted(set(key.tolist())):  # at most L + 1 distinct keys
-            rows = (key == k).nonzero().flatten()
-            norm[rows] = probe.elements(example[rows], k).float() * probe.energy[k][example[rows]].clamp_min(1e-12)
-        numer = lam * norm / (4 * tokens)
-    ceiling = scale.pow(2)[:, None]
-    var = torch.where(a > 0, numer[:, None] / a.clamp_min(1e-30), ceiling)
-    var = torch.minimum(var, ceiling).clamp_min(VARIANCE_FLOOR * ceiling)
-    dist = (var * a * real).sum(dim=1) / norm
-    log_var = torch.log(var) * real
-    entropy = 0.5 * probe.dim * log_var.sum(dim=1) if settings.objective == "paper" else log_var.sum(dim=1) / (4 * tokens)
-    return InterestFit(
-        sigma=var.sqrt() * real,
-        objective=dist - lam * entropy,
-        distortion=dist,
-        steps=torch.zeros(n_problems, dtype=torch.long),
-        converged=torch.ones(n_problems, dtype=torch.bool),
-        history=torch.zeros(0, n_problems),
-        scale=scale,
-    )
-
-
-def jacobian_sq_norms(
-    problem: Problem,
-    probe: NoiseProbe,
-    example: torch.Tensor,
-    key: torch.Tensor,
-    probes: int,
-    gens: list[torch.Generator],
-    rows: int | None = None,
-) -> torch.Tensor:
-    """``a_j = ||J_j||_F^2`` ``[P, N]`` for every token of problem ``p``'s example at its key:
-    the squared Frobenius norm of the Jacobian of ``phi`` w.r.t. token ``j``'s noised
-    representation, at zero noise (0 on padding).
-
-    Hutchinson's estimator: for ``v`` with ``E[v v^T] = I`` (Rademacher, drawn from the
-    problem's generator ``gens[p]``), ``E||v^T J_j||^2 = ||J_j||_F^2``; one vector-Jacobian
-    product ``v^T J`` gives the row for every token at once. ``probes`` such ``v`` per problem
-    run as rows of batched forwards and backwards: blocks of up to :data:`PROBE_BLOCK` rows of
-    a problem, chunked over problems by the runner (``rows`` fixes blocks per chunk). When ``phi`` has ``M <= probes`` elements (the head's logits)
-    the ``M`` unit vectors are used instead: the sum is then exact.
-    """
-    adapter, batch = problem.adapter, problem.batch
-    lengths = batch.lengths[example]
-    out = torch.zeros(example.shape[0], batch.seq_len)
-    runner = Runner.for_problem(problem, rows=rows, overhead=GRAD_CHUNK_OVERHEAD, max_memory=ACTIVATION_BUDGET)
-    need = Need(grad="saved", hidden_states=True, eager=True)
-    for k in sorted(set(key.tolist())):  # at most L + 1 distinct keys
-        group = (key == k).nonzero().flatten()
-        elements = probe.elements(example[group], k)
-        exact = int(elements.max()) <= probes
-        r = int(elements.max()) if exact else int(probes)
-        vectors = [_probe_vectors(gens[int(p)], int(m), r, exact) for p, m in zip(group, elements, strict=True)]
-        block = min(r, PROBE_BLOCK)
-        blocks = math.ceil(r / block)
-        units = torch.arange(group.shape[0]).repeat_interleave(blocks)  # (problem, block of probes)
-        part = torch.arange(blocks).repeat(group.shape[0])
-        for idx, width in runner.plan(lengths[group][units], row_cells=block, need=need):
-            members, parts = units[idx], part[idx]
-            probs = group[members]
-            noise = torch.zeros(idx.shape[0] * block, width, probe.dim, requires_grad=True)
-            with torch.enable_grad():
-                diff, _ = probe.change(example[probs].repeat_interleave(block), k, noise)
-                v = torch.zeros(idx.shape[0], block, diff.shape[1])
-                for i, (u, b) in enumerate(zip(members.tolist(), parts.tolist(), strict=True)):
-                    rows_here = vectors[u][b * block : (b + 1) * block]
-                    v[i, : rows_here.shape[0], : rows_here.shape[1]] = rows_here
-                (g,) = torch.autograd.grad((diff * v.view(-1, diff.shape[1])).sum(), noise)
-            adapter.counter.backward += sum(min(block, r - b * block) for b in parts.tolist())
-            sq = g.pow(2).sum(dim=-1).view(idx.shape[0], block, width).sum(dim=1)
-            out[:, :width].index_add_(0, probs, sq)
-        if not exact:
-            out[group] = out[group] / r
-    return out * batch.attention_mask.bool()[example]
-
-
-def _probe_vectors(gen: torch.Generator, elements: int, r: int, exact: bool) -> torch.Tensor:
-    """``r`` probe vectors ``[r, elements]`` of one problem over its real output elements: the unit
-    vectors ``e_0 .. e_{r-1}`` (``exact``, ``r >= elements``) or Rademacher signs drawn from the
-    problem's own generator (so that they do not depend on the batch)."""
-    if exact:
-        return torch.eye(r, elements)
-    return torch.randint(0, 2, (r, elements), generator=gen).float() * 2 - 1
 
 
 # ---------------------------------------------------------------------------------- scores
