@@ -83,3 +83,37 @@ def test_the_documented_example_runs():
 
     outcome = doctest.testmod(heedful.evaluate.ceiling)
     assert outcome.attempted > 0 and outcome.failed == 0
+
+
+def test_a_pooled_search_is_the_best_reordering_of_the_explanations_top_tokens(model):
+    """Every ordering that puts the explanation's top ``P`` tokens first (in any order) and keeps
+    its order of the rest, scored by ``evaluate``: the pooled search returns the best of them,
+    and with ``P`` covering every token it is the exact ceiling."""
+    found = model.explain(["good", "a film"], "random")
+    exact = aopc_ceiling(model, found)
+    for pool in (2, 3):
+        pooled = aopc_ceiling(model, found, pool=pool)
+        for b, explanation in enumerate(found):
+            eligible = np.flatnonzero(np.asarray(pooled.explanations[b].scores) > 0)
+            scores = np.asarray(explanation.scores, dtype=float)
+            order = eligible[np.argsort(-scores[eligible], kind="stable")]
+            tried = []
+            for head in itertools.permutations(order[:pool]):
+                ranks = np.zeros(len(scores))
+                ranks[[*head, *order[pool:]]] = np.arange(len(order), 0, -1)
+                tried.append(type(explanation)(**{**explanation.__dict__, "scores": ranks}))
+            values = evaluate(model, tried, "aopc")["aopc"].per_example.values
+            assert pooled.values[b] == pytest.approx(values.max(), abs=1e-6)
+            scored = evaluate(model, [pooled.explanations[b]], "aopc")["aopc"].per_example.values[0]
+            assert scored == pytest.approx(pooled.values[b], abs=1e-6)  # the ordering it returns scores it
+            own = evaluate(model, [explanation], "aopc")["aopc"].per_example.values[0]
+            assert own - 1e-6 <= pooled.values[b] <= exact.values[b] + 1e-6  # its own order is one of those tried
+    whole = aopc_ceiling(model, found, pool=20)
+    np.testing.assert_allclose(whole.values, exact.values, atol=1e-6)
+
+
+def test_a_pool_out_of_range_is_refused(model):
+    found = model.explain(["good"], "random")
+    for bad in (0, 21, 2.5, True):
+        with pytest.raises(InputError, match="pool must be"):
+            aopc_ceiling(model, found, pool=bad)

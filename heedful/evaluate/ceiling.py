@@ -99,26 +99,34 @@ def best_chain(gains: np.ndarray, tokens: int, maximise: bool = True) -> tuple[f
     return float(best[-1]), order[::-1]
 
 
-def _one(prepared: Prepared, b: int, metric: CeilingMetric, sizes: torch.Tensor, counted: torch.Tensor, chunk: int | None) -> tuple[float, np.ndarray, int]:
-    """Example ``b``'s best value, its ranks ``[N]`` and the forward passes it took."""
-    positions = prepared.eligible[b].nonzero().flatten()
-    tokens = len(positions)
-    weights = subset_weights(sizes, counted, tokens)
+def _one(prepared: Prepared, b: int, metric: CeilingMetric, sizes: torch.Tensor, counted: torch.Tensor, chunk: int | None,
+         pool: int | None = None) -> tuple[float, np.ndarray, int]:
+    """Example ``b``'s best value, its ranks ``[N]`` and the forward passes it took; with ``pool``
+    the search reorders the explanation's top ``pool`` tokens and keeps the rest in its order."""
+    eligible = prepared.eligible[b].nonzero().flatten()
+    ranked = eligible[torch.argsort(prepared.ranks[b][eligible], stable=True)]  # the explanation's order
+    free, fixed = (eligible, ranked[:0]) if pool is None else (ranked[:pool], ranked[pool:])
+    tokens = len(free)
+    weights = subset_weights(sizes, counted, len(eligible))
     popcount = popcounts(tokens)
     needed = np.flatnonzero(weights[popcount] > 0)
-    chosen = torch.from_numpy(((needed[:, None] >> np.arange(tokens)[None, :]) & 1).astype(bool))  # [S, M]
+    tail = np.flatnonzero(weights[tokens + 1 :] > 0) + tokens + 1  # sizes past the reordered tokens: fixed sets
     width = prepared.batch.seq_len
-    top = torch.zeros(len(needed), width, dtype=torch.bool)
-    top[:, positions] = chosen
+    top = torch.zeros(len(needed) + len(tail), width, dtype=torch.bool)
+    top[: len(needed), free] = torch.from_numpy(((needed[:, None] >> np.arange(tokens)[None, :]) & 1).astype(bool))  # [S, M]
+    for row, size in enumerate(tail, start=len(needed)):
+        top[row, torch.cat([free, fixed[: size - tokens]])] = True
     remove = top if metric == "aopc" else prepared.rankable[b][None, :] & ~top
-    ex = torch.full((len(needed),), b, dtype=torch.long)
-    outputs = forward_removed(prepared, ex, remove, prepared.protocol.removal, chunk).output
+    ex = torch.full((len(top),), b, dtype=torch.long)
+    outputs = forward_removed(prepared, ex, remove, prepared.protocol.removal, chunk).output.astype(np.float64)
+    drops = float(prepared.original.output[b]) - outputs
     gains = np.zeros(1 << tokens)
-    gains[needed] = weights[popcount[needed]] * (float(prepared.original.output[b]) - outputs.astype(np.float64))
+    gains[needed] = weights[popcount[needed]] * drops[: len(needed)]
     total, order = best_chain(gains, tokens, maximise=metric == "aopc")
+    total += float(np.sum(weights[tail] * drops[len(needed) :]))
     ranks = np.zeros(width)
-    ranks[positions[order].numpy()] = np.arange(tokens, 0, -1)
-    return total / counted.sum().item(), ranks, len(needed)
+    ranks[torch.cat([free[order], fixed]).numpy()] = np.arange(len(eligible), 0, -1)
+    return total / counted.sum().item(), ranks, len(top)
 
 
 def aopc_ceiling(
@@ -129,12 +137,20 @@ def aopc_ceiling(
     metric: CeilingMetric = "aopc",
     max_tokens: int = MAX_TOKENS,
     chunk: int | None = None,
+    pool: int | None = None,
 ) -> Ceiling:
     """The best ordering of each explained text and the AOPC (``metric="sufficiency"``: the
     sufficiency) it scores under ``protocol`` -- the ceiling no explanation of that text can
     pass. ``explanations`` give the texts and the explained outputs (any method's: only the
     ranking is replaced); a text with more than ``max_tokens`` eligible tokens is left out.
     Cost: one forward pass per subset of the eligible tokens whose size a ratio uses.
+
+    ``pool=P`` searches every text, whatever its length, but only over the orderings that keep
+    the explanation's choice of its top ``P`` tokens and its order of the rest: the best
+    reordering of its top ``P`` (``max_tokens`` then does not apply). That value bounds what
+    reordering the explanation's own candidates can gain -- a lower bound of the ceiling, exact
+    when ``P`` covers every eligible token. Cost: one pass per subset of the ``P`` tokens whose
+    size a ratio uses, and one per ratio past ``P``.
 
     >>> from heedful.evaluate import evaluate
     >>> from heedful.tiny_models import tiny_model
@@ -150,6 +166,8 @@ def aopc_ceiling(
         raise InputError(f"unknown ceiling metric {metric!r}", hint="use 'aopc' or 'sufficiency'")
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 1 <= max_tokens <= 20:
         raise InputError(f"max_tokens must be a whole number from 1 to 20, got {max_tokens!r}", hint="2^max_tokens forward passes per text")
+    if pool is not None and (isinstance(pool, bool) or not isinstance(pool, int) or not 1 <= pool <= 20):
+        raise InputError(f"pool must be a whole number from 1 to 20, got {pool!r}", hint="2^pool forward passes per text at most")
     adapter = getattr(model, "adapter", model)
     protocol = get_protocol(protocol).resolved(adapter.device)
     if protocol.only_positive or protocol.skip_repeated or protocol.schedule == "linspace" or protocol.retokenize:
@@ -161,13 +179,15 @@ def aopc_ceiling(
     forwards = np.zeros(len(explanations), dtype=np.int64)
     found: list[Explanation | None] = [None] * len(explanations)
     eligible = prepared.eligible.sum(dim=1)
-    todo = [b for b in range(len(explanations)) if 0 < int(eligible[b]) <= max_tokens and counted[b].any()]
+    longest = max_tokens if pool is None else int(eligible.max()) if len(eligible) else 0
+    todo = [b for b in range(len(explanations)) if 0 < int(eligible[b]) <= longest and counted[b].any()]
     with task(f"{metric} ceiling ({len(todo)} of {len(explanations)} texts)", total=len(todo)) as steps:
         for b in todo:
-            values[b], ranks, forwards[b] = _one(prepared, b, metric, sizes[b], counted[b], chunk)
+            values[b], ranks, forwards[b] = _one(prepared, b, metric, sizes[b], counted[b], chunk, pool)
             source = explanations[b]
             found[b] = replace(
-                source, scores=ranks[: len(source.tokens)], method=f"{metric}_ceiling", options={"protocol": protocol.name},
+                source, scores=ranks[: len(source.tokens)], method=f"{metric}_ceiling",
+                options={"protocol": protocol.name, **({"pool": pool, "of": source.method} if pool is not None else {})},
                 cost=Cost(0.0, float(forwards[b]), 0.0), details={},
             )
             steps.advance()
