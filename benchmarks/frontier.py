@@ -496,8 +496,12 @@ def ceiling_note(path: Path) -> str:
     """Where the AOPC ceiling stands: the best ranking's AOPC on the sentences short enough to
     search exactly, from ``benchmarks/aopc_ceiling.py`` (which reads this script's store)."""
     where = f"[{path.name}]({path.name})" if path.exists() else f"{path.name} (not generated yet)"
+    pooled = path.with_name("search-optimality.md")
+    there = f"[{pooled.name}]({pooled.name})" if pooled.exists() else f"{pooled.name} (not generated yet)"
     return ("The most any ranking can score: `benchmarks/aopc_ceiling.py` finds the exact AOPC [MASK] and sufficiency [MASK] "
-            f"optimum of every sentence short enough to search all its orderings and sets each method against it, in {where}.")
+            f"optimum of every sentence short enough to search all its orderings and sets each method against it, in {where}; "
+            f"on sentences of any length, `benchmarks/search_optimality.py` finds the best reordering of each search row's own "
+            f"top tokens, in {there}.")
 
 
 def main(argv: list[str] | None = None) -> int:

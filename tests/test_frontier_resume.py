@@ -267,3 +267,30 @@ def test_the_ceiling_script_refuses_a_search_it_cannot_run_in_one_line(capsys):
         assert info.value.code == 2
         assert capsys.readouterr().err.strip().splitlines()[-1].endswith(f"--max-tokens must be 1 to 20 (2^M forward passes per sentence), got {bad}")
     assert aopc_ceiling.arguments(["--max-tokens", "12"]).max_tokens == 12
+
+
+def test_the_search_optimality_script_reorders_what_the_store_holds(setting, tmp_path, monkeypatch, capsys):
+    import search_optimality  # benchmarks/, on the path above
+
+    model, calls, base = setting
+    defaults = [a for k, a in enumerate(base) if a not in ("--samples", "--batch-size") and base[k - 1] not in ("--samples", "--batch-size")]
+    assert frontier.main([*defaults, "--methods", "random,saliency"]) == 0  # the script reads the frontier's defaults
+    for name, value in (("MODEL", "tiny-bert"), ("MODELS", frontier.MODELS), ("PEER", "saliency"),
+                        ("write_results", lambda path, text: path.write_text(text, encoding="utf-8"))):
+        monkeypatch.setattr(search_optimality, name, value)
+    out = tmp_path / "optimality.md"
+    common = ["--n", "6", "--pool", "3", "--store", str(tmp_path / "store"), "--out", str(out), "--threads", "1", "--progress", "never"]
+    assert search_optimality.main(["--rows", "random", *common]) == 0
+    rows = {line.split("|")[1].strip(): line.split("|") for line in out.read_text(encoding="utf-8").splitlines() if line.startswith("| `")}
+    assert set(rows) == {"`random`", "`saliency`"}  # the peer row is always read
+    for cells in rows.values():
+        stored, best, gain = (float(cells[k].split()[0]) for k in (4, 5, 6))
+        assert best >= stored - 1e-6 and gain == pytest.approx(best - stored, abs=1e-3)  # its own order is one of those searched
+    assert "differ from the search's values by at most" in out.read_text(encoding="utf-8")
+    capsys.readouterr()
+    assert search_optimality.main(["--rows", "lime", *common]) == 2  # nothing stored of it: one line, the file kept
+    err = capsys.readouterr().err
+    assert err.startswith("error: the store holds no explanation of lime") and "Traceback" not in err
+    with pytest.raises(SystemExit) as info:
+        search_optimality.arguments(["--pool", "30"])
+    assert info.value.code == 2
