@@ -171,6 +171,12 @@ def library_versions(*distributions: str) -> str:
     return ", ".join(f"{d} {importlib.metadata.version(d)}" for d in distributions)
 
 
+def run_line(minutes: float, load_before: float, threads: int) -> str:
+    """The run's wall time, the load average before it and now, and its torch threads, as a
+    Markdown bullet (a results file says how busy the machine was)."""
+    return f"- run time {minutes:.1f} min; load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after; torch threads {threads}"
+
+
 def command_line() -> str:
     """The command that made this results file, as a Markdown bullet."""
     script = Path(sys.argv[0])

@@ -66,7 +66,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from _shared import command_line, library_versions, write_results  # noqa: E402  (benchmarks/ is the script's folder)
+from _shared import command_line, library_versions, run_line, write_results  # noqa: E402  (benchmarks/ is the script's folder)
 from frontier_store import PROTOCOL, Frontier, Reading, measure, model_frontier, read, split_label
 
 import heedful
@@ -574,7 +574,7 @@ def main(argv: list[str] | None = None) -> int:
     tail = [
         "",
         command_line(),
-        f"- run time {minutes:.1f} min; load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after; torch threads {args.threads}",
+        run_line(minutes, load_before, args.threads),
         f"- results store: `{args.store}` (`heedful bench dump` / `load` move it between machines)",
         f"- {library_versions('torch', 'transformers', 'spacy')}",
     ]

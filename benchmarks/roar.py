@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from _shared import command_line, library_versions, write_results  # noqa: E402  (benchmarks/ is the script's folder)
+from _shared import command_line, library_versions, run_line, write_results  # noqa: E402  (benchmarks/ is the script's folder)
 
 import heedful
 from heedful.errors import Interrupted
@@ -202,7 +202,7 @@ def main() -> int:
     ]
     tail = [
         command_line(),
-        f"- run time {minutes:.1f} min; load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after; torch threads {args.threads}",
+        run_line(minutes, load_before, args.threads),
         f"- {library_versions('torch', 'transformers')}",
     ]
     body = sections + tables(result, modes) + cost(result, args)

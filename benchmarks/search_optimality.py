@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from _shared import command_line, library_versions, write_results  # noqa: E402  (benchmarks/ is the script's folder)
+from _shared import command_line, library_versions, run_line, write_results  # noqa: E402  (benchmarks/ is the script's folder)
 from frontier import MODELS, labels, offered, setup, share_of
 from frontier import arguments as frontier_arguments
 from frontier_store import PROTOCOL, read
@@ -126,8 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         "not searched (the exact ceiling over every ordering is `docs/results/aopc-ceiling.md`, on short sentences).",
         "",
         command_line(),
-        f"- run time {(time.perf_counter() - began) / 60:.1f} min; load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after; "
-        f"torch threads {args.threads}",
+        run_line((time.perf_counter() - began) / 60, load_before, args.threads),
         f"- rows' explanations and values from the results store `{args.store}`",
         f"- {library_versions('torch', 'transformers')}",
     ]
