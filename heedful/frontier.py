@@ -48,7 +48,8 @@ class Point:
         """``"≈ 201 forward passes per example; AOPC 0.617 [0.597, 0.636]"`` (``"... on 120
         sentences"`` for a method measured on fewer than the task's)."""
         on = "" if self.examples is None else f" on {self.examples} sentences"
-        return f"≈ {self.cost:,.0f} forward passes per example; AOPC {self.aopc:.3f} [{self.low:.3f}, {self.high:.3f}]{on}"
+        cost = f"{self.cost:,.0f}"
+        return f"≈ {cost} forward {'pass' if cost == '1' else 'passes'} per example; AOPC {self.aopc:.3f} [{self.low:.3f}, {self.high:.3f}]{on}"
 
 
 @lru_cache(maxsize=4)

@@ -38,6 +38,8 @@ def test_the_front_is_read_cheapest_first(measured):
     assert frontier.measured_on("classification") == "minilm-sentiment, 12 movies test sentences"
     assert frontier.row("classification", "lime")["text"] == "≈ 201 forward passes per example; AOPC 0.620 [0.600, 0.640]"
     assert frontier.row("classification", "rollout") is None
+    # one pass reads in the singular, as the cost rounds
+    assert frontier.row("classification", "normxlogit")["text"] == "≈ 1 forward pass per example; AOPC 0.440 [0.410, 0.470]"
 
 
 @pytest.mark.parametrize("width", [80, 200])
