@@ -140,6 +140,76 @@ def test_a_report_from_an_empty_store_writes_nothing(setting, tmp_path):
     assert not (tmp_path / "frontier.md").exists() and not calls
 
 
+def _untimed(rows: dict[str, str]) -> dict[str, list[str]]:
+    """Table rows without their measured wall time (the sixth column, s / sentence)."""
+    return {m: [c for k, c in enumerate(row.split("|")) if k != 6] for m, row in rows.items()}
+
+
+def _rebuilt_copy(model):
+    """The F-Fidelity copy as another machine builds it: the same model with other weights (its
+    classifier weights scaled), so its fingerprint and the hash its values are stored under differ."""
+    import copy
+
+    from heedful import fingerprint
+
+    rebuilt = copy.deepcopy(model)
+    if hasattr(rebuilt.adapter, fingerprint._CACHED):
+        delattr(rebuilt.adapter, fingerprint._CACHED)
+    with torch.no_grad():
+        rebuilt.hf_model.classifier.weight.mul_(1.5)
+    return rebuilt
+
+
+def test_measure_stored_fills_a_rebuilt_copys_values_without_explaining_again(setting, tmp_path, monkeypatch, capsys):
+    """A store whose F-Fidelity values were measured on another copy reads no row whole; with
+    --measure-stored it explains nothing, measures the stored explanations on the rebuilt copy,
+    and writes the table a run on that copy from the start writes."""
+    model, calls, base = setting
+    rebuilt = _rebuilt_copy(model)
+    methods = ["--methods", "saliency,random"]
+    fresh = [*base[:1], str(tmp_path / "fresh"), *base[2:]]
+    monkeypatch.setattr(frontier, "load_model", lambda name: rebuilt if name.endswith("-ffidelity") else model)
+    assert frontier.main([*fresh, *methods]) == 0  # the rebuilt copy from the start
+    expected = _untimed(_rows(tmp_path / "frontier.md"))
+    monkeypatch.setattr(frontier, "load_model", lambda name: model)
+    assert frontier.main([*base, *methods]) == 0  # the store as the first machine left it
+    assert _untimed(_rows(tmp_path / "frontier.md")) != expected
+    monkeypatch.setattr(frontier, "load_model", lambda name: rebuilt if name.endswith("-ffidelity") else model)
+    capsys.readouterr()
+    assert frontier.main([*base, *methods, "--report-only"]) == 2  # no row whole under the rebuilt copy's hash
+    assert "holds no sentence of any method measured whole" in capsys.readouterr().err
+    calls.clear()
+    assert frontier.main([*base, *methods, "--measure-stored"]) == 0
+    assert not calls  # nothing explained again
+    assert "F-Fidelity of 6 stored explanations" in capsys.readouterr().err
+    assert _untimed(_rows(tmp_path / "frontier.md")) == expected
+    assert "measuring what its stored explanations lacked" in (tmp_path / "frontier.md").read_text(encoding="utf-8")
+
+
+def test_measure_stored_waits_for_a_batch_whose_explanations_are_not_all_stored(setting, tmp_path, monkeypatch):
+    """F-Fidelity measures a model batch only when all its explanations are stored, so a
+    sentence is always measured beside the same neighbours."""
+    model, calls, base = setting
+    monkeypatch.setattr(frontier, "is_built", lambda name: not name.endswith("-ffidelity"))
+    assert frontier.main([*base, "--methods", "random", "--n", "5"]) == 0  # batches of 4: the second holds one
+    monkeypatch.setattr(frontier, "is_built", lambda name: True)
+    calls.clear()
+    assert frontier.main([*base, "--methods", "random", "--measure-stored"]) == 0
+    assert not calls
+    front = frontier_store.model_frontier("tiny-bert", model, 6, tmp_path / "store", frontier.DATASET, frontier.SPLIT, 4, model, 2)
+    with ResultsStore(tmp_path / "store") as store:
+        run = front.run("random")
+        assert store.explanation_ids(run.key, front.ids) == set(front.ids[:5])
+        assert store.metric_ids(run.key, "ffid_plus", front.ffid[2], front.ids) == set(front.ids[:4])
+
+
+def test_measure_stored_and_report_only_are_refused_together(setting, capsys):
+    _, _, base = setting
+    with pytest.raises(SystemExit) as exc:
+        frontier.main([*base, "--report-only", "--measure-stored"])
+    assert exc.value.code == 2 and "drop --measure-stored" in capsys.readouterr().err
+
+
 @torch.no_grad()
 def _p(model, text: str) -> np.ndarray:
     enc = model.tokenizer(text, return_tensors="pt")
