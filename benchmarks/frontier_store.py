@@ -251,16 +251,16 @@ def measure_stored(front: Frontier, method: str, say: Callable[[str], None] | No
 
 def store_ffidelity(store: ResultsStore, front: Frontier, run: Run) -> int:
     """FFid+ / FFid- of ``run``'s stored explanations, measured on the fine-tuned copy a model
-    batch at a time -- batches cut from the frontier's ids in order, so an example is measured
-    with the same neighbours whatever is stored; a batch waits until all its explanations are
-    stored -- each stored in one transaction. Returns the examples measured."""
+    batch at a time -- batches cut from the stored ids in the frontier's order, as the bench
+    that stored them cut its batches, so an example is measured with the same neighbours however
+    far the frontier has grown -- each stored in one transaction. Returns the examples measured."""
     finetuned, protocol, phash, fields = front.ffid
     store.put_protocol(phash, "f-fidelity", fields)
-    ids, size = front.ids, front.spec.batch_size
+    size = front.spec.batch_size
+    explained = store.explanation_ids(run.key, front.ids)
+    ids = [i for i in front.ids if i in explained]
     have = store.metric_ids(run.key, FFID[0], phash, ids) & store.metric_ids(run.key, FFID[1], phash, ids)
-    explained = store.explanation_ids(run.key, ids)
-    todo = [chunk for chunk in (ids[s : s + size] for s in range(0, len(ids), size))
-            if not have.issuperset(chunk) and explained.issuperset(chunk)]
+    todo = [chunk for chunk in (ids[s : s + size] for s in range(0, len(ids), size)) if not have.issuperset(chunk)]
     samples = fields["f_fidelity"]["samples"]
     measured = 0
     with task(f"F-Fidelity of {run.method}", total=len(todo)) as steps:

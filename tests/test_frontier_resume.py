@@ -186,21 +186,29 @@ def test_measure_stored_fills_a_rebuilt_copys_values_without_explaining_again(se
     assert "measuring what its stored explanations lacked" in (tmp_path / "frontier.md").read_text(encoding="utf-8")
 
 
-def test_measure_stored_waits_for_a_batch_whose_explanations_are_not_all_stored(setting, tmp_path, monkeypatch):
-    """F-Fidelity measures a model batch only when all its explanations are stored, so a
-    sentence is always measured beside the same neighbours."""
+def test_measure_stored_cuts_batches_as_the_run_that_stored_them(setting, tmp_path, monkeypatch):
+    """A row stored at --n 5 (batches of 4: the second holds one sentence) and measured on the
+    copy later by --measure-stored at the full 6 gets the F-Fidelity values a run at --n 5 with the
+    copy built stores: batches are cut from the stored ids, so every sentence keeps its neighbours."""
     model, calls, base = setting
+    fresh = [*base[:1], str(tmp_path / "fresh"), *base[2:]]
+    assert frontier.main([*fresh, "--methods", "random", "--n", "5"]) == 0  # the copy built from the start
     monkeypatch.setattr(frontier, "is_built", lambda name: not name.endswith("-ffidelity"))
-    assert frontier.main([*base, "--methods", "random", "--n", "5"]) == 0  # batches of 4: the second holds one
+    assert frontier.main([*base, "--methods", "random", "--n", "5"]) == 0
     monkeypatch.setattr(frontier, "is_built", lambda name: True)
     calls.clear()
     assert frontier.main([*base, "--methods", "random", "--measure-stored"]) == 0
     assert not calls
-    front = frontier_store.model_frontier("tiny-bert", model, 6, tmp_path / "store", frontier.DATASET, frontier.SPLIT, 4, model, 2)
-    with ResultsStore(tmp_path / "store") as store:
-        run = front.run("random")
-        assert store.explanation_ids(run.key, front.ids) == set(front.ids[:5])
-        assert store.metric_ids(run.key, "ffid_plus", front.ffid[2], front.ids) == set(front.ids[:4])
+    values = []
+    for folder in (tmp_path / "fresh", tmp_path / "store"):
+        front = frontier_store.model_frontier("tiny-bert", model, 6, folder, frontier.DATASET, frontier.SPLIT, 4, model, 2)
+        with ResultsStore(folder) as store:
+            run = front.run("random")
+            assert store.explanation_ids(run.key, front.ids) == set(front.ids[:5])
+            got = store.get_metrics(run.key, "ffid_plus", front.ffid[2], front.ids)
+            assert set(got) == set(front.ids[:5])
+            values.append([got[i][0] for i in front.ids[:5]])
+    assert values[0] == values[1]
 
 
 def test_measure_stored_and_report_only_are_refused_together(setting, capsys):
