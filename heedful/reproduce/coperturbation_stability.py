@@ -287,23 +287,30 @@ def _content_scores(rows: dict, rule: str, i: int) -> np.ndarray:
     return scores[keep]
 
 
+def _trailing_means(history: np.ndarray, window: int) -> np.ndarray:
+    """``[T - window + 1]``: the mean of ``J`` over each ``window`` consecutive steps a run took
+    (NaN steps after convergence dropped)."""
+    h = np.asarray(history, dtype=float)
+    h = h[np.isfinite(h)]
+    return np.convolve(h, np.ones(window) / window, mode="valid") if h.size >= window else np.empty(0)
+
+
 def steps_to_level(history: np.ndarray, level: float, window: int = LEVEL_WINDOW) -> float:
     """The first step ``t >= window`` at which the mean of ``J`` over steps ``t - window + 1 .. t``
     is at most ``level`` (NaN if never)."""
-    h = np.asarray(history, dtype=float)
-    h = h[np.isfinite(h)]
-    if h.size < window:
-        return math.nan
-    trailing = np.convolve(h, np.ones(window) / window, mode="valid")
-    hit = np.nonzero(trailing <= level)[0]
+    hit = np.nonzero(_trailing_means(history, window) <= level)[0]
     return float(hit[0] + window) if hit.size else math.nan
 
 
 def final_level(history: np.ndarray, window: int = LEVEL_WINDOW) -> float:
-    """Mean ``J`` over the last ``window`` steps a run took (its objective level at the end)."""
+    """Mean ``J`` over the last ``window`` steps a run took (its objective level at the end),
+    summed as :func:`steps_to_level` sums it, so a run reaches its own final level on any
+    processor (a mean summed in another order can differ in the last bit)."""
+    trailing = _trailing_means(history, window)
+    if trailing.size:
+        return float(trailing[-1])
     h = np.asarray(history, dtype=float)
-    h = h[np.isfinite(h)]
-    return float(h[-window:].mean())
+    return float(h[np.isfinite(h)].mean())
 
 
 @dataclass
