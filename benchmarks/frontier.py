@@ -423,11 +423,16 @@ def setup(name: str, full: int, args: argparse.Namespace) -> tuple[Frontier, lis
     return front, names, model_costs, left
 
 
+def this_share(names: list[str], share: Share) -> list[str]:
+    """The rows of ``names`` this process measures: every k-th from the i-th (``--share i/k``)."""
+    return [m for j, m in enumerate(names) if share.takes(j)]
+
+
 def compute(front: Frontier, names: list[str], model_costs: dict[str, float], left: list[str], args: argparse.Namespace) -> None:
     """Measure this process's share of ``names`` on ``front``, what the store lacks of each;
     a method the model refuses at run time is added to ``left``. Ctrl-C raises
     :class:`~heedful.errors.Interrupted`."""
-    mine = [m for j, m in enumerate(names) if args.share.takes(j)]
+    mine = this_share(names, args.share)
     with ResultsStore(args.store) as store:
         have = {m: len(front.complete(store, front.run(m))) for m in mine}
     todo = [m for m in mine if have[m] < len(front.ids)]
@@ -539,9 +544,8 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 front, names, model_costs, left = setup(name, full, args)
                 if args.measure_stored:
-                    for k, m in enumerate(names):
-                        if args.share.takes(k):
-                            measure_stored(front, m, say=say)
+                    for m in this_share(names, args.share):
+                        measure_stored(front, m, say=say)
                 elif not args.report_only:
                     compute(front, names, model_costs, left, args)
                 if args.share.of > 1:

@@ -227,26 +227,20 @@ def measure(front: Frontier, method: str, progress: bool = True, say: Callable[[
             store_counterfactual(store, front, front.run(method))
 
 
-def measure_stored(front: Frontier, method: str, say: Callable[[str], None] | None = None) -> int:
+def measure_stored(front: Frontier, method: str, say: Callable[[str], None] | None = None) -> None:
     """Measure F-Fidelity and the counterfactual tests of the row ``method``'s stored
     explanations where the store lacks them, computing no explanation: what a store moved to a
     machine whose fine-tuned copy was rebuilt with other weights (another processor sums in
-    another order) needs before its rows read whole again. Returns the sentences measured."""
+    another order) needs before its rows read whole again."""
     say = say or (lambda text: print(text, file=sys.stderr, flush=True))
-    measured = 0
     with ResultsStore(front.store) as store:
         run = front.run(method)
         if not store.explanation_ids(run.key, front.ids):
-            return 0
+            return
         if front.ffid is not None:
-            count = store_ffidelity(store, front, run)
-            say(f"  {method}: F-Fidelity of {count} stored explanations on {front.ffid[0].name}")
-            measured = max(measured, count)
+            say(f"  {method}: F-Fidelity of {store_ffidelity(store, front, run)} stored explanations on {front.ffid[0].name}")
         if front.counterfactual is not None:
-            count = store_counterfactual(store, front, run)
-            say(f"  {method}: counterfactual tests of {count} stored explanations")
-            measured = max(measured, count)
-    return measured
+            say(f"  {method}: counterfactual tests of {store_counterfactual(store, front, run)} stored explanations")
 
 
 def store_ffidelity(store: ResultsStore, front: Frontier, run: Run) -> int:
