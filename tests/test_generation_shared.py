@@ -278,3 +278,36 @@ def test_a_generation_that_kept_its_probabilities_runs_no_reference_pass_for_the
     (_, _, _, with_head), forward_given = passes["given"]
     torch.testing.assert_close(with_kept, with_head, rtol=0, atol=1e-5 * float(with_head.abs().max()))
     assert forward_given - forward_kept == len(PROMPTS)  # the one pass per sequence that read the steps' logits
+
+
+def test_a_pass_continuing_every_example_in_order_takes_the_states_themselves_not_a_gather(tiny):
+    """The swept segments continue all their sequences' keys and values: the cache is made of
+    those tensors (a gather's backward, vmapped over the steps' cotangents, runs once per
+    cotangent); a subset or another order of the examples is still gathered."""
+    from heedful.adapters import PrefixStates
+
+    lm = tiny("llama", "causal_lm")
+    torch.manual_seed(0)
+    keys = tuple(torch.randn(3, 2, 5, 4, requires_grad=True) for _ in range(2))
+    values = tuple(torch.randn(3, 2, 5, 4, requires_grad=True) for _ in range(2))
+    states = PrefixStates(keys, values)
+
+    def gathered(tensor: torch.Tensor) -> bool:
+        seen, todo = set(), [tensor.grad_fn]
+        while todo:
+            node = todo.pop()
+            if node is None or node in seen:
+                continue
+            seen.add(node)
+            if "Index" in type(node).__name__:
+                return True
+            todo.extend(next_node for next_node, _ in node.next_functions)
+        return False
+
+    for length in (5, 2):
+        cache = lm.adapter._prefix_cache((states, torch.arange(3), length))
+        assert torch.equal(cache.layers[0].keys, keys[0][:, :, :length]) and torch.equal(cache.layers[1].values, values[1][:, :, :length])
+        assert not gathered(cache.layers[0].keys) and not gathered(cache.layers[1].values)
+    picked = lm.adapter._prefix_cache((states, torch.tensor([2, 0]), 4))
+    assert torch.equal(picked.layers[1].values, values[1][[2, 0], :, :4])
+    assert gathered(picked.layers[1].values)

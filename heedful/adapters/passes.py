@@ -384,8 +384,15 @@ class Passes:
 
         states, rows, length = prefix
         cache = DynamicCache()
+        every = states.keys[0].shape[0]
+        # every example in order: the states themselves (or a view), not a gathered copy -- a
+        # gather's backward vmapped over cotangents runs once per cotangent
+        whole = len(rows) == every and bool(torch.equal(rows.cpu(), torch.arange(every)))
         for layer, (keys, values) in enumerate(zip(states.keys, states.values, strict=True)):
-            cache.update(keys[rows, :, :length], values[rows, :, :length], layer)
+            if whole:
+                cache.update(*(t if length == t.shape[2] else t[:, :, :length] for t in (keys, values)), layer)
+            else:
+                cache.update(keys[rows, :, :length], values[rows, :, :length], layer)
         return cache
 
     def head_logits(self, h: torch.Tensor, columns: torch.Tensor | None = None) -> torch.Tensor:
