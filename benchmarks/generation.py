@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import contextlib
 import datetime as dt
 import multiprocessing as mp
 import os
@@ -64,6 +65,8 @@ import numpy as np
 import torch
 from _shared import command_line, cpu_name, finish, fmt_s, library_versions  # noqa: E402  (benchmarks/ is the script's folder)
 from rich.console import Console
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import flop_registry
 
 import heedful
 from heedful import datasets
@@ -116,11 +119,14 @@ def _peak_mb() -> float:
 
 
 def run_side(side: str, method: str, model_name: str, prompts: list[str], continuations: list[list[int]],
-             n_steps: int, threads: int, quantity: str, log_probs: list[list[float]] | None = None) -> dict:
+             n_steps: int, threads: int, quantity: str, log_probs: list[list[float]] | None = None,
+             count_work: bool = False) -> dict:
     """One side's attribution of every generated token, in this (fresh) process: seconds, peak
     memory above the loaded model, and per prompt the ``[T, S]`` scores (NaN where undefined)
     with the ids the side explained. heedful's side is given the generation as its ``generate``
-    returned it: the ids and ``log_probs``, each token's log-probability kept while generating."""
+    returned it: the ids and ``log_probs``, each token's log-probability kept while generating.
+    ``count_work``: the call runs under :class:`Work` and ``work`` maps each counted operation to
+    its floating-point operations (the time is then not comparable)."""
     warnings.filterwarnings("ignore")
     torch.set_num_threads(threads)
     lm = heedful.load(model_name)
@@ -173,11 +179,62 @@ def run_side(side: str, method: str, model_name: str, prompts: list[str], contin
     attribution(prompts[:1], [continuations[0][:2]], kept)()  # warm-up: first passes allocate and initialise
     call = attribution(prompts, continuations, log_probs)
     base = _rss_mb()
+    counter = Work() if count_work else contextlib.nullcontext()
     began = time.perf_counter()
-    result = call()
+    with counter, (_boolean_causal_pattern() if count_work else contextlib.nullcontext()):
+        result = call()
     seconds = time.perf_counter() - began
     peak = _peak_mb() - base
-    return {"seconds": seconds, "peak_mb": peak, "scores": _scores(side, result, reading, lm, prompts)}
+    work = dict(counter.counts) if count_work else None
+    return {"seconds": seconds, "peak_mb": peak, "scores": _scores(side, result, reading, lm, prompts), "work": work}
+
+
+class Work(TorchDispatchMode):
+    """Floating-point operations of the matrix products run while inside, per operation
+    (``counts``): those ``torch.utils.flop_counter`` registers (``mm``, ``addmm``, ``bmm``, ...)
+    by its formulas, and PyTorch's fused attention kernel on a CPU, which it does not register,
+    as ``2 x 2 B H q k d`` forward (``Q K^T`` and ``P V``) and ``5 x 2 B H q k d`` backward (the
+    scores recomputed and four products), every query over every key (a causal pattern's
+    skipped blocks counted too). Seen below ``vmap``: a backward vmapped over ``n`` cotangents
+    counts its ``n``-fold products. (PyTorch's ``FlopCounterMode`` also tracks modules with
+    backward hooks, which ``autograd.grad`` on a leaf refuses.)"""
+
+    FUSED = {"_scaled_dot_product_flash_attention_for_cpu": 2, "_scaled_dot_product_flash_attention_for_cpu_backward": 5}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: dict[str, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        packet = func._overloadpacket
+        name = packet.__name__
+        if packet in flop_registry:
+            flops = int(flop_registry[packet](*args, **kwargs, out_val=out))
+        elif name in self.FUSED:
+            query, key = (args[1], args[2]) if name.endswith("_backward") else (args[0], args[1])
+            b, h, q, d = query.shape
+            flops = self.FUSED[name] * 2 * b * h * q * key.shape[2] * d
+        else:
+            return out
+        self.counts[name] = self.counts.get(name, 0) + flops
+        return out
+
+
+@contextlib.contextmanager
+def _boolean_causal_pattern():
+    """PyTorch's ``causal_lower_right`` as the boolean mask it stands for while inside: its
+    ``CausalBias`` tensor subclass cannot be created under a dispatch mode such as
+    :class:`Work` (the mask's form changes no count)."""
+    import torch.nn.attention.bias as bias
+
+    original = bias.causal_lower_right
+    bias.causal_lower_right = lambda q, k: torch.ones(q, k, dtype=torch.bool).tril(k - q)
+    try:
+        yield
+    finally:
+        bias.causal_lower_right = original
 
 
 def _scores(side: str, result, reading: str, lm, prompts: list[str]) -> list[tuple[list[int], np.ndarray]]:
