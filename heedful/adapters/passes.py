@@ -387,7 +387,7 @@ class Passes:
         every = states.keys[0].shape[0]
         # every example in order: the states themselves (or a view), not a gathered copy -- a
         # gather's backward vmapped over cotangents runs once per cotangent
-        whole = len(rows) == every and bool(torch.equal(rows.cpu(), torch.arange(every)))
+        whole = len(rows) == every and bool(torch.equal(rows, torch.arange(every, device=rows.device)))
         for layer, (keys, values) in enumerate(zip(states.keys, states.values, strict=True)):
             if whole:
                 cache.update(*(t if length == t.shape[2] else t[:, :, :length] for t in (keys, values)), layer)
