@@ -290,10 +290,7 @@ def differences(ours: list, theirs: list, prompt_only: list[int] | None = None) 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--n", type=int, default=16)
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--words", type=int, default=8)
+    generation_inputs(parser)
     parser.add_argument("--ig-steps", type=int, default=50)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=1, help="runs per side, alternating; the ratio is of the medians (3 takes about 2.5 h)")
@@ -457,21 +454,35 @@ def _report(args, rows, low, native, notes, generate_seconds, lm, prompts, promp
         lines.append(f"- ≥ {CAPTUM_TARGET:g}× faster than Captum: {verdict} (ratios {', '.join(f'{x:.2f}×' for x in captum_ratios)})")
     if notes:
         lines += ["", "## Notes", "", *notes]
-    load_after = os.getloadavg()[0]
-    lines += [
+    lines += machine_section(args, lm, prompts, prompt_lengths, f"torch threads {args.threads} (every side); load average {load_before:.2f} "
+                             f"before, {os.getloadavg()[0]:.2f} after", ("torch", "transformers", "inseq", "captum"))
+    return "\n".join(lines) + "\n"
+
+
+def generation_inputs(parser: argparse.ArgumentParser) -> None:
+    """The options that choose the generation explained: ``--model``, ``--n`` prompts (the
+    first ``--words`` words of movie snippets) and ``--steps`` generated tokens."""
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--n", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--words", type=int, default=8)
+
+
+def machine_section(args, lm, prompts: list[str], prompt_lengths: list[int], run: str, libraries: tuple[str, ...]) -> list[str]:
+    """The ``## Machine`` section of a generation results file: command, date, machine with
+    ``run`` (threads and load), ``libraries``' versions, model and prompts."""
+    return [
         "",
         "## Machine",
         "",
         command_line(),
         f"- date: {dt.datetime.now().astimezone().isoformat(timespec='seconds')}",
-        f"- machine: {platform.machine()}, {cpu_name()}, {os.cpu_count()} logical cores; torch threads {args.threads} "
-        f"(every side); load average {load_before:.2f} before, {load_after:.2f} after",
-        f"- python {platform.python_version()}, {library_versions('torch', 'transformers', 'inseq', 'captum')}, heedful {heedful.__version__}",
+        f"- machine: {platform.machine()}, {cpu_name()}, {os.cpu_count()} logical cores; {run}",
+        f"- python {platform.python_version()}, {library_versions(*libraries)}, heedful {heedful.__version__}",
         f"- model: {lm.name} ({lm.adapter.family}, {sum(p.numel() for p in lm.hf_model.parameters()) / 1e6:.1f}M parameters)",
         f"- prompts: first {args.words} words of the first {len(prompts)} movies test sentences; "
         f"{np.mean(prompt_lengths):.1f} tokens on average (min {min(prompt_lengths)}, max {max(prompt_lengths)})",
     ]
-    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

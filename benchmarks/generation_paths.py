@@ -29,7 +29,7 @@ from dataclasses import replace
 
 import numpy as np
 import torch
-from generation import prompts_of  # noqa: E402  (benchmarks/ is the script's folder)
+from generation import generation_inputs, prompts_of  # noqa: E402  (benchmarks/ is the script's folder)
 
 import heedful
 from heedful.generation import prepare_steps
@@ -41,10 +41,7 @@ FORWARD_ONLY = ("raw_attention", "rollout")
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--n", type=int, default=16)
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--words", type=int, default=8)
+    generation_inputs(parser)
     parser.add_argument("--ig-steps", type=int, default=8)
     parser.add_argument("--samples", type=int, default=3, help="SmoothGrad's noised samples")
     parser.add_argument("--repeats", type=int, default=1)

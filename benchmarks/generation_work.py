@@ -23,17 +23,22 @@ Integrated gradients does the same passes for every path point on both sides, so
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import os
-import platform
 import sys
 import warnings
 from pathlib import Path
 
-import numpy as np
 import torch
-from _shared import command_line, cpu_name, finish, library_versions  # noqa: E402  (benchmarks/ is the script's folder)
-from generation import METHODS, TARGETS, differences, measure, prompts_of
+from _shared import finish  # noqa: E402  (benchmarks/ is the script's folder)
+from generation import (
+    METHODS,
+    TARGETS,
+    differences,
+    generation_inputs,
+    machine_section,
+    measure,
+    prompts_of,
+)
 from rich.console import Console
 
 import heedful
@@ -48,10 +53,7 @@ def total(work: dict[str, int]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--n", type=int, default=16)
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--words", type=int, default=8)
+    generation_inputs(parser)
     parser.add_argument("--ig-steps", type=int, default=50, help="the path points the work of integrated gradients is set out at")
     parser.add_argument("--ig-points", type=int, nargs=2, default=[2, 4], help="the two path counts integrated gradients is counted at")
     parser.add_argument("--threads", type=int, default=1)
@@ -140,19 +142,8 @@ def _report(args, rows, lm, prompts, prompt_lengths, load_before) -> str:
             )
         at = f" (at {r['points'][-1]} path points)" if "heedful_per_point" in r else ""
         lines.append(f"- {r['method']}{at}: heedful {_ops(r['heedful_ops'])}; Inseq {_ops(r['inseq_ops'])} GFLOP.{per_point}")
-    lines += [
-        "",
-        "## Machine",
-        "",
-        command_line(),
-        f"- date: {dt.datetime.now().astimezone().isoformat(timespec='seconds')}",
-        f"- machine: {platform.machine()}, {cpu_name()}, {os.cpu_count()} logical cores; torch threads {args.threads}; "
-        f"load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after (counts do not depend on load)",
-        f"- python {platform.python_version()}, {library_versions('torch', 'transformers', 'inseq')}, heedful {heedful.__version__}",
-        f"- model: {lm.name} ({lm.adapter.family}, {sum(p.numel() for p in lm.hf_model.parameters()) / 1e6:.1f}M parameters)",
-        f"- prompts: first {args.words} words of the first {len(prompts)} movies test sentences; "
-        f"{np.mean(prompt_lengths):.1f} tokens on average (min {min(prompt_lengths)}, max {max(prompt_lengths)})",
-    ]
+    lines += machine_section(args, lm, prompts, prompt_lengths, f"torch threads {args.threads}; load average {load_before:.2f} before, "
+                             f"{os.getloadavg()[0]:.2f} after (counts do not depend on load)", ("torch", "transformers", "inseq"))
     return "\n".join(lines) + "\n"
 
 
