@@ -298,15 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bf16-n", type=int, default=2, help="prompts the bf16 runs explain where lscpu lists no bf16 instructions")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "generation.md")
     args = parser.parse_args(argv)
-    warnings.filterwarnings("ignore")
-    torch.set_num_threads(args.threads)
-    console = Console()
-    load_before = os.getloadavg()[0]
-    lm = heedful.load(args.model)
-    prompts = prompts_of(args.n, args.words)
-    began = time.perf_counter()
-    generation = lm.generate(prompts, args.steps, generation_config={"min_new_tokens": args.steps})
-    generate_seconds = time.perf_counter() - began
+    console, load_before, lm, prompts, generation, generate_seconds = generated(args)
     continuations = generation.continuations
     prompt_lengths = generation.prompt_lengths
     console.print(f"generated {args.steps} tokens after {len(prompts)} prompts in {fmt_s(generate_seconds)}")
@@ -457,6 +449,20 @@ def _report(args, rows, low, native, notes, generate_seconds, lm, prompts, promp
     lines += machine_section(args, lm, prompts, prompt_lengths, f"torch threads {args.threads} (every side); load average {load_before:.2f} "
                              f"before, {os.getloadavg()[0]:.2f} after", ("torch", "transformers", "inseq", "captum"))
     return "\n".join(lines) + "\n"
+
+
+def generated(args: argparse.Namespace) -> tuple[Console, float, heedful.Model, list[str], heedful.Generation, float]:
+    """The set-up of a generation script: warnings off, ``args.threads`` torch threads, a
+    console, the 1-minute load average before the run, the model, the prompts and their
+    generation (``args.steps`` tokens each, greedy) with the seconds it took."""
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(args.threads)
+    console, load_before = Console(), os.getloadavg()[0]
+    lm = heedful.load(args.model)
+    prompts = prompts_of(args.n, args.words)
+    began = time.perf_counter()
+    generation = lm.generate(prompts, args.steps, generation_config={"min_new_tokens": args.steps})
+    return console, load_before, lm, prompts, generation, time.perf_counter() - began
 
 
 def generation_inputs(parser: argparse.ArgumentParser) -> None:

@@ -25,23 +25,18 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import warnings
 from pathlib import Path
 
-import torch
 from _shared import finish  # noqa: E402  (benchmarks/ is the script's folder)
 from generation import (
     METHODS,
     TARGETS,
     differences,
+    generated,
     generation_inputs,
     machine_section,
     measure,
-    prompts_of,
 )
-from rich.console import Console
-
-import heedful
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -64,13 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     if low_points == high_points or low_points < 1:
         print(f"error: --ig-points needs two different path counts of at least 1, got {args.ig_points}; try --ig-points 2 4", file=sys.stderr)
         return 2
-    warnings.filterwarnings("ignore")
-    torch.set_num_threads(args.threads)
-    console = Console()
-    load_before = os.getloadavg()[0]
-    lm = heedful.load(args.model)
-    prompts = prompts_of(args.n, args.words)
-    generation = lm.generate(prompts, args.steps, generation_config={"min_new_tokens": args.steps})
+    console, load_before, lm, prompts, generation, _ = generated(args)
     continuations, prompt_lengths = generation.continuations, generation.prompt_lengths
 
     def counted(side: str, method: str, n_steps: int) -> dict:
