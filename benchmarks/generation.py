@@ -181,7 +181,7 @@ def run_side(side: str, method: str, model_name: str, prompts: list[str], contin
     base = _rss_mb()
     counter = Work() if count_work else contextlib.nullcontext()
     began = time.perf_counter()
-    with counter, (_boolean_causal_pattern() if count_work else contextlib.nullcontext()):
+    with counter:
         result = call()
     seconds = time.perf_counter() - began
     peak = _peak_mb() - base
@@ -197,13 +197,29 @@ class Work(TorchDispatchMode):
     scores recomputed and four products), every query over every key (a causal pattern's
     skipped blocks counted too). Seen below ``vmap``: a backward vmapped over ``n`` cotangents
     counts its ``n``-fold products. (PyTorch's ``FlopCounterMode`` also tracks modules with
-    backward hooks, which ``autograd.grad`` on a leaf refuses.)"""
+    backward hooks, which ``autograd.grad`` on a leaf refuses.) Inside, PyTorch's
+    ``causal_lower_right`` gives the boolean mask it stands for: its ``CausalBias`` tensor
+    subclass cannot be created under a dispatch mode (the mask's form changes no count)."""
 
     FUSED = {"_scaled_dot_product_flash_attention_for_cpu": 2, "_scaled_dot_product_flash_attention_for_cpu_backward": 5}
 
     def __init__(self) -> None:
         super().__init__()
         self.counts: dict[str, int] = {}
+        self._pattern = None
+
+    def __enter__(self):
+        import torch.nn.attention.bias as bias
+
+        self._pattern = bias.causal_lower_right
+        bias.causal_lower_right = lambda q, k: torch.ones(q, k, dtype=torch.bool).tril(k - q)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        import torch.nn.attention.bias as bias
+
+        bias.causal_lower_right = self._pattern
+        return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -220,21 +236,6 @@ class Work(TorchDispatchMode):
             return out
         self.counts[name] = self.counts.get(name, 0) + flops
         return out
-
-
-@contextlib.contextmanager
-def _boolean_causal_pattern():
-    """PyTorch's ``causal_lower_right`` as the boolean mask it stands for while inside: its
-    ``CausalBias`` tensor subclass cannot be created under a dispatch mode such as
-    :class:`Work` (the mask's form changes no count)."""
-    import torch.nn.attention.bias as bias
-
-    original = bias.causal_lower_right
-    bias.causal_lower_right = lambda q, k: torch.ones(q, k, dtype=torch.bool).tril(k - q)
-    try:
-        yield
-    finally:
-        bias.causal_lower_right = original
 
 
 def _scores(side: str, result, reading: str, lm, prompts: list[str]) -> list[tuple[list[int], np.ndarray]]:

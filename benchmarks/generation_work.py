@@ -59,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     if low_points == high_points or low_points < 1:
         print(f"error: --ig-points needs two different path counts of at least 1, got {args.ig_points}; try --ig-points 2 4", file=sys.stderr)
         return 2
+    if args.ig_steps < 1:
+        print(f"error: --ig-steps needs at least 1 path point, got {args.ig_steps}; try --ig-steps 50", file=sys.stderr)
+        return 2
     console, load_before, lm, prompts, generation, _ = generated(args)
     continuations, prompt_lengths = generation.continuations, generation.prompt_lengths
 

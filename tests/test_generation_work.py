@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -46,7 +47,18 @@ def test_the_fused_attention_kernel_counts_what_eager_attention_multiplies():
     assert sum(backward.counts.values()) == 5 * 2 * b * h * q * k * d
 
 
-def test_ig_points_must_be_two_different_counts(capsys):
-    assert main(["--ig-points", "3", "3"]) == 2
+@pytest.mark.parametrize("argv,named", [(["--ig-points", "3", "3"], "--ig-points"), (["--ig-steps", "0"], "--ig-steps")])
+def test_path_counts_are_refused_in_one_line_before_anything_loads(capsys, argv, named):
+    assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "--ig-points" in err[0] and "try" in err[0]
+    assert len(err) == 1 and named in err[0] and "try" in err[0]
+
+
+def test_a_causal_pattern_is_made_inside_the_counter_and_restored_after():
+    import torch.nn.attention.bias as bias
+
+    before = bias.causal_lower_right
+    with Work():
+        mask = bias.causal_lower_right(2, 4)
+    assert bias.causal_lower_right is before
+    assert torch.equal(mask, torch.tensor([[True, True, True, False], [True, True, True, True]]))

@@ -385,14 +385,12 @@ class Passes:
         states, rows, length = prefix
         cache = DynamicCache()
         every = states.keys[0].shape[0]
-        # every example in order: the states themselves (or a view), not a gathered copy -- a
-        # gather's backward vmapped over cotangents runs once per cotangent
+        # every example in order: a view of the states, not a gathered copy -- a gather's
+        # backward vmapped over cotangents runs once per cotangent
         whole = len(rows) == every and bool(torch.equal(rows, torch.arange(every, device=rows.device)))
         for layer, (keys, values) in enumerate(zip(states.keys, states.values, strict=True)):
-            if whole:
-                cache.update(*(t if length == t.shape[2] else t[:, :, :length] for t in (keys, values)), layer)
-            else:
-                cache.update(keys[rows, :, :length], values[rows, :, :length], layer)
+            picked = (keys, values) if whole else (keys[rows], values[rows])
+            cache.update(*(t[:, :, :length] for t in picked), layer)
         return cache
 
     def head_logits(self, h: torch.Tensor, columns: torch.Tensor | None = None) -> torch.Tensor:
