@@ -111,6 +111,42 @@ def test_solvability_beam_with_a_shortlist_is_the_lazy_greedy_search(family, tas
         assert len(c.removable) > 4 and list(order) == greedy
 
 
+@pytest.mark.parametrize(("family", "task"), [("bert", "classification"), ("llama", "classification")])
+def test_a_prior_ranking_shortlists_the_tokens_measured_before_then_its_own_order(family, task):
+    """Lazy greedy from a prior ranking, by hand: no step measures every token; each step
+    re-measures the two tokens left that were measured before and gained most, topped up by
+    the tokens never measured in the prior method's order (AttnLRP's scores, highest first)."""
+    model = cached_model(family, task)
+    texts = ("a charming , unbelievably affecting journey", "the plot is thin but the cast is great fun")
+    found = _orders(model, texts, beam=1, shortlist=2, prior="attnlrp")
+    for text, order in zip(texts, found, strict=True):
+        c = Curves(Alone(model, text))
+        prior = model.explain(text, "attnlrp").scores
+        by_prior = sorted(c.removable, key=lambda i: -prior[i])
+        last: dict[int, float] = {}
+        greedy: list[int] = []
+        while len(greedy) < len(c.removable) - 1:
+            left = [i for i in by_prior if i not in greedy]
+            seen = sorted((i for i in left if i in last), key=lambda i: -last[i])
+            listed = (seen + [i for i in left if i not in last])[:2]
+            for i in listed:
+                last[i] = c.gain((*greedy, i), "comprehensiveness")
+            greedy.append(max(listed, key=lambda i: last[i]))
+        greedy += [i for i in c.removable if i not in greedy]
+        assert len(c.removable) > 4 and list(order) == greedy
+
+
+def test_a_prior_needs_a_shortlist_and_a_method_the_model_runs_each_refused_in_one_line():
+    model = cached_model("bert", "classification")
+    with pytest.raises(heedful.InputError, match="no shortlist is set"):
+        model.explain("a bad film", "solvability_beam", prior="attnlrp")
+    with pytest.raises(heedful.InputError, match="prior='attnlrpp'") as refused:
+        model.explain("a bad film", "solvability_beam", shortlist=2, prior="attnlrpp")
+    assert "attnlrp" in str(refused.value.hint)
+    with pytest.raises(heedful.InputError, match="run the search it orders"):
+        model.explain("a bad film", "solvability_beam", shortlist=2, prior="solvability_beam")
+
+
 def test_a_shortlist_as_long_as_the_text_is_the_full_search():
     model = cached_model("bert", "classification")
     texts = ["a charming , unbelievably affecting journey"]
@@ -128,6 +164,11 @@ def test_solvability_beam_reports_the_forwards_it_runs():
     assert lazy.cost.forward_passes == 1 + beam_forwards(2, m, "comprehensiveness", 2)
     # M = 5, beam 2, shortlist 2: steps try 5, then 2 x 2 at each of the three steps with more than one token left
     assert beam_forwards(2, 5, "comprehensiveness", 2) == 5 + 4 + 4 + 4
+    ordered = model.explain("a bad film", "solvability_beam", beam=2, shortlist=2, prior="attnlrp")
+    assert ordered.cost.forward_passes == 1 + beam_forwards(2, m, "comprehensiveness", 2, prior=True) + 1  # + AttnLRP's forward
+    assert ordered.cost.backward_passes == 1
+    # M = 5, beam 2, shortlist 2, a prior: the first step tries the prior's 2, then 2 x 2 at each later step
+    assert beam_forwards(2, 5, "comprehensiveness", 2, prior=True) == 2 + 4 + 4 + 4
 
 
 def test_solvability_beam_refuses_a_beam_of_zero_in_one_line():

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 import torch
 
 from heedful.attribution.at2 import at2_reference, has_heads
+from heedful.attribution.composed import method_scores, usable_method
 from heedful.attribution.context import (
     ContextOutput,
     SourceRemoval,
@@ -27,7 +28,6 @@ from heedful.attribution.gradient import gradient_reference
 from heedful.engine.options import AT_LEAST_ONE, RUNTIME
 from heedful.engine.problem import Problem, ReferencePass
 from heedful.engine.reuse import removal_scores
-from heedful.errors import InputError
 from heedful.registry import ReferenceByOptions, find, register
 
 Coarse = Literal["auto", "at2", "saliency", "grad_x_input", "raw_attention", "source_loo", "context_cite"]
@@ -137,15 +137,8 @@ def hierarchical(
     """
     sources = problem.source_map()
     chosen = coarse_method(coarse, problem.adapter, heads)
-    info = find(chosen, problem.adapter.task)
-    if problem.target.is_span and not info.spans:
-        raise InputError(f"the coarse method {chosen} explains one position, and the target is a span", hint="use coarse='grad_x_input'")
-    options = {**info.defaults, **({"heads": heads} if chosen == "at2" else {})}
-    with torch.enable_grad():
-        token_scores = info.fn(problem, **options).detach().float().cpu()
-    problem.release_graph()
-    if token_scores.dim() == 3:
-        token_scores = token_scores[:, -1]
+    info = usable_method(chosen, problem, "coarse")
+    token_scores = method_scores(problem, info, {"heads": heads} if chosen == "at2" else None).float().cpu()
     pooled = sources.pool(token_scores)  # [B, S]
     counts = sources.counts.cpu()
     valid = torch.arange(pooled.shape[1], device=pooled.device)[None, :] < counts[:, None]
