@@ -22,6 +22,7 @@ forward rows) while it runs; :func:`check` refuses copies that cannot fit the ad
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
@@ -174,16 +175,15 @@ def passes(info, bound: Mapping[str, Any], tokens: int) -> tuple[float, float]:
 
 def method_work(adapter, info, bound: Mapping[str, Any], lengths: Sequence[int]) -> Work:
     """The estimated cost of ``info`` with ``bound`` options on examples of ``lengths`` tokens."""
-    lengths = [int(n) for n in lengths]
-    if not lengths:
+    if not len(lengths):
         return NOTHING
-    forward = backward = seconds = 0.0
-    for n in lengths:
+    forward = backward = seconds = tokens = 0.0
+    for n, count in Counter(int(n) for n in lengths).items():  # a generation's step rows share few lengths
         f, b = passes(info, bound, n)
-        forward, backward = forward + f, backward + b
-        seconds += pass_flops(adapter, n) * (f + 2 * b)
-    tokens = sum(n * passes(info, bound, n)[0] for n in lengths) / forward if forward else 0.0
-    return Work(forward, backward, tokens, seconds / speed(adapter))
+        forward, backward = forward + count * f, backward + count * b
+        seconds += count * pass_flops(adapter, n) * (f + 2 * b)
+        tokens += count * n * f
+    return Work(forward, backward, tokens / forward if forward else 0.0, seconds / speed(adapter))
 
 
 def generation_work(adapter, prompt_lengths: Sequence[int], new_tokens: int) -> Work:
@@ -214,8 +214,7 @@ def check(adapter, info, bound: Mapping[str, Any], lengths: Sequence[int]) -> Wo
     (``R x N`` ids and mask, ``R`` its forward rows) cannot fit the adapter's ``max_memory``,
     naming the count to lower and how far."""
     work = method_work(adapter, info, bound, lengths)
-    lengths = [int(n) for n in lengths]
-    held = sum(passes(info, bound, n)[0] * n * COPY_BYTES for n in lengths)
+    held = work.forward * work.tokens * COPY_BYTES
     budget = adapter.max_memory
     if held <= budget:
         return work
