@@ -145,6 +145,9 @@ def test_a_prior_needs_a_shortlist_and_a_method_the_model_runs_each_refused_in_o
     assert "attnlrp" in str(refused.value.hint)
     with pytest.raises(heedful.InputError, match="run the search it orders"):
         model.explain("a bad film", "solvability_beam", shortlist=2, prior="solvability_beam")
+    with pytest.raises(heedful.UnsupportedModelError, match="prior=alti_logit reads layer updates") as refused:
+        model.explain("a bad film", "solvability_beam", shortlist=2, prior="alti_logit")  # post-LN blocks: no residual stream to read
+    assert "decompx" in str(refused.value.hint)
 
 
 def test_a_shortlist_as_long_as_the_text_is_the_full_search():

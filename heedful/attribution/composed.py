@@ -26,12 +26,13 @@ def usable_method(name: str, problem: Problem, role: str) -> MethodInfo:
     """The registered method ``name`` that a method runs as its ``role`` (``"coarse"``,
     ``"prior"``) on ``problem``: one that takes the problem's task, provides what it needs on the
     problem's model and explains its target (a span only with a method that explains spans) --
-    else an :class:`InputError` naming the option, before any work."""
+    else an error naming the option, before any work (the model's refusal,
+    :meth:`~heedful.adapters.ModelAdapter.refusal`, for what it lacks)."""
     adapter = problem.adapter
     info = named_method(name, role, adapter.task)
     gone = info.missing(adapter)
     if gone:
-        raise InputError(f"{role}={name!r} needs {', '.join(gone)}, which this model does not provide", hint=f"choose another {role}")
+        raise adapter.refusal(f"{role}={name}", gone)
     if problem.target.is_span and not info.spans:
         raise InputError(f"the {role} method {name} explains one position, and the target is a span", hint=f"use {role}='grad_x_input'")
     return info
