@@ -115,9 +115,10 @@ def solvability_beam(
     measured follow in the prior's order -- as one token is placed per step, each step measures
     about one token the search has not measured yet, the next the prior ranks. It costs
     ``beam * L * M`` forwards plus the prior's passes (AttnLRP: a forward and a backward); it
-    needs a ``shortlist``. On 100 minilm-sentiment sentences, ``beam=1, shortlist=6,
-    prior="attnlrp"`` kept 97.2 % of the full search's AOPC in 150 forwards per sentence, where
-    ``shortlist=5`` without a prior kept 95.5 % in 149 (``benchmarks/frontier.py`` measures all 500).
+    needs a ``shortlist``. On minilm-sentiment's 500 frontier sentences, ``beam=1, shortlist=6,
+    prior="attnlrp"`` (with ``trailing_specials``) kept 96.6 % of the full search's AOPC [MASK]
+    at 150 forward-pass equivalents per sentence, a tenth of the search's cost, where
+    ``shortlist=5`` without a prior kept 94.2 % at 147 (``docs/results/frontier.md``).
 
     ``trailing_specials=True`` orders the special tokens after the first content token too
     (``[SEP]``, ``</s>``): the default evaluation protocol ranks and removes them like words
