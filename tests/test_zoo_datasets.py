@@ -113,7 +113,7 @@ def test_vader_lexicon_has_signed_word_ratings() -> None:
 
 def test_entries_and_default() -> None:
     assert DEFAULT_MODEL == "minilm-sentiment"
-    assert {"minilm-sentiment", "minilm-sentiment-regression", "smollm2-135m"} <= set(ENTRIES)
+    assert {"minilm-sentiment", "minilm-sentiment-regression", "smollm2-135m", "gemma3-270m"} <= set(ENTRIES)
     tasks = {name: entry.task for name, entry in ENTRIES.items()}
     assert tasks["minilm-sentiment"] == "classification"
     assert tasks["minilm-sentiment-regression"] == "regression"
@@ -182,6 +182,20 @@ def test_build_is_atomic_and_recorded(monkeypatch, tmp_path: Path) -> None:
     assert json.loads((path / "heedful.json").read_text()) == stored
     leftovers = [p.name for p in (tmp_path / "models").iterdir() if p.is_dir()]
     assert leftovers == ["minilm-sentiment"]
+
+
+def test_a_model_under_terms_names_them_before_it_is_built_and_not_again(monkeypatch, tmp_path: Path, capsys) -> None:
+    monkeypatch.setenv("HEEDFUL_HOME", str(tmp_path))
+    calls: list[Path] = []
+    monkeypatch.setattr(registry, "_builder", lambda entry: _fake_builder(calls))
+    build("gemma3-270m", progress=False)
+    said = capsys.readouterr().err
+    assert "gemma3-270m: its weights are used under the Gemma Terms of Use (https://ai.google.dev/gemma/terms)" in said
+    assert str(zoo_dir("gemma3-270m")) in said
+    build("gemma3-270m", progress=False)
+    assert capsys.readouterr().err == "" and len(calls) == 1
+    build("minilm-sentiment", progress=False)
+    assert "terms" not in capsys.readouterr().err.lower()  # open weights: no notice
 
 
 def test_folder_without_metadata_is_not_built(monkeypatch, tmp_path: Path) -> None:

