@@ -12,7 +12,7 @@ import torch
 from conftest import cached_model, run_cli
 from test_context import _plain_output
 
-from heedful import UnsupportedModelError
+from heedful import UnsupportedModelError, zoo
 from heedful.attribution import at2
 from heedful.engine.sources import token_sources
 from heedful.fingerprint import model_fingerprint
@@ -126,7 +126,8 @@ def test_weights_of_another_model_are_refused(tmp_path):
 
 
 def test_shipped_weights_match_their_pins_and_models():
-    assert at2.SHIPPED, "the zoo decoders' weights ship with heedful"
+    decoders = {name for name, entry in zoo.ENTRIES.items() if entry.task == "causal_lm"}
+    assert {s.model for s in at2.SHIPPED} == decoders, "every zoo decoder's weights ship with heedful"
     for shipped in at2.SHIPPED:
         assert at2.file_sha256(shipped.path) == shipped.sha256
         heads = at2.HeadWeights.load(shipped.path)
