@@ -15,16 +15,19 @@ generated tokens, same targets, in one run.
      norm of the gradient is the L2 norm of Inseq's ``|grad|``; input x gradient and
      integrated gradients -- heedful's signed sum over the embedding is the sum of Inseq's
      per-dimension attributions (``n_steps`` and Gauss-Legendre alike, baseline the unknown
-     token's embedding, Inseq's default); attention -- heedful's ``raw_attention`` (last layer,
+     token's embedding at every token but the special ones, which both sides keep at their own:
+     Inseq keeps only the end of sequence by default, so the script has it keep a beginning of
+     sequence too -- :func:`keep_specials` -- or the paths differ where the tokenizer adds one, as
+     Gemma's does); attention -- heedful's ``raw_attention`` (last layer,
      mean over heads) is Inseq's attention tensor at the last layer, mean over heads. Every
      token before each step (prompt and generated) is compared.
    - Captum, ``log p(y_t)`` (heedful ``quantity="log_prob"``): ``LayerGradientXActivation`` is
-     heedful's ``grad_x_input``; ``LayerIntegratedGradients`` (baseline the unknown token) is
-     *not* heedful's ``integrated_gradients`` for steps after the first: Captum keeps the
-     tokens generated before a step at their embeddings and moves only the prompt along the
-     path, heedful moves every token before the step -- the first step is compared, later
-     steps are reported apart. Only prompt tokens are compared (Captum attributes to them
-     alone).
+     heedful's ``grad_x_input``; ``LayerIntegratedGradients`` (baseline the unknown token, the
+     special tokens skipped: kept at their own ids, as heedful keeps them) is *not* heedful's
+     ``integrated_gradients`` for steps after the first: Captum keeps the tokens generated
+     before a step at their embeddings and moves only the prompt along the path, heedful moves
+     every token before the step -- the first step is compared, later steps are reported apart.
+     Only prompt tokens are compared (Captum attributes to them alone).
 
    Inseq re-tokenizes prompt + generated text (it takes text, not ids); a prompt whose ids
    differ from heedful's is left out of the comparison and counted.
@@ -145,10 +148,13 @@ def run_side(side: str, method: str, model_name: str, prompts: list[str], contin
                 prompts, generated_texts=texts, attributed_fn="logit", show_progress=False, **kwargs
             )
         if side == "captum":
+            # integrated gradients: special tokens stay at their own ids on the path, as heedful's (keep_specials)
+            skip = sorted(set(lm.tokenizer.all_special_ids)) if captum_name == "LayerIntegratedGradients" else None
+
             def call():
                 found = []
                 for prompt, cont in zip(prompts, continuations, strict=True):
-                    inp = TextTokenInput(prompt, lm.tokenizer, baselines=lm.tokenizer.unk_token_id)
+                    inp = TextTokenInput(prompt, lm.tokenizer, baselines=lm.tokenizer.unk_token_id, skip_tokens=skip)
                     extra = {"n_steps": n_steps} if captum_name == "LayerIntegratedGradients" else {}
                     found.append(explainer.attribute(inp, target=torch.tensor(cont), **extra))
                 return found
@@ -165,6 +171,8 @@ def run_side(side: str, method: str, model_name: str, prompts: list[str], contin
         import inseq
 
         inseq_model = inseq.load_model(lm.hf_model, inseq_name, tokenizer=lm.tokenizer)
+        if method == "integrated_gradients":
+            keep_specials(inseq_model)
     elif side == "captum":
         from captum.attr import (
             LayerGradientXActivation,
@@ -187,6 +195,24 @@ def run_side(side: str, method: str, model_name: str, prompts: list[str], contin
     peak = _peak_mb() - base
     work = dict(counter.counts) if count_work else None
     return {"seconds": seconds, "peak_mb": peak, "scores": _scores(side, result, reading, lm, prompts), "work": work}
+
+
+def keep_specials(inseq_model) -> None:
+    """Have Inseq's baseline keep every special token (a beginning of sequence too, not only the
+    end of sequence it keeps by default) at its own id, as heedful's does: without it, on a
+    tokenizer that adds ``<bos>`` (Gemma's) the two integrated gradients follow different paths.
+    The arithmetic is the same either way."""
+    encode = inseq_model.encode
+
+    def kept(*args, **kwargs):
+        found = encode(*args, **kwargs)
+        if found.baseline_ids is not None:
+            ids = found.input_ids
+            specials = torch.tensor(sorted(set(inseq_model.tokenizer.all_special_ids)), device=ids.device)
+            found.baseline_ids = torch.where(torch.isin(ids, specials), ids, found.baseline_ids)
+        return found
+
+    inseq_model.encode = kept
 
 
 class Work(TorchDispatchMode):
@@ -244,9 +270,15 @@ def _scores(side: str, result, reading: str, lm, prompts: list[str]) -> list[tup
         return [(lm.tokenizer.convert_tokens_to_ids(g.raw_tokens), g.scores) for g in result]
     if side == "captum":
         found = []
+        specials = set(lm.tokenizer.all_special_ids)
         for prompt, r in zip(prompts, result, strict=True):
             ids = lm.tokenizer(prompt)["input_ids"]
-            found.append((ids, r.token_attr.detach().float().numpy().astype(np.float64)))
+            scores = r.token_attr.detach().float().numpy().astype(np.float64)
+            if scores.shape[1] < len(ids):  # skipped special tokens have no column: NaN there
+                full = np.full((scores.shape[0], len(ids)), np.nan)
+                full[:, [j for j, i in enumerate(ids) if i not in specials]] = scores
+                scores = full
+            found.append((ids, scores))
         return found
     found = []
     for attr in result.sequence_attributions:
