@@ -199,33 +199,34 @@ def explain_shared(
     if rules is not None:  # AttnLRP: e * g with g its modified gradient (Achtibat et al. 2024)
         grads, logits = shared.gradients(embeds)
         return rows_problem(Forward(logits=logits)), example, step, (grads * shared.rows_of(embeds)).sum(dim=-1)
-    values, logits = _per_dimension(adapter, shared, info.name, bound, embeds)
+    values, logits = _per_dimension(adapter, shared, info.name, bound, embeds, logits=generation.log_probs is None)
     # integrated gradients: the rows' reference logits at the input itself, which no point of the path is
-    # (for the steps' probabilities: none needed when the generation kept them)
+    # (for the steps' probabilities: none needed when the generation kept them, nor read by the passes)
     reference = Forward(logits=logits) if logits is not None else shared_reference(adapter, generation, example, step, head=generation.log_probs is None)
     return rows_problem(reference), example, step, aggregate_embedding(values, bound["aggregate"])
 
 
 def _per_dimension(
-    adapter: ModelAdapter, shared: SharedSteps, name: str, options: dict[str, Any], points: torch.Tensor
+    adapter: ModelAdapter, shared: SharedSteps, name: str, options: dict[str, Any], points: torch.Tensor, logits: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The per-dimension map ``[R, W, E]`` of gradient method ``name`` (one of :data:`SHARED`,
     with ``options``) of every step row at the sequences' input embeddings ``points``
     ``[B, S, E]``, and the rows' logits ``[R, C]`` at ``points`` (``None`` for integrated
-    gradients, whose passes are at the path's points): the gradient (saliency), times the input
-    (gradient x input), or the path's weighted gradients times ``points - baseline``
-    (integrated gradients, Sundararajan et al. 2017, Eq. 3, one shared forward per point)."""
+    gradients, whose passes are at the path's points, and without ``logits``): the gradient
+    (saliency), times the input (gradient x input), or the path's weighted gradients times
+    ``points - baseline`` (integrated gradients, Sundararajan et al. 2017, Eq. 3, one shared
+    forward per point)."""
     if name == "integrated_gradients":
         alphas, weights = path_points(int(options["n_steps"]), options["rule"])
         base = baseline_of(adapter, shared.full, options["baseline"]).detach()
         delta = points - base
         total = None
         for alpha, weight in zip(alphas.tolist(), weights.tolist(), strict=True):
-            grads, _ = shared.gradients(base + alpha * delta)
+            grads, _ = shared.gradients(base + alpha * delta, logits=False)
             total = weight * grads if total is None else total.add_(grads, alpha=weight)
         return total * shared.rows_of(delta), None
-    grads, logits = shared.gradients(points)
-    return (grads * shared.rows_of(points) if name == "grad_x_input" else grads), logits
+    grads, found = shared.gradients(points, logits=logits)
+    return (grads * shared.rows_of(points) if name == "grad_x_input" else grads), found if logits else None
 
 
 def _noised(
@@ -294,7 +295,7 @@ def _noised(
                 copy, step.repeat(k),
                 problem.target.select(torch.arange(rows).repeat(k)), width,
             )
-            values = _per_dimension(adapter, shared, inner.name, inner_options, points)[0]
+            values = _per_dimension(adapter, shared, inner.name, inner_options, points, logits=False)[0]
             yield from values.view(k, rows, *values.shape[1:])
 
     combined = tunnel(maps(), nt_type)
@@ -376,13 +377,17 @@ class SharedSteps:
         spare = budget - estimate(shape, rows, width, Need(grad="saved", anchors=self.anchors.shape[1]))
         return max(1, rows_within(shape, width, spare, FORWARD) // rows) if spare > 0 else 1
 
-    def gradients(self, points: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def gradients(self, points: torch.Tensor, logits: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         """``d score_r / d x`` ``[R, W, E]`` of every step row at input embeddings ``points``
         ``[B, S, E]`` of the sequences (one forward per group of sequences, keeping its graph,
-        and backward passes from it), with the rows' logits ``[R, C]``."""
+        and backward passes from it), with the rows' logits ``[R, C]`` (without ``logits``:
+        ``[R, 0]``). Without ``logits``, where a row's score reads only a few columns (a logit,
+        not a log-probability) the swept pass (:meth:`_swept`) reads those alone at the head's
+        input, not the ``R x D x C`` head -- on a large vocabulary the largest matrix product
+        of the pass and of its backward."""
         grads = points.new_zeros(len(self.example), self.width, points.shape[-1])
         points = points.to(self.adapter.word_embeddings.weight.dtype)  # the inputs of a lowered copy rounded to it
-        logits = torch.empty(0)
+        found = torch.empty(0)
         with task(f"shared passes over {len(self.full)} sequences", total=len(self.example), shown=len(self.groups) > 1 or len(self.example) > 64) as done:
             for rows, width in self.groups:
                 position = torch.full((len(self.full),), -1, dtype=torch.long)
@@ -392,15 +397,16 @@ class SharedSteps:
                 steps = self.step[mine]
                 picked = None
                 if self.segment is not None and self.adapter.is_decoder and self.adapter.unwindowed(width):
-                    picked = self._swept(points, rows, width, mine, local, steps, grads, done)
+                    picked = self._swept(points, rows, width, mine, local, steps, grads, done, logits)
                 if picked is None:
                     picked = self._whole(points, rows, width, mine, local, steps, grads, done)
-                if logits.numel() == 0:
-                    logits = picked.new_zeros(len(self.example), picked.shape[-1])
-                logits[mine.to(logits.device)] = picked
-        return grads, logits
+                if found.dim() == 1:
+                    found = picked.new_zeros(len(self.example), picked.shape[-1] if logits else 0)
+                if logits:
+                    found[mine.to(found.device)] = picked
+        return grads, found
 
-    def _swept(self, points, rows, width, mine, local, steps, grads, done) -> torch.Tensor | None:
+    def _swept(self, points, rows, width, mine, local, steps, grads, done, logits: bool = True) -> torch.Tensor | None:
         """The group's rows ``mine`` (sequence ``local``, step ``steps``, ``[r]`` each) from one
         forward in position segments and one reverse sweep over them (decoders whose head's
         input the pass gives): each step's backward through its own prefix only, every
@@ -432,7 +438,7 @@ class SharedSteps:
         if spare <= 0:
             return None  # the gradients sent back to the keys and values do not fit beside the graph
         counted = adapter.counter.forward  # the segments make one pass per sequence
-        swept = self._sweep_forward(points, rows, mine, local, at, bounds)
+        swept = self._sweep_forward(points, rows, mine, local, at, bounds, logits)
         if swept is None:  # the model's own head ran: the whole pass instead
             adapter.counter.forward = counted
             return None
@@ -442,13 +448,17 @@ class SharedSteps:
         return picked
 
     def _sweep_forward(
-        self, points: torch.Tensor, rows: torch.Tensor, mine: torch.Tensor, local: torch.Tensor, at: torch.Tensor, bounds: list[int]
+        self, points: torch.Tensor, rows: torch.Tensor, mine: torch.Tensor, local: torch.Tensor, at: torch.Tensor, bounds: list[int],
+        logits: bool = True,
     ) -> tuple[torch.Tensor, list[_Segment]] | None:
         """The forward half of :meth:`_swept`: segment after segment, each continuing the
         previous one's keys and values as fresh leaves; returns the rows' logits ``[r, C]`` and
         every segment's graph with its anchors' score gradients at the head's input, or
-        ``None`` where the pass gives no head input."""
+        ``None`` where the pass gives no head input. Without ``logits``, for a score of logits
+        (``quantity="logit"``, no rule set) the head is read at the target's columns alone
+        (:meth:`~heedful.adapters.ModelAdapter.head_logits`) and the logits come back ``[r, 0]``."""
         adapter, device = self.adapter, points.device
+        columns = not logits and self.rules is None and self.target.quantity == "logit" and not self.target.is_span
         group = torch.arange(len(rows))
         mask = self.full.attention_mask[rows, : bounds[-1]]
         release = bool(keeps_graph(adapter, self.full.lengths[rows], self.anchors.shape[1]))
@@ -470,26 +480,30 @@ class SharedSteps:
                 anchor = (positions - start)[None].expand(len(rows), -1)
                 fwd = adapter.forward(
                     self.full, anchor, inputs_embeds=leaf, attention_mask=mask[:, :stop],
-                    prefix=None if past is None else (past, group, start), keep_cache=True, release=release,
+                    prefix=None if past is None else (past, group, start), keep_cache=True, release=release, head=not columns,
                 )
                 if fwd.head_input is None or fwd.cache is None:
                     return None
                 column = torch.searchsorted(positions, at[inside])  # each row's anchor among the segment's
                 where = (local[inside].to(fwd.logits.device), column.to(fwd.logits.device))
-                logits = widened(fwd.logits[where])
-                if self.rules is None:
-                    scores = self.target.select(mine[inside]).score(logits)
+                row_logits = widened(fwd.logits[where])
+                if columns:  # each row's target columns alone: sum_k w_k logit_k (ResolvedTarget.score)
+                    target = self.target.select(mine[inside])
+                    read = widened(adapter.head_logits(fwd.head_input[where], target.classes.to(device)))
+                    scores = (read * target.weights.to(read)).sum(dim=1)
+                elif self.rules is None:
+                    scores = self.target.select(mine[inside]).score(row_logits)
                 else:  # each row's target logit through the rule set's head projection
                     feats = adapter.lm_head_parts().transform(fwd.head_input[where])
-                    scores = explained_score(Prepared(session, rows, stop, leaf, logits, feats), adapter, self.target.select(mine[inside]))
+                    scores = explained_score(Prepared(session, rows, stop, leaf, row_logits, feats), adapter, self.target.select(mine[inside]))
                 (seeds,) = torch.autograd.grad(scores.sum(), fwd.head_input, retain_graph=True)
                 if picked is None:
-                    picked = logits.new_zeros(len(mine), logits.shape[-1])
-                picked[inside.to(picked.device)] = logits.detach()
+                    picked = row_logits.new_zeros(len(mine), row_logits.shape[-1])
+                picked[inside.to(picked.device)] = row_logits.detach()
                 states = fwd.cache
                 outputs = (*(k[:, :, start:] for k in fwd.cache.keys), *(v[:, :, start:] for v in fwd.cache.values))
                 segments.append(_Segment(start, stop, inside, positions, seeds, fwd.head_input, outputs, leaf, past))
-                del fwd, logits, scores
+                del fwd, row_logits, scores
         assert picked is not None
         return picked, segments
 

@@ -242,6 +242,37 @@ def test_swept_pass_restricts_each_backward_to_its_prefix_and_changes_no_score(t
     assert bwd == plain_bwd
 
 
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+@pytest.mark.parametrize("method,options", [("saliency", {}), ("integrated_gradients", {"n_steps": 3, "baseline": "pad"})])
+def test_a_logit_score_reads_only_its_target_columns_of_the_head_and_changes_no_score(tiny, family, method, options, monkeypatch):
+    """A pass whose logits nobody reads -- integrated gradients' path points, every pass of a
+    generation that kept its probabilities -- explaining a logit reads the head at the target's
+    columns alone: no full-vocabulary head runs, and every score equals the per-step rows'."""
+    lm = tiny(family, "causal_lm")
+    generation = lm.generate(PROMPTS, 3)
+    assert generation.log_probs is not None
+    info = lm.method(method)
+    bound = info.bind(options, lm.adapter.device)
+    problem, _, _ = prepare_steps(lm.adapter, generation, info, "logit")
+    plain = info.fn(problem, **bound).detach()
+    full_heads = []
+    read = type(lm.adapter).head_logits
+
+    def counted(self, h, columns=None):
+        full_heads.append(columns is None)
+        return read(self, h, columns)
+
+    monkeypatch.setattr(type(lm.adapter), "head_logits", counted)
+    found = explain_shared(lm.adapter, generation, info, bound, "logit")
+    assert found is not None
+    scores = found[3]
+    np.testing.assert_allclose(scores.numpy(), plain.numpy(), atol=1e-5 * float(plain.abs().max()), rtol=1e-4)
+    assert full_heads and not any(full_heads)  # the head read in every segment, at the target's columns only
+    full_heads.clear()
+    explain_shared(lm.adapter, generation, info, bound, "log_prob")  # a log-probability needs every column
+    assert full_heads and all(full_heads)
+
+
 def test_segment_bounds_start_at_the_first_anchor():
     from heedful.generation_shared import segment_bounds
 

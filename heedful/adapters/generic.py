@@ -159,9 +159,9 @@ class GenericAdapter(ModelAdapter):
         return frozenset(given)
 
     # ------------------------------------------------------------------ passes
-    def _run_model(self, kwargs, mask, anchor, prefill, read_inside, settings):
+    def _run_model(self, kwargs, mask, anchor, prefill, read_inside, settings, head=True):
         """The whole model's pass (:meth:`ModelAdapter._run_model`): its own head gives the
-        logits. A language model's output projection sees only the anchor positions (a hook
+        logits (whole, ``head`` or not). A language model's output projection sees only the anchor positions (a hook
         on ``get_output_embeddings()``), so no ``[B, N, V]`` tensor is made; a decoder
         classifier's rows of different lengths run in groups of equal length when the model
         could not find each row's last token from its ids (it reads the last position of

@@ -159,9 +159,14 @@ class Passes:
         release: bool = False,
         prefill: int | None = None,
         keep_cache: bool = False,
+        head: bool = True,
     ) -> Forward:
         """Run the model and the head at each example's ``anchor`` position ``[B]`` (logits
         ``[B, C]``), or at ``K`` positions per example ``[B, K]`` (a span; logits ``[B, K, C]``).
+        Without ``head`` the head is not run (logits ``[B, 0]`` / ``[B, K, 0]``) where the pass
+        gives its input at the anchors (:attr:`Forward.head_input`), for a caller that reads only
+        a few of its columns (:meth:`head_logits` with ``columns``); a model whose own head runs
+        gives its logits whole.
 
         By default ids and masks come from ``batch``; pass ``input_ids`` or ``inputs_embeds``
         ``[B', N, E]`` (with a matching ``attention_mask``) to run perturbed or expanded copies.
@@ -184,7 +189,7 @@ class Passes:
             return self._forward_lowered(
                 wanted, batch, anchor, input_ids=input_ids, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
                 token_type_ids=token_type_ids, hidden_states=hidden_states, attentions=attentions, prefix=prefix,
-                checkpoint=checkpoint, release=release, prefill=prefill, keep_cache=keep_cache,
+                checkpoint=checkpoint, release=release, prefill=prefill, keep_cache=keep_cache, head=head,
             )
         mask = batch.attention_mask if attention_mask is None else attention_mask
         kwargs: dict = {"attention_mask": mask, "return_dict": True}
@@ -224,7 +229,7 @@ class Passes:
                 kwargs["attention_mask"] = None
                 settings.enter_context(attention_set(self.config, CAUSAL_ATTENTION))
             read_inside = hidden_states or attentions or prefix is not None or keep_cache
-            run = self._run_model(kwargs, mask, anchor, prefill if chunked else None, read_inside, settings)
+            run = self._run_model(kwargs, mask, anchor, prefill if chunked else None, read_inside, settings, head=head)
         return Forward(
             logits=run.logits,
             hidden_states=tuple(run.hidden) if hidden_states else None,
@@ -241,6 +246,7 @@ class Passes:
         prefill: int | None,
         read_inside: bool,
         settings: contextlib.ExitStack,
+        head: bool = True,
     ) -> ModelRun:
         """The pass of :meth:`forward` once its keywords are set (``kwargs``: the backbone's,
         ``mask`` ``[B, N]`` the batch's own): the head's logits at ``anchor`` (``[B, C]``, or
@@ -249,7 +255,8 @@ class Passes:
         backbone's key/value cache (``None`` unless ``kwargs`` use it) and the head's input
         at the anchors (:attr:`Forward.head_input`), the rows counted. ``prefill``: run the positions in chunks of that size (:meth:`_prefilled`);
         ``settings``: the pass's open contexts, which the anchored last block
-        (:meth:`_anchored`) joins unless something is ``read_inside`` the model."""
+        (:meth:`_anchored`) joins unless something is ``read_inside`` the model; without
+        ``head``, logits with no column."""
         if prefill is not None:
             if kwargs.get("output_attentions"):
                 raise InputError("attention probabilities cannot be kept in a forward run in position chunks")
@@ -265,7 +272,7 @@ class Passes:
         if anchor.dim() == 2:  # a span: K positions per example -> [B, K, C]
             rows = rows[:, None]
         read = last[rows, anchor.to(last.device)]
-        return ModelRun(self.head_logits(read), hidden, probs, cache, read)
+        return ModelRun(self.head_logits(read) if head else read[..., :0], hidden, probs, cache, read)
 
     def _prefilled(self, kwargs: dict, size: int) -> tuple[torch.Tensor, list[torch.Tensor] | None, object]:
         """The backbone's pass of ``kwargs`` run ``size`` positions at a time, each chunk

@@ -263,9 +263,10 @@ class Seq2SeqAdapter(GenericAdapter):
                 given.add("attentions")
         return frozenset(given)
 
-    def _run_model(self, kwargs, mask, anchor, prefill, read_inside, settings):
-        """The encoder–decoder's pass of the rows (see the module docstring); ``prefill`` is
-        ignored (the model runs whole) and no key/value cache is returned."""
+    def _run_model(self, kwargs, mask, anchor, prefill, read_inside, settings, head=True):
+        """The encoder–decoder's pass of the rows (see the module docstring); ``prefill`` and
+        ``head`` are ignored (the model runs whole, its own head too) and no key/value cache is
+        returned."""
         return ModelRun(*self._seq2seq_pass(kwargs, anchor, bool(kwargs.get("output_hidden_states")), bool(kwargs.get("output_attentions"))), None)
 
     def _seq2seq_pass(self, kwargs: dict, anchor: torch.Tensor, hidden_states: bool, attentions: bool):
