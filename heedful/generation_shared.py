@@ -387,7 +387,7 @@ class SharedSteps:
         of the pass and of its backward."""
         grads = points.new_zeros(len(self.example), self.width, points.shape[-1])
         points = points.to(self.adapter.word_embeddings.weight.dtype)  # the inputs of a lowered copy rounded to it
-        found = torch.empty(0)
+        found: torch.Tensor | None = None
         with task(f"shared passes over {len(self.full)} sequences", total=len(self.example), shown=len(self.groups) > 1 or len(self.example) > 64) as done:
             for rows, width in self.groups:
                 position = torch.full((len(self.full),), -1, dtype=torch.long)
@@ -400,10 +400,11 @@ class SharedSteps:
                     picked = self._swept(points, rows, width, mine, local, steps, grads, done, logits)
                 if picked is None:
                     picked = self._whole(points, rows, width, mine, local, steps, grads, done)
-                if found.dim() == 1:
+                if found is None:
                     found = picked.new_zeros(len(self.example), picked.shape[-1] if logits else 0)
                 if logits:
                     found[mine.to(found.device)] = picked
+        assert found is not None
         return grads, found
 
     def _swept(self, points, rows, width, mine, local, steps, grads, done, logits: bool = True) -> torch.Tensor | None:
