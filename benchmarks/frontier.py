@@ -62,7 +62,6 @@ import argparse
 import json
 import math
 import os
-import re
 import sys
 import time
 from dataclasses import dataclass
@@ -75,6 +74,7 @@ from frontier_store import (
     PROTOCOL,
     Frontier,
     Reading,
+    labels,
     measure,
     measure_stored,
     model_frontier,
@@ -180,12 +180,6 @@ def say(text: str) -> None:
 
 
 # ---------------------------------------------------------------------------- choosing
-def labels(text: str) -> list[str]:
-    """``"lime,solvability_beam[objective=both,beam=8]"`` -> its rows (commas inside brackets
-    separate a row's options)."""
-    return [m.strip() for m in re.findall(r"[^,\[]+(?:\[[^\]]*\]?)?", text) if m.strip()]
-
-
 def offered(label: str) -> str | None:
     """The peers offering the row's method (``""``: the random baseline; ``None``: heedful's own)."""
     return PEERS.get(split_label(label)[0])

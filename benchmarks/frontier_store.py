@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -114,6 +115,12 @@ def counterfactual_setting(texts: list[str]) -> CounterfactualSetting:
     fields = {"counterfactual": {**COUNTERFACTUAL_OPTIONS, "edits": list(COUNTERFACTUAL_EDITS), "tagger": tagger_name(counterfactual_tagger),
                                  "corpus": hashlib.sha1("\n".join(corpus).encode()).hexdigest()[:16]}}
     return CounterfactualSetting(counterfactual_tagger(texts), vocabulary(counterfactual_tagger(corpus)), measurement_hash(fields), fields)
+
+
+def labels(text: str) -> list[str]:
+    """``"lime,solvability_beam[objective=both,beam=8]"`` -> its rows (commas inside brackets
+    separate a row's options)."""
+    return [m.strip() for m in re.findall(r"[^,\[]+(?:\[[^\]]*\]?)?", text) if m.strip()]
 
 
 def split_label(label: str) -> tuple[str, dict[str, Any]]:

@@ -20,7 +20,7 @@ only what is missing, so the grid can be grown a few retrains at a time. The cos
 the file: the wall time of every retrain (all of it is training and one pass over the test set)
 and of explaining, per method.
 
-    python benchmarks/roar.py [--methods random,saliency,...] [--fractions 0.1,0.3,0.5,0.7,0.9]
+    python benchmarks/roar.py [--methods random,saliency,solvability_beam[beam=1,prior=attnlrp],...] [--fractions 0.1,0.3,0.5,0.7,0.9]
         [--seeds 0] [--modes roar[,kar]] [--train-n 2400] [--test-n 1000] [--operator mask]
         [--epochs 2] [--threads 2] [--store DIR] [--out docs/results/roar.md]
 """
@@ -37,9 +37,10 @@ from pathlib import Path
 import numpy as np
 import torch
 from _shared import command_line, library_versions, run_line, write_results  # noqa: E402  (benchmarks/ is the script's folder)
+from frontier_store import labels, split_label
 
 import heedful
-from heedful.errors import Interrupted
+from heedful.errors import HeedfulError, Interrupted
 from heedful.evaluate.roar import (
     BASELINE,
     DEFAULT_FRACTIONS,
@@ -59,7 +60,9 @@ MODEL = "minilm-sentiment"
 
 def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--methods", default=",".join(DEFAULT_METHODS), help="comma-separated methods (random always runs)")
+    parser.add_argument("--methods", default=",".join(DEFAULT_METHODS),
+                        help="comma-separated methods, each optionally with options: saliency,solvability_beam[beam=1,prior=attnlrp] "
+                             "(random always runs; one row per method)")
     parser.add_argument("--fractions", default=",".join(f"{k:g}" for k in DEFAULT_FRACTIONS), help="comma-separated k in (0, 1)")
     parser.add_argument("--seeds", default="0", help="comma-separated retraining seeds")
     parser.add_argument("--modes", default="roar", help="roar, kar or roar,kar")
@@ -162,7 +165,16 @@ def cost(result: RoarResult, args: argparse.Namespace) -> list[str]:
 def main() -> int:
     args = arguments()
     torch.set_num_threads(args.threads)
-    methods = [m for m in args.methods.split(",") if m]
+    try:
+        rows = [split_label(label) for label in labels(args.methods)]
+    except HeedfulError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    methods = [name for name, _ in rows]
+    if len(set(methods)) < len(methods):
+        print(f"error: --methods names a method twice ({args.methods}); ROAR keeps one row per method: drop one", file=sys.stderr)
+        return 2
+    options = {name: chosen for name, chosen in rows if chosen}
     fractions = [float(k) for k in args.fractions.split(",") if k]
     seeds = [int(s) for s in args.seeds.split(",") if s]
     modes = [m for m in args.modes.split(",") if m]
@@ -173,12 +185,18 @@ def main() -> int:
     try:
         result = roar(
             model, retrainer(MODEL, **changes), args.store or heedful_home() / "roar", "movies", methods, fractions,
-            operator=args.operator, seeds=seeds, modes=modes, train_n=args.train_n, test_n=args.test_n,
+            operator=args.operator, seeds=seeds, modes=modes, train_n=args.train_n, test_n=args.test_n, method_options=options,
         )
     except Interrupted as exc:  # what the store kept; the same command resumes
         print(exc.message, file=sys.stderr)
         return 130
+    except HeedfulError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     minutes = (time.perf_counter() - start) / 60
+    shown = {name: label for label, (name, chosen) in zip(labels(args.methods), rows, strict=True) if chosen}  # rows with options by their label
+    result.table["method"] = result.table["method"].replace(shown)
+    result.explain_seconds = {shown.get(m, m): s for m, s in result.explain_seconds.items()}
     sections = []
     for mode in modes:
         png = args.out.with_name(f"{args.out.stem}-{mode}-{MODEL}.png")

@@ -128,8 +128,7 @@ def test_a_row_with_options_marks_its_method_with_them(measured, monkeypatch, ca
 
 def test_a_frontier_row_is_a_method_with_its_options():
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from frontier import labels
-    from frontier_store import split_label
+    from frontier_store import labels, split_label
 
     from heedful.errors import HeedfulError
 

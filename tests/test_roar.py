@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -195,3 +198,18 @@ def test_roar_refuses_bad_input_in_one_line_before_any_work(tiny, data_csv, tmp_
         zoo_retrainer("smollm2-sentiment")
     with pytest.raises(InputError, match="no field 'epoch'"):
         zoo_retrainer("minilm-sentiment", epoch=1)
+
+
+@pytest.mark.parametrize(
+    ("methods", "problem"),
+    [("saliency,saliency[multiply_by_inputs=true]", "names a method twice"), ("saliency[abs=true", "lacks its closing ']'")],
+)
+def test_the_roar_script_refuses_bad_method_rows_in_one_line_before_loading_anything(methods, problem, tmp_path):
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "roar.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--methods", methods, "--store", str(tmp_path), "--out", str(tmp_path / "roar.md")],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 2
+    assert problem in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "roar.md").exists() and not any(tmp_path.iterdir())
