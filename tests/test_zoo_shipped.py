@@ -127,14 +127,48 @@ def test_default_build_assembles_the_shipped_weights(tmp_path: Path):
     assert (tmp_path / "model.safetensors").is_file() and (tmp_path / "tokenizer.json").is_file()
 
 
-@pytest.mark.slow  # trains minilm-sentiment: ~12 min on 2 idle cores
-def test_from_scratch_training_reproduces_the_shipped_weights(tmp_path: Path):
+def test_shipped_smollm2_sentiment_matches_its_pin_and_holds_only_what_training_changed():
+    """The top 8 blocks, the final norm and the score head -- the frozen blocks below are not shipped."""
+    path = shipped.verify(builders.SMOLLM2_SENTIMENT_WEIGHTS)
+    record = shipped.read_record(path)
+    config = builders.DECODER_CLASSIFIER_CONFIG
+    assert record["entry"] == "smollm2-sentiment" and record["seed"] == config.seed
+    assert record["training"]["top_layers"] == config.top_layers and record["held_out"]["examples"] == 1000
+    assert record["versus_trained"]["max_relative_difference"] < 1e-3
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as handle:
+        names = set(handle.keys())  # noqa: SIM118
+    blocks = {int(name.split(".")[2]) for name in names if name.startswith("delta/model.layers.")}
+    assert blocks == set(range(30 - config.top_layers, 30))
+    assert {"full/score.weight", "delta/model.norm.weight"} <= names
+
+
+def test_smollm2_sentiment_assembles_from_its_base_and_the_shipped_weights(tmp_path: Path):
+    from heedful import zoo
+
+    if not zoo.is_built("smollm2-135m"):
+        pytest.skip("smollm2-135m is not built (heedful models build smollm2-135m; .ci/run builds it)")
+    meta = builders.build_smollm2_sentiment(tmp_path, progress=False, base=zoo.zoo_dir("smollm2-135m"))
+    assert meta["weights"]["source"] == "shipped" and meta["weights"]["sha256"] == builders.SMOLLM2_SENTIMENT_WEIGHTS.sha256
+    assert meta["weights"]["tensors"]["set"] == 1  # the score head
+    assert meta["sanity"]["label"] == "POSITIVE"
+    assert json.loads((tmp_path / "config.json").read_text())["id2label"] == {"0": "NEGATIVE", "1": "POSITIVE"}
+
+
+@pytest.mark.slow  # trains: minilm-sentiment ~12 min, smollm2-sentiment ~40 min on 2 idle cores
+@pytest.mark.parametrize("name", ["minilm-sentiment", "smollm2-sentiment"])
+def test_from_scratch_training_reproduces_the_shipped_weights(name, tmp_path: Path):
     """Retraining with the same seed lands on the shipped weights up to their float16 rounding
     (and the float-summation order of the machine's kernels)."""
-    meta = builders.build_minilm_sentiment(tmp_path, progress=False, from_scratch=True)
+    from heedful import zoo
+
+    spec = builders.SHIPPED_CLASSIFIERS[name]
+    requires = registry.get_entry(name).requires
+    meta = builders._trained(spec, tmp_path, False, zoo.ensure_built(requires, progress=False) if requires else None)
     versus = meta["weights"]["versus_shipped"]
     print(json.dumps({"versus_shipped": versus, "held_out": meta["held_out"]}))
     assert versus["max_relative_difference"] < 1e-2, versus
     assert versus["max_relative_norm_difference"] < 1e-3, versus
-    record = shipped.read_record(shipped.verify(builders.MINILM_SENTIMENT_WEIGHTS))
+    record = shipped.read_record(shipped.verify(spec.weights))
     assert np.isclose(meta["held_out"]["accuracy"], record["held_out"]["accuracy"], atol=0.005)

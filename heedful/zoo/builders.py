@@ -16,6 +16,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import json  # noqa: E402
 import shutil  # noqa: E402
 import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -58,6 +60,12 @@ DECODER_CLASSIFIER_CONFIG = TopLayersConfig(top_layers=8, epochs=2, learning_rat
 MINILM_SENTIMENT_WEIGHTS = shipped.ShippedWeights(
     "minilm-sentiment.safetensors",
     sha256="1cec79859cd57b137928b53753ba9de9157b9ef7dfada80425763a823ce9478d",
+)
+#: smollm2-sentiment's tuned top blocks, final norm and score head as float16 differences from
+#: smollm2-135m's (written by ``python -m heedful.zoo.ship smollm2-sentiment``).
+SMOLLM2_SENTIMENT_WEIGHTS = shipped.ShippedWeights(
+    "smollm2-sentiment.safetensors",
+    sha256="20ea2ee59929aeb4722ab9e10d179f8caf626e03a0afc987cd3f4eaca6e7fa91",
 )
 # F-Fidelity's fine-tuned copy of minilm-sentiment: one epoch over 2,400 train texts (a seeded sample)
 # (75 steps, about 5 CPU-minutes on 2 threads), each text with a U(0, 0.5) share of its tokens
@@ -168,59 +176,59 @@ def minilm_sentiment_start(seed: int) -> PreTrainedModel:
     return _minilm_sentiment_start(seed)[0]
 
 
-def _new_keys(model: PreTrainedModel) -> set[str]:
-    """Keys of ``model``'s state that the MiniLM checkpoint lacks (the head it adds)."""
-    base = sources.minilm_encoder_dir() / "model.safetensors"
+def _new_keys(model: PreTrainedModel, checkpoint: Path) -> set[str]:
+    """Keys of ``model``'s state that its base ``checkpoint`` (a safetensors file, its keys with
+    or without the model's ``base_model_prefix``) lacks: the head a classifier adds."""
     from safetensors import safe_open
 
-    with safe_open(str(base), framework="pt") as handle:
-        have = {f"{model.base_model_prefix}.{key}" for key in handle.keys()}  # noqa: SIM118
-    return {key for key in model.state_dict() if key not in have}
+    with safe_open(str(checkpoint), framework="pt") as handle:
+        have = set(handle.keys())  # noqa: SIM118
+    prefix = f"{model.base_model_prefix}."
+    return {key for key in model.state_dict() if key not in have and key.removeprefix(prefix) not in have}
 
 
-def build_minilm_sentiment(out_dir: Path, progress: bool = True, *, from_scratch: bool = False) -> dict:
-    """MiniLM-L6 + 2-way head fine-tuned on the movies train split; accuracy on movies test.
+@dataclass(frozen=True)
+class ShippedClassifier:
+    """A zoo classifier whose fine-tuned weights ship with heedful (:mod:`heedful.zoo.shipped`),
+    so that every machine assembles the same model (training on another processor lands on
+    other weights, and every stored result is keyed by the weights' fingerprint).
 
-    By default the model is assembled in seconds from the MiniLM package and the fine-tuned
-    weights shipped with heedful (:data:`MINILM_SENTIMENT_WEIGHTS`, sha256-checked);
-    ``from_scratch=True`` trains it (minutes) and records how far the result is from the
-    shipped weights.
-    """
-    if not from_scratch:
-        return _assemble_minilm_sentiment(out_dir)
-    cfg = CLASSIFIER_CONFIG
-    train, test = load_split("movies", "train"), load_split("movies", "test")
-    model, tokenizer = _minilm_sentiment_start(cfg.seed)
-    summary = fine_tune(
-        model, tokenizer, train["text"].tolist(), train["label"].to_numpy(), cfg, progress
-    )
-    metadata = _save_and_score_classifier(model, tokenizer, out_dir, cfg, summary, train, test, progress)
-    return {**metadata, "weights": {"source": "trained", "versus_shipped": _versus_shipped(model)}}
+    ``start(base)``: the untrained model -- its head drawn with ``config``'s seed -- and its
+    tokenizer, from the base model's folder ``base`` (``None`` where the base is a package);
+    ``checkpoint(base)``: the base's safetensors file (what it lacks is shipped whole);
+    ``describe(base)``: the base as the build record names it."""
+
+    name: str
+    weights: shipped.ShippedWeights
+    config: TrainConfig
+    start: Callable[[Path | None], tuple[PreTrainedModel, PreTrainedTokenizerBase]]
+    checkpoint: Callable[[Path | None], Path]
+    describe: Callable[[Path | None], str]
 
 
-def _shipped_minilm_sentiment() -> tuple[PreTrainedModel, PreTrainedTokenizerBase, dict, dict]:
-    """The MiniLM package's model with the shipped weights applied (checked against the pinned
-    sha256 first), its tokenizer, the file's build record and what was applied."""
-    path = shipped.verify(MINILM_SENTIMENT_WEIGHTS)
+def _shipped_model(spec: ShippedClassifier, base: Path | None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, dict, dict]:
+    """``spec``'s base with the shipped weights applied (checked against the pinned sha256
+    first), its tokenizer, the file's build record and what was applied."""
+    path = shipped.verify(spec.weights)
     record = shipped.read_record(path)
-    model, tokenizer = _minilm_sentiment_start(CLASSIFIER_CONFIG.seed)
-    applied = shipped.apply(model, path, _new_keys(model))
+    model, tokenizer = spec.start(base)
+    applied = shipped.apply(model, path, _new_keys(model, spec.checkpoint(base)))
     return model.eval(), tokenizer, record, applied
 
 
-def _versus_shipped(model: PreTrainedModel) -> dict:
-    """How far a trained minilm-sentiment is from the shipped weights (see :func:`shipped.compare`)."""
+def _versus_shipped(spec: ShippedClassifier, model: PreTrainedModel, base: Path | None) -> dict:
+    """How far a trained model is from the shipped weights (see :func:`shipped.compare`)."""
     try:
-        reference, _, _, _ = _shipped_minilm_sentiment()
+        reference, _, _, _ = _shipped_model(spec, base)
     except HeedfulError as exc:
         return {"error": exc.message}
     return shipped.compare(model.state_dict(), reference.state_dict())
 
 
-def _assemble_minilm_sentiment(out_dir: Path) -> dict:
-    """minilm-sentiment from the MiniLM package + the shipped weights, saved and sanity-checked;
-    the held-out score is the one measured on these weights when they were written."""
-    model, tokenizer, record, applied = _shipped_minilm_sentiment()
+def _assembled(spec: ShippedClassifier, out_dir: Path, base: Path | None) -> dict:
+    """``spec``'s model from its base + the shipped weights, saved and sanity-checked; the
+    held-out score is the one measured on these weights when they were written."""
+    model, tokenizer, record, applied = _shipped_model(spec, base)
     _save(model, tokenizer, out_dir)
     model, tokenizer = _reload_classifier(out_dir)
     label, probability = _check_sanity(predict(model, tokenizer, [SANITY_TEXT], progress=False))
@@ -229,36 +237,48 @@ def _assemble_minilm_sentiment(out_dir: Path) -> dict:
         "sanity": {"text": SANITY_TEXT, "label": label, "probability": probability},
         "weights": {
             "source": "shipped",
-            "file": f"heedful/zoo/deltas/{MINILM_SENTIMENT_WEIGHTS.file}",
-            "sha256": MINILM_SENTIMENT_WEIGHTS.sha256,
-            "base": sources.MINILM.requirement,
+            "file": f"heedful/zoo/deltas/{spec.weights.file}",
+            "sha256": spec.weights.sha256,
+            "base": spec.describe(base),
             "tensors": applied,
             "trained": record["trained"],
         },
     }
 
 
-def ship_minilm_sentiment(trained_dir: Path, progress: bool = True, out: Path | None = None) -> dict:
-    """Write :data:`MINILM_SENTIMENT_WEIGHTS` from the minilm-sentiment built (trained) at
-    ``trained_dir``: float16 differences from the MiniLM package, then the model assembled
-    from them is scored on the 1,000 held-out texts and that score goes into the file's record.
-    Returns the record (with the file's sha256, to pin in this module); ``out`` writes elsewhere."""
+def _trained(spec: ShippedClassifier, out_dir: Path, progress: bool, base: Path | None) -> dict:
+    """``spec``'s model trained from its start on the movies train split (minutes), scored on
+    the held-out split, with how far it lands from the shipped weights."""
+    cfg = spec.config
+    train, test = load_split("movies", "train"), load_split("movies", "test")
+    model, tokenizer = spec.start(base)
+    summary = fine_tune(model, tokenizer, train["text"].tolist(), train["label"].to_numpy(), cfg, progress)
+    metadata = _save_and_score_classifier(model, tokenizer, out_dir, cfg, summary, train, test, progress)
+    return {**metadata, "weights": {"source": "trained", "versus_shipped": _versus_shipped(spec, model, base)}}
+
+
+def ship(spec: ShippedClassifier, trained_dir: Path, progress: bool = True, out: Path | None = None, base: Path | None = None) -> dict:
+    """Write ``spec.weights`` from the model built (trained) at ``trained_dir``: float16
+    differences from its base, then the model assembled from them is scored on the 1,000
+    held-out texts and that score goes into the file's record. Returns the record (with the
+    file's sha256, to pin in this module); ``out`` writes elsewhere."""
     trained = json.loads((trained_dir / "heedful.json").read_text(encoding="utf-8"))
     if trained.get("weights", {}).get("source") == "shipped":
         raise HeedfulError(f"{trained_dir} was assembled from shipped weights", hint="ship a --from-scratch build")
     model, tokenizer = _reload_classifier(trained_dir)
-    start, _ = _minilm_sentiment_start(CLASSIFIER_CONFIG.seed)
-    tensors = shipped.differences(model.state_dict(), start.state_dict(), _new_keys(start))
-    path = out or MINILM_SENTIMENT_WEIGHTS.path
+    start, _ = spec.start(base)
+    new = _new_keys(start, spec.checkpoint(base))
+    tensors = shipped.differences(model.state_dict(), start.state_dict(), new)
+    path = out or spec.weights.path
     shipped.write(path, tensors, {"trained": {}})
-    applied = shipped.apply(start, path, _new_keys(start))
+    applied = shipped.apply(start, path, new)
     test = load_split("movies", "test")
     logits = predict(
-        start.eval(), tokenizer, test["text"].tolist(), CLASSIFIER_CONFIG.max_length,
-        CLASSIFIER_CONFIG.eval_batch_size, progress, "held-out test (shipped weights)",
+        start.eval(), tokenizer, test["text"].tolist(), spec.config.max_length,
+        spec.config.eval_batch_size, progress, "held-out test (shipped weights)",
     )
     record = {
-        "entry": "minilm-sentiment",
+        "entry": spec.name,
         "seed": trained["seed"],
         "training": trained["training"],
         "data": trained["data"],
@@ -266,7 +286,7 @@ def ship_minilm_sentiment(trained_dir: Path, progress: bool = True, out: Path | 
             "split": "movies/test",
             "examples": len(test),
             "accuracy": accuracy(logits, test["label"].to_numpy()),
-            "measured_on": "the shipped weights (MiniLM package + float16 differences)",
+            "measured_on": f"the shipped weights ({spec.describe(base)} + float16 differences)",
         },
         "trained": {
             "held_out_accuracy": trained["held_out"]["accuracy"],
@@ -280,6 +300,27 @@ def ship_minilm_sentiment(trained_dir: Path, progress: bool = True, out: Path | 
     }
     sha256 = shipped.write(path, tensors, record)
     return {**record, "file": str(path), "bytes": path.stat().st_size, "sha256": sha256}
+
+
+MINILM_SENTIMENT = ShippedClassifier(
+    "minilm-sentiment",
+    MINILM_SENTIMENT_WEIGHTS,
+    CLASSIFIER_CONFIG,
+    start=lambda base: _minilm_sentiment_start(CLASSIFIER_CONFIG.seed),
+    checkpoint=lambda base: sources.minilm_encoder_dir() / "model.safetensors",
+    describe=lambda base: sources.MINILM.requirement,
+)
+
+
+def build_minilm_sentiment(out_dir: Path, progress: bool = True, *, from_scratch: bool = False) -> dict:
+    """MiniLM-L6 + 2-way head fine-tuned on the movies train split; accuracy on movies test.
+
+    By default the model is assembled in seconds from the MiniLM package and the fine-tuned
+    weights shipped with heedful (:data:`MINILM_SENTIMENT_WEIGHTS`, sha256-checked);
+    ``from_scratch=True`` trains it (minutes) and records how far the result is from the
+    shipped weights.
+    """
+    return _trained(MINILM_SENTIMENT, out_dir, progress, None) if from_scratch else _assembled(MINILM_SENTIMENT, out_dir, None)
 
 
 def _fold_output_scale(model: PreTrainedModel, scale: float) -> None:
@@ -438,12 +479,10 @@ def build_gemma3_270m(out_dir: Path, progress: bool = True) -> dict:
     }
 
 
-def build_smollm2_sentiment(out_dir: Path, progress: bool = True, *, base: Path) -> dict:
-    """SmolLM2-135M (built at ``base``) + 2-way score head read at the last token; the top
-    blocks, final norm and head are fine-tuned on the movies train split (the lower blocks stay
-    as shipped)."""
-    cfg = DECODER_CLASSIFIER_CONFIG
-    train, test = load_split("movies", "train"), load_split("movies", "test")
+def _smollm2_sentiment_start(base: Path | None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """smollm2-sentiment before training: SmolLM2-135M (built at ``base``) with a 2-way score
+    head read at the last token, drawn with the build's seed; its tokenizer pads on the right."""
+    assert base is not None, "smollm2-sentiment is built from smollm2-135m's folder"
     tokenizer = AutoTokenizer.from_pretrained(base, local_files_only=True)
     tokenizer.padding_side = "right"
     config = AutoConfig.from_pretrained(
@@ -454,12 +493,31 @@ def build_smollm2_sentiment(out_dir: Path, progress: bool = True, *, base: Path)
         label2id={v: k for k, v in SENTIMENT_LABELS.items()},
         pad_token_id=tokenizer.pad_token_id,
     )
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(DECODER_CLASSIFIER_CONFIG.seed)
     model = AutoModelForSequenceClassification.from_pretrained(base, config=config, local_files_only=True)
-    summary = fine_tune(
-        model, tokenizer, train["text"].tolist(), train["label"].to_numpy(), cfg, progress
-    )
-    return _save_and_score_classifier(model, tokenizer, out_dir, cfg, summary, train, test, progress)
+    return model, tokenizer
+
+
+SMOLLM2_SENTIMENT = ShippedClassifier(
+    "smollm2-sentiment",
+    SMOLLM2_SENTIMENT_WEIGHTS,
+    DECODER_CLASSIFIER_CONFIG,
+    start=_smollm2_sentiment_start,
+    checkpoint=lambda base: Path(base) / "model.safetensors",
+    describe=lambda base: f"smollm2-135m (this zoo, from {sources.SMOLLM2.requirement})",
+)
+SHIPPED_CLASSIFIERS = {spec.name: spec for spec in (MINILM_SENTIMENT, SMOLLM2_SENTIMENT)}
+
+
+def build_smollm2_sentiment(out_dir: Path, progress: bool = True, *, base: Path, from_scratch: bool = False) -> dict:
+    """SmolLM2-135M (built at ``base``) + 2-way score head read at the last token; the top
+    blocks, final norm and head fine-tuned on the movies train split (the lower blocks stay as
+    they are). By default assembled in seconds from ``base`` and the shipped weights
+    (:data:`SMOLLM2_SENTIMENT_WEIGHTS`, sha256-checked); ``from_scratch=True`` trains it
+    (about half an hour on 2 cores) and records how far the result is from the shipped weights."""
+    if from_scratch:
+        return _trained(SMOLLM2_SENTIMENT, out_dir, progress, base)
+    return _assembled(SMOLLM2_SENTIMENT, out_dir, base)
 
 
 def build_minilm_sentiment_ffidelity(out_dir: Path, progress: bool = True, *, base: Path) -> dict:

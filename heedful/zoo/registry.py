@@ -114,6 +114,7 @@ ENTRIES: dict[str, ZooEntry] = {
             size_mb=515,
             builder="build_smollm2_sentiment",
             requires="smollm2-135m",
+            shipped_weights=True,
         ),
     )
 }
