@@ -41,6 +41,7 @@ from frontier_store import labels, split_label
 
 import heedful
 from heedful.errors import HeedfulError, Interrupted
+from heedful.evaluate.intervals import bootstrap_paired_difference
 from heedful.evaluate.roar import (
     BASELINE,
     DEFAULT_FRACTIONS,
@@ -109,6 +110,29 @@ def tables(result: RoarResult, modes: list[str]) -> list[str]:
         lines.append("")
     for _, row in reference.iterrows():
         lines.append(f"Retrained on the unmodified snippets (k = 0), seed {row['seed']}: accuracy {cell(row['accuracy'], row['low'], row['high'])}.")
+    return lines + [""]
+
+
+def apart(result: RoarResult, modes: list[str]) -> list[str]:
+    """Per mode, k and seed: the method whose ranking moved the retrained accuracy furthest (lowest
+    under ROAR, highest under KAR) and every other method's paired difference from it (95 %
+    bootstrap over the same test snippets), saying which intervals exclude zero and which overlap."""
+    frame = result.table
+    lines = ["## Which rankings are apart", "",
+             "Paired differences from the method that moved the retrained accuracy furthest at each k (95 % paired "
+             "bootstrap over the same test snippets): *apart* where the interval excludes zero, *overlap* where it does not.", ""]
+    for mode in modes:
+        part = frame[(frame["mode"] == mode) & (~frame["method"].isin([REFERENCE, BASELINE]))]
+        for (k, seed), rows in part.groupby(["k", "seed"], sort=True):
+            if len(rows) < 2:
+                continue
+            lead = rows.loc[rows["accuracy"].idxmin() if mode == "roar" else rows["accuracy"].idxmax()]
+            best = result.correct[(mode, lead["method"], k, seed)]
+            cells = []
+            for _, row in rows[rows["method"] != lead["method"]].iterrows():
+                diff, low, high = bootstrap_paired_difference(result.correct[(mode, row["method"], k, seed)], best)
+                cells.append(f"`{row['method']}` {cell(diff, low, high, signed=True)} ({'apart' if low > 0 or high < 0 else 'overlap'})")
+            lines.append(f"- {mode.upper()} k = {k:g}, seed {seed}: `{lead['method']}` {lead['accuracy']:.3f}; " + "; ".join(cells))
     return lines + [""]
 
 
@@ -197,6 +221,7 @@ def main() -> int:
     shown = {name: label for label, (name, chosen) in zip(labels(args.methods), rows, strict=True) if chosen}  # rows with options by their label
     result.table["method"] = result.table["method"].replace(shown)
     result.explain_seconds = {shown.get(m, m): s for m, s in result.explain_seconds.items()}
+    result.correct = {(mode, shown.get(m, m), k, seed): v for (mode, m, k, seed), v in result.correct.items()}
     sections = []
     for mode in modes:
         png = args.out.with_name(f"{args.out.stem}-{mode}-{MODEL}.png")
@@ -223,7 +248,7 @@ def main() -> int:
         run_line(minutes, load_before, args.threads),
         f"- {library_versions('torch', 'transformers')}",
     ]
-    body = sections + tables(result, modes) + cost(result, args)
+    body = sections + tables(result, modes) + apart(result, modes) + cost(result, args)
     write_results(args.out, "\n".join(head + body + tail) + "\n")
     print("\n".join(line for line in body if line.startswith("|") or line.startswith("- ") or line.startswith("Retrained")))
     print(f"written to {args.out} in {minutes:.1f} min")

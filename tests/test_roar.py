@@ -147,6 +147,9 @@ def test_roar_retrains_from_the_degraded_examples_and_a_second_call_retrains_not
     fine_tune_encoded(fresh, train_rows, np.array([gold[y] for _, y in TRAIN]), dataclasses.replace(CONFIG, seed=0), progress=False)
     predicted = predict_encoded(fresh, test_rows, progress=False).argmax(axis=-1)
     assert table.loc[("roar", "saliency", 0.5), "accuracy"] == pytest.approx(np.mean(predicted == [gold[y] for _, y in TEST]))
+    # per test example, for paired comparisons between methods: the hand-trained model's hits
+    assert list(first.correct[("roar", "saliency", 0.5, 0)]) == [float(p == gold[y]) for p, (_, y) in zip(predicted, TEST, strict=True)]
+    assert set(first.correct) == {(m, method, k, 0) for m, method, k in table.index}
 
     fits.clear()
     again = roar(model, _retrainer(fits), **args)

@@ -58,7 +58,7 @@ import numbers
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -151,7 +151,9 @@ class RoarResult:
     training and the test pass) and optimiser ``steps``; ``n_train`` /
     ``n_test`` examples; ``retrained``: retrains this call computed (the rest came from the store);
     ``explained``: explanations it computed; ``explain_seconds``: per method, the stored wall
-    seconds per explained example."""
+    seconds per explained example; ``correct``: per table row's ``(mode, method, k, seed)``,
+    whether the retrained model got each test example right ``[n_test]`` (1.0 / 0.0), for
+    paired comparisons between any two methods."""
 
     table: Any
     n_train: int
@@ -160,6 +162,7 @@ class RoarResult:
     explained: int
     explain_seconds: dict[str, float]
     store_path: Path
+    correct: dict[tuple[str, str, float, int], np.ndarray] = field(default_factory=dict)
 
     @property
     def train_seconds(self) -> float:
@@ -411,9 +414,9 @@ def roar(
                 f"interrupted: {stored} of {len(jobs)} retrains stored ({stored - len(jobs) + len(todo)} by this run), and every"
                 " explanation computed so far; run the same call to resume"
             ) from None
-        table = _table(results, jobs, hashes, test)
+        table, correct = _table(results, jobs, hashes, test)
         seconds = {m: _explain_seconds(results, [train.runs[m].key, test.runs[m].key]) for m in names}
-    return RoarResult(table, len(train.inputs), len(test.inputs), retrained, explained, seconds, results.path)
+    return RoarResult(table, len(train.inputs), len(test.inputs), retrained, explained, seconds, results.path, correct)
 
 
 def _explain(model: Model, store: ResultsStore, splits: Sequence[_Split], names: Sequence[str], bar) -> int:
@@ -499,16 +502,17 @@ def _explain_seconds(store: ResultsStore, keys: Sequence[RunKey]) -> float:
 
 
 def _table(store: ResultsStore, jobs: Sequence[Job], hashes: dict[Job, str], test: _Split):
-    """The tidy table of :class:`RoarResult` from the store."""
+    """The tidy table of :class:`RoarResult` from the store, and each row's per-example correctness."""
     import pandas as pd
 
     def correct(job: Job) -> np.ndarray:
         got = store.get_metrics(test.runs[job.method].key, f"{job.mode}_correct", hashes[job], test.ids)
         return np.array([got[i][0] for i in test.ids], dtype=float)
 
-    rows = []
+    rows, kept = [], {}
     for job in jobs:
         values = correct(job)
+        kept[(job.mode, REFERENCE if job.reference else job.method, job.fraction, job.seed)] = values
         accuracy, low, high = bootstrap_mean(values)
         diff = (math.nan, math.nan, math.nan)
         if job.method != BASELINE and not job.reference:
@@ -521,4 +525,4 @@ def _table(store: ResultsStore, jobs: Sequence[Job], hashes: dict[Job, str], tes
             "n_test": len(values), "train_seconds": training[0], "retrain_seconds": summary.get("retrain_seconds", math.nan),
             "steps": summary.get("steps", math.nan),
         })
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows), kept
