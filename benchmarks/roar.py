@@ -16,7 +16,9 @@ For every method and fraction k this script (through :func:`heedful.evaluate.roa
 
 Explanations and every retrain's outcome are kept in ``--store`` (default
 ``<heedful home>/roar``) as they are computed: Ctrl-C keeps them and the same command computes
-only what is missing, so the grid can be grown a few retrains at a time. The cost is stated in
+only what is missing, so the grid can be grown a few retrains at a time. The store behind
+``docs/results/roar.md`` is archived in ``benchmarks/store/roar``: after ``heedful bench load
+benchmarks/store/roar <heedful home>/roar`` the file's command retrains nothing. The cost is stated in
 the file: the wall time of every retrain (all of it is training and one pass over the test set)
 and of explaining, per method.
 
