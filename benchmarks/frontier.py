@@ -126,14 +126,16 @@ VARIANTS = ("solvability_beam[objective=both]", "solvability_beam[beam=1,shortli
             "solvability_beam[beam=1,shortlist=4,trailing_specials=true]", "solvability_beam[beam=1,shortlist=5,trailing_specials=true]",
             "solvability_beam[trailing_specials=true]",
             "solvability_beam[objective=both,trailing_specials=true]",
-            "solvability_beam[beam=1,shortlist=6,prior=attnlrp,trailing_specials=true]", "solvability_beam[beam=1,shortlist=6,prior=attnlrp]")
+            "solvability_beam[beam=1,shortlist=6,prior=attnlrp,trailing_specials=true]", "solvability_beam[beam=1,shortlist=6,prior=attnlrp]",
+            "solvability_beam[beam=1,shortlist=6,prior=attnlrp,removal=unk]")
 """Rows measured beside every method at its defaults: a method with other options -- the beam
 search on Zhou & Shah's combined target (comprehensiveness minus sufficiency) besides its default
 comprehensiveness, its lazy greedy form with two shortlists (about a tenth of the default's
 passes), and the lazy, default and combined searches ordering ``[SEP]`` with the words, as
 protocol ``default`` ranks it; and the lazy search shortlisting by AttnLRP's ranking instead of a first
 step that removes every token once, with and without the trailing specials (a causal LM's text has
-none to order)."""
+none to order), and under ``[UNK]``: a causal LM's search deletes by default (``removal="auto"``),
+while its headline column, without a ``[MASK]`` token, is ``[UNK]``."""
 AOPC_GAIN = 1.10  # heedful's best >= 110 % of the best peer AOPC
 CHEAP_SHARE, CHEAP_COST = 0.95, 0.1  # >= 95 % of the best AOPC at <= 1/10 of its cost
 
