@@ -191,8 +191,9 @@ def cost(result: RoarResult, args: argparse.Namespace) -> list[str]:
 def main() -> int:
     args = arguments()
     torch.set_num_threads(args.threads)
+    asked = labels(args.methods)
     try:
-        rows = [split_label(label) for label in labels(args.methods)]
+        rows = [split_label(label) for label in asked]
     except HeedfulError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -220,7 +221,7 @@ def main() -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     minutes = (time.perf_counter() - start) / 60
-    shown = {name: label for label, (name, chosen) in zip(labels(args.methods), rows, strict=True) if chosen}  # rows with options by their label
+    shown = {name: label for label, (name, chosen) in zip(asked, rows, strict=True) if chosen}  # rows with options by their label
     result.table["method"] = result.table["method"].replace(shown)
     result.explain_seconds = {shown.get(m, m): s for m, s in result.explain_seconds.items()}
     result.correct = {(mode, shown.get(m, m), k, seed): v for (mode, m, k, seed), v in result.correct.items()}
