@@ -19,34 +19,39 @@ TEXTS = {"bert": ("a bad film", "so good"), "llama": ("good", "bad")}
 
 class Curves:
     """The explained probability of one text with any set of its removable tokens removed (or all
-    others removed), by hand: ``[MASK]`` for an encoder, deletion for a decoder."""
+    others removed), by hand: each of ``operators`` -- ``"auto"`` (``[MASK]`` for an encoder,
+    deletion for a decoder), ``"unk"`` or ``"delete"`` -- its curves summed in the objective."""
 
-    def __init__(self, one: Alone) -> None:
-        self.one = one
+    def __init__(self, one: Alone, operators: tuple[str, ...] = ("auto",)) -> None:
+        self.one, self.operators = one, operators
         self.removable = [i for i in range(one.n) if not one.special[i]]
-        self.cache: dict[frozenset[int], float] = {}
+        self.cache: dict[tuple[frozenset[int], str], float] = {}
         self.full = self.prob(frozenset())
 
-    def prob(self, removed: frozenset[int]) -> float:
-        if removed not in self.cache:
+    def prob(self, removed: frozenset[int], operator: str = "auto") -> float:
+        if operator == "auto":
+            operator = "mask" if self.one.is_encoder else "delete"
+        if (removed, operator) not in self.cache:
             ids = self.one.ids[0]
-            if self.one.is_encoder:
-                kept = ids.clone()
-                kept[sorted(removed)] = self.one.tok.mask_token_id
-            else:
+            if operator == "delete":
                 kept = torch.tensor([t for i, t in enumerate(ids.tolist()) if i not in removed])
+            else:
+                kept = ids.clone()
+                kept[sorted(removed)] = getattr(self.one.tok, f"{operator}_token_id")
             with torch.no_grad():
-                self.cache[removed] = float(torch.softmax(self.one.logits(self.one.hf(input_ids=kept[None])), -1)[self.one.label])
-        return self.cache[removed]
+                logits = self.one.logits(self.one.hf(input_ids=kept[None]))
+            self.cache[removed, operator] = float(torch.softmax(logits, -1)[self.one.label])
+        return self.cache[removed, operator]
 
     def gain(self, prefix: tuple[int, ...], objective: str) -> float:
-        """The objective's term for one prefix: its removal's drop (comprehensiveness), minus the
-        drop of keeping only it (sufficiency)."""
+        """The objective's term for one prefix, summed over the operators: its removal's drop
+        (comprehensiveness), minus the drop of keeping only it (sufficiency)."""
         value = 0.0
-        if objective != "sufficiency":
-            value += self.full - self.prob(frozenset(prefix))
-        if objective != "comprehensiveness":
-            value -= self.full - self.prob(frozenset(self.removable) - frozenset(prefix))
+        for op in self.operators:
+            if objective != "sufficiency":
+                value += self.full - self.prob(frozenset(prefix), op)
+            if objective != "comprehensiveness":
+                value -= self.full - self.prob(frozenset(self.removable) - frozenset(prefix), op)
         return value
 
     def value(self, order: tuple[int, ...], objective: str) -> float:
@@ -73,6 +78,29 @@ def test_solvability_beam_finds_the_brute_force_optimum_when_the_beam_holds_ever
         assert sorted(order) == c.removable, "every removable token is ranked, nothing else"
         best = max(c.value(p, objective) for p in itertools.permutations(c.removable))
         assert c.value(order, objective) >= best - 1e-5, (order, c.value(order, objective), best)
+
+
+@pytest.mark.parametrize("objective", ["comprehensiveness", "both"])
+@pytest.mark.parametrize(("family", "removal", "also"), [("bert", "mask", "delete"), ("bert", "unk", "delete"), ("llama", "pad", "delete")])
+def test_a_second_operator_sums_both_curves_and_the_search_finds_their_brute_force_optimum(family, removal, also, objective):
+    model = cached_model(family, "classification")
+    texts = TEXTS[family]
+    curves = [Curves(Alone(model, t), (removal, also)) for t in texts]
+    found = _orders(model, texts, beam=720, objective=objective, removal=removal, also_removal=also)
+    for c, order in zip(curves, found, strict=True):
+        orders = list(itertools.permutations(c.removable))
+        best = max(c.value(p, objective) for p in orders)
+        assert c.value(order, objective) >= best - 1e-5, (order, c.value(order, objective), best)
+        assert any(c.value(p, objective) < best - 1e-3 for p in orders), "the texts must tell orderings apart"
+
+
+def test_a_second_operator_the_first_already_is_refused_in_one_line():
+    model = cached_model("llama", "classification")
+    with pytest.raises(heedful.InputError, match="also_removal='delete' replaces tokens as removal='auto'"):
+        model.explain("good", "solvability_beam", also_removal="delete")
+    e = model.explain("a bad film", "solvability_beam", beam=2, objective="both", removal="pad", also_removal="delete")
+    m = len(Curves(Alone(model, "a bad film")).removable)
+    assert e.cost.forward_passes == 1 + beam_forwards(2, m, "both", operators=2) == 1 + 2 * beam_forwards(2, m, "both")
 
 
 @pytest.mark.parametrize(("family", "task"), [("bert", "classification"), ("llama", "classification")])

@@ -13,7 +13,7 @@ import torch
 from heedful.attribution.composed import method_scores, named_method, usable_method
 from heedful.engine.ablation import removal_drops
 from heedful.engine.options import AT_LEAST_ONE, KEYED_WHEN_SET, RUNTIME
-from heedful.engine.perturb import Removal, removable_positions
+from heedful.engine.perturb import Removal, removable_positions, removal_id
 from heedful.engine.problem import Problem
 from heedful.engine.workload import passes
 from heedful.errors import InputError
@@ -23,25 +23,29 @@ from heedful.registry import register
 Objective = Literal["comprehensiveness", "sufficiency", "both"]
 
 
-def beam_forwards(beam: int, tokens: int, objective: str, shortlist: int | None = None, prior: bool = False) -> int:
+def beam_forwards(
+    beam: int, tokens: int, objective: str, shortlist: int | None = None, prior: bool = False, operators: int = 1
+) -> int:
     """Forward passes the search runs for ``tokens`` removable tokens (the reference and a prior
     method's passes excluded): at step ``t`` (a prefix of ``t`` tokens chosen) each of the
     ``min(beam, tokens!/(tokens-t)!)`` live orderings tries the ``tokens - t`` tokens left --
     after the first step (from the first step with a ``prior`` ranking) at most ``shortlist`` of them --
-    one removal each (two for ``"both"``); the step that has one token left runs nothing (its
-    prefix is the whole text for every beam)."""
+    one removal each (two for ``"both"``) under each of the ``operators`` removal operators the
+    objective sums; the step that has one token left runs nothing (its prefix is the whole text
+    for every beam)."""
     total, alive = 0, 1
     for t in range(tokens - 1):
         left = tokens - t
         total += alive * (left if shortlist is None or (t == 0 and not prior) else min(shortlist, left))
         alive = min(beam, alive * left)
-    return total * (2 if objective == "both" else 1)
+    return total * (2 if objective == "both" else 1) * operators
 
 
 def _passes(options: Mapping[str, Any], tokens: int) -> tuple[float, float]:
     prior = None if options.get("prior") is None else named_method(options["prior"], "prior")
     forward, backward = (0.0, 0.0) if prior is None else passes(prior, prior.defaults, tokens)
-    searched = beam_forwards(options["beam"], tokens, options["objective"], options["shortlist"], prior is not None)
+    operators = 1 if options.get("also_removal") is None else 2
+    searched = beam_forwards(options["beam"], tokens, options["objective"], options["shortlist"], prior is not None, operators)
     return (1 + searched + forward, backward)
 
 
@@ -66,8 +70,8 @@ def _shortlist(valid: torch.Tensor, last: torch.Tensor, size: int, known: torch.
     "solvability_beam",
     family="perturbation",
     cost=(
-        "1 + ~beam * N^2 / 2 forwards (x2 for objective='both'; N + beam * shortlist * N with a shortlist, "
-        "beam * shortlist * N + the prior method's passes with a prior; batched per step)"
+        "1 + ~beam * N^2 / 2 forwards (x2 for objective='both', x2 with also_removal; N + beam * shortlist * N "
+        "with a shortlist, beam * shortlist * N + the prior method's passes with a prior; batched per step)"
     ),
     passes=_passes,
 )
@@ -81,6 +85,7 @@ def solvability_beam(
     trailing_specials: Annotated[bool, KEYED_WHEN_SET] = False,
     prior: Annotated[str | None, KEYED_WHEN_SET] = None,
     removal: Removal = "auto",
+    also_removal: Annotated[Removal | None, KEYED_WHEN_SET] = None,
     output: Literal["logit", "probability"] = "probability",
     internal_batch_size: Annotated[int | None, AT_LEAST_ONE, RUNTIME] = None,
 ) -> torch.Tensor:
@@ -135,19 +140,27 @@ def solvability_beam(
     ``removal`` as for leave-one-out. Passes run in float32 only: a search turns small rounding
     differences between candidates into a different ordering, and the scores are its ranks.
 
+    ``also_removal`` names a second removal operator, and the objective becomes the sum of
+    both operators' curves: each extension is scored by its drop with the tokens replaced one
+    way plus its drop with them replaced the other way (``removal="unk", also_removal="delete"``
+    on a causal LM). A search under one operator places first the tokens whose removal that
+    operator turns into an out-of-distribution input the model reacts to; the sum keeps only
+    orderings that remove what the model needs under both. It costs twice the passes.
+
     Which metric it optimises: comprehensiveness (by default; sufficiency, or their difference,
-    by ``objective``) under **one removal operator**, the one ``removal`` names (``"auto"``:
-    ``[MASK]`` on an encoder such as minilm-sentiment, deletion on a causal LM), summed over every
-    prefix size ``k = 1 .. M`` -- the AOPC of a protocol with that operator, up to the protocol's
+    by ``objective``) under **the removal operators it is given** -- the one ``removal`` names
+    (``"auto"``: ``[MASK]`` on an encoder such as minilm-sentiment, deletion on a causal LM), plus
+    ``also_removal``'s when set, their curves summed -- over every prefix size ``k = 1 .. M``: the
+    AOPC of a protocol with that operator (the sum of two protocols' AOPCs), up to the protocol's
     ratio schedule (protocol ``default`` averages 10 .. 90 % of all tokens). It optimises nothing
-    under another operator (deletion or sampled in-distribution replacement on an encoder), on
-    F-Fidelity's fine-tuned copy, or by soft comprehensiveness / sufficiency: scores there are
-    what ``benchmarks/frontier.py`` reports beside the one it solves, so that its gain on its own
-    operator is not mistaken for faithfulness.
+    under any other operator (sampled in-distribution replacement, say), on F-Fidelity's
+    fine-tuned copy, or by soft comprehensiveness / sufficiency: scores there are what
+    ``benchmarks/frontier.py`` reports beside the ones it solves, so that its gain on its own
+    operators is not mistaken for faithfulness.
 
     Cost: ``1 + sum_{t=0}^{M-2} min(beam, M!/(M-t)!) * (M - t)`` forwards per example, about
-    ``beam * M^2 / 2`` (twice that for ``"both"``; ``M - t`` is at most ``shortlist`` after the
-    first step), run in ``M - 1`` batched steps.
+    ``beam * M^2 / 2`` (twice that for ``"both"``, twice again with ``also_removal``; ``M - t``
+    is at most ``shortlist`` after the first step), run in ``M - 1`` batched steps.
 
     Source: Zhou & Shah 2023, The Solvability of Interpretability Evaluation Metrics (EACL
     Findings), Sec. 3 (beam search over feature orderings); lazy steps: Minoux 1978,
@@ -157,6 +170,12 @@ def solvability_beam(
         raise InputError(f"prior={prior!r} orders the shortlist of the lazy search, and no shortlist is set", hint="add shortlist=5")
     if prior == "solvability_beam":
         raise InputError("prior='solvability_beam' would run the search it orders", hint="use prior='attnlrp'")
+    operators = [removal] if also_removal is None else [removal, also_removal]
+    if also_removal is not None and removal_id(problem.adapter, also_removal) == removal_id(problem.adapter, removal):
+        raise InputError(
+            f"also_removal={also_removal!r} replaces tokens as removal={removal!r} already does on this model",
+            hint="name another operator, e.g. removal='unk', also_removal='delete'",
+        )
     allowed = removable_positions(problem.batch, problem.target, trailing_specials)  # [B, N]
     ranking = None if prior is None else method_scores(problem, usable_method(prior, problem, "prior")).to(torch.float64)
     bsz, width = allowed.shape
@@ -170,7 +189,7 @@ def solvability_beam(
     last = torch.zeros(bsz, beam, width, dtype=torch.float64, device=device)  # each token's gain as last measured
     known = torch.zeros(bsz, beam, width, dtype=torch.bool, device=device)  # measured at least once
     eye = torch.eye(width, dtype=torch.bool, device=device)
-    drop = dict(output=output, removal=removal, rows=internal_batch_size)
+    drop = dict(output=output, rows=internal_batch_size)
     with task(f"solvability beam steps ({bsz} texts)", total=max(most - 1, 0)) as steps:
         for t in range(most):
             left = counts - t  # [B] tokens not yet placed
@@ -181,12 +200,13 @@ def solvability_beam(
             measured = valid & (left > 1)[:, None, None]  # the last token's step changes no ranking
             gain = torch.zeros(bsz, beam, width, dtype=torch.float64, device=device)
             if measured.any():
-                if objective != "sufficiency":
-                    remove = grown & measured[..., None]
-                    gain += removal_drops(problem, remove.view(bsz, -1, width), **drop).view(bsz, beam, width).double()
-                if objective != "comprehensiveness":
-                    keep_only = allowed[:, None, None, :] & ~grown & measured[..., None]
-                    gain -= removal_drops(problem, keep_only.view(bsz, -1, width), **drop).view(bsz, beam, width).double()
+                remove = (grown & measured[..., None]).view(bsz, -1, width)
+                keep_only = (allowed[:, None, None, :] & ~grown & measured[..., None]).view(bsz, -1, width)
+                for operator in operators:  # the objective sums every operator's curves
+                    if objective != "sufficiency":
+                        gain += removal_drops(problem, remove, removal=operator, **drop).view(bsz, beam, width).double()
+                    if objective != "comprehensiveness":
+                        gain -= removal_drops(problem, keep_only, removal=operator, **drop).view(bsz, beam, width).double()
                 steps.advance()
             last = torch.where(measured, gain, last)
             known |= measured
