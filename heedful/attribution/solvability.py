@@ -145,7 +145,12 @@ def solvability_beam(
     way plus its drop with them replaced the other way (``removal="unk", also_removal="delete"``
     on a causal LM). A search under one operator places first the tokens whose removal that
     operator turns into an out-of-distribution input the model reacts to; the sum keeps only
-    orderings that remove what the model needs under both. It costs twice the passes.
+    orderings that remove what the model needs under both. It costs twice the passes. On
+    smollm2-sentiment's 200 frontier sentences, ``beam=1, shortlist=6, prior="attnlrp",
+    objective="both", removal="unk", also_removal="delete"`` scored AOPC ``[UNK]`` 0.715 against
+    KernelSHAP's 0.575, and (paired) no worse under deletion or sampled replacement, where the
+    same search under ``[UNK]`` alone lost 0.175 AOPC to KernelSHAP under deletion
+    (``docs/results/frontier.md``).
 
     Which metric it optimises: comprehensiveness (by default; sufficiency, or their difference,
     by ``objective``) under **the removal operators it is given** -- the one ``removal`` names
