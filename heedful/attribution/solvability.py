@@ -205,13 +205,14 @@ def solvability_beam(
             measured = valid & (left > 1)[:, None, None]  # the last token's step changes no ranking
             gain = torch.zeros(bsz, beam, width, dtype=torch.float64, device=device)
             if measured.any():
-                remove = (grown & measured[..., None]).view(bsz, -1, width)
-                keep_only = (allowed[:, None, None, :] & ~grown & measured[..., None]).view(bsz, -1, width)
+                curves = []  # (positions removed [B, W*N, N], sign): removing the prefix adds, keeping only it subtracts
+                if objective != "sufficiency":
+                    curves.append(((grown & measured[..., None]).view(bsz, -1, width), 1.0))
+                if objective != "comprehensiveness":
+                    curves.append(((allowed[:, None, None, :] & ~grown & measured[..., None]).view(bsz, -1, width), -1.0))
                 for operator in operators:  # the objective sums every operator's curves
-                    if objective != "sufficiency":
-                        gain += removal_drops(problem, remove, removal=operator, **drop).view(bsz, beam, width).double()
-                    if objective != "comprehensiveness":
-                        gain -= removal_drops(problem, keep_only, removal=operator, **drop).view(bsz, beam, width).double()
+                    for removed, sign in curves:
+                        gain += sign * removal_drops(problem, removed, removal=operator, **drop).view(bsz, beam, width).double()
                 steps.advance()
             last = torch.where(measured, gain, last)
             known |= measured
