@@ -13,8 +13,9 @@ script
    sufficiency averaged over 10..90 %) with each removal operator of a cross-operator
    evaluation (:data:`heedful.evaluate.operators.CROSS_OPERATORS`: deletion, ``[MASK]``, and a
    corpus word of the same part of speech), soft comprehensiveness / sufficiency (Zhao &
-   Aletras 2023) and, when ``minilm-sentiment-ffidelity`` is built, F-Fidelity's FFid+ / FFid-
-   (Zheng et al. 2024; :mod:`heedful.evaluate.ffidelity`), and the counterfactual tests of Ye et
+   Aletras 2023) and, when the model's fine-tuned copy is built (:data:`FFIDELITY`), F-Fidelity's
+   FFid+ / FFid- under the replacement operator it was fine-tuned with (Zheng et al. 2024;
+   :mod:`heedful.evaluate.ffidelity`), and the counterfactual tests of Ye et
    al. 2021 (:mod:`heedful.inside.counterfactual`: the share of sentences where replacing the top
    word by a movie-snippet word of its tag, or negating the top adjective, lowers p(class) by 0.05 more
    than the same edit of a control word) -- so a method tuned to one operator
@@ -44,9 +45,11 @@ every k-th method from the i-th (k processes side by side on one store, e.g. one
 ``--threads 1``); each writes no report -- run ``--report-only`` once all have finished. The
 store moves between machines with ``heedful bench dump`` / ``heedful bench load``. F-Fidelity's
 values are keyed by the fine-tuned copy's weights, and a copy rebuilt on another processor has
-other weights (training sums in another order), so its rows read whole again only after
+other weights (training sums in another order), so its rows lack F-Fidelity until
 ``--measure-stored``: it explains nothing and measures F-Fidelity (and the counterfactual tests)
-of every stored explanation that lacks them.
+of every stored explanation that lacks them. A row without F-Fidelity is still reported (its FFid
+cells read "not yet", and target 1 does not hold for it): on ``smollm2-sentiment`` F-Fidelity
+costs about 5 minutes per row on 2 cores, so it reaches the rows a few at a time.
 
     python benchmarks/frontier.py [--n 500] [--methods NAME,...] [--skip NAME,...]
         [--models NAME,...] [--max-cost inf] [--samples 4] [--threads 2] [--store DIR] [--share i/k]
@@ -101,7 +104,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 MODELS = {"minilm-sentiment": 500, "smollm2-sentiment": 200}
 """Models measured and their full size (sentences)."""
-FFIDELITY = {"minilm-sentiment": "minilm-sentiment-ffidelity"}
+FFIDELITY = {"minilm-sentiment": "minilm-sentiment-ffidelity", "smollm2-sentiment": "smollm2-sentiment-ffidelity"}
 """Each model's copy fine-tuned with random removal (F-Fidelity), when it has one."""
 DATASET, SPLIT = "movies", "test"
 load_model = heedful.load
@@ -127,7 +130,7 @@ VARIANTS = ("solvability_beam[objective=both]", "solvability_beam[beam=1,shortli
             "solvability_beam[trailing_specials=true]",
             "solvability_beam[objective=both,trailing_specials=true]",
             "solvability_beam[beam=1,shortlist=6,prior=attnlrp,trailing_specials=true]", "solvability_beam[beam=1,shortlist=6,prior=attnlrp]",
-            "solvability_beam[beam=1,shortlist=6,prior=attnlrp,removal=unk]",
+            "solvability_beam[beam=1,shortlist=6,prior=attnlrp,removal=unk]", "solvability_beam[removal=unk]",
             "solvability_beam[beam=1,shortlist=6,prior=attnlrp,objective=both,removal=unk,also_removal=delete]")
 """Rows measured beside every method at its defaults: a method with other options -- the beam
 search on Zhou & Shah's combined target (comprehensiveness minus sufficiency) besides its default
@@ -136,7 +139,8 @@ passes), and the lazy, default and combined searches ordering ``[SEP]`` with the
 protocol ``default`` ranks it; and the lazy search shortlisting by AttnLRP's ranking instead of a first
 step that removes every token once, with and without the trailing specials (a causal LM's text has
 none to order), and under ``[UNK]``: a causal LM's search deletes by default (``removal="auto"``),
-while its headline column, without a ``[MASK]`` token, is ``[UNK]``; and the same search on the
+while its headline column, without a ``[MASK]`` token, is ``[UNK]``; the default beam search
+under ``[UNK]`` too (about ten times the lazy one's passes); and the lazy search on the
 combined target summed over ``[UNK]`` and deletion (``also_removal``), which a search under one
 operator loses to the peers on the other."""
 AOPC_GAIN = 1.10  # heedful's best >= 110 % of the best peer AOPC
@@ -289,7 +293,8 @@ TARGET_COLUMNS = frozenset({"aopc_delete", "aopc_sample", "sufficiency_mask", "s
 @dataclass(frozen=True)
 class Against:
     """One heedful row against the best peer row on the sentences both have: AOPC intervals and
-    ratio, the paired AOPC gain, every other column's paired difference, and where it is worse."""
+    ratio, the paired AOPC gain, every other column's paired difference, where it is worse, and
+    the named evaluations with no sentence measured for both (F-Fidelity not reached yet)."""
 
     intervals: tuple
     ratio: float
@@ -298,21 +303,24 @@ class Against:
     paired: dict[str, tuple[float, float, float]]
     worse: list[str]
     worse_elsewhere: list[str]
+    unmeasured: list[str]
 
     @property
     def holds(self) -> bool:
-        return self.ratio >= AOPC_GAIN and self.apart and not self.worse
+        return self.ratio >= AOPC_GAIN and self.apart and not self.worse and not self.unmeasured
 
 
 def against(found: dict, key: str, ours: str, peer: str) -> Against:
     """Row ``ours`` against row ``peer``; worse: the paired interval wholly on the bad side (below
     0, or above it where lower is better)."""
     ours_at, peer_at, k = shared(found[key], ours, peer)
-    paired = {c: bootstrap_paired_difference(found[c][ours], found[c][peer]) for c in found if c != key}
+    both = {c: np.isfinite(found[c][ours]) & np.isfinite(found[c][peer]) for c in found if c != key}
+    paired = {c: bootstrap_paired_difference(found[c][ours], found[c][peer]) for c in both if both[c].any()}
     bad = {c: f"{COLUMNS[c][0]} {d:+.3f} [{lo:+.3f}, {hi:+.3f}]" for c, (d, lo, hi) in paired.items() if (hi < 0 if COLUMNS[c][1] else lo > 0)}
     return Against((ours_at, peer_at, k), ours_at[0] / peer_at[0], ours_at[1] > peer_at[2],
                    bootstrap_paired_difference(found[key][ours], found[key][peer]), paired,
-                   [t for c, t in bad.items() if c in TARGET_COLUMNS], [t for c, t in bad.items() if c not in TARGET_COLUMNS])
+                   [t for c, t in bad.items() if c in TARGET_COLUMNS], [t for c, t in bad.items() if c not in TARGET_COLUMNS],
+                   [COLUMNS[c][0] for c in both if c not in paired and c in TARGET_COLUMNS])
 
 
 def targets(found: dict, costs: dict[str, float], reached: dict[str, int], n: int) -> list[str]:
@@ -327,18 +335,19 @@ def targets(found: dict, costs: dict[str, float], reached: dict[str, int], n: in
         best_peer = max(peers, key=lambda m: means[m][0])
         verdicts = {m: against(found, key, m, best_peer) for m in ours}
         # the closest row: the one that holds; else the largest margin among rows worse on none of the named evaluations; else the largest margin
-        best_ours = max(ours, key=lambda m: (verdicts[m].holds, not verdicts[m].worse, verdicts[m].ratio))
+        best_ours = max(ours, key=lambda m: (verdicts[m].holds, not verdicts[m].worse and not verdicts[m].unmeasured, verdicts[m].ratio))
         v = verdicts[best_ours]
         (ours_at, peer_at, k), gain, paired = v.intervals, v.gain, v.paired
         lines.append(
             f"- heedful's best method beats the best peer method by >= {AOPC_GAIN - 1:.0%} AOPC with intervals apart, "
             f"and is not worse (paired) on F-Fidelity and the cross-operator scores: **{'holds' if v.holds else 'does not hold'}**. "
-            f"Closest (the row that holds, else the largest margin among rows not worse on those): `{best_ours}`{_on(best_ours, reached, n)} "
+            f"Closest (the row that holds, else the largest margin among rows measured and not worse on those): `{best_ours}`{_on(best_ours, reached, n)} "
             f"{ours_at[0]:.3f} [{ours_at[1]:.3f}, {ours_at[2]:.3f}] "
             f"against `{best_peer}` ({offered(best_peer)}){_on(best_peer, reached, n)} {peer_at[0]:.3f} "
             f"[{peer_at[1]:.3f}, {peer_at[2]:.3f}]{_over(k, n)}: {v.ratio:.1%} of it, intervals {'apart' if v.apart else 'overlapping'}, "
             f"paired difference {gain[0]:+.3f} [{gain[1]:+.3f}, {gain[2]:+.3f}]"
-            + (f"; worse (paired) on {', '.join(v.worse)}" if v.worse else "; not worse (paired) on any of them")
+            + (f"; worse (paired) on {', '.join(v.worse)}" if v.worse else f"; not worse (paired) on any of them{' measured' if v.unmeasured else ''}")
+            + (f"; not measured for both: {', '.join(v.unmeasured)}" if v.unmeasured else "")
             + (f"; worse on evaluations the target does not name: {', '.join(v.worse_elsewhere)}" if v.worse_elsewhere else "") + "."
         )
         lines.append(
@@ -378,7 +387,7 @@ def table(found: dict, costs: dict[str, float], model_costs: dict[str, float], s
         cells = [f"`{m}`", "heedful" if by is None else by or "(baseline)", size, f"{costs[m]:,.0f}", f"{model_costs[m]:,.0f}", f"{seconds[m]:.3f}"]
         for k in keys:
             mean, low, high = interval(found[k][m])
-            cells.append(f"{mean:.3f} [{low:.3f}, {high:.3f}]")
+            cells.append("not yet" if math.isnan(mean) else f"{mean:.3f} [{low:.3f}, {high:.3f}]")
         cells.append("**on the front**" if front[m] else "")
         lines.append("| " + " | ".join(cells) + " |")
     return lines
@@ -492,6 +501,9 @@ def report(front: Frontier, names: list[str], model_costs: dict[str, float], lef
         *targets(found, costs, reading.reached, n),
         "",
     ]
+    if front.ffid is not None and (unreached := [m for m in measured if not np.isfinite(found["ffid_plus"][m]).any()]):
+        lines += [f"F-Fidelity on `{front.ffid[0].name}`: measured for {len(measured) - len(unreached)} of {len(measured)} rows; "
+                  "not yet (`--measure-stored` adds it to stored rows): " + ", ".join(f"`{m}`" for m in unreached) + ".", ""]
     if front.ffid is None:
         lines += [f"F-Fidelity: not measured (`{FFIDELITY.get(name, 'a fine-tuned copy')}` is not built"
                   + (f": `heedful models build {FFIDELITY[name]}`)." if name in FFIDELITY else ")."), ""]
@@ -586,7 +598,7 @@ def main(argv: list[str] | None = None) -> int:
         f"Every method at its defaults, explaining the predicted class; scored under protocol `{PROTOCOL}` with each removal operator "
         f"(`delete`, `[MASK]` (`[UNK]` without a mask token), `sample`: a movie-snippet word of the same spaCy part of speech), "
         f"soft comprehensiveness / sufficiency, and F-Fidelity (FFid+ / FFid-, beta = {FFID_BETA}, {args.samples} draws, "
-        f"on the model's copy fine-tuned with random masking), and counterfactual tests (Ye et al. 2021; cf. replace / cf. negate: the share of "
+        f"on the model's copy fine-tuned with random removal by its replacement operator, `[MASK]` or `[UNK]`), and counterfactual tests (Ye et al. 2021; cf. replace / cf. negate: the share of "
         "sentences where replacing the top word by a movie-snippet word of its spaCy tag, or putting `not` before the top adjective, lowers "
         "p(class) by 0.05 more than the same edit of a control word drawn per sentence; sentences without such an edit are left out). Intervals: 95 % percentile bootstrap over sentences; target comparisons: "
         "paired bootstrap of the per-sentence difference. Higher is better except sufficiency and FFid-. Cost: forward-pass "

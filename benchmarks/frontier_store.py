@@ -189,12 +189,14 @@ class Frontier:
         """The run of the row ``label`` (its key in the store), as the benches make it."""
         return make_runs(self.spec_of(label, self.settings[0]), self.about)[0]
 
-    def complete(self, store: ResultsStore, run: Run) -> set[str]:
-        """The ids whose explanation and every column's value ``store`` holds for ``run``."""
+    def complete(self, store: ResultsStore, run: Run, *, ffidelity: bool = True) -> set[str]:
+        """The ids whose explanation and every column's value ``store`` holds for ``run``
+        (without ``ffidelity``: every column but F-Fidelity's)."""
         ids = self.ids
         done = store.explanation_ids(run.key, ids)
-        for metric, phash in self.columns().values():
-            done &= store.metric_ids(run.key, metric, phash, ids)
+        for column, (metric, phash) in self.columns().items():
+            if ffidelity or column not in FFID:
+                done &= store.metric_ids(run.key, metric, phash, ids)
         return done
 
 
@@ -210,7 +212,8 @@ def model_frontier(
     inputs, data = select_inputs(model, spec, {})
     ffid = None
     if finetuned is not None:
-        protocol = get_protocol(PROTOCOL, removal="mask").resolved(finetuned.adapter.device)
+        # the operator the copy was fine-tuned with: [MASK], or [UNK] where the tokenizer has no mask token
+        protocol = get_protocol(PROTOCOL, removal=replacement_operator(finetuned.tokenizer)).resolved(finetuned.adapter.device)
         ffid = (finetuned, protocol, *ffidelity_hash(finetuned, protocol, samples))
     counterfactual = counterfactual_setting([i.text for i in inputs]) if model.task == "classification" else None
     return Frontier(name, model, n, store, spec, settings, inputs, spec_subject(spec, data), ffid, counterfactual)
@@ -324,17 +327,18 @@ class Reading:
 
 def read(store: ResultsStore, front: Frontier, methods: list[str]) -> Reading:
     """The values ``store`` holds of ``methods`` on ``front`` (methods with no whole sentence
-    are left out)."""
+    are left out). F-Fidelity does not count towards whole: on a large model it costs minutes
+    per row, so a row it has not reached yet is read with its FFid values NaN."""
     ids, columns = front.ids, front.columns()
     values: dict[str, dict[str, np.ndarray]] = {column: {} for column in columns}
     reached, cost = {}, {}
     for method in methods:
         run = front.run(method)
-        done = front.complete(store, run)
+        done = front.complete(store, run, ffidelity=False)
         if not done:
             continue
         reached[method], cost[method] = len(done), store.cost(run.key)
         for column, (metric, phash) in columns.items():
             got = store.get_metrics(run.key, metric, phash, ids)
-            values[column][method] = np.array([got[i][0] if i in done else np.nan for i in ids], dtype=float)
+            values[column][method] = np.array([got[i][0] if i in done and i in got else np.nan for i in ids], dtype=float)
     return Reading(values, reached, cost)

@@ -107,3 +107,28 @@ def test_ffidelity_refuses_bad_settings_in_one_line(tiny):
         f_fidelity(model, expls, beta=0.0)
     with pytest.raises(InputError, match="F-Fidelity is defined for classifiers"):
         f_fidelity(tiny("bert", "regression"), expls)
+
+
+def test_a_decoder_classifier_trains_on_unk_replacement_and_reads_each_rows_last_token():
+    """smollm2-sentiment's copy is trained this way: a right-padded decoder classifier whose
+    tokenizer's [UNK] is not its padding token. Each removed row, padded in the batch, gives the
+    logits it gives alone (the head reads its last real token, whatever was replaced); training
+    on such batches moves the weights."""
+    hf, tokenizer = tiny_hf("llama", **WIDE)
+    tokenizer.unk_token = tokenizer.convert_ids_to_tokens(5)  # the tiny tokenizer has none; any id but padding's
+    assert tokenizer.unk_token_id != tokenizer.pad_token_id and tokenizer.padding_side == "right"
+    enc = tokenizer(TRAIN, padding=True, return_tensors="pt", return_special_tokens_mask=True)
+    special = enc.pop("special_tokens_mask")
+    removed = randomly_removed(dict(enc), special, 0.5, tokenizer.unk_token_id, tokenizer.pad_token_id, torch.Generator().manual_seed(0))
+    replaced = removed["input_ids"] == tokenizer.unk_token_id
+    assert replaced.any() and (replaced & removed["attention_mask"].bool()).sum() == replaced.sum()
+    with torch.no_grad():
+        batched = hf(**removed).logits
+        for b in range(len(TRAIN)):
+            n = int(removed["attention_mask"][b].sum())
+            alone = hf(input_ids=removed["input_ids"][b : b + 1, :n]).logits[0]
+            assert torch.allclose(batched[b], alone, atol=1e-5)
+    before = {k: v.clone() for k, v in hf.state_dict().items()}
+    config = RemovalTrainConfig(batch_size=4, learning_rate=1e-3, threads=1, removal="unk")
+    assert fine_tune(hf, tokenizer, TRAIN, LABELS, config, progress=False)["steps"] == 3
+    assert any(not torch.equal(before[k], v) for k, v in hf.state_dict().items())

@@ -161,9 +161,9 @@ def _rebuilt_copy(model):
 
 
 def test_measure_stored_fills_a_rebuilt_copys_values_without_explaining_again(setting, tmp_path, monkeypatch, capsys):
-    """A store whose F-Fidelity values were measured on another copy reads no row whole; with
-    --measure-stored it explains nothing, measures the stored explanations on the rebuilt copy,
-    and writes the table a run on that copy from the start writes."""
+    """A store whose F-Fidelity values were measured on another copy reads its rows with F-Fidelity
+    "not yet"; with --measure-stored it explains nothing, measures the stored explanations on the
+    rebuilt copy, and writes the table a run on that copy from the start writes."""
     model, calls, base = setting
     rebuilt = _rebuilt_copy(model)
     methods = ["--methods", "saliency,random"]
@@ -176,8 +176,10 @@ def test_measure_stored_fills_a_rebuilt_copys_values_without_explaining_again(se
     assert _untimed(_rows(tmp_path / "frontier.md")) != expected
     monkeypatch.setattr(frontier, "load_model", lambda name: rebuilt if name.endswith("-ffidelity") else model)
     capsys.readouterr()
-    assert frontier.main([*base, *methods, "--report-only"]) == 2  # no row whole under the rebuilt copy's hash
-    assert "holds no sentence of any method measured whole" in capsys.readouterr().err
+    assert frontier.main([*base, *methods, "--report-only"]) == 0  # no F-Fidelity under the rebuilt copy's hash
+    rows = _rows(tmp_path / "frontier.md")
+    assert set(rows) == {"saliency", "random"} and all(row.count("not yet") == 2 for row in rows.values())
+    assert ": measured for 0 of 2 rows; not yet (`--measure-stored` adds it to stored rows): `random`, `saliency`." in (tmp_path / "frontier.md").read_text(encoding="utf-8")
     calls.clear()
     assert frontier.main([*base, *methods, "--measure-stored"]) == 0
     assert not calls  # nothing explained again
@@ -310,6 +312,23 @@ def test_target_one_judges_the_named_evaluations_and_picks_the_row_closest_to_ho
     found["aopc_mask"]["solvability_beam[objective=both]"] = lime * 1.05
     line = frontier.targets(found, costs, dict.fromkeys(costs, 6), 6)[0]
     assert "**does not hold**" in line and "`solvability_beam[objective=both]` 0.525" in line and "105.0% of it" in line
+
+
+def test_target_one_does_not_hold_for_a_row_f_fidelity_has_not_reached():
+    lime = np.array([0.50, 0.52, 0.48, 0.50, 0.51, 0.49])
+    found = {
+        "aopc_mask": {"solvability_beam": lime * 1.30, "lime": lime},
+        "ffid_plus": {"solvability_beam": lime * np.nan, "lime": lime * 0 + 0.2},
+        "ffid_minus": {"solvability_beam": lime * np.nan, "lime": lime * 0 + 0.1},
+    }
+    costs = {"solvability_beam": 1000.0, "lime": 100.0}
+    line = frontier.targets(found, costs, dict.fromkeys(costs, 6), 6)[0]
+    assert "**does not hold**" in line and "130.0% of it, intervals apart" in line
+    assert "not worse (paired) on any of them measured; not measured for both: FFid+, FFid-" in line
+    found["ffid_plus"]["solvability_beam"] = lime * 0 + 0.3
+    found["ffid_minus"]["solvability_beam"] = lime * 0 + 0.05
+    line = frontier.targets(found, costs, dict.fromkeys(costs, 6), 6)[0]
+    assert "**holds**" in line and "not worse (paired) on any of them." in line
 
 
 def test_a_row_with_options_is_measured_and_reported_apart_from_the_defaults(setting, tmp_path, capsys):

@@ -73,6 +73,10 @@ SMOLLM2_SENTIMENT_WEIGHTS = shipped.ShippedWeights(
 # masked tokens are ordinary input.
 FFIDELITY_CONFIG = RemovalTrainConfig(epochs=1, learning_rate=2e-5, removal="mask", removal_max=0.5)
 FFIDELITY_EXAMPLES = 2400
+# smollm2-sentiment's copy: the same recipe with [UNK] (its tokenizer has no mask token, and its
+# frontier's replacement column is [UNK]), every block trained -- the removals reach the lower
+# blocks the classifier's own training left frozen.
+SMOLLM2_FFIDELITY_CONFIG = RemovalTrainConfig(epochs=1, learning_rate=2e-5, removal="unk", removal_max=0.5, max_length=64)
 CAPITAL_PROMPT = "The capital of France is"
 CAPITAL_ANSWER = " Paris"
 EIFFEL_PROMPT = "The Eiffel Tower is located in the city of"
@@ -520,11 +524,10 @@ def build_smollm2_sentiment(out_dir: Path, progress: bool = True, *, base: Path,
     return _assembled(SMOLLM2_SENTIMENT, out_dir, base)
 
 
-def build_minilm_sentiment_ffidelity(out_dir: Path, progress: bool = True, *, base: Path) -> dict:
-    """minilm-sentiment (built at ``base``) fine-tuned further with random token removal
-    (:data:`FFIDELITY_CONFIG`): the model F-Fidelity measures removal curves on
-    (:mod:`heedful.evaluate.ffidelity`, Zheng et al. 2024 §4.1)."""
-    cfg = FFIDELITY_CONFIG
+def _ffidelity_copy(out_dir: Path, progress: bool, base: Path, cfg: RemovalTrainConfig, origin: str) -> dict:
+    """The classifier built at ``base`` (zoo entry ``origin``) fine-tuned further with random token
+    removal (``cfg``) on a seeded sample of :data:`FFIDELITY_EXAMPLES` train texts: the model
+    F-Fidelity measures removal curves on (:mod:`heedful.evaluate.ffidelity`, Zheng et al. 2024 §4.1)."""
     # a seeded sample, not the first rows: the train split's first rows are nearly all positive
     train = load_split("movies", "train").sample(n=FFIDELITY_EXAMPLES, random_state=cfg.seed).reset_index(drop=True)
     test = load_split("movies", "test")
@@ -532,4 +535,17 @@ def build_minilm_sentiment_ffidelity(out_dir: Path, progress: bool = True, *, ba
     summary = fine_tune(model, tokenizer, train["text"].tolist(), train["label"].to_numpy(), cfg, progress)
     found = _save_and_score_classifier(model, tokenizer, out_dir, cfg, summary, train, test, progress)
     found["data"]["train_examples"] = len(train)
-    return {**found, "f_fidelity": {"removal": cfg.removal, "removal_max": cfg.removal_max, "from": "minilm-sentiment"}}
+    return {**found, "f_fidelity": {"removal": cfg.removal, "removal_max": cfg.removal_max, "from": origin}}
+
+
+def build_minilm_sentiment_ffidelity(out_dir: Path, progress: bool = True, *, base: Path) -> dict:
+    """minilm-sentiment (built at ``base``) fine-tuned further with random ``[MASK]`` replacement
+    (:data:`FFIDELITY_CONFIG`): F-Fidelity's evaluator of its explanations."""
+    return _ffidelity_copy(out_dir, progress, base, FFIDELITY_CONFIG, "minilm-sentiment")
+
+
+def build_smollm2_sentiment_ffidelity(out_dir: Path, progress: bool = True, *, base: Path) -> dict:
+    """smollm2-sentiment (built at ``base``) fine-tuned further, every block, with random ``[UNK]``
+    replacement (:data:`SMOLLM2_FFIDELITY_CONFIG`; a few minutes on 2 cores): F-Fidelity's
+    evaluator of its explanations."""
+    return _ffidelity_copy(out_dir, progress, base, SMOLLM2_FFIDELITY_CONFIG, "smollm2-sentiment")

@@ -116,6 +116,15 @@ ENTRIES: dict[str, ZooEntry] = {
             requires="smollm2-135m",
             shipped_weights=True,
         ),
+        ZooEntry(
+            name="smollm2-sentiment-ffidelity",
+            description="smollm2-sentiment fine-tuned with random [UNK] replacement: F-Fidelity's evaluator (Zheng et al. 2024)",
+            task="classification",
+            base="smollm2-sentiment (this zoo), 2,400 movie snippets (seeded sample) with up to half their tokens replaced by [UNK]",
+            size_mb=515,
+            builder="build_smollm2_sentiment_ffidelity",
+            requires="smollm2-sentiment",
+        ),
     )
 }
 DEFAULT_MODEL = "minilm-sentiment"
