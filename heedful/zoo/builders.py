@@ -546,6 +546,6 @@ def build_minilm_sentiment_ffidelity(out_dir: Path, progress: bool = True, *, ba
 
 def build_smollm2_sentiment_ffidelity(out_dir: Path, progress: bool = True, *, base: Path) -> dict:
     """smollm2-sentiment (built at ``base``) fine-tuned further, every block, with random ``[UNK]``
-    replacement (:data:`SMOLLM2_FFIDELITY_CONFIG`; a few minutes on 2 cores): F-Fidelity's
+    replacement (:data:`SMOLLM2_FFIDELITY_CONFIG`; 75 steps, 22 min on 2 cores beside another job): F-Fidelity's
     evaluator of its explanations."""
     return _ffidelity_copy(out_dir, progress, base, SMOLLM2_FFIDELITY_CONFIG, "smollm2-sentiment")
