@@ -49,7 +49,7 @@ other weights (training sums in another order), so its rows lack F-Fidelity unti
 ``--measure-stored``: it explains nothing and measures F-Fidelity (and the counterfactual tests)
 of every stored explanation that lacks them. A row without F-Fidelity is still reported (its FFid
 cells read "not yet", and target 1 does not hold for it): on ``smollm2-sentiment`` F-Fidelity
-costs about 5 minutes per row on 2 cores, so it reaches the rows a few at a time.
+took 13.6 min for two rows on 2 cores beside another job, so it reaches the rows a few at a time.
 
     python benchmarks/frontier.py [--n 500] [--methods NAME,...] [--skip NAME,...]
         [--models NAME,...] [--max-cost inf] [--samples 4] [--threads 2] [--store DIR] [--share i/k]

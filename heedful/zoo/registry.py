@@ -60,6 +60,20 @@ class ZooEntry:
         return fields
 
 
+def _ffidelity_copy(origin: str, token: str, size_mb: int) -> ZooEntry:
+    """The entry of classifier ``origin``'s copy fine-tuned with random ``token`` replacement
+    (F-Fidelity's evaluator; built by ``build_<origin>_ffidelity`` in :mod:`heedful.zoo.builders`)."""
+    return ZooEntry(
+        name=f"{origin}-ffidelity",
+        description=f"{origin} fine-tuned with random {token} replacement: F-Fidelity's evaluator (Zheng et al. 2024)",
+        task="classification",
+        base=f"{origin} (this zoo), 2,400 movie snippets (seeded sample) with up to half their tokens replaced by {token}",
+        size_mb=size_mb,
+        builder=f"build_{origin.replace('-', '_')}_ffidelity",
+        requires=origin,
+    )
+
+
 ENTRIES: dict[str, ZooEntry] = {
     entry.name: entry
     for entry in (
@@ -80,15 +94,7 @@ ENTRIES: dict[str, ZooEntry] = {
             size_mb=87,
             builder="build_minilm_sentiment_regression",
         ),
-        ZooEntry(
-            name="minilm-sentiment-ffidelity",
-            description="minilm-sentiment fine-tuned with random token masking: F-Fidelity's evaluator (Zheng et al. 2024)",
-            task="classification",
-            base="minilm-sentiment (this zoo), 2,400 movie snippets (seeded sample) with up to half their tokens masked",
-            size_mb=87,
-            builder="build_minilm_sentiment_ffidelity",
-            requires="minilm-sentiment",
-        ),
+        _ffidelity_copy("minilm-sentiment", "[MASK]", size_mb=87),
         ZooEntry(
             name="smollm2-135m",
             description="SmolLM2-135M-Instruct causal LM (Llama-style), float32 from Q4_1 GGUF",
@@ -116,15 +122,7 @@ ENTRIES: dict[str, ZooEntry] = {
             requires="smollm2-135m",
             shipped_weights=True,
         ),
-        ZooEntry(
-            name="smollm2-sentiment-ffidelity",
-            description="smollm2-sentiment fine-tuned with random [UNK] replacement: F-Fidelity's evaluator (Zheng et al. 2024)",
-            task="classification",
-            base="smollm2-sentiment (this zoo), 2,400 movie snippets (seeded sample) with up to half their tokens replaced by [UNK]",
-            size_mb=515,
-            builder="build_smollm2_sentiment_ffidelity",
-            requires="smollm2-sentiment",
-        ),
+        _ffidelity_copy("smollm2-sentiment", "[UNK]", size_mb=515),
     )
 }
 DEFAULT_MODEL = "minilm-sentiment"
