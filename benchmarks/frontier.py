@@ -334,7 +334,7 @@ def targets(found: dict, costs: dict[str, float], reached: dict[str, int], n: in
     if ours and peers:
         best_peer = max(peers, key=lambda m: means[m][0])
         verdicts = {m: against(found, key, m, best_peer) for m in ours}
-        # the closest row: the one that holds; else the largest margin among rows worse on none of the named evaluations; else the largest margin
+        # the closest row: the one that holds; else the largest margin among rows measured on and worse on none of the named evaluations; else the largest margin
         best_ours = max(ours, key=lambda m: (verdicts[m].holds, not verdicts[m].worse and not verdicts[m].unmeasured, verdicts[m].ratio))
         v = verdicts[best_ours]
         (ours_at, peer_at, k), gain, paired = v.intervals, v.gain, v.paired
