@@ -60,7 +60,7 @@ class ZooEntry:
         return fields
 
 
-def _ffidelity_copy(origin: str, token: str, size_mb: int) -> ZooEntry:
+def _ffidelity_entry(origin: str, token: str, size_mb: int) -> ZooEntry:
     """The entry of classifier ``origin``'s copy fine-tuned with random ``token`` replacement
     (F-Fidelity's evaluator; built by ``build_<origin>_ffidelity`` in :mod:`heedful.zoo.builders`)."""
     return ZooEntry(
@@ -94,7 +94,7 @@ ENTRIES: dict[str, ZooEntry] = {
             size_mb=87,
             builder="build_minilm_sentiment_regression",
         ),
-        _ffidelity_copy("minilm-sentiment", "[MASK]", size_mb=87),
+        _ffidelity_entry("minilm-sentiment", "[MASK]", size_mb=87),
         ZooEntry(
             name="smollm2-135m",
             description="SmolLM2-135M-Instruct causal LM (Llama-style), float32 from Q4_1 GGUF",
@@ -122,7 +122,7 @@ ENTRIES: dict[str, ZooEntry] = {
             requires="smollm2-135m",
             shipped_weights=True,
         ),
-        _ffidelity_copy("smollm2-sentiment", "[UNK]", size_mb=515),
+        _ffidelity_entry("smollm2-sentiment", "[UNK]", size_mb=515),
     )
 }
 DEFAULT_MODEL = "minilm-sentiment"
