@@ -45,9 +45,11 @@ every k-th method from the i-th (k processes side by side on one store, e.g. one
 ``--threads 1``); each writes no report -- run ``--report-only`` once all have finished. The
 store moves between machines with ``heedful bench dump`` / ``heedful bench load``. F-Fidelity's
 values are keyed by the fine-tuned copy's weights, and a copy rebuilt on another processor has
-other weights (training sums in another order), so its rows lack F-Fidelity until
-``--measure-stored``: it explains nothing and measures F-Fidelity (and the counterfactual tests)
-of every stored explanation that lacks them. A row without F-Fidelity is still reported (its FFid
+other weights (training sums in another order): the report reads the values of the copy the store
+holds most of (this machine's on a tie) and names it when it is not this machine's, so a moved
+store writes the table the measuring machine wrote. ``--measure-stored`` explains nothing and
+measures F-Fidelity on this machine's copy (and the counterfactual tests) of every stored
+explanation that lacks them. A row without F-Fidelity is still reported (its FFid
 cells read "not yet", and target 1 does not hold for it): on ``smollm2-sentiment`` F-Fidelity
 took 13.6 min for two rows on 2 cores beside another job, so it reaches the rows a few at a time.
 
@@ -83,6 +85,7 @@ from frontier_store import (
     model_frontier,
     read,
     split_label,
+    with_ffidelity_read,
 )
 
 import heedful
@@ -501,12 +504,7 @@ def report(front: Frontier, names: list[str], model_costs: dict[str, float], lef
         *targets(found, costs, reading.reached, n),
         "",
     ]
-    if front.ffid is not None and (unreached := [m for m in measured if not np.isfinite(found["ffid_plus"][m]).any()]):
-        lines += [f"F-Fidelity on `{front.ffid[0].name}`: measured for {len(measured) - len(unreached)} of {len(measured)} rows; "
-                  "not yet (`--measure-stored` adds it to stored rows): " + ", ".join(f"`{m}`" for m in unreached) + ".", ""]
-    if front.ffid is None:
-        lines += [f"F-Fidelity: not measured (`{FFIDELITY.get(name, 'a fine-tuned copy')}` is not built"
-                  + (f": `heedful models build {FFIDELITY[name]}`)." if name in FFIDELITY else ")."), ""]
+    lines += ffidelity_note(front, [m for m in measured if not np.isfinite(found.get("ffid_plus", {}).get(m, np.nan)).any()], len(measured))
     if missing:
         lines += ["Not measured yet (no sentence stored whole): " + ", ".join(f"`{m}`" for m in missing) + ".", ""]
     if left:
@@ -518,6 +516,27 @@ def report(front: Frontier, names: list[str], model_costs: dict[str, float], lef
                         **({"options": options} if (options := split_label(m)[1]) else {})} for m in measured},
     }
     return lines, record
+
+
+def ffidelity_note(front: Frontier, unreached: list[str], rows: int) -> list[str]:
+    """The report's lines on F-Fidelity: which copy its values were measured on when that is not
+    this machine's (a store moved from another processor), the rows it has not reached, or why
+    it is not measured at all."""
+    name, read = front.name, front.ffid_read
+    copy = FFIDELITY.get(name, "a fine-tuned copy")
+    if read is None:
+        return [f"F-Fidelity: not measured (`{copy}` is not built" + (f": `heedful models build {copy}`)." if name in FFIDELITY else ")."), ""]
+    said = []
+    if not read.local:
+        here = (f"is not built here (`heedful models build {copy}`)" if front.ffid is None
+                else f"has weights `{front.ffid[3]['f_fidelity']['model']}` and {read.here:,} values")
+        said.append(f"F-Fidelity on `{copy}` is read as the store holds it: {read.rows:,} FFid+ values measured on the copy with weights "
+                    f"`{read.copy}`, fine-tuned on another machine (training on another processor lands on other weights). This "
+                    f"machine's copy {here}; `--measure-stored` measures the stored rows on it, and the report reads it once it has as many.")
+    if unreached:
+        said.append(f"F-Fidelity measured for {rows - len(unreached)} of {rows} rows; not yet (`--measure-stored` adds it to stored rows): "
+                    + ", ".join(f"`{m}`" for m in unreached) + ".")
+    return [" ".join(said), ""] if said else []
 
 
 def roar_note(path: Path) -> str:
@@ -564,6 +583,7 @@ def main(argv: list[str] | None = None) -> int:
                     compute(front, names, model_costs, left, args)
                 if args.share.of > 1:
                     continue
+                front = with_ffidelity_read(front)
                 with ResultsStore(args.store) as store:
                     reading = read(store, front, names)
                 lines, record = report(front, names, model_costs, left, reading, args)

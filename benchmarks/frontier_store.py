@@ -87,12 +87,59 @@ def operator_settings(model: heedful.Model) -> list[Setting]:
     return found
 
 
+def ffidelity_fields(copy: str | None, protocol: Protocol, samples: int) -> dict:
+    """The fields F-Fidelity values are measured with: the fine-tuned copy's weights digest
+    ``copy``, beta, the draws and their seed, and the curve protocol."""
+    return {"f_fidelity": {"model": copy, "beta": FFID_BETA, "samples": samples, "seed": FFID_SEED}, **protocol.key_dict()}
+
+
 def ffidelity_hash(finetuned: heedful.Model, protocol: Protocol, samples: int) -> tuple[str, dict]:
-    """The measurement hash F-Fidelity values are stored under and its fields: the fine-tuned
-    copy's fingerprint, beta, the draws and their seed, and the curve protocol."""
-    fields = {"f_fidelity": {"model": model_fingerprint(finetuned).digest, "beta": FFID_BETA, "samples": samples, "seed": FFID_SEED},
-              **protocol.key_dict()}
+    """The measurement hash F-Fidelity values are stored under and its fields
+    (:func:`ffidelity_fields` of the copy's fingerprint)."""
+    fields = ffidelity_fields(model_fingerprint(finetuned).digest, protocol, samples)
     return measurement_hash(fields), fields
+
+
+@dataclass(frozen=True)
+class FFidelityRead:
+    """The F-Fidelity values a frontier reads: those stored under measurement ``hash``, measured
+    on the copy whose weights digest is ``copy`` (``local``: this machine's built copy), ``rows``
+    FFid+ values of the model's runs stored under it, ``here`` under this machine's copy."""
+
+    hash: str
+    copy: str
+    local: bool
+    rows: int
+    here: int
+
+
+def ffidelity_read(store: Path, model: heedful.Model, protocol: Protocol, samples: int, local: tuple[str, dict] | None) -> FFidelityRead | None:
+    """Which copy's F-Fidelity values the frontier of ``model`` reads: of this machine's copy
+    (``local``: its hash and fields, ``None`` when not built) and every copy the store holds
+    values of under the same beta, draws, seed and protocol, the one with the most FFid+ values
+    of ``model``'s runs -- this machine's on a tie. A copy is trained on each machine, and
+    training on another processor sums in another order and lands on other weights, so a store
+    moved to such a machine keeps reading the values it was measured with (each row is compared
+    on one copy) until ``--measure-stored`` has measured as many on the new one. ``None``: no
+    copy built and none stored."""
+    expected = measurement_hash(_without_copy(ffidelity_fields(None, protocol, samples)))
+    digest = model_fingerprint(model).digest
+    with ResultsStore(store) as results:
+        found = {h: f for h, f in results.protocols("f-fidelity").items() if measurement_hash(_without_copy(f)) == expected}
+        if local is not None:
+            found[local[0]] = local[1]
+        counts = {h: results.metric_total(FFID[0], h, digest) for h in found}
+    if not found:
+        return None
+    here = None if local is None else local[0]
+    best = max(found, key=lambda h: (counts[h], h == here, h))
+    return FFidelityRead(best, found[best]["f_fidelity"]["model"], best == here, counts[best], counts.get(here, 0))
+
+
+def _without_copy(fields: dict) -> dict:
+    """F-Fidelity ``fields`` without the copy's digest (compared by :func:`measurement_hash`: stored
+    fields come back from JSON with lists where the protocol has tuples)."""
+    return {**fields, "f_fidelity": {k: v for k, v in fields["f_fidelity"].items() if k != "model"}}
 
 
 @dataclass(frozen=True)
@@ -147,8 +194,10 @@ def measurement_hash(fields: dict) -> str:
 class Frontier:
     """One model's frontier on the store at ``store``: the first ``n`` sentences (``inputs``,
     ids in order), the bench ``spec`` every method is run with (``settings`` swapped in),
-    F-Fidelity's fine-tuned copy with its protocol and hash (``None`` when not built), and the
-    counterfactual tests' setting (``None`` for a model that is not a classifier)."""
+    F-Fidelity's fine-tuned copy with its protocol and hash (``None`` when not built; what is
+    measured), the counterfactual tests' setting (``None`` for a model that is not a classifier),
+    the F-Fidelity values the report reads (:func:`ffidelity_read`) and F-Fidelity's curve
+    protocol and draws."""
 
     name: str
     model: heedful.Model
@@ -160,6 +209,8 @@ class Frontier:
     about: Subject
     ffid: tuple[heedful.Model, Protocol, str, dict] | None = None
     counterfactual: CounterfactualSetting | None = None
+    ffid_read: FFidelityRead | None = None
+    ffid_setting: tuple[Protocol, int] | None = None
 
     @property
     def ids(self) -> list[str]:
@@ -172,8 +223,8 @@ class Frontier:
         for setting in self.settings:
             for metric in setting.metrics:
                 found[metric if metric in SOFT else f"{metric}_{setting.operator}"] = (metric, setting.protocol.hash())
-        if self.ffid is not None:
-            found.update({metric: (metric, self.ffid[2]) for metric in FFID})
+        if self.ffid_read is not None:
+            found.update({metric: (metric, self.ffid_read.hash) for metric in FFID})
         if self.counterfactual is not None:
             found.update({metric: (metric, self.counterfactual.hash) for metric in COUNTERFACTUAL})
         return found
@@ -191,9 +242,11 @@ class Frontier:
 
     def complete(self, store: ResultsStore, run: Run, *, ffidelity: bool = True) -> set[str]:
         """The ids whose explanation and every column's value ``store`` holds for ``run``
-        (without ``ffidelity``: every column but F-Fidelity's)."""
+        (without ``ffidelity``, or when the F-Fidelity read is not this machine's copy's, which
+        cannot be measured here: every column but F-Fidelity's)."""
         ids = self.ids
         done = store.explanation_ids(run.key, ids)
+        ffidelity = ffidelity and self.ffid_read is not None and self.ffid_read.local
         for column, (metric, phash) in self.columns().items():
             if ffidelity or column not in FFID:
                 done &= store.metric_ids(run.key, metric, phash, ids)
@@ -210,13 +263,25 @@ def model_frontier(
     spec = BenchSpec(model=model, dataset=dataset, methods=[], metrics=list(settings[0].metrics), protocol=settings[0].protocol,
                      out=store, split=split, n=n, batch_size=batch_size, model_label=name)
     inputs, data = select_inputs(model, spec, {})
-    ffid = None
-    if finetuned is not None:
-        # the operator the copy was fine-tuned with: [MASK], or [UNK] where the tokenizer has no mask token
-        protocol = get_protocol(PROTOCOL, removal=replacement_operator(finetuned.tokenizer)).resolved(finetuned.adapter.device)
-        ffid = (finetuned, protocol, *ffidelity_hash(finetuned, protocol, samples))
+    ffid, setting = None, None
+    if finetuned is not None or model.task == "classification":
+        # the operator the copy was fine-tuned with: [MASK], or [UNK] where the tokenizer (the model's own) has no mask token
+        copy = finetuned or model
+        protocol = get_protocol(PROTOCOL, removal=replacement_operator(copy.tokenizer)).resolved(copy.adapter.device)
+        ffid = None if finetuned is None else (finetuned, protocol, *ffidelity_hash(finetuned, protocol, samples))
+        setting = (protocol, samples)
     counterfactual = counterfactual_setting([i.text for i in inputs]) if model.task == "classification" else None
-    return Frontier(name, model, n, store, spec, settings, inputs, spec_subject(spec, data), ffid, counterfactual)
+    front = Frontier(name, model, n, store, spec, settings, inputs, spec_subject(spec, data), ffid, counterfactual, ffid_setting=setting)
+    return with_ffidelity_read(front)
+
+
+def with_ffidelity_read(front: Frontier) -> Frontier:
+    """``front`` reading the F-Fidelity values :func:`ffidelity_read` picks from its store as it
+    stands (again after measuring: the pick follows the values stored)."""
+    if front.ffid_setting is None:
+        return front
+    protocol, samples = front.ffid_setting
+    return replace(front, ffid_read=ffidelity_read(front.store, front.model, protocol, samples, None if front.ffid is None else front.ffid[2:]))
 
 
 def measure(front: Frontier, method: str, progress: bool = True, say: Callable[[str], None] | None = None) -> None:

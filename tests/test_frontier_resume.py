@@ -161,9 +161,10 @@ def _rebuilt_copy(model):
 
 
 def test_measure_stored_fills_a_rebuilt_copys_values_without_explaining_again(setting, tmp_path, monkeypatch, capsys):
-    """A store whose F-Fidelity values were measured on another copy reads its rows with F-Fidelity
-    "not yet"; with --measure-stored it explains nothing, measures the stored explanations on the
-    rebuilt copy, and writes the table a run on that copy from the start writes."""
+    """A store whose F-Fidelity values were measured on another copy is reported as it was, the
+    copy it was measured on named; with --measure-stored it explains nothing, measures the stored
+    explanations on the rebuilt copy, and then writes the table a run on that copy from the start
+    writes."""
     model, calls, base = setting
     rebuilt = _rebuilt_copy(model)
     methods = ["--methods", "saliency,random"]
@@ -173,19 +174,42 @@ def test_measure_stored_fills_a_rebuilt_copys_values_without_explaining_again(se
     expected = _untimed(_rows(tmp_path / "frontier.md"))
     monkeypatch.setattr(frontier, "load_model", lambda name: model)
     assert frontier.main([*base, *methods]) == 0  # the store as the first machine left it
-    assert _untimed(_rows(tmp_path / "frontier.md")) != expected
+    first = _untimed(_rows(tmp_path / "frontier.md"))
+    assert first != expected and "as the store holds it" not in (tmp_path / "frontier.md").read_text(encoding="utf-8")
     monkeypatch.setattr(frontier, "load_model", lambda name: rebuilt if name.endswith("-ffidelity") else model)
     capsys.readouterr()
-    assert frontier.main([*base, *methods, "--report-only"]) == 0  # no F-Fidelity under the rebuilt copy's hash
-    rows = _rows(tmp_path / "frontier.md")
-    assert set(rows) == {"saliency", "random"} and all(row.count("not yet") == 2 for row in rows.values())
-    assert ": measured for 0 of 2 rows; not yet (`--measure-stored` adds it to stored rows): `random`, `saliency`." in (tmp_path / "frontier.md").read_text(encoding="utf-8")
+    assert frontier.main([*base, *methods, "--report-only"]) == 0  # the first copy's values: the rebuilt one has none
+    assert _untimed(_rows(tmp_path / "frontier.md")) == first
+    text = (tmp_path / "frontier.md").read_text(encoding="utf-8")
+    digests = [frontier_store.model_fingerprint(m).digest for m in (model, rebuilt)]
+    assert (f"as the store holds it: 12 FFid+ values measured on the copy with weights `{digests[0]}`, fine-tuned on another machine" in text
+            and f"This machine's copy has weights `{digests[1]}` and 0 values" in text)
     calls.clear()
     assert frontier.main([*base, *methods, "--measure-stored"]) == 0
     assert not calls  # nothing explained again
     assert "F-Fidelity of 6 stored explanations" in capsys.readouterr().err
+    assert _untimed(_rows(tmp_path / "frontier.md")) == expected  # as many values on this machine's copy: it is read
+    text = (tmp_path / "frontier.md").read_text(encoding="utf-8")
+    assert "measuring what its stored explanations lacked" in text and "as the store holds it" not in text
+
+
+def test_a_store_moved_to_a_machine_without_the_copy_reads_the_stored_f_fidelity(setting, tmp_path, monkeypatch):
+    """Where the fine-tuned copy is not built, --report-only still reads the F-Fidelity values the
+    store holds (the table is the one the measuring machine wrote) and names their copy; with no
+    values stored either, it says the copy is not built."""
+    model, _, base = setting
+    methods = ["--methods", "saliency,random"]
+    assert frontier.main([*base, *methods]) == 0
+    expected = _untimed(_rows(tmp_path / "frontier.md"))
+    monkeypatch.setattr(frontier, "is_built", lambda name: not name.endswith("-ffidelity"))
+    assert frontier.main([*base, *methods, "--report-only"]) == 0
     assert _untimed(_rows(tmp_path / "frontier.md")) == expected
-    assert "measuring what its stored explanations lacked" in (tmp_path / "frontier.md").read_text(encoding="utf-8")
+    text = (tmp_path / "frontier.md").read_text(encoding="utf-8")
+    assert f"the copy with weights `{frontier_store.model_fingerprint(model).digest}`" in text and "This machine's copy is not built here (`heedful models build tiny-bert-ffidelity`)" in text
+    empty = [*base[:1], str(tmp_path / "other"), *base[2:]]
+    assert frontier.main([*empty, *methods]) == 0
+    assert "F-Fidelity: not measured (`tiny-bert-ffidelity` is not built: `heedful models build tiny-bert-ffidelity`)." in (
+        tmp_path / "frontier.md").read_text(encoding="utf-8")
 
 
 def test_measure_stored_cuts_batches_as_the_run_that_stored_them(setting, tmp_path, monkeypatch):

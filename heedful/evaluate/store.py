@@ -680,6 +680,20 @@ class ResultsStore:
         row = self.db.execute("SELECT name, fields FROM protocols WHERE protocol_hash=?", (protocol_hash,)).fetchone()
         return None if row is None else (row[0], json.loads(row[1]))
 
+    def protocols(self, name: str) -> dict[str, dict]:
+        """Every protocol stored under ``name``: its hash -> its fields."""
+        rows = self.db.execute("SELECT protocol_hash, fields FROM protocols WHERE name=?", (name,)).fetchall()
+        return {row[0]: json.loads(row[1]) for row in rows}
+
+    def metric_total(self, metric: str, protocol_hash: str, model_fingerprint: str) -> int:
+        """How many values of ``metric`` under ``protocol_hash`` the store holds over every run of
+        the model whose fingerprint digest is ``model_fingerprint``."""
+        return self.db.execute(
+            "SELECT COUNT(*) FROM metrics JOIN runs ON metrics.run = runs.run"
+            " WHERE metrics.metric=? AND metrics.protocol_hash=? AND runs.model_fingerprint=?",
+            (metric, protocol_hash, model_fingerprint),
+        ).fetchone()[0]
+
     # ------------------------------------------------------------------ claims of bench tasks
     def claim(self, run: str, chunk: str) -> bool:
         """Claim the task of run digest ``run`` on the chunk starting at example ``chunk`` for this
