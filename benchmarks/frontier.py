@@ -69,13 +69,14 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 from _shared import command_line, library_versions, run_line, write_results  # noqa: E402  (benchmarks/ is the script's folder)
 from frontier_store import (
+    FFID,
     PROTOCOL,
     Frontier,
     Reading,
@@ -83,10 +84,12 @@ from frontier_store import (
     measure,
     measure_stored,
     model_frontier,
+    other_ffidelity,
     read,
     split_label,
     with_ffidelity_read,
 )
+from scipy.stats import spearmanr
 
 import heedful
 from heedful.adapters.needs import NEEDS
@@ -326,20 +329,30 @@ def against(found: dict, key: str, ours: str, peer: str) -> Against:
                    [COLUMNS[c][0] for c in both if c not in paired and c in TARGET_COLUMNS])
 
 
+def target_one(found: dict) -> tuple[str, str, Against] | None:
+    """Target 1's pair: the best peer row (by mean AOPC) and the heedful row closest to beating
+    it -- the one that holds; else the largest margin among rows measured on and worse on none of
+    the named evaluations; else the largest margin -- with the verdict. ``None`` without a row of
+    each."""
+    key = primary(found)
+    ours = [m for m in found[key] if offered(m) is None]
+    peers = [m for m in found[key] if offered(m)]
+    if not (ours and peers):
+        return None
+    best_peer = max(peers, key=lambda m: interval(found[key][m])[0])
+    verdicts = {m: against(found, key, m, best_peer) for m in ours}
+    best_ours = max(ours, key=lambda m: (verdicts[m].holds, not verdicts[m].worse and not verdicts[m].unmeasured, verdicts[m].ratio))
+    return best_ours, best_peer, verdicts[best_ours]
+
+
 def targets(found: dict, costs: dict[str, float], reached: dict[str, int], n: int) -> list[str]:
     """The issue's targets, each as holds / does not hold with the closest method; the methods
     are chosen by their mean AOPC and compared over the sentences both have."""
     key = primary(found)
     means = {m: interval(v) for m, v in found[key].items()}
-    ours = [m for m in means if offered(m) is None]
-    peers = [m for m in means if offered(m)]
     lines = []
-    if ours and peers:
-        best_peer = max(peers, key=lambda m: means[m][0])
-        verdicts = {m: against(found, key, m, best_peer) for m in ours}
-        # the closest row: the one that holds; else the largest margin among rows measured on and worse on none of the named evaluations; else the largest margin
-        best_ours = max(ours, key=lambda m: (verdicts[m].holds, not verdicts[m].worse and not verdicts[m].unmeasured, verdicts[m].ratio))
-        v = verdicts[best_ours]
+    if (one := target_one(found)) is not None:
+        best_ours, best_peer, v = one
         (ours_at, peer_at, k), gain, paired = v.intervals, v.gain, v.paired
         lines.append(
             f"- heedful's best method beats the best peer method by >= {AOPC_GAIN - 1:.0%} AOPC with intervals apart, "
@@ -505,6 +518,7 @@ def report(front: Frontier, names: list[str], model_costs: dict[str, float], lef
         "",
     ]
     lines += ffidelity_note(front, [m for m in measured if not np.isfinite(found.get("ffid_plus", {}).get(m, np.nan)).any()], len(measured))
+    lines += copies_note(front, found, measured)
     if missing:
         lines += ["Not measured yet (no sentence stored whole): " + ", ".join(f"`{m}`" for m in missing) + ".", ""]
     if left:
@@ -537,6 +551,47 @@ def ffidelity_note(front: Frontier, unreached: list[str], rows: int) -> list[str
         said.append(f"F-Fidelity measured for {rows - len(unreached)} of {rows} rows; not yet (`--measure-stored` adds it to stored rows): "
                     + ", ".join(f"`{m}`" for m in unreached) + ".")
     return [" ".join(said), ""] if said else []
+
+
+def copies_note(front: Frontier, found: dict, measured: list[str]) -> list[str]:
+    """How far F-Fidelity depends on the fine-tuned copy, for each other copy the store holds
+    values of (one fine-tuned on another processor): over the rows measured on both -- each row's
+    mean over the sentences both copies have -- the Spearman correlation of the rows' means and the
+    largest difference of a row's mean, per FFid column; and target 1's pair compared on that copy."""
+    lines = []
+    one = target_one(found) if "ffid_plus" in found else None
+    for other in other_ffidelity(front):
+        with ResultsStore(front.store) as store:
+            theirs = {c: v for c, v in read(store, replace(front, ffid_read=other), measured, only=FFID).values.items() if v}
+        said = []
+        for c in FFID:
+            pairs = {}
+            for m in measured:
+                a, b = found.get(c, {}).get(m), theirs.get(c, {}).get(m)
+                both = np.zeros(0, bool) if a is None or b is None else np.isfinite(a) & np.isfinite(b)
+                if both.any():
+                    pairs[m] = (float(a[both].mean()), float(b[both].mean()))
+            if len(pairs) < 3:
+                continue
+            ours, other_means = np.array(list(pairs.values())).T
+            rho = float(spearmanr(ours, other_means).statistic)
+            far = max(pairs, key=lambda m: abs(pairs[m][0] - pairs[m][1]))
+            said.append(f"{COLUMNS[c][0]}: {len(pairs)} rows, Spearman {rho:.3f}, largest difference of a row's mean "
+                        f"{pairs[far][1] - pairs[far][0]:+.3f} (`{far}`)")
+        if not said:
+            continue
+        text = (f"F-Fidelity on another copy the store holds, weights `{other.copy}` ({other.rows:,} FFid+ values; the table reads "
+                f"`{front.ffid_read.copy}`), against the table's, over the rows and sentences measured on both: " + "; ".join(said) + ".")
+        if one is not None and all(c in theirs for c in FFID):
+            ours_row, peer_row, _ = one
+            there = against({**found, **theirs}, primary(found), ours_row, peer_row)
+            paired = [f"{COLUMNS[c][0]} {d:+.3f} [{lo:+.3f}, {hi:+.3f}]" for c, (d, lo, hi) in there.paired.items() if c in FFID]
+            if paired:
+                worse = [t for t in there.worse if t.startswith("FFid")]
+                text += (f" Target 1's pair on that copy, `{ours_row}` - `{peer_row}`: " + "; ".join(paired)
+                         + (f": worse (paired) on {', '.join(worse)}." if worse else ": not worse (paired)."))
+        lines += [text, ""]
+    return lines
 
 
 def roar_note(path: Path) -> str:

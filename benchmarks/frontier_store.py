@@ -26,7 +26,7 @@ import json
 import math
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -113,15 +113,11 @@ class FFidelityRead:
     here: int
 
 
-def ffidelity_read(store: Path, model: heedful.Model, protocol: Protocol, samples: int, local: tuple[str, dict] | None) -> FFidelityRead | None:
-    """Which copy's F-Fidelity values the frontier of ``model`` reads: of this machine's copy
-    (``local``: its hash and fields, ``None`` when not built) and every copy the store holds
-    values of under the same beta, draws, seed and protocol, the one with the most FFid+ values
-    of ``model``'s runs -- this machine's on a tie. A copy is trained on each machine, and
-    training on another processor sums in another order and lands on other weights, so a store
-    moved to such a machine keeps reading the values it was measured with (each row is compared
-    on one copy) until ``--measure-stored`` has measured as many on the new one. ``None``: no
-    copy built and none stored."""
+def ffidelity_copies(store: Path, model: heedful.Model, protocol: Protocol, samples: int, local: tuple[str, dict] | None) -> list[FFidelityRead]:
+    """Every copy whose F-Fidelity values of ``model``'s runs the frontier could read: this
+    machine's (``local``: its hash and fields, ``None`` when not built) and each copy ``store``
+    holds values of under the same beta, draws, seed and curve protocol, with how many FFid+
+    values each has."""
     expected = measurement_hash(_without_copy(ffidelity_fields(None, protocol, samples)))
     digest = model_fingerprint(model).digest
     with ResultsStore(store) as results:
@@ -129,11 +125,19 @@ def ffidelity_read(store: Path, model: heedful.Model, protocol: Protocol, sample
         if local is not None:
             found[local[0]] = local[1]
         counts = {h: results.metric_total(FFID[0], h, digest) for h in found}
-    if not found:
-        return None
     here = None if local is None else local[0]
-    best = max(found, key=lambda h: (counts[h], h == here, h))
-    return FFidelityRead(best, found[best]["f_fidelity"]["model"], best == here, counts[best], counts.get(here, 0))
+    return [FFidelityRead(h, f["f_fidelity"]["model"], h == here, counts[h], counts.get(here, 0)) for h, f in found.items()]
+
+
+def ffidelity_read(store: Path, model: heedful.Model, protocol: Protocol, samples: int, local: tuple[str, dict] | None) -> FFidelityRead | None:
+    """Which copy's F-Fidelity values the frontier of ``model`` reads: of
+    :func:`ffidelity_copies`, the one with the most FFid+ values -- this machine's on a tie. A copy
+    is trained on each machine, and training on another processor sums in another order and
+    lands on other weights, so a store moved to such a machine keeps reading the values it was
+    measured with (each row is compared on one copy) until ``--measure-stored`` has measured as
+    many on the new one. ``None``: no copy built and none stored."""
+    copies = ffidelity_copies(store, model, protocol, samples, local)
+    return max(copies, key=lambda c: (c.rows, c.local, c.hash)) if copies else None
 
 
 def _without_copy(fields: dict) -> dict:
@@ -284,6 +288,16 @@ def with_ffidelity_read(front: Frontier) -> Frontier:
     return replace(front, ffid_read=ffidelity_read(front.store, front.model, protocol, samples, None if front.ffid is None else front.ffid[2:]))
 
 
+def other_ffidelity(front: Frontier) -> list[FFidelityRead]:
+    """The copies besides the one ``front`` reads that its store holds F-Fidelity values of, most
+    values first."""
+    if front.ffid_setting is None or front.ffid_read is None:
+        return []
+    protocol, samples = front.ffid_setting
+    copies = ffidelity_copies(front.store, front.model, protocol, samples, None if front.ffid is None else front.ffid[2:])
+    return sorted((c for c in copies if c.hash != front.ffid_read.hash and c.rows), key=lambda c: -c.rows)
+
+
 def measure(front: Frontier, method: str, progress: bool = True, say: Callable[[str], None] | None = None) -> None:
     """Compute and store what ``front`` lacks of the row ``method`` (a label, :func:`split_label`): its explanations and curves under
     each operator (a bench each), then F-Fidelity and the counterfactual tests. Ctrl-C raises
@@ -390,11 +404,13 @@ class Reading:
     cost: dict[str, dict[str, float] | None]
 
 
-def read(store: ResultsStore, front: Frontier, methods: list[str]) -> Reading:
+def read(store: ResultsStore, front: Frontier, methods: list[str], only: Collection[str] | None = None) -> Reading:
     """The values ``store`` holds of ``methods`` on ``front`` (methods with no whole sentence
-    are left out). F-Fidelity does not count towards whole: on a large model it costs minutes
-    per row, so a row it has not reached yet is read with its FFid values NaN."""
-    ids, columns = front.ids, front.columns()
+    are left out), of every column or ``only`` those. F-Fidelity does not count towards whole:
+    on a large model it costs minutes per row, so a row it has not reached yet is read with its
+    FFid values NaN."""
+    ids = front.ids
+    columns = {c: v for c, v in front.columns().items() if only is None or c in only}
     values: dict[str, dict[str, np.ndarray]] = {column: {} for column in columns}
     reached, cost = {}, {}
     for method in methods:

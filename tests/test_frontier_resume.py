@@ -212,6 +212,36 @@ def test_a_store_moved_to_a_machine_without_the_copy_reads_the_stored_f_fidelity
         tmp_path / "frontier.md").read_text(encoding="utf-8")
 
 
+def test_the_report_compares_the_copies_the_store_holds_f_fidelity_of(setting, tmp_path, monkeypatch):
+    """With F-Fidelity stored on two copies, the report reads one and sets the other against it:
+    the Spearman correlation of the rows' means and the largest difference of a row's mean are
+    those of the stored values, computed here row by row."""
+    from scipy.stats import spearmanr
+
+    model, _, base = setting
+    rebuilt = _rebuilt_copy(model)
+    rows = ["saliency", "random", "grad_x_input"]
+    assert frontier.main([*base, "--methods", ",".join(rows)]) == 0
+    monkeypatch.setattr(frontier, "load_model", lambda name: rebuilt if name.endswith("-ffidelity") else model)
+    assert frontier.main([*base, "--methods", ",".join(rows), "--measure-stored"]) == 0
+    text = (tmp_path / "frontier.md").read_text(encoding="utf-8")
+    front = frontier_store.model_frontier("tiny-bert", model, 6, tmp_path / "store", frontier.DATASET, frontier.SPLIT, 4, rebuilt, 2)
+    assert front.ffid_read.local  # a tie: this machine's copy is read
+    digests = [frontier_store.model_fingerprint(m).digest for m in (model, rebuilt)]
+    assert f"F-Fidelity on another copy the store holds, weights `{digests[0]}` (18 FFid+ values; the table reads `{digests[1]}`)" in text
+    hashes = [frontier_store.ffidelity_hash(m, front.ffid[1], 2)[0] for m in (rebuilt, model)]
+    with ResultsStore(tmp_path / "store") as store:
+        for metric, label in (("ffid_plus", "FFid+"), ("ffid_minus", "FFid-")):
+            means = []
+            for h in hashes:
+                got = [store.get_metrics(front.run(m).key, metric, h, front.ids) for m in rows]
+                means.append([sum(g[i][0] for i in front.ids) / len(front.ids) for g in got])
+            rho = spearmanr(means[0], means[1]).statistic
+            gaps = [b - a for a, b in zip(*means, strict=True)]
+            far = max(range(len(rows)), key=lambda k: abs(gaps[k]))
+            assert f"{label}: 3 rows, Spearman {rho:.3f}, largest difference of a row's mean {gaps[far]:+.3f} (`{rows[far]}`)" in text
+
+
 def test_measure_stored_cuts_batches_as_the_run_that_stored_them(setting, tmp_path, monkeypatch):
     """A row stored at --n 5 (batches of 4: the second holds one sentence) and measured on the
     copy later by --measure-stored at the full 6 gets the F-Fidelity values a run at --n 5 with the
