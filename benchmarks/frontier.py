@@ -577,7 +577,7 @@ def copies_note(front: Frontier, found: dict, measured: list[str]) -> list[str]:
             rho = float(spearmanr(ours, other_means).statistic)
             far = max(pairs, key=lambda m: abs(pairs[m][0] - pairs[m][1]))
             said.append(f"{COLUMNS[c][0]}: {len(pairs)} rows, Spearman {rho:.3f}, largest difference of a row's mean "
-                        f"{pairs[far][1] - pairs[far][0]:+.3f} (`{far}`)")
+                        f"{pairs[far][1] - pairs[far][0]:+.4f} (`{far}`)")
         if not said:
             continue
         text = (f"F-Fidelity on another copy the store holds, weights `{other.copy}` ({other.rows:,} FFid+ values; the table reads "

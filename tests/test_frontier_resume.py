@@ -239,7 +239,7 @@ def test_the_report_compares_the_copies_the_store_holds_f_fidelity_of(setting, t
             rho = spearmanr(means[0], means[1]).statistic
             gaps = [b - a for a, b in zip(*means, strict=True)]
             far = max(range(len(rows)), key=lambda k: abs(gaps[k]))
-            assert f"{label}: 3 rows, Spearman {rho:.3f}, largest difference of a row's mean {gaps[far]:+.3f} (`{rows[far]}`)" in text
+            assert f"{label}: 3 rows, Spearman {rho:.3f}, largest difference of a row's mean {gaps[far]:+.4f} (`{rows[far]}`)" in text
 
 
 def test_measure_stored_cuts_batches_as_the_run_that_stored_them(setting, tmp_path, monkeypatch):
