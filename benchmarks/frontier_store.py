@@ -129,14 +129,13 @@ def ffidelity_copies(store: Path, model: heedful.Model, protocol: Protocol, samp
     return [FFidelityRead(h, f["f_fidelity"]["model"], h == here, counts[h], counts.get(here, 0)) for h, f in found.items()]
 
 
-def ffidelity_read(store: Path, model: heedful.Model, protocol: Protocol, samples: int, local: tuple[str, dict] | None) -> FFidelityRead | None:
-    """Which copy's F-Fidelity values the frontier of ``model`` reads: of
-    :func:`ffidelity_copies`, the one with the most FFid+ values -- this machine's on a tie. A copy
-    is trained on each machine, and training on another processor sums in another order and
-    lands on other weights, so a store moved to such a machine keeps reading the values it was
-    measured with (each row is compared on one copy) until ``--measure-stored`` has measured as
-    many on the new one. ``None``: no copy built and none stored."""
-    copies = ffidelity_copies(store, model, protocol, samples, local)
+def ffidelity_read(copies: list[FFidelityRead]) -> FFidelityRead | None:
+    """Which copy's F-Fidelity values a frontier reads: of ``copies`` (:func:`ffidelity_copies`),
+    the one with the most FFid+ values -- this machine's on a tie. A copy is trained on each
+    machine, and training on another processor sums in another order and lands on other
+    weights, so a store moved to such a machine keeps reading the values it was measured with
+    (each row is compared on one copy) until ``--measure-stored`` has measured as many on the
+    new one. ``None``: no copy built and none stored."""
     return max(copies, key=lambda c: (c.rows, c.local, c.hash)) if copies else None
 
 
@@ -279,13 +278,18 @@ def model_frontier(
     return with_ffidelity_read(front)
 
 
+def _front_copies(front: Frontier) -> list[FFidelityRead]:
+    """:func:`ffidelity_copies` of ``front``'s model, curve protocol, draws and built copy."""
+    protocol, samples = front.ffid_setting
+    return ffidelity_copies(front.store, front.model, protocol, samples, None if front.ffid is None else front.ffid[2:])
+
+
 def with_ffidelity_read(front: Frontier) -> Frontier:
     """``front`` reading the F-Fidelity values :func:`ffidelity_read` picks from its store as it
     stands (again after measuring: the pick follows the values stored)."""
     if front.ffid_setting is None:
         return front
-    protocol, samples = front.ffid_setting
-    return replace(front, ffid_read=ffidelity_read(front.store, front.model, protocol, samples, None if front.ffid is None else front.ffid[2:]))
+    return replace(front, ffid_read=ffidelity_read(_front_copies(front)))
 
 
 def other_ffidelity(front: Frontier) -> list[FFidelityRead]:
@@ -293,9 +297,7 @@ def other_ffidelity(front: Frontier) -> list[FFidelityRead]:
     values first."""
     if front.ffid_setting is None or front.ffid_read is None:
         return []
-    protocol, samples = front.ffid_setting
-    copies = ffidelity_copies(front.store, front.model, protocol, samples, None if front.ffid is None else front.ffid[2:])
-    return sorted((c for c in copies if c.hash != front.ffid_read.hash and c.rows), key=lambda c: -c.rows)
+    return sorted((c for c in _front_copies(front) if c.hash != front.ffid_read.hash and c.rows), key=lambda c: -c.rows)
 
 
 def measure(front: Frontier, method: str, progress: bool = True, say: Callable[[str], None] | None = None) -> None:
