@@ -652,6 +652,7 @@ ORACLES: dict[str, tuple[str, ...]] = {
         "test_solvability.py::test_solvability_beam_finds_the_brute_force_optimum_when_the_beam_holds_every_ordering",
         "test_solvability.py::test_solvability_beam_of_one_is_the_greedy_search",
         "test_solvability.py::test_solvability_beam_with_a_shortlist_is_the_lazy_greedy_search",
+        "test_solvability.py::test_a_refresh_measures_every_token_left_again_every_few_steps",
     ),
     "tdd": ("test_perturbation_tdd.py::test_tdd_matches_the_reference_on_gpt2",),
     # context

@@ -164,10 +164,33 @@ def test_a_prior_ranking_shortlists_the_tokens_measured_before_then_its_own_orde
         assert len(c.removable) > 4 and list(order) == greedy
 
 
+@pytest.mark.parametrize(("family", "task"), [("bert", "classification"), ("llama", "classification")])
+def test_a_refresh_measures_every_token_left_again_every_few_steps(family, task):
+    """Lazy greedy with refreshes, by hand: steps 0, 2, 4, ... measure every token left; the
+    steps between re-measure only the two whose last measured gain is largest."""
+    model = cached_model(family, task)
+    texts = ("a charming , unbelievably affecting journey", "the plot is thin but the cast is great fun")
+    found = _orders(model, texts, beam=1, shortlist=2, refresh=2)
+    for text, order in zip(texts, found, strict=True):
+        c = Curves(Alone(model, text))
+        last: dict[int, float] = {}
+        greedy: list[int] = []
+        while len(greedy) < len(c.removable) - 1:
+            left = [i for i in c.removable if i not in greedy]
+            listed = left if len(greedy) % 2 == 0 else sorted(left, key=lambda i: -last[i])[:2]
+            for i in listed:
+                last[i] = c.gain((*greedy, i), "comprehensiveness")
+            greedy.append(max(listed, key=lambda i: last[i]))
+        greedy += [i for i in c.removable if i not in greedy]
+        assert len(c.removable) > 5 and list(order) == greedy
+
+
 def test_a_prior_needs_a_shortlist_and_a_method_the_model_runs_each_refused_in_one_line():
     model = cached_model("bert", "classification")
     with pytest.raises(heedful.InputError, match="no shortlist is set"):
         model.explain("a bad film", "solvability_beam", prior="attnlrp")
+    with pytest.raises(heedful.InputError, match="refresh=2 re-measures every token in a lazy search, and no shortlist is set"):
+        model.explain("a bad film", "solvability_beam", refresh=2)
     with pytest.raises(heedful.InputError, match="prior='attnlrpp'") as refused:
         model.explain("a bad film", "solvability_beam", shortlist=2, prior="attnlrpp")
     assert "attnlrp" in str(refused.value.hint)
@@ -200,6 +223,10 @@ def test_solvability_beam_reports_the_forwards_it_runs():
     assert ordered.cost.backward_passes == 1
     # M = 5, beam 2, shortlist 2, a prior: the first step tries the prior's 2, then 2 x 2 at each later step
     assert beam_forwards(2, 5, "comprehensiveness", 2, prior=True) == 2 + 4 + 4 + 4
+    refreshed = model.explain("a bad film", "solvability_beam", beam=1, shortlist=2, refresh=2)
+    assert refreshed.cost.forward_passes == 1 + beam_forwards(1, m, "comprehensiveness", 2, refresh=2)
+    # M = 5, beam 1, shortlist 2, refresh 2: steps try 5, 2, then all 3 left, then 2
+    assert beam_forwards(1, 5, "comprehensiveness", 2, refresh=2) == 5 + 2 + 3 + 2
 
 
 def test_solvability_beam_refuses_a_beam_of_zero_in_one_line():
