@@ -27,7 +27,7 @@ import math
 import re
 import sys
 from collections.abc import Callable, Collection
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -399,11 +399,14 @@ class Reading:
     """What the store holds of a frontier: per column, per method, the values ``[n]`` over the
     frontier's ids (NaN where the method lacks some column of that sentence, so every value of a
     method is read on the same sentences); per method, the sentences it has whole, and its cost
-    record (examples, seconds, forward, backward) or ``None``."""
+    record (examples, seconds, forward, backward) or ``None``; per method, each sentence's
+    forward-pass equivalents ``[n]`` as its stored explanation records them (NaN where the method
+    lacks the sentence or the explanation has no cost)."""
 
     values: dict[str, dict[str, np.ndarray]]
     reached: dict[str, int]
     cost: dict[str, dict[str, float] | None]
+    sentence_cost: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def read(store: ResultsStore, front: Frontier, methods: list[str], only: Collection[str] | None = None) -> Reading:
@@ -414,14 +417,16 @@ def read(store: ResultsStore, front: Frontier, methods: list[str], only: Collect
     ids = front.ids
     columns = {c: v for c, v in front.columns().items() if only is None or c in only}
     values: dict[str, dict[str, np.ndarray]] = {column: {} for column in columns}
-    reached, cost = {}, {}
+    reached, cost, sentence_cost = {}, {}, {}
     for method in methods:
         run = front.run(method)
         done = front.complete(store, run, ffidelity=False)
         if not done:
             continue
         reached[method], cost[method] = len(done), store.cost(run.key)
+        passes = store.explanation_costs(run.key, ids)
+        sentence_cost[method] = np.array([passes[i][0] + 2 * passes[i][1] if i in done and i in passes else np.nan for i in ids])
         for column, (metric, phash) in columns.items():
             got = store.get_metrics(run.key, metric, phash, ids)
             values[column][method] = np.array([got[i][0] if i in done and i in got else np.nan for i in ids], dtype=float)
-    return Reading(values, reached, cost)
+    return Reading(values, reached, cost, sentence_cost)

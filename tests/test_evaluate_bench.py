@@ -75,6 +75,8 @@ def test_store_round_trip(tmp_path, tiny):
         assert store.explanation_ids(key) == {"x1"}
         back = store.get_explanations(key)["x1"]
         assert back.tokens == expl.tokens and np.allclose(back.scores, expl.scores)
+        assert store.explanation_costs(key) == {"x1": (expl.cost.forward_passes, expl.cost.backward_passes)}
+        assert expl.cost.backward_passes == 1 and store.explanation_costs(key, ["x2"]) == {}
         store.put_metrics(key, "aopc", "p" * 16, [("x1", float("nan"), [0.1, float("nan")], {"gold": 1.0})])
         value, curve, extra = store.get_metrics(key, "aopc", "p" * 16)["x1"]
         assert math.isnan(value) and curve[0] == 0.1 and math.isnan(curve[1]) and extra == {"gold": 1.0}

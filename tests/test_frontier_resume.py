@@ -350,6 +350,23 @@ def test_the_targets_compare_two_methods_over_the_sentences_both_have():
     assert "paired difference -0.400 [-0.400, -0.400], 55.6% to 55.6% of the best." in lines[2]
 
 
+def test_the_cheap_target_costs_both_rows_over_the_sentences_both_have():
+    n = 8
+    beam = np.array([0.9, 0.9, 0.9, 0.9] + [np.nan] * 4)  # the best row, on the four shorter sentences
+    lazy = np.array([0.88, 0.86, 0.87, 0.87, 0.5, 0.5, 0.5, 0.5])
+    found = {"aopc_mask": {"solvability_beam": beam, "solvability_beam[beam=1,shortlist=2]": lazy}}
+    costs = {"solvability_beam": 900.0, "solvability_beam[beam=1,shortlist=2]": 140.0}  # each over its own sentences
+    reached = {"solvability_beam": 4, "solvability_beam[beam=1,shortlist=2]": 8}
+    # the row's cost over all its sentences is above a tenth of the best's; over the four both have it is not
+    assert "no method costs a tenth of that" in frontier.targets(found, costs, reached, n)[-1]
+    per = {"solvability_beam": beam * 0 + 900.0, "solvability_beam[beam=1,shortlist=2]": np.array([80.0] * 4 + [200.0] * 4)}
+    line = frontier.targets(found, costs, reached, n, per)[-1]
+    assert "**holds**" in line and "at 900 forward passes; closest at <= 90: `solvability_beam[beam=1,shortlist=2]` 0.870 (96.7%" in line
+    assert "at 80 (over the 4 sentences both have; over all its own 8: 140)" in line
+    per["solvability_beam[beam=1,shortlist=2]"][0] = np.nan  # a sentence without a cost record: the rows' own costs
+    assert "no method costs a tenth of that" in frontier.targets(found, costs, reached, n, per)[-1]
+
+
 def test_target_one_judges_the_named_evaluations_and_picks_the_row_closest_to_holding():
     lime = np.array([0.50, 0.52, 0.48, 0.50, 0.51, 0.49])
     found = {

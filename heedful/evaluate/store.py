@@ -567,6 +567,13 @@ class ResultsStore:
         rows = self._select("explanations", "explanation", key, ids)
         return {ident: Explanation.from_dict(json.loads(text)) for ident, text in rows}
 
+    def explanation_costs(self, key: RunKey, ids: Sequence[str] | None = None) -> dict[str, tuple[float, float]]:
+        """``example_id -> (forward, backward)`` passes as each stored explanation records its cost
+        (the mean per example of the batch it was explained in), read without decoding the
+        explanations; explanations stored without a cost are left out."""
+        columns = "json_extract(explanation, '$.cost.forward_passes'), json_extract(explanation, '$.cost.backward_passes')"
+        return {ident: (float(f), float(b or 0.0)) for ident, f, b in self._select("explanations", columns, key, ids) if f is not None}
+
     # ------------------------------------------------------------------ raw measurements
     def measurement_ids(self, key: RunKey, source: str, protocol_hash: str, ids: Sequence[str] | None = None) -> set[str]:
         return {row[0] for row in self._select("measurements", "", key, ids, source=source, protocol_hash=protocol_hash)}
