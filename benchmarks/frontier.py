@@ -402,7 +402,7 @@ def targets(
         d, lo, hi = bootstrap_paired_difference(found[key][closest], found[key][best])
         _, low_share, high_share = share_of(found[key][closest], found[key][best])
         mine, theirs = against_best[closest]
-        where = "" if k >= n else f" (over the {k} sentences both have; over all its own {reached[closest]}: {costs[closest]:,.0f})"
+        where = "" if k >= reached[closest] else f" (over the {k} sentences both have; over all its own {reached[closest]}: {costs[closest]:,.0f})"
         lines.append(
             f"- one method reaches >= {CHEAP_SHARE:.0%} of the best AOPC at <= 1/10 of its cost: **{'holds' if holds else 'does not hold'}**. "
             f"Best: `{best}`{_on(best, reached, n)} {best_at[0]:.3f} at {theirs:,.0f} forward passes; closest at <= {CHEAP_COST * theirs:,.0f}: "
